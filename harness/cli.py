@@ -1,0 +1,68 @@
+"""``python -m harness``: subcommands are modules that expose ``add_arguments(parser)``
+and ``run(args) -> int``. Register a new subcommand in ``SUBCOMMANDS``; its module is
+imported only when the subcommand runs, so a heavy import (torch) never slows ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from harness import __version__
+from harness.errors import HarnessError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("harness.engine.server", "serve the single-process reference engine (OpenAI-compatible API)"),
+    "up": ("harness.engine.topology", "start a PD topology: router + prefill and decode worker processes"),
+    "presets": ("harness.engine.config", "list model presets with their KV bytes per token"),
+    "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness",
+        description="Chaos-engineering and SLO-conformance harness for PD-disaggregated LLM inference.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.set_defaults(_module=module_name)
+        if name in sys.argv[1:2]:  # only import the module whose options are needed
+            _load(module_name).add_arguments(sp)
+    return parser
+
+
+def _load(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise HarnessError(f"subcommand module {module_name} cannot be imported: {exc}",
+                           fix="reinstall the project with `pip install -e .`") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        saved, sys.argv = sys.argv, [sys.argv[0], *argv]
+        parser = build_parser()
+        sys.argv = saved
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        if not args.command:
+            parser.print_help()
+            return 0
+        return int(_load(args._module).run(args) or 0)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""The bundled reference PD engine: real torch model, real processes, real sockets."""
