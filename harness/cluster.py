@@ -1,0 +1,372 @@
+"""Cluster inventories (``clusters/*.yaml``): schema, validation, and the handle tests receive.
+
+A cluster is either ``bundled`` (the reference PD engine, brought up on this machine for the
+session) or ``external`` (already running; the harness attaches to its endpoints). The file
+also lists hosts with roles and SSH settings, threshold overrides and safety settings. Every
+validation error names the file, the field and the fix; see ``docs/clusters.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import urlparse
+
+from harness.checks.thresholds import PROJECT_ROOT, Checklist, as_number, field_error, load_yaml_mapping
+from harness.errors import ConfigError, FaultError, ProbeError
+
+log = logging.getLogger(__name__)
+
+CLUSTERS_DIR = PROJECT_ROOT / "clusters"
+KINDS = ("bundled", "external")
+ROLES = ("router", "prefill", "decode")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_TOP_KEYS = {"name", "kind", "description", "bundled", "endpoints", "hosts", "thresholds", "safety"}
+_BUNDLED_KEYS = {"prefill", "decode", "preset", "host", "router", "ready_timeout_s"}
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    user: str = "root"
+    port: int = 22
+    key_file: str | None = None
+    known_hosts: str | None = None  # None: host keys are checked against the user's default file
+    connect_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    roles: tuple[str, ...]
+    ssh: SSHSettings | None = None  # None: the host is this machine, commands run locally
+
+
+@dataclass(frozen=True)
+class Safety:
+    production: bool = False
+    allowed_faults: tuple[str, ...] | None = None  # None: every fault kind (never for production)
+
+    def check_allowed(self, fault_kind: str, cluster: str) -> None:
+        """Refuse a fault the cluster does not allow, with the fix in the message."""
+        if self.allowed_faults is not None and fault_kind in self.allowed_faults:
+            return
+        if self.allowed_faults is None and not self.production:
+            return
+        if self.production:
+            raise FaultError(f"cluster {cluster!r} is marked production: fault {fault_kind!r} is refused",
+                             fix=f"list {fault_kind!r} under safety.allowed_faults in the cluster file "
+                                 "if you really mean to inject it on this cluster")
+        raise FaultError(f"fault {fault_kind!r} is not allowed on cluster {cluster!r} "
+                         f"(allowed: {', '.join(self.allowed_faults or ()) or 'none'})",
+                         fix=f"add {fault_kind!r} to safety.allowed_faults in the cluster file")
+
+
+@dataclass(frozen=True)
+class BundledSettings:
+    prefill: int = 2
+    decode: int = 2
+    preset: str = "tiny"
+    host: str = "127.0.0.1"
+    router: dict[str, Any] = field(default_factory=dict)  # router config knobs (sabotage included)
+    ready_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    api: str
+    metrics: str | None = None
+    admin: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A validated cluster inventory."""
+
+    name: str
+    kind: str
+    path: str
+    description: str = ""
+    bundled: BundledSettings | None = None
+    endpoints: Endpoints | None = None
+    hosts: tuple[Host, ...] = ()
+    safety: Safety = field(default_factory=Safety)
+    threshold_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def checklist(self, base: Checklist | None = None) -> Checklist:
+        """The checklist thresholds with this cluster's overrides applied."""
+        return (base or Checklist.load()).with_overrides(self.threshold_overrides or None, origin=self.path)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+        return asdict(self)
+
+
+def resolve_cluster_path(name_or_path: str, clusters_dir: Path = CLUSTERS_DIR) -> Path:
+    """``local`` -> ``clusters/local.yaml``; anything with a slash or a .yaml suffix is a path."""
+    if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
+        return Path(name_or_path)
+    if not _NAME.match(name_or_path):
+        raise ConfigError(f"--cluster {name_or_path!r} is neither a cluster name nor a path",
+                          fix="pass a name from clusters/ (e.g. local) or a path to a .yaml file")
+    path = clusters_dir / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in clusters_dir.glob("*.yaml"))
+        raise ConfigError(f"no cluster named {name_or_path!r} ({path} does not exist)",
+                          fix=f"use one of {', '.join(known) or '(none)'} or pass a path to a cluster file")
+    return path
+
+
+def load_cluster(name_or_path: str | Path) -> ClusterSpec:
+    """Read and validate a cluster inventory (name under ``clusters/`` or a path)."""
+    path = resolve_cluster_path(str(name_or_path))
+    data = load_yaml_mapping(path)
+    spec = parse_cluster(data, source=str(path))
+    spec.checklist()  # validates the threshold overrides against the checklist now, not mid-run
+    return spec
+
+
+def parse_cluster(data: dict[str, Any], *, source: str) -> ClusterSpec:
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise field_error(source, key, "unknown field", f"use only {', '.join(sorted(_TOP_KEYS))}")
+    name = _text(source, "name", data.get("name", Path(source).stem))
+    if not _NAME.match(name):
+        raise field_error(source, "name", f"{name!r} is not a valid name", "use letters, digits, '-', '_', '.'")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise field_error(source, "kind", f"expected one of {KINDS}, got {kind!r}",
+                          "write `kind: bundled` (reference engine here) or `kind: external` (attach)")
+    bundled = endpoints = None
+    if kind == "bundled":
+        bundled = _parse_bundled(source, data.get("bundled") or {})
+        if data.get("endpoints"):
+            raise field_error(source, "endpoints", "a bundled cluster's endpoints are chosen at start-up",
+                              "remove `endpoints:` or use `kind: external`")
+    else:
+        if data.get("bundled"):
+            raise field_error(source, "bundled", "only a bundled cluster has bundled settings",
+                              "remove `bundled:` or use `kind: bundled`")
+        endpoints = _parse_endpoints(source, data.get("endpoints"))
+    hosts = _parse_hosts(source, data.get("hosts") or [])
+    safety = _parse_safety(source, data.get("safety") or {})
+    overrides = data.get("thresholds") or {}
+    if not isinstance(overrides, dict):
+        raise field_error(source, "thresholds", "expected a mapping", 'write `"6.1.4": {reschedule_p100_s: 3}`')
+    return ClusterSpec(name=name, kind=kind, path=source, description=str(data.get("description", "")).strip(),
+                       bundled=bundled, endpoints=endpoints, hosts=hosts, safety=safety,
+                       threshold_overrides=overrides)
+
+
+def _text(source: str, where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise field_error(source, where, f"expected non-empty text, got {value!r}", f"write `{where}: some-text`")
+    return value.strip()
+
+
+def _positive_int(source: str, where: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise field_error(source, where, f"expected an integer >= {minimum}, got {value!r}",
+                          f"write a whole number such as {max(minimum, 2)}")
+    return value
+
+
+def _mapping(source: str, where: str, value: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise field_error(source, where, f"expected a mapping, got {type(value).__name__}",
+                          f"write `{where}:` followed by indented `key: value` lines")
+    for key in value:
+        if key not in allowed:
+            raise field_error(source, f"{where}.{key}", "unknown field", f"use only {', '.join(sorted(allowed))}")
+    return value
+
+
+def _url(source: str, where: str, value: Any) -> str:
+    text = _text(source, where, value)
+    parsed = urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise field_error(source, where, f"{text!r} is not an http(s) URL", "write e.g. http://10.0.0.5:8000")
+    return text.rstrip("/")
+
+
+def _parse_bundled(source: str, raw: Any) -> BundledSettings:
+    raw = _mapping(source, "bundled", raw, _BUNDLED_KEYS)
+    router = raw.get("router") or {}
+    if not isinstance(router, dict):
+        raise field_error(source, "bundled.router", "expected a mapping of router settings",
+                          "write e.g. `router: {reschedule_enabled: true}`")
+    timeout = as_number(source, "bundled.ready_timeout_s", raw.get("ready_timeout_s", 120.0))
+    if timeout <= 0:
+        raise field_error(source, "bundled.ready_timeout_s", "must be positive", "write e.g. 120")
+    return BundledSettings(
+        prefill=_positive_int(source, "bundled.prefill", raw.get("prefill", 2)),
+        decode=_positive_int(source, "bundled.decode", raw.get("decode", 2)),
+        preset=_text(source, "bundled.preset", raw.get("preset", "tiny")),
+        host=_text(source, "bundled.host", raw.get("host", "127.0.0.1")),
+        router=dict(router), ready_timeout_s=timeout)
+
+
+def _parse_endpoints(source: str, raw: Any) -> Endpoints:
+    if raw is None:
+        raise field_error(source, "endpoints", "an external cluster needs its endpoints",
+                          "add `endpoints: {api: http://HOST:PORT, metrics: http://HOST:PORT/metrics}`")
+    raw = _mapping(source, "endpoints", raw, {"api", "metrics", "admin"})
+    return Endpoints(api=_url(source, "endpoints.api", raw.get("api")),
+                     metrics=_url(source, "endpoints.metrics", raw["metrics"]) if raw.get("metrics") else None,
+                     admin=_url(source, "endpoints.admin", raw["admin"]) if raw.get("admin") else None)
+
+
+def _parse_hosts(source: str, raw: Any) -> tuple[Host, ...]:
+    if not isinstance(raw, list):
+        raise field_error(source, "hosts", "expected a list", "write `hosts:` followed by `- name: ...` entries")
+    hosts, seen = [], set()
+    for i, entry in enumerate(raw):
+        where = f"hosts[{i}]"
+        entry = _mapping(source, where, entry, {"name", "address", "roles", "ssh"})
+        name = _text(source, f"{where}.name", entry.get("name"))
+        if name in seen:
+            raise field_error(source, f"{where}.name", f"duplicate host name {name!r}", "give each host its own name")
+        seen.add(name)
+        roles = entry.get("roles")
+        if not isinstance(roles, list) or not roles or any(r not in ROLES for r in roles):
+            raise field_error(source, f"{where}.roles", f"expected a non-empty list from {ROLES}, got {roles!r}",
+                              "write e.g. `roles: [prefill]`")
+        ssh = None
+        if entry.get("ssh") is not None:
+            raw_ssh = _mapping(source, f"{where}.ssh", entry["ssh"],
+                               {"user", "port", "key_file", "known_hosts", "connect_timeout_s"})
+            port = _positive_int(source, f"{where}.ssh.port", raw_ssh.get("port", 22))
+            if port > 65535:
+                raise field_error(source, f"{where}.ssh.port", f"{port} is not a TCP port", "use 1..65535")
+            ssh = SSHSettings(
+                user=_text(source, f"{where}.ssh.user", raw_ssh.get("user", "root")), port=port,
+                key_file=_text(source, f"{where}.ssh.key_file", raw_ssh["key_file"]) if "key_file" in raw_ssh else None,
+                known_hosts=(_text(source, f"{where}.ssh.known_hosts", raw_ssh["known_hosts"])
+                             if "known_hosts" in raw_ssh else None),
+                connect_timeout_s=as_number(source, f"{where}.ssh.connect_timeout_s",
+                                            raw_ssh.get("connect_timeout_s", 10.0)))
+        hosts.append(Host(name=name, address=_text(source, f"{where}.address", entry.get("address")),
+                          roles=tuple(roles), ssh=ssh))
+    return tuple(hosts)
+
+
+def _parse_safety(source: str, raw: Any) -> Safety:
+    raw = _mapping(source, "safety", raw, {"production", "allowed_faults"})
+    production = raw.get("production", False)
+    if not isinstance(production, bool):
+        raise field_error(source, "safety.production", f"expected true or false, got {production!r}",
+                          "write `production: true` for a cluster that serves users")
+    allowed = raw.get("allowed_faults", [] if production else "all")
+    if allowed == "all":
+        if production:
+            raise field_error(source, "safety.allowed_faults", "a production cluster cannot allow every fault",
+                              "list each fault kind you accept, e.g. [process_kill]")
+        return Safety(production=False, allowed_faults=None)
+    if not isinstance(allowed, list) or any(not isinstance(k, str) or not k for k in allowed):
+        raise field_error(source, "safety.allowed_faults", f"expected `all` or a list of fault kinds, got {allowed!r}",
+                          "write e.g. `allowed_faults: [process_kill, process_hang]`")
+    known = _known_fault_kinds()
+    for i, kind in enumerate(allowed):
+        if known and kind not in known:
+            raise field_error(source, f"safety.allowed_faults[{i}]", f"unknown fault kind {kind!r}",
+                              f"use one of {', '.join(sorted(known))}")
+    return Safety(production=production, allowed_faults=tuple(allowed))
+
+
+def _known_fault_kinds() -> set[str]:
+    """Fault kinds registered by harness.faults (empty if that package cannot be imported)."""
+    try:
+        import harness.faults  # noqa: F401  (importing registers the catalogue)
+        from harness.faults.base import Fault
+    except ImportError:
+        log.warning("harness.faults is not importable; fault kinds in safety settings are not checked")
+        return set()
+    return set(Fault.registry)
+
+
+@dataclass
+class ClusterHandle:
+    """What a conformance test gets: endpoints, hosts, thresholds and safety of one cluster, and
+    for the bundled kind the running Topology (restart and health hooks) and the oracle."""
+
+    spec: ClusterSpec
+    thresholds: Checklist
+    api_url: str
+    metrics_url: str | None
+    admin_url: str | None
+    topology: Any = None
+    # oracle(prompt_token_ids, max_tokens, stop=(), ignore_eos=False) -> expected token ids
+    oracle: Callable[..., list[int]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        return self.spec.hosts
+
+    @property
+    def safety(self) -> Safety:
+        return self.spec.safety
+
+    def check_fault_allowed(self, fault_kind: str) -> None:
+        self.spec.safety.check_allowed(fault_kind, self.spec.name)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description for the report."""
+        return {"name": self.name, "kind": self.kind, "path": self.spec.path, "description": self.spec.description,
+                "api_url": self.api_url, "metrics_url": self.metrics_url, "admin_url": self.admin_url,
+                "hosts": [{"name": h.name, "address": h.address, "roles": list(h.roles),
+                           "ssh": None if h.ssh is None else f"{h.ssh.user}@{h.address}:{h.ssh.port}"}
+                          for h in self.hosts],
+                "bundled": None if self.spec.bundled is None else vars(self.spec.bundled),
+                "safety": {"production": self.safety.production,
+                           "allowed_faults": "all" if self.safety.allowed_faults is None
+                           else list(self.safety.allowed_faults)},
+                "threshold_overrides": self.spec.threshold_overrides}
+
+
+@contextlib.contextmanager
+def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None) -> Iterator[ClusterHandle]:
+    """Bring a bundled cluster up for the duration of the block, or attach to an external one."""
+    thresholds = spec.checklist(checklist)
+    if spec.kind == "external":
+        assert spec.endpoints is not None
+        _check_reachable(spec.endpoints.api, spec)
+        yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
+        return
+    from harness.engine.oracle import greedy_reference
+    from harness.engine.topology import Topology
+
+    b = spec.bundled
+    assert b is not None
+    log.info("bringing up bundled cluster %s: %d prefill + %d decode, preset %s", spec.name, b.prefill, b.decode,
+             b.preset)
+    with Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
+                  router_config=dict(b.router)) as topo:
+        def oracle(prompt_token_ids: list[int], max_tokens: int, stop: tuple[str, ...] = (),
+                   ignore_eos: bool = False) -> list[int]:
+            return greedy_reference(b.preset, prompt_token_ids, max_tokens, stop=stop, ignore_eos=ignore_eos)
+
+        yield ClusterHandle(spec, thresholds, topo.api_url, f"{topo.api_url}/metrics", topo.admin_url,
+                            topology=topo, oracle=oracle)
+
+
+def _check_reachable(api_url: str, spec: ClusterSpec) -> None:
+    import httpx
+
+    try:
+        httpx.get(f"{api_url}/health", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ProbeError(f"cluster {spec.name!r}: API {api_url} is not reachable ({exc.__class__.__name__}: {exc})",
+                         fix=f"check endpoints.api in {spec.path} and that this machine can reach it") from exc
