@@ -1,0 +1,143 @@
+"""Drive a load profile with Locust in its own process and collect the request records.
+
+    with LoadRunner("http://127.0.0.1:8000", LoadProfile(mode="poisson", rate=4, duration_s=10)) as run:
+        ...                      # inject faults while the load runs
+    records = run.records()
+
+The Locust process is a child of this one: ``stop()`` asks it to finish (SIGTERM, so
+Locust stops its users and flushes), kills it if it does not, and always reaps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.errors import ProbeError
+from harness.probes.records import RequestRecord, read_records
+from harness.probes.workload import LoadProfile
+
+log = logging.getLogger(__name__)
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+_STARTUP_ALLOWANCE_S = 30.0  # Locust import + spawning on a loaded 2-core machine
+
+
+class LoadRunner:
+    """One Locust run of ``profile`` against ``api_url``; records go to ``output_dir/requests.jsonl``."""
+
+    def __init__(self, api_url: str, profile: LoadProfile, *, output_dir: str | os.PathLike | None = None) -> None:
+        if not api_url.startswith(("http://", "https://")):
+            raise ProbeError(f"API URL {api_url!r} has no http:// or https:// scheme",
+                             fix="pass e.g. http://127.0.0.1:8000")
+        self.api_url = api_url.rstrip("/")
+        self.profile = profile
+        self.output_dir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="harness-load-"))
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.records_path = self.output_dir / "requests.jsonl"
+        self.log_path = self.output_dir / "locust.log"
+        self._proc: subprocess.Popen | None = None
+        self._log_fh = None
+        self.returncode: int | None = None
+
+    def command(self) -> list[str]:
+        users = self.profile.users
+        return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", self.api_url,
+                "-u", str(users), "-r", str(max(users * 10, 10)), "--only-summary", "--loglevel", "WARNING",
+                "--stop-timeout", str(self.profile.stop_timeout_s)]
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise ProbeError("this load run was already started", fix="create a new LoadRunner per run")
+        if self.records_path.exists():
+            self.records_path.unlink()  # the writer appends; a rerun must not mix in old records
+        env = dict(os.environ, HARNESS_LOAD_PROFILE=self.profile.to_json(),
+                   HARNESS_LOAD_OUTPUT=str(self.records_path))
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self._log_fh = open(self.log_path, "wb")
+        log.info("starting Locust: %s (log %s)", " ".join(self.command()), self.log_path)
+        self._proc = subprocess.Popen(self.command(), env=env, stdout=self._log_fh, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def expected_duration_s(self) -> float:
+        return self.profile.duration_s + self.profile.stop_timeout_s + _STARTUP_ALLOWANCE_S
+
+    def wait(self, timeout_s: float | None = None) -> list[RequestRecord]:
+        """Wait for the run to end by itself (duration_s plus draining); then the records."""
+        proc = self._require_started()
+        timeout_s = self.expected_duration_s() if timeout_s is None else timeout_s
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise ProbeError(f"Locust did not finish within {timeout_s:.0f} s; stopped it (log: {self.log_path})",
+                             fix="check the server answers, or raise timeout_s / stop_timeout_s") from None
+        self._reaped()
+        return self.records()
+
+    def stop(self, grace_s: float = 15.0) -> list[RequestRecord]:
+        """End the run now: SIGTERM (Locust stops users, flushes records), SIGKILL after
+        ``grace_s``; always reaped. Safe to call twice."""
+        proc = self._proc
+        if proc is None:
+            return []
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("Locust (pid %s) ignored SIGTERM for %.0f s; killing it", proc.pid, grace_s)
+                proc.kill()
+                proc.wait()
+        self._reaped(check=False)
+        return self.records() if self.records_path.exists() else []
+
+    def run(self) -> list[RequestRecord]:
+        """start() + wait(), stopping the child on any error."""
+        with self:
+            return self.wait()
+
+    def records(self) -> list[RequestRecord]:
+        if not self.records_path.exists():
+            raise ProbeError(f"the load run wrote no records ({self.records_path}); log tail:\n{self.log_tail()}",
+                             fix="see the Locust log for why no request was sent")
+        return read_records(self.records_path)
+
+    def log_tail(self, n_chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return ""
+
+    def _require_started(self) -> subprocess.Popen:
+        if self._proc is None:
+            raise ProbeError("the load run was not started", fix="call start() first (or use it as a context manager)")
+        return self._proc
+
+    def _reaped(self, check: bool = True) -> None:
+        assert self._proc is not None
+        self.returncode = self._proc.returncode
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        # Locust exits 1 when any request failed: that is a measurement, not a harness failure
+        if check and self.returncode not in (0, 1):
+            raise ProbeError(f"Locust exited with code {self.returncode}; log tail:\n{self.log_tail()}",
+                             fix="fix the error shown in the Locust log")
+
+    def __enter__(self) -> LoadRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,129 @@
+"""The Locust side of a load run: an LLM user, the open-loop arrival dispatcher and the
+controller that ends the run. Import this only inside the Locust process (importing
+locust monkey-patches the standard library with gevent).
+
+Locust's own statistics get TTFT as the response time so its console summary means
+something, but the truth is the JSONL record of every request (Locust rounds response
+times and, with ``stream=True``, would time only to the response headers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import gevent
+import gevent.event
+from locust import User, constant, task
+from locust.env import Environment
+from locust.exception import StopUser
+
+from harness.probes.records import RecordWriter, RequestRecord
+from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts
+
+log = logging.getLogger(__name__)
+
+
+class LoadController:
+    """Shared state of one Locust process: when the run starts and stops, which arrival
+    or prompt comes next, how many requests are in flight, and where records go."""
+
+    def __init__(self, profile: LoadProfile, output_path: str) -> None:
+        self.profile = profile
+        self.prompts = make_prompts(profile)
+        self.offsets_s = (arrival_offsets(profile.mode, profile.rate, profile.duration_s, profile.seed)
+                          if profile.open_loop else [])
+        self.writer = RecordWriter(output_path)
+        self.started = gevent.event.Event()
+        self.t0_ns = 0
+        self.sending = True
+        self.in_flight = 0
+        self._next = itertools.count()
+
+    def start(self, environment: Environment) -> None:
+        """All users are spawned: start the clock, and end the run after duration_s."""
+        if self.started.is_set():
+            return
+        self.t0_ns = time.perf_counter_ns()
+        self.started.set()
+        log.info("load started: %s, %d users, %d scheduled arrivals", self.profile.mode,
+                 self.profile.users, len(self.offsets_s))
+        gevent.spawn(self._finish, environment)
+
+    def _finish(self, environment: Environment) -> None:
+        gevent.sleep(self.profile.duration_s)
+        self.sending = False
+        # let in-flight requests finish (they are part of the run), then quit; Locust kills
+        # whatever is still running and those requests are recorded as cancelled
+        deadline = time.monotonic() + self.profile.stop_timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        log.info("load finished, %d requests still in flight", self.in_flight)
+        assert environment.runner is not None
+        environment.runner.quit()
+
+    def next_send(self) -> tuple[int, int] | None:
+        """(arrival index, scheduled perf_counter ns) of the next request, or None when the
+        run is over. Closed loop: now. Open loop: the next arrival of the schedule."""
+        if not self.sending:
+            return None
+        i = next(self._next)
+        if not self.profile.open_loop:
+            return i, time.perf_counter_ns()
+        if i >= len(self.offsets_s):
+            return None
+        return i, self.t0_ns + int(self.offsets_s[i] * 1e9)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class LLMUser(User):
+    """Streams completions from an OpenAI-compatible server and records each one.
+
+    Subclasses (see locustfile.py) set ``controller``. In open loop each user takes the next
+    arrival, sleeps until its scheduled time and sends; if every user is busy, the send is
+    late and the record shows it (scheduled_ns < sent_ns)."""
+
+    abstract = True
+    wait_time = constant(0)
+    controller: LoadController
+
+    def on_start(self) -> None:
+        prof = self.controller.profile
+        self.client = StreamingClient(self.host, model=prof.model, timeout_s=prof.timeout_s,
+                                      user=f"user-{id(self):x}", on_record=self._on_record)
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    @task
+    def complete(self) -> None:
+        ctl = self.controller
+        ctl.started.wait()
+        nxt = ctl.next_send()
+        if nxt is None:
+            raise StopUser()
+        index, scheduled_ns = nxt
+        delay_s = (scheduled_ns - time.perf_counter_ns()) / 1e9
+        if delay_s > 0:
+            gevent.sleep(delay_s)
+        prof = ctl.profile
+        request = CompletionRequest(prompt=ctl.prompts[index % len(ctl.prompts)], max_tokens=prof.max_tokens,
+                                    ignore_eos=prof.ignore_eos, chat=prof.chat)
+        ctl.in_flight += 1
+        try:
+            self.client.send(request, request_id=f"load-{index}", scheduled_ns=scheduled_ns)
+        finally:
+            ctl.in_flight -= 1
+
+    def _on_record(self, record: RequestRecord) -> None:
+        self.controller.writer.write(record)
+        ttft_ms = ((record.first_token_ns or record.end_ns or record.sent_ns) - record.sent_ns) / 1e6
+        self.environment.events.request.fire(
+            request_type="POST", name="/v1/chat/completions" if self.controller.profile.chat else "/v1/completions",
+            response_time=ttft_ms, response_length=record.num_output_tokens,
+            exception=None if record.ok else RuntimeError(f"{record.status}: {record.error_class}"),
+            context={"request_id": record.request_id})

@@ -1,0 +1,47 @@
+"""Locust entry point for harness load runs: ``locust -f harness/probes/locustfile.py``.
+
+Started by ``harness.probes.load.LoadRunner``, which passes the profile as JSON in
+``HARNESS_LOAD_PROFILE`` and the JSONL output path in ``HARNESS_LOAD_OUTPUT``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from locust import events
+from locust.env import Environment
+
+from harness.errors import ConfigError
+from harness.probes.locust_user import LLMUser, LoadController
+from harness.probes.workload import LoadProfile
+
+try:
+    _profile = LoadProfile.from_json(os.environ["HARNESS_LOAD_PROFILE"])
+    _output = os.environ["HARNESS_LOAD_OUTPUT"]
+except KeyError as exc:
+    raise ConfigError(f"environment variable {exc} is not set",
+                      fix="start load through harness.probes.load.LoadRunner") from exc
+
+_controller = LoadController(_profile, _output)
+
+
+class LLMLoadUser(LLMUser):
+    controller = _controller
+
+
+_environment: list[Environment] = []  # set by the init hook, used when spawning completes
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_kwargs: object) -> None:
+    _environment.append(environment)
+
+
+@events.spawning_complete.add_listener
+def _on_spawning_complete(user_count: int, **_kwargs: object) -> None:
+    _controller.start(_environment[0])
+
+
+@events.quitting.add_listener
+def _on_quitting(**_kwargs: object) -> None:
+    _controller.close()

@@ -1,0 +1,362 @@
+"""A streaming OpenAI-compatible client that turns one completion into one RequestRecord.
+
+Each network read is timestamped with ``perf_counter_ns`` as it arrives; an SSE message
+gets the arrival time of the read that brought its first byte (as AIPerf does), so a
+message split over two reads is not dated late. The same parser serves the sync client
+(used by the Locust user and by suites that send single probe requests) and the async one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+
+from harness.errors import ProbeError
+from harness.probes.records import RequestRecord, process_anchor
+
+log = logging.getLogger(__name__)
+
+RecordSink = Callable[[RequestRecord], None]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """What to send. Greedy by default, so the reference engine's output has an oracle."""
+
+    prompt: str
+    max_tokens: int = 16
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    priority: int | None = None
+    chat: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # merged into the body last
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, str) or not self.prompt:
+            raise ProbeError("prompt must be a non-empty string", fix="pass the prompt text")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ProbeError(f"max_tokens must be a positive integer, got {self.max_tokens!r}",
+                             fix="ask for at least one token")
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+    def body(self, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": self.prompt}]
+        else:
+            body["prompt"] = self.prompt
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.priority is not None:
+            body["priority"] = self.priority
+        body.update(self.extra)
+        return body
+
+
+class _SSEDecoder:
+    """Splits a byte stream into SSE messages, remembering when each message began."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._started_ns: int | None = None
+
+    def feed(self, data: bytes, t_ns: int) -> list[tuple[int, str]]:
+        if data and self._started_ns is None:
+            self._started_ns = t_ns
+        self._buf += data.replace(b"\r\n", b"\n")
+        out: list[tuple[int, str]] = []
+        while b"\n\n" in self._buf:
+            raw, self._buf = self._buf.split(b"\n\n", 1)
+            lines = [ln[5:].lstrip(b" ") for ln in raw.split(b"\n") if ln.startswith(b"data:")]
+            if lines:
+                out.append((self._started_ns or t_ns, b"\n".join(lines).decode("utf-8", "replace")))
+            # the rest of the buffer (if any) belongs to a message that began in this read
+            self._started_ns = t_ns if self._buf.strip() else None
+        return out
+
+
+class _RecordBuilder:
+    """Fills a RequestRecord from timestamped reads of an SSE response."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.done = False
+        self._sse = _SSEDecoder()
+
+    def feed(self, data: bytes, t_ns: int) -> None:
+        rec = self.record
+        if rec.first_byte_ns is None and data:
+            rec.first_byte_ns = t_ns
+        for msg_ns, payload in self._sse.feed(data, t_ns):
+            if payload.strip() == "[DONE]":
+                self.done = True
+                continue
+            try:
+                self._message(json.loads(payload), msg_ns)
+            except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+                self.fail("stream_error", "MalformedSSE", f"unparseable SSE message {payload[:200]!r}: {exc}")
+
+    def _message(self, msg: dict, t_ns: int) -> None:
+        rec = self.record
+        if "error" in msg:
+            err = msg["error"] if isinstance(msg["error"], dict) else {"message": str(msg["error"])}
+            self.fail("stream_error", str(err.get("type") or err.get("code") or "StreamError"),
+                      str(err.get("message", "")))
+            return
+        served = msg.get("served_by")
+        for worker in ([served] if isinstance(served, str) else served or []):
+            if worker not in rec.served_by:
+                rec.served_by.append(worker)
+        usage = msg.get("usage")
+        if usage:
+            rec.prompt_tokens = usage.get("prompt_tokens")
+            rec.completion_tokens = usage.get("completion_tokens")
+        for choice in msg.get("choices") or []:
+            text = choice.get("text")
+            if text is None:
+                text = (choice.get("delta") or {}).get("content") or ""
+            ids = choice.get("token_ids") or []
+            # servers without token ids (vLLM, SGLang) send about one token per chunk
+            n = len(ids) if ids else (1 if text else 0)
+            if n:
+                if rec.first_token_ns is None:
+                    rec.first_token_ns = t_ns
+                rec.chunk_ns.append(t_ns)
+                rec.chunk_tokens.append(n)
+                rec.token_ids.extend(ids)
+            rec.text += text
+            if choice.get("finish_reason"):
+                rec.finish_reason = choice["finish_reason"]
+
+    def fail(self, status: str, error_class: str, message: str) -> None:
+        rec = self.record
+        if rec.status == "ok":  # keep the first failure: later ones are consequences
+            rec.status, rec.error_class, rec.error_message = status, error_class, message
+
+    def finish(self, t_ns: int) -> RequestRecord:
+        rec = self.record
+        rec.end_ns = t_ns
+        if rec.status == "ok" and not self.done:
+            self.fail("stream_error", "IncompleteStream", "the stream ended without a [DONE] message")
+        return rec
+
+
+def _http_error(record: RequestRecord, status: int, body: bytes, headers: httpx.Headers) -> None:
+    record.http_status = status
+    try:
+        err = json.loads(body)["error"]
+        cls, msg = str(err.get("type") or err.get("code") or f"HTTP{status}"), str(err.get("message", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        cls, msg = f"HTTP{status}", body[:300].decode("utf-8", "replace")
+    if "retry-after" in headers:
+        msg += f" (Retry-After: {headers['retry-after']})"
+    record.status, record.error_class, record.error_message = "http_error", cls, msg
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", type(exc).__name__
+    if isinstance(exc, httpx.TransportError):
+        return "connection_error", type(exc).__name__
+    return "stream_error", type(exc).__name__
+
+
+class _Exchange:
+    """The bookkeeping of one request, shared by the sync and async clients (only their
+    I/O loops differ). Every exit path goes through ``end()``, which emits the record once."""
+
+    def __init__(self, client: _ClientBase, request: CompletionRequest, request_id: str | None,
+                 scheduled_ns: int | None) -> None:
+        anchor = process_anchor()
+        now = time.perf_counter_ns()
+        self.client = client
+        self.record = RequestRecord(
+            request_id=request_id or uuid.uuid4().hex, user=client.user,
+            scheduled_ns=scheduled_ns if scheduled_ns is not None else now, sent_ns=now,
+            prompt=request.prompt, max_tokens=request.max_tokens,
+            anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns)
+        self.builder = _RecordBuilder(self.record)
+        self.deadline_ns = now + int(client.timeout_s * 1e9)
+
+    def begin(self) -> None:
+        self.record.sent_ns = time.perf_counter_ns()
+
+    def http_error(self, resp: httpx.Response, body: bytes) -> RequestRecord:
+        _http_error(self.record, resp.status_code, body, resp.headers)
+        return self.end()
+
+    def chunk(self, data: bytes) -> bool:
+        """Feed one read; False when the total deadline has passed and reading must stop."""
+        t = time.perf_counter_ns()
+        self.builder.feed(data, t)
+        if t > self.deadline_ns:
+            self.builder.fail("timeout", "DeadlineExceeded", f"no end of stream within {self.client.timeout_s} s")
+            return False
+        return True
+
+    def transport_error(self, exc: httpx.HTTPError) -> RequestRecord:
+        self.builder.fail(*_classify(exc), str(exc) or repr(exc))
+        return self.end()
+
+    def failed(self, status: str, error_class: str, message: str) -> RequestRecord:
+        self.builder.fail(status, error_class, message)
+        return self.end()
+
+    def cancelled(self, exc: BaseException) -> None:
+        self.builder.fail("cancelled", type(exc).__name__, "the client stopped waiting for this request")
+        self.end()
+
+    def end(self) -> RequestRecord:
+        record = self.builder.finish(time.perf_counter_ns())
+        if self.client.on_record is not None:
+            self.client.on_record(record)
+        return record
+
+
+class _ClientBase:
+    def __init__(self, base_url: str, *, model: str | None, timeout_s: float, read_timeout_s: float,
+                 user: str, on_record: RecordSink | None) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ProbeError(f"API URL {base_url!r} has no http:// or https:// scheme",
+                             fix="pass e.g. http://127.0.0.1:8000")
+        if timeout_s <= 0 or read_timeout_s <= 0:
+            raise ProbeError("timeouts must be positive", fix="pass timeout_s > 0 and read_timeout_s > 0")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.user = user
+        self.on_record = on_record
+        self._timeout = httpx.Timeout(read_timeout_s, connect=min(10.0, read_timeout_s))
+
+    def _model_from(self, resp: httpx.Response) -> str:
+        if resp.status_code != 200:
+            raise ProbeError(f"cannot list models at {self.base_url}/v1/models: HTTP {resp.status_code}",
+                             fix="check the server is up, or pass model= explicitly")
+        data = resp.json().get("data") or []
+        if not data:
+            raise ProbeError("the server's /v1/models lists no model", fix="pass model= explicitly")
+        return str(data[0]["id"])
+
+
+class StreamingClient(_ClientBase):
+    """Sync client: ``send()`` returns the record of one streamed completion; it never
+    raises for a failed request (the failure is in the record), except cancellation
+    (GreenletExit, KeyboardInterrupt), which is recorded as ``cancelled`` and re-raised."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 120.0,
+                 read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None) -> None:
+        super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
+                         user=user, on_record=on_record)
+        self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout)
+
+    def resolve_model(self) -> str:
+        """The model to ask for: the one given, else the first the server lists."""
+        if self.model is None:
+            try:
+                self.model = self._model_from(self._http.get("/v1/models"))
+            except httpx.HTTPError as exc:
+                raise ProbeError(f"cannot list models at {self.base_url}/v1/models: {exc}",
+                                 fix="check the server is up, or pass model= explicitly") from exc
+        return self.model
+
+    def send(self, request: CompletionRequest, *, request_id: str | None = None,
+             scheduled_ns: int | None = None) -> RequestRecord:
+        ex = _Exchange(self, request, request_id, scheduled_ns)
+        try:
+            if self.model is None:  # a fault may have taken the server down: record, don't raise
+                self.model = self._model_from(self._http.get("/v1/models"))
+            body = request.body(self.model)
+            ex.begin()
+            with self._http.stream("POST", request.path, json=body) as resp:
+                if resp.status_code >= 400:
+                    return ex.http_error(resp, resp.read())
+                ex.record.http_status = resp.status_code
+                for data in resp.iter_raw():
+                    if not ex.chunk(data):
+                        break
+            return ex.end()
+        except httpx.HTTPError as exc:
+            return ex.transport_error(exc)
+        except ProbeError as exc:
+            return ex.failed("http_error", "ModelListError", str(exc))
+        except BaseException as exc:  # GreenletExit, KeyboardInterrupt: record it, then let it propagate
+            ex.cancelled(exc)
+            raise
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> StreamingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncStreamingClient(_ClientBase):
+    """Async twin of StreamingClient, for suites that keep many probe requests in flight."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 120.0,
+                 read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None) -> None:
+        super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
+                         user=user, on_record=on_record)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout)
+
+    async def resolve_model(self) -> str:
+        """The model to ask for: the one given, else the first the server lists."""
+        if self.model is None:
+            try:
+                self.model = self._model_from(await self._http.get("/v1/models"))
+            except httpx.HTTPError as exc:
+                raise ProbeError(f"cannot list models at {self.base_url}/v1/models: {exc}",
+                                 fix="check the server is up, or pass model= explicitly") from exc
+        return self.model
+
+    async def send(self, request: CompletionRequest, *, request_id: str | None = None,
+                   scheduled_ns: int | None = None) -> RequestRecord:
+        ex = _Exchange(self, request, request_id, scheduled_ns)
+        try:
+            if self.model is None:  # a fault may have taken the server down: record, don't raise
+                self.model = self._model_from(await self._http.get("/v1/models"))
+            body = request.body(self.model)
+            ex.begin()
+            async with self._http.stream("POST", request.path, json=body) as resp:
+                if resp.status_code >= 400:
+                    return ex.http_error(resp, await resp.aread())
+                ex.record.http_status = resp.status_code
+                async for data in resp.aiter_raw():
+                    if not ex.chunk(data):
+                        break
+            return ex.end()
+        except httpx.HTTPError as exc:
+            return ex.transport_error(exc)
+        except ProbeError as exc:
+            return ex.failed("http_error", "ModelListError", str(exc))
+        except BaseException as exc:  # asyncio.CancelledError: record it, then let it propagate
+            ex.cancelled(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncStreamingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

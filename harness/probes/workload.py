@@ -1,0 +1,124 @@
+"""What load to generate: the profile, its prompts and its arrival schedule.
+
+The profile travels from the harness to the Locust process as JSON (environment variable
+``HARNESS_LOAD_PROFILE``), so both sides build the same prompts and arrival times from
+the same seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass
+
+from harness.errors import ConfigError
+
+MODES = ("closed", "constant", "poisson")
+
+# A small fixed vocabulary: prompts are deterministic and need no download.
+_WORDS = (
+    "the cache holds key value blocks for every layer while the decoder streams tokens to the client "
+    "prefill workers compute attention over the prompt and send each layer across the fabric "
+    "a scheduler places requests on the least loaded worker with enough headroom for their memory "
+    "latency budgets are measured in milliseconds and checked against thresholds before each rollout"
+).split()
+
+
+@dataclass(frozen=True)
+class LoadProfile:
+    """A load run. ``closed``: ``users`` users send back to back. ``constant``/``poisson``:
+    open loop at ``rate`` requests/s for ``duration_s``, at most ``users`` in flight; latency
+    is also measured from each request's scheduled send time, so a stalled server cannot
+    hide its queueing delay (no coordinated omission)."""
+
+    mode: str = "closed"
+    users: int = 2
+    rate: float | None = None          # requests/s, open loop only
+    duration_s: float = 5.0
+    max_tokens: int = 16
+    prompt_min_chars: int = 16
+    prompt_max_chars: int = 96
+    num_prompts: int = 64
+    seed: int = 0
+    ignore_eos: bool = True            # fixed output length keeps TPOT comparable across requests
+    chat: bool = False
+    model: str | None = None
+    timeout_s: float = 60.0
+    stop_timeout_s: float = 30.0       # how long in-flight requests may finish after duration_s
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"load mode {self.mode!r} is unknown", fix=f"use one of {', '.join(MODES)}")
+        if not isinstance(self.users, int) or self.users < 1:
+            raise ConfigError(f"users must be a positive integer, got {self.users!r}",
+                              fix="give the number of concurrent users (the in-flight cap in open loop)")
+        if self.mode == "closed" and self.rate is not None:
+            raise ConfigError("rate is only meaningful for open-loop load",
+                              fix="use mode='constant' or 'poisson', or drop rate")
+        if self.mode != "closed" and (self.rate is None or self.rate <= 0):
+            raise ConfigError(f"open-loop mode {self.mode!r} needs rate > 0 requests/s, got {self.rate!r}",
+                              fix="set rate, e.g. rate=4.0")
+        if self.duration_s <= 0:
+            raise ConfigError(f"duration_s must be > 0, got {self.duration_s!r}", fix="give the run length in seconds")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens!r}", fix="ask for at least one token")
+        if not 1 <= self.prompt_min_chars <= self.prompt_max_chars:
+            raise ConfigError(f"prompt lengths must satisfy 1 <= min <= max, got "
+                              f"{self.prompt_min_chars}..{self.prompt_max_chars}", fix="fix prompt_min/max_chars")
+        if self.num_prompts < 1:
+            raise ConfigError("num_prompts must be >= 1", fix="generate at least one prompt")
+        if self.timeout_s <= 0 or self.stop_timeout_s < 0:
+            raise ConfigError("timeout_s must be > 0 and stop_timeout_s >= 0", fix="fix the timeouts")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.mode != "closed"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LoadProfile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"load profile is not valid JSON: {exc}", fix="pass LoadProfile.to_json()") from exc
+        known = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) - known:
+            raise ConfigError(f"load profile has unknown fields {sorted(set(data) - known)}",
+                              fix=f"use only {sorted(known)}")
+        return cls(**data)
+
+
+def make_prompts(profile: LoadProfile) -> list[str]:
+    """``num_prompts`` prompts of varied length (uniform in chars), the same for the same seed."""
+    rng = random.Random(profile.seed)
+    prompts = []
+    for _ in range(profile.num_prompts):
+        target = rng.randint(profile.prompt_min_chars, profile.prompt_max_chars)
+        words: list[str] = []
+        while len(" ".join(words)) < target:
+            words.append(rng.choice(_WORDS))
+        prompts.append(" ".join(words)[:target].rstrip() or _WORDS[0])
+    return prompts
+
+
+def arrival_offsets(mode: str, rate: float, duration_s: float, seed: int) -> list[float]:
+    """Scheduled send times (seconds from the start) inside [0, duration_s).
+
+    ``constant``: every 1/rate s. ``poisson``: exponential gaps with mean 1/rate, seeded,
+    so the mean rate is ``rate`` and the same seed gives the same schedule."""
+    if rate <= 0 or duration_s <= 0:
+        raise ConfigError(f"arrival schedule needs rate > 0 and duration > 0, got {rate}, {duration_s}",
+                          fix="pass a positive rate and duration")
+    if mode == "constant":
+        return [i / rate for i in range(int(duration_s * rate - 1e-9) + 1) if i / rate < duration_s]
+    if mode == "poisson":
+        rng = random.Random(seed)
+        out, t = [], rng.expovariate(rate)
+        while t < duration_s:
+            out.append(t)
+            t += rng.expovariate(rate)
+        return out
+    raise ConfigError(f"arrival mode {mode!r} is not open loop", fix="use 'constant' or 'poisson'")
