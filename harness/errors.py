@@ -38,6 +38,10 @@ class KVIntegrityError(EngineError):
     """A KV block or transfer frame failed its checksum or shape check; it must not be used."""
 
 
+class KVTransferError(EngineError):
+    """KV could not be delivered to a decode worker on any path (primary retries and fallback spent)."""
+
+
 class WorkerDeadError(EngineError):
     """A worker process died or stopped answering; its requests must be rescheduled."""
 
