@@ -1,0 +1,19 @@
+"""Fault injection that always reverts: inject -> verify -> revert -> verify_reverted, locally or
+over SSH, with a persistent ledger so even a SIGKILLed run is cleaned up by the next one.
+
+A new fault kind is one ``Fault`` subclass; import its module here so ``Fault.from_ledger`` knows
+the kind in a fresh process (``python -m harness revert``). See docs/faults.md.
+"""
+
+from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fault_id, no_ledger
+from harness.faults.executor import (AuditLog, CommandResult, Executor, ExecutorPool, LocalExecutor, SSHExecutor,
+                                     SSHTarget, executor_from_spec)
+from harness.faults.ledger import Ledger, LedgerStatus, state_dir
+from harness.faults.process import ProcessHang, ProcessKill, select_targets
+from harness.faults.runner import FaultRunner, Terminated
+
+__all__ = [
+    "Action", "AuditLog", "CommandResult", "Executor", "ExecutorPool", "Fault", "FaultRecord", "FaultRunner",
+    "Ledger", "LedgerStatus", "LocalExecutor", "ProcessHang", "ProcessKill", "RecordStatus", "SSHExecutor",
+    "SSHTarget", "Terminated", "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
+]

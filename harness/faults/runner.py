@@ -1,0 +1,282 @@
+"""FaultRunner: the nemesis that owns the undo stack. Every injected fault is reverted, last in
+first out, on every way out of the run: normal exit, failure, exception, Ctrl-C and SIGTERM; faults
+left by a SIGKILLed run are reverted from the ledger by :meth:`FaultRunner.recover` (called on
+entry) or by ``python -m harness revert``. A failed revert never stops the others; it raises
+:class:`RevertError` once all have been tried (the harness maps it to exit code 4).
+
+    with FaultRunner(Ledger.for_cluster("local"), ExecutorPool()) as runner:
+        runner.inject(ProcessHang.from_worker(worker))       # reverted when the block ends
+        with runner.active(ProcessKill.from_worker(other)):  # reverted when this block ends
+            ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Callable, Iterator, TextIO
+
+from harness.errors import FaultError, HarnessError, RevertError
+from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
+from harness.faults.executor import AuditLog, Executor, ExecutorFactory, ExecutorPool, executor_from_spec
+from harness.faults.ledger import Ledger, LedgerStatus
+
+log = logging.getLogger(__name__)
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_REVERT_PHASES = ("revert", "verify_reverted")
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM so every ``with`` block unwinds and reverts. A
+    KeyboardInterrupt so that pytest and the CLI stop the whole run rather than fail one test."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class _Active:
+    fault: Fault
+    entry_id: str | None      # None in a dry run: nothing was written
+    executor: Executor | None
+
+
+class FaultRunner:
+    def __init__(self, ledger: Ledger, executor_factory: ExecutorFactory | None = None, *,
+                 dry_run: bool = False, recover_on_enter: bool = True, handle_signals: bool = True,
+                 audit: AuditLog | None = None, out: TextIO | None = None) -> None:
+        self.ledger = ledger
+        self.dry_run = dry_run
+        self.audit = audit if audit is not None else AuditLog(ledger.path.parent / "audit.jsonl")
+        self.executor_factory = executor_factory or ExecutorPool(audit=self.audit, dry_run=dry_run)
+        self.recover_on_enter = recover_on_enter
+        self.handle_signals = handle_signals
+        self.records: list[FaultRecord] = []
+        self.listeners: list[Callable[[FaultRecord], None]] = []
+        self._out = out
+        self._stack: list[_Active] = []
+        self._lock = threading.RLock()
+        self._previous_handlers: dict[int, Any] = {}
+        self._critical_depth = 0
+        self._pending_signal: int | None = None
+        self._exiting = False
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def inject(self, fault: Fault) -> Fault:
+        """Record, inject and verify ``fault``; it stays active until revert/revert_all/exit.
+        If injection or verification fails, the fault is reverted at once and FaultError raised."""
+        with self._critical(), self._lock:
+            if self.dry_run:
+                self._print_plan(fault, lambda phase: phase not in _REVERT_PHASES)
+                self._stack.append(_Active(fault, None, None))
+                for action in (Action.INJECT, Action.VERIFY):
+                    self._emit(FaultRecord.start(fault, action).finish(RecordStatus.DRY_RUN, "dry run"))
+                return fault
+            ex = self.executor_factory(fault.host)
+            prepared = fault.prepare(ex)
+            if prepared:
+                log.info("%s %s: %s", fault.kind, fault.target, prepared)
+            active = _Active(fault, self.ledger.add(fault.to_ledger(), ex.spec()), ex)
+            self._stack.append(active)
+            try:
+                self._step(fault, Action.INJECT, fault.inject, ex)
+                self.ledger.update(active.entry_id, LedgerStatus.ACTIVE)  # type: ignore[arg-type]
+                self._step(fault, Action.VERIFY, fault.verify, ex)
+            except BaseException as exc:
+                # possibly half-injected: undo now instead of running the test against an unknown state
+                error = self._revert_active(active)
+                if error is not None:
+                    raise RevertError(f"{fault.kind} on {fault.target} failed ({exc}) and its revert failed "
+                                      f"too: {error}", fix=self._revert_fix()) from exc
+                if isinstance(exc, HarnessError) or not isinstance(exc, Exception):
+                    raise
+                raise FaultError(f"{fault.kind} on {fault.target} failed: {exc} (reverted)") from exc
+            return fault
+
+    def revert(self, fault: Fault) -> None:
+        """Revert one active fault now (idempotent: a fault no longer active is ignored)."""
+        with self._critical(), self._lock:
+            active = next((a for a in self._stack if a.fault is fault), None)
+            if active is None:
+                return
+            error = self._revert_active(active)
+        if error is not None:
+            raise RevertError(error, fix=self._revert_fix())
+
+    def revert_all(self) -> None:
+        """Revert every active fault, newest first; raise RevertError after trying them all."""
+        errors = []
+        with self._critical(), self._lock:
+            while self._stack:
+                error = self._revert_active(self._stack[-1])
+                if error is not None:
+                    errors.append(error)
+        if errors:
+            raise RevertError(f"{len(errors)} revert(s) failed; the cluster may be dirty: " + "; ".join(errors),
+                              fix=self._revert_fix())
+
+    @contextlib.contextmanager
+    def active(self, fault: Fault) -> Iterator[Fault]:
+        """Inject for the duration of a ``with`` block, revert when it ends, however it ends."""
+        self.inject(fault)
+        try:
+            yield fault
+        finally:
+            self.revert(fault)
+
+    @property
+    def active_faults(self) -> list[Fault]:
+        return [a.fault for a in self._stack]
+
+    def recover(self, *, include_live_owners: bool = False) -> list[FaultRecord]:
+        """Revert, newest first, what the ledger still holds from runs that died (SIGKILL, power
+        loss). Entries of a harness that still runs are left to it unless include_live_owners."""
+        start = len(self.records)
+        errors: list[str] = []
+        with self._critical(), self._lock:
+            for entry in self.ledger.outstanding(include_live_owners=include_live_owners):
+                log.warning("recovering fault %s (%s) left %s by pid %s", entry["id"], entry["fault"].get("kind"),
+                            entry["status"], entry.get("owner_pid"))
+                try:
+                    fault = Fault.from_ledger(entry["fault"])
+                    ex = executor_from_spec(entry["executor"], audit=self.audit, dry_run=self.dry_run, out=self._out)
+                except HarnessError as exc:
+                    errors.append(f"ledger entry {entry['id']}: {exc}")
+                    if not self.dry_run:
+                        self.ledger.update(entry["id"], LedgerStatus.REVERT_FAILED, error=str(exc))
+                    continue
+                try:
+                    if self.dry_run:
+                        self._print_plan(fault, lambda phase: phase in _REVERT_PHASES)
+                        continue
+                    error = self._revert_active(_Active(fault, entry["id"], ex))
+                    if error is not None:
+                        errors.append(error)
+                finally:
+                    ex.close()
+        if errors:
+            raise RevertError(f"{len(errors)} ledger revert(s) failed; the cluster may be dirty: " + "; ".join(errors),
+                              fix=self._revert_fix())
+        return self.records[start:]
+
+    # -- context manager and signals --------------------------------------------------------------
+
+    def __enter__(self) -> FaultRunner:
+        self._exiting = False
+        self._install_handlers()
+        try:
+            if self.recover_on_enter:
+                self.recover()
+        except BaseException:
+            self._restore_handlers()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        self._exiting = True  # signals from here on wait: the reverts must finish
+        try:
+            self.revert_all()
+        finally:
+            self._restore_handlers()
+            if isinstance(self.executor_factory, ExecutorPool):
+                self.executor_factory.close()
+            pending, self._pending_signal = self._pending_signal, None
+            self._exiting = False
+        if pending is not None and exc_type is None:
+            raise self._interrupt(pending)
+
+    def _install_handlers(self) -> None:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return
+        for sig in HANDLED_SIGNALS:
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        for sig, previous in self._previous_handlers.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._critical_depth > 0 or self._exiting:
+            log.warning("signal %s received while changing faults; acting on it once that is done", signum)
+            self._pending_signal = signum
+            return
+        log.warning("signal %s received: reverting %d active fault(s)", signum, len(self._stack))
+        raise self._interrupt(signum)
+
+    @staticmethod
+    def _interrupt(signum: int) -> BaseException:
+        return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+    @contextlib.contextmanager
+    def _critical(self) -> Iterator[None]:
+        """Ledger, stack and target must agree: a signal waits until the section ends."""
+        self._critical_depth += 1
+        try:
+            yield
+        finally:
+            self._critical_depth -= 1
+            if self._critical_depth == 0 and self._pending_signal is not None and not self._exiting:
+                signum, self._pending_signal = self._pending_signal, None
+                raise self._interrupt(signum)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _revert_active(self, active: _Active) -> str | None:
+        """Revert and verify one fault; update the ledger; return an error message or None."""
+        fault = active.fault
+        with contextlib.suppress(ValueError):
+            self._stack.remove(active)
+        if self.dry_run or active.executor is None:
+            self._print_plan(fault, lambda phase: phase in _REVERT_PHASES)
+            for action in (Action.REVERT, Action.VERIFY_REVERTED):
+                self._emit(FaultRecord.start(fault, action).finish(RecordStatus.DRY_RUN, "dry run"))
+            return None
+        try:
+            self._step(fault, Action.REVERT, fault.revert, active.executor)
+            self._step(fault, Action.VERIFY_REVERTED, fault.verify_reverted, active.executor)
+        except Exception as exc:  # any failure is reported; the next revert still runs
+            message = f"{fault.kind} on {fault.target}: {exc}"
+            log.error("revert failed: %s", message)
+            if active.entry_id is not None:
+                self.ledger.update(active.entry_id, LedgerStatus.REVERT_FAILED, error=str(exc))
+            return message
+        if active.entry_id is not None:
+            self.ledger.update(active.entry_id, LedgerStatus.REVERTED)
+        return None
+
+    def _step(self, fault: Fault, action: Action, fn: Callable[[Executor], str], ex: Executor) -> str:
+        record = FaultRecord.start(fault, action)
+        try:
+            output = fn(ex) or ""
+        except BaseException as exc:
+            self._emit(record.finish(RecordStatus.FAILED, error=f"{type(exc).__name__}: {exc}"))
+            raise
+        self._emit(record.finish(RecordStatus.SUCCEEDED, output))
+        log.info("%s %s %s: %s", fault.kind, action.value, fault.target, output)
+        return output
+
+    def _emit(self, record: FaultRecord) -> None:
+        self.records.append(record)
+        for listener in self.listeners:
+            listener(record)
+
+    def _print_plan(self, fault: Fault, phases: Callable[[str], bool]) -> None:
+        out = self._out or sys.stdout
+        for line in fault.plan():
+            if phases(line.split(":", 1)[0]):
+                print(f"[dry-run] {fault.kind} {fault.target}: {line}", file=out, flush=True)
+                self.audit.write(host=fault.host, argv=None, action=line, rc=None, duration=0.0, dry_run=True)
+
+    def _revert_fix(self) -> str:
+        return (f"fix the cause, then run `python -m harness revert --state-dir {self.ledger.path.parent}` "
+                "(it retries every entry still in the ledger)")
