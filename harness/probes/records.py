@@ -71,7 +71,7 @@ class RequestRecord:
 
     request_id: str
     user: str = ""
-    scheduled_ns: int = 0          # when the load generator meant to send (open loop); = sent_ns closed loop
+    scheduled_ns: int | None = None  # when the load generator meant to send (open loop); None: = sent_ns
     sent_ns: int = 0               # just before the request bytes were written
     first_byte_ns: int | None = None
     first_token_ns: int | None = None
@@ -121,9 +121,13 @@ class RequestRecord:
         """Arrival time of every output token (tokens of one chunk share its time)."""
         return [t for t, n in zip(self.chunk_ns, self.chunk_tokens) for _ in range(n)]
 
+    @property
+    def scheduled_or_sent_ns(self) -> int:
+        return self.sent_ns if self.scheduled_ns is None else self.scheduled_ns
+
     def start_wall_ns(self) -> int:
         """Wall-clock time of the scheduled send (for the timeline)."""
-        return self.anchor.perf_to_wall(self.scheduled_ns or self.sent_ns)
+        return self.anchor.perf_to_wall(self.scheduled_or_sent_ns)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
