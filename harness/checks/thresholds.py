@@ -22,9 +22,17 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKLIST = PROJECT_ROOT / "checklists" / "section6.yaml"
 
-_OPS: dict[str, Callable[[float, float], bool]] = {
+COMPARISONS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
 }
+
+
+def display_path(path: str | Path) -> str:
+    """A path relative to the project when it lies inside it (shorter in reports and errors)."""
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def field_error(source: str | Path, field_path: str, problem: str, fix: str) -> ConfigError:
@@ -67,12 +75,12 @@ class Threshold:
     article: bool = True  # False when the article gives no number and the harness chose it
 
     def __post_init__(self) -> None:
-        if self.op not in _OPS:
+        if self.op not in COMPARISONS:
             raise ConfigError(f"threshold {self.item}.{self.key}: unknown op {self.op!r}",
-                              fix=f"use one of {', '.join(_OPS)}")
+                              fix=f"use one of {', '.join(COMPARISONS)}")
 
     def holds(self, measured: float) -> bool:
-        return _OPS[self.op](float(measured), self.value)
+        return COMPARISONS[self.op](float(measured), self.value)
 
     def describe(self) -> str:
         return f"{self.op} {self.value:g} {self.unit}".strip()
@@ -94,8 +102,8 @@ class Checklist:
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKLIST) -> "Checklist":
-        path = Path(path)
-        data = load_yaml_mapping(path)
+        data = load_yaml_mapping(Path(path))
+        path = display_path(path)
         raw_items = data.get("items")
         if not isinstance(raw_items, dict) or not raw_items:
             raise field_error(path, "items", "missing or empty", "list checklist items under `items:`")
@@ -155,7 +163,7 @@ class Checklist:
                 for iid, it in self.items.items()}
 
 
-def _parse_item(path: Path, item_id: str, raw: Any) -> ChecklistItem:
+def _parse_item(path: str, item_id: str, raw: Any) -> ChecklistItem:
     where = f"items.{item_id}"
     if not isinstance(raw, dict):
         raise field_error(path, where, "expected a mapping", "give the item a title, source, why and thresholds")
@@ -174,9 +182,9 @@ def _parse_item(path: Path, item_id: str, raw: Any) -> ChecklistItem:
         unknown = set(spec) - {"value", "op", "unit", "origin"}
         if unknown:
             raise field_error(path, f"{tw}.{sorted(unknown)[0]}", "unknown key", "use value, op, unit, origin")
-        if spec.get("op") not in _OPS:
+        if spec.get("op") not in COMPARISONS:
             raise field_error(path, f"{tw}.op", f"unknown comparison {spec.get('op')!r}",
-                              f"use one of {', '.join(_OPS)}")
+                              f"use one of {', '.join(COMPARISONS)}")
         if spec.get("origin", "article") not in ("article", "harness"):
             raise field_error(path, f"{tw}.origin", f"unknown origin {spec['origin']!r}", "use article or harness")
         thresholds[str(key)] = Threshold(

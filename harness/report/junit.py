@@ -1,0 +1,61 @@
+"""``junit.xml``: one test case per checklist verdict, so CI dashboards show conformance items.
+
+pass -> passed, fail -> <failure>, inconclusive -> <skipped> (nothing proven either way),
+error -> <error>. Harness errors and failed reverts are extra <error> cases of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+from harness.checks.verdict import Status
+from harness.report import RunResult
+
+
+def junit_tree(result: RunResult) -> ET.ElementTree:
+    suite = ET.Element("testsuite", name=f"conformance[{result.cluster.get('name', '?')}]",
+                       timestamp=_iso(result.started))
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for v in result.verdicts:
+        case = ET.SubElement(suite, "testcase", classname=f"checklist.{v.item}", name=v.title)
+        if v.test:
+            case.set("file", v.test.split("::")[0])
+        counts["tests"] += 1
+        detail = json.dumps({"measured": v.measured, "threshold": v.threshold, "op": v.op, "unit": v.unit,
+                             "evidence": v.evidence}, indent=1, default=str)
+        if v.status is Status.FAIL:
+            counts["failures"] += 1
+            ET.SubElement(case, "failure", message=v.reason, type="NotConformant").text = detail
+        elif v.status is Status.ERROR:
+            counts["errors"] += 1
+            ET.SubElement(case, "error", message=v.reason, type="CheckError").text = detail
+        elif v.status is Status.INCONCLUSIVE:
+            counts["skipped"] += 1
+            ET.SubElement(case, "skipped", message=v.reason)
+        else:
+            ET.SubElement(case, "system-out").text = f"{v.reason}\n{detail}"
+    for kind, messages in (("HarnessError", result.harness_errors), ("RevertError", result.revert_failures)):
+        for i, message in enumerate(messages):
+            case = ET.SubElement(suite, "testcase", classname="harness", name=f"{kind} {i + 1}")
+            ET.SubElement(case, "error", message=message.splitlines()[0] if message else kind, type=kind).text = message
+            counts["tests"] += 1
+            counts["errors"] += 1
+    for key, value in counts.items():
+        suite.set(key, str(value))
+    if result.finished is not None:
+        suite.set("time", f"{result.finished - result.started:.3f}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write_junit(result: RunResult, path: str | os.PathLike) -> None:
+    junit_tree(result).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _iso(t: float) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc).isoformat(timespec="seconds")

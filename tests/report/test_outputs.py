@@ -1,0 +1,47 @@
+import xml.etree.ElementTree as ET
+
+from harness.report import write_reports
+from harness.report.jsonout import read_json
+
+
+def test_writes_all_three_files_and_latest_link(tmp_path, sample_result):
+    run_dir = write_reports(sample_result, tmp_path)
+    assert run_dir == tmp_path / sample_result.run_id
+    assert {p.name for p in run_dir.iterdir()} == {"report.html", "results.json", "junit.xml"}
+    latest = tmp_path / "latest"
+    assert latest.is_symlink() and latest.resolve() == run_dir.resolve()
+    sample_result.run_id = "20270115T090000Z-2"
+    second = write_reports(sample_result, tmp_path)
+    assert latest.resolve() == second.resolve()  # repointed, not duplicated
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["20270115T080000Z-1", "20270115T090000Z-2",
+                                                                  "latest"])
+
+
+def test_json_round_trips(tmp_path, sample_result):
+    run_dir = write_reports(sample_result, tmp_path)
+    again = read_json(run_dir / "results.json")
+    assert again.verdicts == sample_result.verdicts
+    assert again.exit_code == 1 and again.exit_meaning == "not conformant"
+    assert again.latency == sample_result.latency
+
+
+def test_junit_has_one_case_per_verdict_with_matching_outcome(tmp_path, sample_result):
+    sample_result.harness_errors.append("exception outside a verdict: boom")
+    run_dir = write_reports(sample_result, tmp_path)
+    suite = ET.parse(run_dir / "junit.xml").getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("4", "1", "1", "1")
+    cases = {c.get("classname"): c for c in suite.findall("testcase")}
+    assert cases["checklist.6.1.4"].find("failure").get("message").startswith("p100 rescheduling time was 3.6 s")
+    assert cases["checklist.6.1.1"].find("skipped") is not None
+    assert len(cases["checklist.nothing-lost"]) == 1 and cases["checklist.nothing-lost"].find("system-out") is not None
+    assert "boom" in cases["harness"].find("error").text
+
+
+def test_html_is_self_contained_and_escapes(tmp_path, sample_result):
+    sample_result.timeline.append({"t": sample_result.started + 30, "source": "router", "kind": "x",
+                                   "detail": "<script>alert(1)</script>"})
+    html = (write_reports(sample_result, tmp_path) / "report.html").read_text()
+    assert "<script" not in html and "&lt;script&gt;" in html
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
+    assert html.count('class="fault-window"') == 2  # one shaded window in each of two charts
+    assert 'class="sample bad"' in html and 'class="sample ok"' in html
