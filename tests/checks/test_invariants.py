@@ -1,0 +1,87 @@
+"""The nothing-lost checker over request histories. Records built here are test input; the
+oracle is the real reference model (tiny preset) where token exactness is checked."""
+
+import pytest
+
+from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Status
+from harness.probes.records import RequestRecord
+
+
+def rec(rid, status="ok", tokens=(1, 2, 3), **kw):
+    tokens = list(tokens)
+    base = dict(request_id=rid, status=status, sent_ns=1, end_ns=2, prompt="hello", max_tokens=len(tokens) or 3,
+                token_ids=tokens if status == "ok" else [], chunk_ns=[1] * len(tokens) if status == "ok" else [],
+                chunk_tokens=[1] * len(tokens) if status == "ok" else [], finish_reason="length")
+    base.update(kw)
+    return RequestRecord(**base)
+
+
+def fixed_oracle(rec):
+    return [1, 2, 3]
+
+
+def test_clean_history_passes():
+    check = check_history([rec("a"), rec("b"), rec("r", "http_error", http_status=429, error_class="overloaded",
+                                                    error_message="admission control: retry later")], fixed_oracle)
+    assert (check.completed, check.verified, check.rejected) == (2, 2, 1)
+    v = nothing_lost_verdict(check, Checklist.load())
+    assert v.status is Status.PASS and v.measured == 0
+
+
+def test_wrong_tokens_fail_with_the_first_divergence():
+    check = check_history([rec("a", tokens=(1, 9, 3))], fixed_oracle)
+    assert check.wrong[0]["problem"].startswith("token 1 is 9, the oracle says 2")
+    v = nothing_lost_verdict(check, Checklist.load())
+    assert v.status is Status.FAIL and "not token-exact" in v.reason
+
+
+def test_duplicated_or_lost_tokens_against_usage_are_wrong():
+    check = check_history([rec("a", completion_tokens=4)], None)
+    assert "usage says 4" in check.wrong[0]["problem"]
+
+
+def test_hung_and_cancelled_requests_have_no_final_state():
+    check = check_history([rec("t", "timeout", error_class="DeadlineExceeded", error_message="x"),
+                           rec("c", "cancelled", error_class="GreenletExit", error_message="stopped"),
+                           rec("n", end_ns=None)], fixed_oracle)
+    assert [r["request_id"] for r in check.without_final_state] == ["t", "c", "n"]
+    v = nothing_lost_verdict(check, Checklist.load())
+    assert v.status is Status.FAIL and v.measured == 3
+
+
+@pytest.mark.parametrize("kw, clear", [
+    (dict(status="stream_error", error_class="worker_lost", error_message="decode-1 died, could not resume"), True),
+    (dict(status="http_error", http_status=500, error_class="HTTP500", error_message=""), False),
+    (dict(status="stream_error", error_class="IncompleteStream", error_message="no [DONE]"), False),
+    (dict(status="connection_error", error_class="ReadError", error_message="reset"), False),
+    (dict(status="ok", finish_reason="error", error_message="engine error: kv lost"), True),
+])
+def test_failures_need_a_clear_server_error(kw, clear):
+    check = check_history([rec("f", **kw)], fixed_oracle)
+    assert (check.failed_clear, len(check.failures_without_error)) == ((1, 0) if clear else (0, 1))
+
+
+def test_no_oracle_or_no_requests_is_inconclusive():
+    cl = Checklist.load()
+    assert nothing_lost_verdict(check_history([rec("a")], None), cl).status is Status.INCONCLUSIVE
+    assert nothing_lost_verdict(check_history([], fixed_oracle), cl).status is Status.INCONCLUSIVE
+
+
+def test_oracle_expectation_uses_the_reference_model_and_caches():
+    from harness.engine.oracle import greedy_reference
+    from harness.engine.tokenizer import ByteTokenizer
+
+    calls = []
+
+    def oracle(ids, max_tokens, stop=(), ignore_eos=False):
+        calls.append(max_tokens)
+        return greedy_reference("tiny", ids, max_tokens, stop=stop, ignore_eos=ignore_eos)
+
+    expected = oracle_expectation(oracle, ignore_eos=True)
+    want = greedy_reference("tiny", ByteTokenizer().encode("hello"), 4, ignore_eos=True)
+    assert len(want) == 4
+    good, bad = rec("g", tokens=want), rec("b", tokens=[(want[0] + 1) % 256, *want[1:]])
+    check = check_history([good, bad, rec("g2", tokens=want)], expected)
+    assert check.verified == 2 and len(check.wrong) == 1 and calls == [4]
