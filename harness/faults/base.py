@@ -100,7 +100,8 @@ class Fault(ABC):
         if kind is None:  # an intermediate abstract class
             return
         other = Fault.registry.get(kind)
-        if other is not None and other.__qualname__ != cls.__qualname__:
+        # the same class defined again (a module reload) may re-register; another class may not
+        if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
             raise TypeError(f"fault kind {kind!r} is already registered by {other.__module__}.{other.__qualname__}")
         Fault.registry[kind] = cls
 

@@ -204,7 +204,7 @@ class SSHExecutor(Executor):
                 client.close()
                 raise ExecutorError(
                     f"host key of {entry} CHANGED: it does not match {t.known_hosts_file} (possible man-in-the-middle"
-                    f"; got {exc.key.get_name()} {exc.key.get_fingerprint().hex()})",
+                    f"; the server offered {exc.key.get_name()} {exc.key.fingerprint})",
                     fix=f"if the host was legitimately re-keyed, remove the old entry with "
                         f"`ssh-keygen -R '{entry}' -f {t.known_hosts_file}` and add the verified new key") from exc
             except paramiko.AuthenticationException as exc:

@@ -1,0 +1,121 @@
+"""Fixtures for the fault tests: a real sshd on loopback with throwaway keys, and victim processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def keygen(path: Path) -> str:
+    """A new ed25519 key pair at path (path.pub); returns the public key line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "harness-test", "-f", str(path)],
+                   check=True, capture_output=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Sshd:
+    port: int
+    user: str
+    user_key: Path
+    host_pub: str          # "ssh-ed25519 AAAA... comment"
+    known_hosts: Path      # holds the real host key
+    tmp: Path
+
+    def known_hosts_with(self, pub: str, name: str) -> Path:
+        path = self.tmp / name
+        path.write_text(f"[127.0.0.1]:{self.port} {' '.join(pub.split()[:2])}\n" if pub else "")
+        return path
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory):
+    """A real OpenSSH server on a free loopback port, key auth only, as the current user."""
+    if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
+        pytest.skip("openssh-server is not installed (no sshd/ssh-keygen); `.ci/run` installs it")
+    tmp = tmp_path_factory.mktemp("sshd")
+    os.chmod(tmp, 0o700)
+    host_pub = keygen(tmp / "host_key")
+    user_pub = keygen(tmp / "user_key")
+    (tmp / "authorized_keys").write_text(user_pub + "\n")
+    port = free_port()
+    (tmp / "sshd_config").write_text(f"""\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {tmp / 'host_key'}
+PidFile {tmp / 'sshd.pid'}
+AuthorizedKeysFile {tmp / 'authorized_keys'}
+UsePAM no
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+LogLevel VERBOSE
+""")
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation dir sshd insists on
+    log = open(tmp / "sshd.log", "w")
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp / "sshd_config")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sshd exited with {proc.returncode}: {(tmp / 'sshd.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd did not listen on {port}: {(tmp / 'sshd.log').read_text()}")
+                time.sleep(0.05)
+        server = Sshd(port=port, user=os.environ.get("USER") or __import__("pwd").getpwuid(os.getuid()).pw_name,
+                      user_key=tmp / "user_key", host_pub=host_pub, known_hosts=tmp / "known_hosts", tmp=tmp)
+        server.known_hosts_with(host_pub, "known_hosts")
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def victim():
+    """A process the test owns and always reaps: a long `sleep` for faults to hit."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(["sleep", "300"])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()  # SIGKILL ends even a stopped process
+        proc.wait()
+
+
+def proc_state(pid: int) -> str | None:
+    """State letter of a local pid as `ps` reports it (independent of the code under test); None if gone."""
+    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    return out.stdout.strip()[:1] or None
