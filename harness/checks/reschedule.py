@@ -1,0 +1,161 @@
+"""Checklist item 6.1.4: the global scheduler finishes rescheduling within 3 s of a worker kill.
+
+Rescheduling time of one fault, from the moment the fault was injected (the start of the
+inject step, so signal delivery is included), until all of these hold:
+
+1. the router declared the worker down (``worker_down`` event);
+2. every request the router listed as affected was re-placed on a live worker (``reschedule``
+   event) -- an affected request that ended with ``reschedule_failed`` instead, or was never
+   re-placed, makes the fault *not rescheduled*;
+3. a new request succeeds: a request sent after the fault whose first token arrived and that
+   completed ``ok`` (the time counted is its first token: from then on new work is served).
+
+Events carry the router's wall clock; fault marks and request records carry the harness's.
+On one machine (the bundled cluster) that is one clock; on a real cluster keep hosts in NTP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Verdict, judge
+from harness.probes.records import RequestRecord
+
+ITEM = "6.1.4"
+
+
+@dataclass(frozen=True)
+class FaultMark:
+    """One injected process fault as the reschedule check needs it."""
+
+    fault_id: str
+    kind: str     # "process_kill" or "process_hang"
+    worker: str   # worker id as the router names it
+    role: str     # "prefill" or "decode"
+    wall: float   # time.time() when injection started
+
+
+@dataclass
+class RescheduleSample:
+    fault: FaultMark
+    detected_s: float | None = None          # worker_down after the fault
+    affected: list[str] = field(default_factory=list)
+    replaced_s: dict[str, float] = field(default_factory=dict)  # request id -> re-placed after the fault
+    failed: list[str] = field(default_factory=list)             # affected requests that could not be re-placed
+    first_success_s: float | None = None
+    total_s: float | None = None             # None: rescheduling never completed
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        verb = "kill" if self.fault.kind == "process_kill" else "hang"
+        return f"{verb} {self.fault.worker}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["label"] = self.label
+        return d
+
+
+def affected_request_id(attempt_id: str) -> str:
+    """The router lists attempts (``<request id>#<n>``); events name requests."""
+    return attempt_id.rsplit("#", 1)[0]
+
+
+def measure(faults: Sequence[FaultMark], events: Iterable[dict[str, Any]],
+            records: Iterable[RequestRecord]) -> list[RescheduleSample]:
+    """One sample per fault, from router events and request records (see the module doc)."""
+    events = sorted(events, key=lambda e: e["wall_time"])
+    successes = [_sent_and_first_token_wall(r) for r in records
+                 if r.ok and r.finish_reason != "error" and r.first_token_ns is not None]
+    ordered = sorted(faults, key=lambda f: f.wall)
+    samples = []
+    for i, fault in enumerate(ordered):
+        # events of the next fault on the same worker belong to that fault, not this one
+        until = next((f.wall for f in ordered[i + 1:] if f.worker == fault.worker), math.inf)
+        samples.append(_measure_one(fault, [e for e in events if fault.wall <= e["wall_time"] < until],
+                                    successes))
+    return samples
+
+
+def _measure_one(fault: FaultMark, events: list[dict[str, Any]],
+                 successes: list[tuple[float, float]]) -> RescheduleSample:
+    s = RescheduleSample(fault)
+    down = next((e for e in events if e["type"] == "worker_down" and e.get("worker") == fault.worker), None)
+    if down is None:
+        s.problem = f"the router never declared {fault.worker} down"
+        return s
+    s.detected_s = down["wall_time"] - fault.wall
+    s.affected = sorted({affected_request_id(a) for a in down.get("affected", [])})
+    for e in events:
+        rid = e.get("request_id")
+        if rid not in s.affected or e["wall_time"] < down["wall_time"]:
+            continue
+        if e["type"] == "reschedule" and rid not in s.replaced_s:
+            s.replaced_s[rid] = e["wall_time"] - fault.wall
+        elif e["type"] == "reschedule_failed" and rid not in s.replaced_s and rid not in s.failed:
+            s.failed.append(rid)
+    first_new = min((first for sent, first in successes if sent >= fault.wall), default=None)
+    s.first_success_s = None if first_new is None else first_new - fault.wall
+    missing = [r for r in s.affected if r not in s.replaced_s and r not in s.failed]
+    if s.failed or missing:
+        s.problem = (f"{len(s.failed)} affected request(s) could not be re-placed, {len(missing)} never were "
+                     f"(of {len(s.affected)})")
+    elif s.first_success_s is None:
+        s.problem = "no request sent after the fault succeeded"
+    else:
+        s.total_s = max([s.detected_s, s.first_success_s, *s.replaced_s.values()])
+    return s
+
+
+def _sent_and_first_token_wall(rec: RequestRecord) -> tuple[float, float]:
+    anchor = rec.anchor
+    return anchor.perf_to_wall(rec.sent_ns) / 1e9, anchor.perf_to_wall(rec.first_token_ns) / 1e9  # type: ignore[arg-type]
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The q-th percentile by nearest rank: an observed value, never an interpolation (so p100
+    is the worst fault, and with few samples p95 is honest about the tail)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist) -> Verdict:
+    item = checklist.item(ITEM)
+    t = item.thresholds
+    done = [s.total_s for s in samples if s.total_s is not None]
+    incomplete = [s for s in samples if s.total_s is None]
+    n = len(samples)
+    measurements = [
+        Measurement(t["reschedule_p100_s"], nearest_rank(done, 100) if done else None,
+                    f"p100 rescheduling time over {len(done)} fault(s)"),
+        Measurement(t["reschedule_p95_s"], nearest_rank(done, 95) if done else None,
+                    f"p95 rescheduling time over {len(done)} fault(s)"),
+        Measurement(t["faults_not_rescheduled"], len(incomplete), f"faults whose rescheduling never completed (of {n})"),
+    ]
+    need = int(t["min_faults_per_kind"].value)
+    groups: dict[str, int] = {}
+    for s in samples:
+        key = f"{s.label.split()[0]} {s.fault.role}"
+        groups[key] = groups.get(key, 0) + 1
+    kills_short = {k: c for k, c in groups.items() if k.startswith("kill") and c < need}
+    for role in ("prefill", "decode"):
+        if f"kill {role}" not in groups:
+            kills_short[f"kill {role}"] = 0
+    thin = None
+    if kills_short:
+        thin = ("too few kills for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(kills_short.items()))
+                + f" (need {need} per role)")
+    evidence = {
+        "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4)} for s in samples],
+        "faults_per_kind": groups,
+        "per_fault": [s.to_dict() for s in samples],
+        "definition": "time from fault injection until the worker is declared down, every affected request is "
+                      "re-placed and a request sent after the fault has its first token (and completes ok)",
+    }
+    if incomplete:
+        evidence["not_rescheduled"] = [f"{s.label}: {s.problem}" for s in incomplete]
+    return judge(item, measurements, evidence=evidence, inconclusive_because=thin)

@@ -1,0 +1,100 @@
+"""Rescheduling time per fault from router events and request records (constructed here as
+test input in the shapes the router's /admin/events and the load generator produce)."""
+
+import pytest
+
+from harness.checks.reschedule import FaultMark, measure, nearest_rank, reschedule_verdict
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Status
+from harness.probes.records import RequestRecord
+
+T0 = 1_000.0
+
+
+def ok_record(sent, first_token, rid="c"):
+    # anchor: perf 0 == wall 0, so perf ns are wall ns
+    return RequestRecord(request_id=rid, sent_ns=int(sent * 1e9), first_token_ns=int(first_token * 1e9),
+                         end_ns=int((first_token + 0.5) * 1e9), chunk_ns=[int(first_token * 1e9)], chunk_tokens=[1],
+                         token_ids=[5], finish_reason="length")
+
+
+def kill(worker, t, role="decode", kind="process_kill", fid=None):
+    return FaultMark(fid or f"{worker}@{t}", kind, worker, role, t)
+
+
+def down(worker, t, affected=()):
+    return {"type": "worker_down", "worker": worker, "wall_time": t, "affected": [f"{a}#0" for a in affected]}
+
+
+def replaced(rid, t):
+    return {"type": "reschedule", "request_id": rid, "wall_time": t}
+
+
+def test_time_is_the_latest_of_detection_replacement_and_new_success():
+    events = [down("decode-1", T0 + 0.05, ["r1", "r2"]), replaced("r1", T0 + 0.2), replaced("r2", T0 + 0.9)]
+    records = [ok_record(T0 - 1, T0 - 0.5), ok_record(T0 + 0.1, T0 + 0.4)]
+    [s] = measure([kill("decode-1", T0)], events, records)
+    assert s.detected_s == pytest.approx(0.05) and s.first_success_s == pytest.approx(0.4)
+    assert s.affected == ["r1", "r2"] and s.total_s == pytest.approx(0.9)
+
+
+def test_request_sent_before_the_fault_does_not_count_as_new_success():
+    [s] = measure([kill("decode-1", T0)], [down("decode-1", T0 + 0.05)], [ok_record(T0 - 0.1, T0 + 0.3)])
+    assert s.total_s is None and "no request sent after the fault succeeded" in s.problem
+
+
+def test_unreplaced_or_failed_requests_mean_not_rescheduled():
+    events = [down("prefill-0", T0 + 0.1, ["a", "b"]), replaced("a", T0 + 0.3),
+              {"type": "reschedule_failed", "request_id": "b", "wall_time": T0 + 5.3}]
+    [s] = measure([kill("prefill-0", T0, role="prefill")], events, [ok_record(T0 + 0.2, T0 + 0.5)])
+    assert s.total_s is None and s.failed == ["b"]
+    [s] = measure([kill("x", T0)], [], [ok_record(T0 + 0.2, T0 + 0.5)])
+    assert "never declared x down" in s.problem
+
+
+def test_events_are_attributed_to_the_right_fault_of_the_same_worker():
+    faults = [kill("decode-0", T0), kill("decode-0", T0 + 10)]
+    events = [down("decode-0", T0 + 0.1, ["a"]), replaced("a", T0 + 0.2),
+              down("decode-0", T0 + 10.5, ["b"]), replaced("b", T0 + 12.0)]
+    records = [ok_record(T0 + 0.1, T0 + 0.3), ok_record(T0 + 10.1, T0 + 10.2)]
+    first, second = measure(faults, events, records)
+    assert first.total_s == pytest.approx(0.3) and second.total_s == pytest.approx(2.0)
+
+
+def test_nearest_rank_percentiles_are_observed_values():
+    values = [0.1, 0.2, 0.3, 0.4, 2.9, 3.5]
+    assert nearest_rank(values, 100) == 3.5 and nearest_rank(values, 95) == 3.5 and nearest_rank(values, 50) == 0.3
+
+
+def _samples(times_by_fault):
+    faults, events, records = [], [], []
+    for i, (worker, role, kind, total) in enumerate(times_by_fault):
+        t = T0 + 20 * i
+        faults.append(kill(worker, t, role=role, kind=kind))
+        events += [down(worker, t + 0.05, [f"q{i}"]), replaced(f"q{i}", t + total)]
+        records.append(ok_record(t + 0.01, t + 0.02))
+    return measure(faults, events, records)
+
+
+def plan(p100):
+    return [(f"{role}-{k % 2}", role, "process_kill", 0.5 + 0.1 * k) for role in ("prefill", "decode")
+            for k in range(3)] + [("decode-0", "decode", "process_hang", p100)]
+
+
+def test_verdict_pass_fail_and_inconclusive():
+    cl = Checklist.load()
+    v = reschedule_verdict(_samples(plan(2.4)), cl)
+    assert v.status is Status.PASS and v.measured == pytest.approx(2.4)
+    assert [s["label"] for s in v.evidence["samples"]][-1] == "hang decode-0"
+    v = reschedule_verdict(_samples(plan(4.2)), cl)
+    assert v.status is Status.FAIL and v.measured == pytest.approx(4.2) and "required <= 3 s" in v.reason
+    v = reschedule_verdict(_samples(plan(1.0)[:2] + plan(1.0)[3:]), cl)
+    assert v.status is Status.INCONCLUSIVE and "kill prefill x2" in v.reason
+
+
+def test_a_fault_never_rescheduled_fails_the_item():
+    samples = _samples(plan(1.0))
+    samples[0].total_s, samples[0].problem = None, "1 affected request(s) could not be re-placed"
+    v = reschedule_verdict(samples, Checklist.load())
+    assert v.status is Status.FAIL and "never completed" in v.reason
+    assert v.evidence["not_rescheduled"][0].startswith("kill prefill-0")
