@@ -144,8 +144,8 @@ class FaultRunner:
         errors: list[str] = []
         with self._critical(), self._lock:
             for entry in self.ledger.outstanding(include_live_owners=include_live_owners):
-                log.warning("recovering fault %s (%s) left %s by pid %s", entry["id"], entry["fault"].get("kind"),
-                            entry["status"], entry.get("owner_pid"))
+                log.warning("%s fault %s (%s) left %s by pid %s", "would revert" if self.dry_run else "reverting",
+                            entry["id"], entry["fault"].get("kind"), entry["status"], entry.get("owner_pid"))
                 try:
                     fault = Fault.from_ledger(entry["fault"])
                     ex = executor_from_spec(entry["executor"], audit=self.audit, dry_run=self.dry_run, out=self._out)
