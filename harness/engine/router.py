@@ -1,0 +1,616 @@
+"""PD router: the global scheduler in front of N prefill and M decode worker processes.
+
+- Control plane: workers connect to the router's control port and register; each connection
+  carries length-prefixed JSON messages both ways (commands down, heartbeats and tokens up).
+  A broken connection marks the worker dead at once; a silent one (SIGSTOP) is marked dead
+  after ``heartbeat_timeout_s`` (seed Section 5.1, layer 1). A worker that reconnects, or a new
+  one, joins the routing table without a router restart.
+- Scheduling (seed Section 5.3): the least-queued prefill worker; the decode target is the
+  least-loaded worker whose free KV exceeds ``kv_headroom_factor`` (1.2) x the request's KV;
+  when none fits the request waits in the admission queue.
+- Rescheduling: a request whose decode worker dies, or whose prefill worker dies before its KV
+  arrived, is placed again and re-prefilled with prompt + the tokens already streamed
+  (``resume_token_ids``), so the client stream continues with no duplicated or missing token;
+  when no worker can take it, it ends with an explicit error event.
+- ``Router`` is the EngineClient handed to ``api.build_app``; ``admin_api`` adds
+  ``/admin/workers``, ``/admin/events`` and fault hooks. Run as a process with
+  ``python -m harness.engine.router`` (``topology.py`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import math
+import os
+import signal
+import struct
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from harness.engine.config import EngineConfig
+from harness.engine.metrics import PREFIX
+from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
+from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.transfer import TransferConfig
+from harness.errors import ConfigError, EngineError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- control protocol
+
+_LEN = struct.Struct("!I")
+MAX_MSG_BYTES = 64 << 20
+
+
+def encode_msg(msg: dict) -> bytes:
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    return _LEN.pack(len(data)) + data
+
+
+async def read_msg(reader: asyncio.StreamReader) -> dict | None:
+    """One control message, or None when the peer closed the connection."""
+    try:
+        (n,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+        if n > MAX_MSG_BYTES:
+            raise EngineError(f"control message of {n} bytes exceeds {MAX_MSG_BYTES}")
+        return json.loads(await reader.readexactly(n))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass
+class RouterConfig:
+    """Knobs a cluster file can set (docs/pd.md). The sabotage knobs (``reschedule_enabled=False``,
+    ``reschedule_delay_s``) exist so the harness can prove its suites fail on a bad cluster."""
+
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 2.0
+    reschedule_enabled: bool = True
+    reschedule_delay_s: float = 0.0
+    max_reschedules: int = 3
+    admission_timeout_s: float = 30.0   # a new request waits this long for KV headroom
+    reschedule_wait_s: float = 5.0      # a rescheduled request waits this long for a worker
+    kv_headroom_factor: float = 1.2     # seed 5.3: free KV must exceed 1.2 x the request's KV
+    max_events: int = 10000
+    transfer: dict = field(default_factory=dict)  # TransferConfig fields, sent to prefill workers
+
+    def __post_init__(self) -> None:
+        positive = ("heartbeat_interval_s", "heartbeat_timeout_s", "admission_timeout_s", "kv_headroom_factor")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"router.{name} must be positive, got {getattr(self, name)!r}",
+                                  fix=f"set router.{name} to a positive number")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError(f"router.heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
+                              f"heartbeat_interval_s ({self.heartbeat_interval_s})",
+                              fix="use e.g. interval 1 s and timeout 2 s")
+        if self.reschedule_delay_s < 0 or self.reschedule_wait_s < 0 or self.max_reschedules < 0:
+            raise ConfigError("router.reschedule_delay_s, reschedule_wait_s and max_reschedules must be >= 0",
+                              fix="use non-negative values")
+        TransferConfig.from_dict(self.transfer)  # validate now, not at the first request
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "RouterConfig":
+        data = dict(data or {})
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown router options {sorted(unknown)}",
+                              fix=f"use only {sorted(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+
+# ---------------------------------------------------------------- state
+
+
+@dataclass
+class Worker:
+    id: str
+    role: str  # "prefill" | "decode"
+    pid: int
+    kv_addr: tuple[str, int]
+    control_addr: tuple[str, int]
+    writer: asyncio.StreamWriter
+    kv_blocks_total: int
+    block_size: int
+    health: str = "healthy"  # "healthy" | "dead"
+    down_reason: str | None = None
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    joined_wall: float = field(default_factory=time.time)
+    queue_depth: int = 0          # as the worker reported it
+    kv_blocks_used: int = 0       # as the worker reported it
+    stats: dict = field(default_factory=dict)
+    transfer: dict = field(default_factory=dict)
+    attempts: set[str] = field(default_factory=set)  # attempt ids placed here
+    reserved_blocks: int = 0
+
+    def send(self, msg: dict) -> None:
+        if self.health == "healthy" and not self.writer.is_closing():
+            self.writer.write(encode_msg(msg))
+
+    def free_blocks(self) -> int:
+        return self.kv_blocks_total - max(self.kv_blocks_used, self.reserved_blocks)
+
+    def public(self) -> dict:
+        return {"id": self.id, "role": self.role, "pid": self.pid, "health": self.health,
+                "down_reason": self.down_reason,
+                "addresses": {"control": "%s:%d" % self.control_addr, "kv": "%s:%d" % self.kv_addr},
+                "queue_depth": self.queue_depth if self.role == "prefill" else len(self.attempts),
+                "active_requests": len(self.attempts),
+                "kv_blocks_used": self.kv_blocks_used, "kv_blocks_total": self.kv_blocks_total,
+                "kv_blocks_reserved": self.reserved_blocks,
+                "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3),
+                "joined_at": self.joined_wall, "transfer": self.transfer}
+
+
+@dataclass
+class _Attempt:
+    id: str                 # "<request id>#<n>": stale messages of an earlier attempt never match
+    prefill: str
+    decode: str
+    blocks: int
+    inbox: asyncio.Queue
+    kv_arrived: bool = False
+
+
+class _Lost(Exception):
+    """The attempt cannot continue (a worker died, the transfer failed); reschedule it."""
+
+
+class _NoCapacity(EngineError):
+    pass
+
+
+class Router:
+    """EngineClient over the PD worker processes (see module docstring)."""
+
+    def __init__(self, preset: str, config: RouterConfig | None = None, *, max_model_len: int | None = None) -> None:
+        self.config = config or RouterConfig()
+        engine = EngineConfig(preset=preset, max_model_len=max_model_len)
+        self.model_name = preset
+        self.max_model_len = engine.context_len
+        self._tokenizer = ByteTokenizer()
+        self.workers: dict[str, Worker] = {}
+        self.events: deque[dict] = deque(maxlen=self.config.max_events)
+        self._event_seq = itertools.count(1)
+        self._attempts: dict[str, _Attempt] = {}
+        self._capacity = asyncio.Condition()
+        self._waiting = 0
+        self._counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}
+        self._server: asyncio.AbstractServer | None = None
+        self._monitor: asyncio.Task | None = None
+        self._conn_tasks: set[asyncio.Task] = set()
+
+    # -- EngineClient
+    def tokenizer(self) -> ByteTokenizer:
+        return self._tokenizer
+
+    def stats(self) -> EngineStats:
+        s = EngineStats()
+        for w in self.workers.values():
+            if w.health != "healthy":
+                continue
+            for name in ("num_running", "num_waiting", "prompt_tokens_total", "generation_tokens_total",
+                         "spec_draft_tokens", "spec_accepted_tokens"):
+                setattr(s, name, getattr(s, name) + int(w.stats.get(name, 0)))
+            if w.role == "decode":
+                s.kv_blocks_used += w.kv_blocks_used
+                s.kv_blocks_total += w.kv_blocks_total
+                s.kv_block_bytes = int(w.stats.get("kv_block_bytes", s.kv_block_bytes))
+                s.spec_enabled = s.spec_enabled or bool(w.stats.get("spec_enabled"))
+        s.num_waiting += self._waiting
+        s.extra = {"workers_healthy": sum(w.health == "healthy" for w in self.workers.values()),
+                   "admission_queue": self._waiting}
+        return s
+
+    async def set_speculative(self, enabled: bool) -> None:
+        for w in self.workers.values():
+            w.send({"type": "set_speculative", "enabled": bool(enabled)})
+
+    async def abort(self, request_id: str) -> None:
+        for att in list(self._attempts.values()):
+            if att.id.rsplit("#", 1)[0] == request_id:
+                att.inbox.put_nowait({"type": "client_abort"})
+
+    async def close(self) -> None:
+        if self._monitor:
+            self._monitor.cancel()
+        if self._server:
+            self._server.close()
+        for w in self.workers.values():
+            w.writer.close()
+        for t in list(self._conn_tasks):
+            t.cancel()
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        self._tokenizer.validate(request.prompt_token_ids)
+        if len(request.prompt_token_ids) + len(request.resume_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(f"prompt of {len(request.prompt_token_ids)} tokens does not fit "
+                                      f"max_model_len {self.max_model_len}", param="prompt",
+                                      code="context_length_exceeded")
+        return self._generate(request)
+
+    async def _generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        streamed: list[int] = list(request.resume_token_ids)
+        n_prompt = len(request.prompt_token_ids)
+        lost_worker: str | None = None
+        lost_at: float | None = None
+        for n in itertools.count():
+            resumed = n > 0
+            try:
+                att = await self._place(request, n, streamed, resumed)
+            except _NoCapacity as exc:
+                if resumed:
+                    self._counters["reschedule_failures"] += 1
+                    self._event("reschedule_failed", request_id=request.request_id, error=str(exc))
+                yield self._error(request, streamed, str(exc))
+                return
+            if resumed:
+                self._event("reschedule", request_id=request.request_id, from_worker=lost_worker,
+                            to_prefill=att.prefill, to_decode=att.decode, resumed_tokens=len(streamed) -
+                            len(request.resume_token_ids), since_loss_s=round(time.monotonic() - lost_at, 4))
+            try:
+                first = True
+                async for ev in self._run(att, request, streamed):
+                    streamed.extend(ev.token_ids)
+                    ev.num_prompt_tokens = n_prompt
+                    if resumed and first:
+                        self._event("resumed", request_id=request.request_id, worker=att.decode,
+                                    since_loss_s=round(time.monotonic() - lost_at, 4))
+                    first = False
+                    yield ev
+                    if ev.finished:
+                        return
+            except _Lost as exc:
+                lost_worker, lost_at = exc.args[1], exc.args[2]
+                reason = exc.args[0]
+                if not self.config.reschedule_enabled:
+                    yield self._error(request, streamed, f"{reason}; rescheduling is disabled")
+                    return
+                if n >= self.config.max_reschedules:
+                    yield self._error(request, streamed, f"{reason}; gave up after {n + 1} placements")
+                    return
+                self._counters["reschedules"] += 1
+                if self.config.reschedule_delay_s:
+                    await asyncio.sleep(self.config.reschedule_delay_s)  # sabotage knob, see docs/pd.md
+            finally:
+                self._release(att)
+
+    def _error(self, request: GenerateRequest, streamed: list[int], message: str) -> TokenEvent:
+        log.warning("%s ends with an error: %s", request.request_id, message)
+        return TokenEvent(request.request_id, [], "", finished=True, finish_reason=FinishReason.ERROR,
+                          num_prompt_tokens=len(request.prompt_token_ids), num_output_tokens=len(streamed),
+                          error=message)
+
+    # -- placement
+    def _blocks_needed(self, request: GenerateRequest, streamed: list[int], block_size: int) -> int:
+        total = min(len(request.prompt_token_ids) + max(request.params.max_tokens, len(streamed) + 1),
+                    self.max_model_len)
+        return math.ceil(total / block_size)
+
+    async def _place(self, request: GenerateRequest, n: int, streamed: list[int], resumed: bool) -> _Attempt:
+        timeout = self.config.reschedule_wait_s if resumed else self.config.admission_timeout_s
+        deadline = time.monotonic() + timeout
+        self._waiting += 1
+        try:
+            async with self._capacity:
+                while True:
+                    picked = self._pick(request, streamed)
+                    if isinstance(picked, tuple):
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        if not resumed:
+                            self._counters["admission_timeouts"] += 1
+                        raise _NoCapacity(f"no worker could take the request within {timeout:.1f} s: {picked}")
+                    try:
+                        await asyncio.wait_for(self._capacity.wait(), remaining)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            self._waiting -= 1
+        prefill, decode, blocks = picked
+        att = _Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue())
+        self._attempts[att.id] = att
+        prefill.attempts.add(att.id)
+        decode.attempts.add(att.id)
+        decode.reserved_blocks += blocks
+        prefill.queue_depth += 1  # until the next heartbeat says otherwise
+        return att
+
+    def _pick(self, request: GenerateRequest, streamed: list[int]) -> tuple[Worker, Worker, int] | str:
+        healthy = [w for w in self.workers.values() if w.health == "healthy"]
+        prefills = [w for w in healthy if w.role == "prefill"]
+        decodes = [w for w in healthy if w.role == "decode"]
+        if not prefills or not decodes:
+            return f"{len(prefills)} healthy prefill and {len(decodes)} healthy decode workers"
+        fits = []
+        for w in decodes:
+            need = self._blocks_needed(request, streamed, w.block_size)
+            if w.free_blocks() > self.config.kv_headroom_factor * need:
+                fits.append((len(w.attempts), w.id, w, need))
+        if not fits:
+            return "no decode worker has KV headroom of %.1fx the request's KV" % self.config.kv_headroom_factor
+        _, _, decode, need = min(fits)
+        prefill = min(prefills, key=lambda w: (w.queue_depth, w.id))
+        return prefill, decode, need
+
+    def _release(self, att: _Attempt) -> None:
+        if self._attempts.pop(att.id, None) is None:
+            return
+        for wid in (att.prefill, att.decode):
+            w = self.workers.get(wid)
+            if w is not None and att.id in w.attempts:
+                w.attempts.discard(att.id)
+                w.send({"type": "abort", "rid": att.id})  # no-op on the worker when already finished
+                if wid == att.decode:
+                    w.reserved_blocks -= att.blocks
+        asyncio.get_running_loop().create_task(self._notify_capacity())
+
+    async def _notify_capacity(self) -> None:
+        async with self._capacity:
+            self._capacity.notify_all()
+
+    # -- one placement of a request
+    async def _run(self, att: _Attempt, request: GenerateRequest, streamed: list[int]) -> AsyncIterator[TokenEvent]:
+        decode, prefill = self.workers[att.decode], self.workers[att.prefill]
+        body = {"rid": att.id, "prompt_token_ids": request.prompt_token_ids, "resume_token_ids": streamed,
+                "params": asdict(request.params)}
+        decode.send({"type": "import", **body})
+        prefill_sent = False
+        while True:
+            msg = await att.inbox.get()
+            kind = msg["type"]
+            if kind == "import_ready" and not prefill_sent:
+                prefill.send({"type": "prefill", **body, "transfer": self.config.transfer,
+                              "target": {"kv": list(decode.kv_addr), "control": list(decode.control_addr)}})
+                prefill_sent = True
+            elif kind == "tokens":
+                att.kv_arrived = True
+                yield TokenEvent(request.request_id, msg["token_ids"], msg["text"], msg["finished"],
+                                 FinishReason(msg["finish_reason"]) if msg["finish_reason"] else None,
+                                 num_output_tokens=msg["num_output_tokens"], worker=att.decode,
+                                 error=msg.get("error"))
+            elif kind == "prefill_done":
+                att.kv_arrived = True
+            elif kind in ("import_failed", "prefill_failed"):
+                raise _Lost(f"{kind} on {msg.get('worker')}: {msg.get('error')}", msg.get("worker"), time.monotonic())
+            elif kind == "worker_lost":
+                if msg["worker"] == att.decode or not att.kv_arrived:
+                    raise _Lost(f"worker {msg['worker']} lost ({msg['reason']})", msg["worker"], msg["at"])
+            elif kind == "client_abort":
+                yield TokenEvent(request.request_id, [], "", True, FinishReason.ABORT,
+                                 num_output_tokens=len(streamed))
+                return
+
+    # -- control plane
+    async def start_control(self, host: str, port: int, sock=None) -> tuple[str, int]:
+        if sock is not None:
+            self._server = await asyncio.start_server(self._on_connect, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._on_connect, host, port)
+        self._monitor = asyncio.get_running_loop().create_task(self._watch_heartbeats())
+        return self._server.sockets[0].getsockname()[:2]
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._conn_tasks.add(task)
+        worker = None
+        try:
+            hello = await read_msg(reader)
+            if not hello or hello.get("type") != "register":
+                return
+            old = self.workers.get(hello["id"])
+            if old is not None and old.health == "healthy":
+                writer.write(encode_msg({"type": "refused", "error": f"worker id {hello['id']} is already "
+                                         "registered and healthy"}))
+                return
+            worker = Worker(hello["id"], hello["role"], hello["pid"], tuple(hello["kv_addr"]),
+                            tuple(hello["control_addr"]), writer, hello["kv_blocks_total"], hello["block_size"])
+            self.workers[worker.id] = worker
+            writer.write(encode_msg({"type": "welcome", "heartbeat_interval_s": self.config.heartbeat_interval_s}))
+            self._event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
+                        rejoined=old is not None)
+            await self._notify_capacity()
+            while (msg := await read_msg(reader)) is not None:
+                self._on_message(worker, msg)
+            self._worker_lost(worker, "connection_lost")
+        except Exception:
+            log.exception("control connection failed")
+            if worker is not None:
+                self._worker_lost(worker, "protocol_error")
+        finally:
+            writer.close()
+            self._conn_tasks.discard(task)
+
+    def _on_message(self, w: Worker, msg: dict) -> None:
+        if w.health != "healthy":
+            return  # a worker declared dead stays dead until it reconnects
+        kind = msg["type"]
+        w.last_heartbeat = time.monotonic()  # any message proves liveness
+        if kind == "heartbeat":
+            w.stats, w.transfer = msg["stats"], msg["transfer"]
+            w.queue_depth, w.kv_blocks_used = msg["queue_depth"], msg["stats"].get("kv_blocks_used", 0)
+            return
+        if kind == "transfer_event":
+            self._event(f"transfer_{msg['event']}", worker=w.id, request_id=msg["rid"].rsplit("#", 1)[0],
+                        **msg.get("detail", {}))
+        att = self._attempts.get(msg.get("rid", ""))
+        if att is not None and kind != "transfer_event":
+            att.inbox.put_nowait({**msg, "worker": w.id})
+
+    def _worker_lost(self, w: Worker, reason: str) -> None:
+        if w.health != "healthy":
+            return
+        now = time.monotonic()
+        w.health, w.down_reason = "dead", reason
+        self._event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
+                    affected=sorted(w.attempts))
+        for att_id in list(w.attempts):
+            att = self._attempts.get(att_id)
+            if att is not None:
+                att.inbox.put_nowait({"type": "worker_lost", "worker": w.id, "reason": reason, "at": now})
+        w.writer.close()  # a hung worker that wakes up finds its connection gone and rejoins
+
+    async def _watch_heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(min(0.1, self.config.heartbeat_interval_s / 4))
+            now = time.monotonic()
+            for w in list(self.workers.values()):
+                if w.health == "healthy" and now - w.last_heartbeat > self.config.heartbeat_timeout_s:
+                    self._worker_lost(w, "heartbeat_timeout")
+
+    def _event(self, kind: str, **detail) -> None:
+        event = {"seq": next(self._event_seq), "type": kind, "wall_time": time.time(),
+                 "monotonic": time.monotonic(), **detail}
+        self.events.append(event)
+        log.info("event %s", event)
+
+    def fault(self, worker_id: str, spec: dict) -> dict:
+        w = self.workers.get(worker_id)
+        if w is None or w.health != "healthy":
+            raise InvalidRequestError(f"no healthy worker {worker_id!r}", param="worker_id", status=404)
+        allowed = {"corrupt_frames"}
+        if not spec or set(spec) - allowed or not all(isinstance(v, int) and v >= 0 for v in spec.values()):
+            raise InvalidRequestError(f"fault must be an object with {sorted(allowed)} as non-negative integers, "
+                                      f"got {spec!r}", param="fault")
+        w.send({"type": "fault", **spec})
+        self._event("fault_hook", worker=worker_id, **spec)
+        return {"worker": worker_id, **spec}
+
+    def collect(self):
+        """Prometheus collector: transfer counters per worker and path, liveness, scheduling."""
+        labels = ["worker", "path"]
+        fams = {f: CounterMetricFamily(f"{PREFIX}_kv_transfer_{f}", f"KV transfer {f} per sending worker and path "
+                                       "(docs/pd.md)", labels=labels)
+                for f in ("bytes", "seconds", "frames", "transfers", "retries", "failures", "fallbacks")}
+        rejected = CounterMetricFamily(f"{PREFIX}_kv_transfer_rejected_frames", "KV frames a receiver rejected "
+                                       "(crc, header, shape, truncated, unknown_request)", labels=["worker", "reason"])
+        up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while a worker is in the routing table",
+                               labels=["worker", "role"])
+        queue = GaugeMetricFamily(f"{PREFIX}_worker_queue_depth", "Requests queued or running on a worker",
+                                  labels=["worker", "role"])
+        for w in self.workers.values():
+            for path, counters in w.transfer.get("paths", {}).items():
+                for f, fam in fams.items():
+                    fam.add_metric([w.id, path], counters.get(f, 0))
+            for reason, count in w.transfer.get("rejected", {}).items():
+                rejected.add_metric([w.id, reason], count)
+            up.add_metric([w.id, w.role], 1.0 if w.health == "healthy" else 0.0)
+            queue.add_metric([w.id, w.role], w.public()["queue_depth"])
+        yield from fams.values()
+        yield from (rejected, up, queue)
+        for name, value in self._counters.items():
+            yield CounterMetricFamily(f"{PREFIX}_router_{name}", f"Router {name.replace('_', ' ')}", value=value)
+        down = CounterMetricFamily(f"{PREFIX}_router_worker_down_events", "Workers declared down", labels=["reason"])
+        for reason in ("connection_lost", "heartbeat_timeout", "protocol_error"):
+            down.add_metric([reason], sum(e["type"] == "worker_down" and e["reason"] == reason for e in self.events))
+        yield down
+        yield GaugeMetricFamily(f"{PREFIX}_router_admission_queue", "Requests waiting for a placement",
+                                value=self._waiting)
+
+
+def admin_api(router: Router) -> APIRouter:
+    api = APIRouter(prefix="/admin")
+
+    @api.get("/workers")
+    async def workers() -> list[dict]:
+        return [w.public() for w in router.workers.values()]
+
+    @api.get("/events")
+    async def events(since: int = 0, type: str | None = None) -> list[dict]:
+        return [e for e in router.events if e["seq"] > since and (type is None or e["type"] == type)]
+
+    @api.get("/config")
+    async def config() -> dict:
+        return asdict(router.config)
+
+    @api.post("/workers/{worker_id}/fault")
+    async def fault(worker_id: str, request: Request) -> dict:
+        try:
+            spec = await request.json()
+        except ValueError:
+            raise InvalidRequestError("fault body must be JSON, e.g. {\"corrupt_frames\": 1}", param="fault")
+        return router.fault(worker_id, spec if isinstance(spec, dict) else {})
+
+    return api
+
+
+# ---------------------------------------------------------------- process main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.engine.router", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--host", default="127.0.0.1", help="API address")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--control-host", default="127.0.0.1", help="address workers connect to")
+    p.add_argument("--control-port", type=int, default=0)
+    p.add_argument("--config-json", default="{}", help="RouterConfig fields as JSON")
+    p.add_argument("--ready-file", type=Path, help="write {api, control, pid} here once listening")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+                        format="%(asctime)s %(levelname)s router %(name)s: %(message)s")
+    config = RouterConfig.from_dict(json.loads(args.config_json))
+    return asyncio.run(_serve(args, config))
+
+
+async def _serve(args, config: RouterConfig) -> int:
+    import uvicorn
+
+    from harness.engine.api import build_app
+    from harness.engine.server import _bind
+
+    router = Router(args.preset, config)
+    registry = CollectorRegistry()
+    registry.register(router)
+    app = build_app(router, registry=registry, extra_routers=[admin_api(router)])
+    api_sock = _bind(args.host, args.port)
+    control = await router.start_control(args.control_host, args.control_port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=logging.WARNING, access_log=False,
+                                           timeout_graceful_shutdown=2))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    if args.ready_file:
+        tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+        tmp.write_text(json.dumps({"api": list(api_sock.getsockname()[:2]), "control": list(control),
+                                   "pid": os.getpid()}))
+        tmp.replace(args.ready_file)
+
+    async def watch_parent() -> None:
+        while args.parent_pid:
+            await asyncio.sleep(1.0)
+            if os.getppid() != args.parent_pid:
+                log.warning("parent %d is gone; router exits", args.parent_pid)
+                server.should_exit = True
+                return
+
+    watcher = loop.create_task(watch_parent())
+    try:
+        await server.serve(sockets=[api_sock])
+    finally:
+        watcher.cancel()
+        await router.close()
+        api_sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

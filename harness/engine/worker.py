@@ -1,0 +1,329 @@
+"""PD worker process: ``python -m harness.engine.worker --role prefill|decode --id ID --router HOST:PORT``.
+
+One EngineCore runs in a dedicated engine thread (the core is single-threaded); the main thread
+runs asyncio for the control connection to the router (register, heartbeats every second,
+commands down, tokens and transfer reports up). A decode worker also listens for KV on its
+fabric address (primary path) and on its control address (fallback path); the receiver's
+threads hand verified layers to the engine thread through its command queue. A prefill worker
+runs ``prefill_for_transfer`` for one queued request at a time and streams each layer to the
+decode worker while later layers still compute.
+
+When the control connection breaks (the router declared this worker dead, e.g. after a
+SIGSTOP), the worker drops every request it holds and registers again, so it rejoins the
+routing table without a router restart. It exits when the router stays unreachable for
+``--router-grace-s`` or when its parent process is gone, so it never outlives its topology.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Callable
+
+from harness.engine.config import EngineConfig
+from harness.engine.core import EngineCore, ImportHandle
+from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.router import encode_msg, read_msg
+from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
+                                     TransferConfig, TransferStats)
+from harness.errors import ConfigError, HarnessError
+
+log = logging.getLogger(__name__)
+
+
+def _request(msg: dict) -> GenerateRequest:
+    params = dict(msg["params"])
+    params["stop"] = tuple(params.get("stop", ()))
+    return GenerateRequest(msg["rid"], list(msg["prompt_token_ids"]), SamplingParams(**params),
+                           resume_token_ids=list(msg["resume_token_ids"]))
+
+
+class PDWorker:
+    def __init__(self, worker_id: str, role: str, engine_config: EngineConfig) -> None:
+        if role not in ("prefill", "decode"):
+            raise ConfigError(f"worker role {role!r} is unknown", fix="use --role prefill or --role decode")
+        self.id, self.role = worker_id, role
+        self.core = EngineCore(engine_config)
+        self.model = self.core.model_config
+        self.transfer_stats = TransferStats()
+        self._cmds: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._imports: dict[str, ImportHandle] = {}   # decode: KV arriving
+        self._layouts: dict[str, KVLayout] = {}
+        self._jobs: deque[dict] = deque()             # prefill: queued requests
+        self._senders: dict[str, KVSender] = {}       # prefill: transfers in flight
+        self._corrupt_frames = 0                      # fault hook (admin API)
+        self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
+        self._stats_cache: dict = asdict(self.core.stats())
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: asyncio.Queue | None = None
+        self.receiver: KVReceiver | None = None
+        self._thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
+
+    # -- engine thread
+    def _engine_loop(self) -> None:
+        while True:
+            busy = self.core.has_work() or bool(self._jobs)
+            try:
+                cmd = self._cmds.get_nowait() if busy else self._cmds.get(timeout=0.2)
+            except queue.Empty:
+                cmd = ...
+            while cmd is not ...:
+                if cmd is None:
+                    return
+                try:
+                    cmd()
+                except Exception:
+                    log.exception("engine command failed")
+                try:
+                    cmd = self._cmds.get_nowait()
+                except queue.Empty:
+                    cmd = ...
+            if self._jobs:
+                self._run_prefill(self._jobs.popleft())
+            elif self.core.has_work():
+                for ev in self.core.step():
+                    self.publish({"type": "tokens", "rid": ev.request_id, "token_ids": ev.token_ids,
+                                  "text": ev.text, "finished": ev.finished,
+                                  "finish_reason": ev.finish_reason.value if ev.finish_reason else None,
+                                  "num_output_tokens": ev.num_output_tokens, "error": ev.error})
+            self._stats_cache = asdict(self.core.stats())
+
+    def _run_prefill(self, job: dict) -> None:
+        rid = job["rid"]
+        target = job["target"]
+        sender = KVSender(rid, self.model.n_layers, Endpoint(*target["kv"], PATH_FABRIC),
+                          Endpoint(*target["control"], PATH_CONTROL), TransferConfig.from_dict(job["transfer"]),
+                          self.transfer_stats, corrupt_frames=self._corrupt_frames,
+                          on_event=lambda kind, **d: self.publish({"type": "transfer_event", "rid": rid,
+                                                                   "event": kind, "detail": d}))
+        self._corrupt_frames = 0
+        self._senders[rid] = sender
+        t0 = time.perf_counter()
+        try:
+            result = self.core.prefill_for_transfer(_request(job), on_layer=sender.send_layer)
+        except Exception as exc:
+            sender.cancel()
+            self._senders.pop(rid, None)
+            self.publish({"type": "prefill_failed", "rid": rid, "error": f"prefill: {exc}"})
+            return
+        self._finisher.submit(self._finish_transfer, rid, sender, result.first_token_id,
+                              time.perf_counter() - t0)
+
+    def _finish_transfer(self, rid: str, sender: KVSender, first_token_id: int, prefill_s: float) -> None:
+        try:
+            res = sender.finish(first_token_id)
+            self.publish({"type": "prefill_done", "rid": rid, "prefill_s": prefill_s, "path": res.path,
+                          "bytes": res.bytes, "seconds": res.seconds, "retries": res.retries,
+                          "fallback": res.fallback})
+        except HarnessError as exc:
+            self.publish({"type": "prefill_failed", "rid": rid, "error": str(exc)})
+        finally:
+            self._senders.pop(rid, None)
+
+    def _import(self, msg: dict) -> None:
+        req = _request(msg)
+        n = len(req.prompt_token_ids) + len(req.resume_token_ids)
+        try:
+            handle = self.core.begin_import(req, n)
+        except HarnessError as exc:
+            self.publish({"type": "import_failed", "rid": req.request_id, "error": str(exc)})
+            return
+        self._imports[req.request_id] = handle
+        self._layouts[req.request_id] = KVLayout(self.model.n_layers, n, self.model.n_kv_heads, self.model.head_dim,
+                                                 self.core.pool.storage.dtype)
+        self.publish({"type": "import_ready", "rid": req.request_id})
+
+    def _write(self, rid: str, layer_start: int, kv) -> None:
+        handle = self._imports.get(rid)
+        if handle is not None:
+            for i in range(kv.shape[0]):  # kv: [layers, 2, T, H, D]
+                handle.write_layer(layer_start + i, kv[i, 0], kv[i, 1])
+
+    def _commit(self, rid: str, first_token_id: int) -> None:
+        handle = self._imports.pop(rid, None)
+        if handle is None:
+            return
+        try:
+            self.core.commit_import(handle, first_token_id)
+        except HarnessError as exc:
+            self.publish({"type": "import_failed", "rid": rid, "error": str(exc)})
+
+    def _abort(self, rid: str) -> None:
+        self._jobs = deque(j for j in self._jobs if j["rid"] != rid)
+        sender = self._senders.get(rid)
+        if sender is not None:
+            sender.cancel()
+        handle = self._imports.pop(rid, None)
+        if handle is not None:
+            self._layouts.pop(rid, None)
+            if self.receiver:
+                self.receiver.forget(rid)
+            self.core.cancel_import(handle)
+        self.core.abort(rid)
+
+    def _reset(self) -> None:
+        """The router forgot us: drop every request so nothing stale is streamed after rejoining."""
+        for rid in {*self._imports, *self.core.requests, *self._senders, *(j["rid"] for j in self._jobs)}:
+            self._abort(rid)
+
+    # -- KVSink, called from receiver threads
+    def kv_layout(self, rid: str) -> KVLayout | None:
+        return self._layouts.get(rid)
+
+    def kv_write(self, rid: str, layer_start: int, kv) -> None:
+        self._cmds.put(lambda: self._write(rid, layer_start, kv))
+
+    def kv_complete(self, rid: str, first_token_id: int) -> None:
+        if self._layouts.pop(rid, None) is None:
+            raise HarnessError(f"import of {rid} was cancelled")
+        self._cmds.put(lambda: self._commit(rid, first_token_id))
+
+    # -- control plane (asyncio, main thread)
+    def publish(self, msg: dict) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._outbox.put_nowait, msg)
+
+    def _on_command(self, msg: dict) -> None:
+        kind = msg["type"]
+        if kind == "import":
+            self._cmds.put(lambda: self._import(msg))
+        elif kind == "prefill":
+            self._cmds.put(lambda: self._jobs.append(msg))
+        elif kind == "abort":
+            self._cmds.put(lambda: self._abort(msg["rid"]))
+        elif kind == "set_speculative":
+            self._cmds.put(lambda: self.core.set_speculative(msg["enabled"]))
+        elif kind == "fault":
+            self._corrupt_frames = int(msg.get("corrupt_frames", 0))
+            log.warning("fault hook armed: corrupt the next %d KV frames", self._corrupt_frames)
+        else:
+            log.warning("unknown command %s", kind)
+
+    async def serve(self, router: tuple[str, int], kv_host: str, control_host: str, *, grace_s: float,
+                    parent_pid: int) -> int:
+        self._loop = asyncio.get_running_loop()
+        self._outbox = asyncio.Queue()
+        kv_addr, control_addr = (kv_host, 0), (control_host, 0)
+        if self.role == "decode":
+            self.receiver = KVReceiver(self, self.transfer_stats)
+            kv_addr = self.receiver.listen(kv_host, 0, PATH_FABRIC)
+            control_addr = self.receiver.listen(control_host, 0, PATH_CONTROL)
+        self._thread.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(sig, stop.set)
+        stopper = self._loop.create_task(stop.wait())
+        last_ok, code = time.monotonic(), 0
+        print(f"worker {self.id} ({self.role}) pid {os.getpid()} kv {kv_addr[0]}:{kv_addr[1]} "
+              f"control {control_addr[0]}:{control_addr[1]}", file=sys.stderr, flush=True)
+        try:
+            while not stop.is_set():
+                if parent_pid and os.getppid() != parent_pid:
+                    log.warning("parent %d is gone; worker exits", parent_pid)
+                    break
+                try:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(*router), 2.0)
+                except (OSError, asyncio.TimeoutError) as exc:
+                    if time.monotonic() - last_ok > grace_s:
+                        log.error("router %s:%d unreachable for %.0f s (%s); exiting", *router, grace_s, exc)
+                        code = 1
+                        break
+                    await asyncio.sleep(0.2)
+                    continue
+                await self._session(reader, writer, kv_addr, control_addr, stopper)
+                last_ok = time.monotonic()
+                self._cmds.put(self._reset)
+        finally:
+            stopper.cancel()
+            self._cmds.put(None)
+            self._thread.join(10)
+            for sender in list(self._senders.values()):
+                sender.cancel()
+            self._finisher.shutdown(wait=True, cancel_futures=True)
+            if self.receiver:
+                self.receiver.close()
+        return code
+
+    async def _session(self, reader, writer, kv_addr, control_addr, stopper: asyncio.Task) -> None:
+        writer.write(encode_msg({"type": "register", "id": self.id, "role": self.role, "pid": os.getpid(),
+                                 "kv_addr": list(kv_addr), "control_addr": list(control_addr),
+                                 "kv_blocks_total": self.core.pool.num_blocks,
+                                 "block_size": self.core.config.block_size}))
+        welcome = await read_msg(reader)
+        if not welcome or welcome["type"] != "welcome":
+            log.warning("router refused registration: %s", welcome)
+            writer.close()
+            await asyncio.sleep(0.5)
+            return
+        interval = float(welcome["heartbeat_interval_s"])
+        log.info("registered with the router as %s", self.id)
+
+        async def heartbeats() -> None:
+            while True:
+                writer.write(encode_msg({"type": "heartbeat", "stats": self._stats_cache,
+                                         "transfer": self.transfer_stats.snapshot(),
+                                         "queue_depth": len(self._jobs) + len(self._senders)}))
+                await asyncio.sleep(interval)
+
+        async def pump_outbox() -> None:
+            while True:
+                writer.write(encode_msg(await self._outbox.get()))
+                await writer.drain()
+
+        async def commands() -> None:
+            while (msg := await read_msg(reader)) is not None:
+                self._on_command(msg)
+
+        tasks = [asyncio.ensure_future(t) for t in (heartbeats(), pump_outbox(), commands())]
+        try:
+            await asyncio.wait([tasks[2], stopper], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            writer.close()
+        log.warning("control connection to the router closed; dropping all requests and rejoining")
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.engine.worker", description="PD worker process")
+    p.add_argument("--role", required=True, choices=("prefill", "decode"))
+    p.add_argument("--id", required=True)
+    p.add_argument("--router", required=True, type=_hostport, help="router control address HOST:PORT")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--engine-json", default="{}", help="EngineConfig fields as JSON (kv_budget_bytes, ...)")
+    p.add_argument("--kv-host", default="127.0.0.1", help="fabric address: KV data plane (primary path)")
+    p.add_argument("--control-host", default="127.0.0.1", help="control address: fallback KV path")
+    p.add_argument("--router-grace-s", type=float, default=15.0)
+    p.add_argument("--parent-pid", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+                        format=f"%(asctime)s %(levelname)s {args.id} %(name)s: %(message)s")
+    overrides = json.loads(args.engine_json)
+    config = EngineConfig(preset=args.preset, name=args.id, **overrides)
+    worker = PDWorker(args.id, args.role, config)
+    return asyncio.run(worker.serve(args.router, args.kv_host, args.control_host, grace_s=args.router_grace_s,
+                                    parent_pid=args.parent_pid))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
