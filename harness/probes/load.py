@@ -11,6 +11,7 @@ Locust stops its users and flushes), kills it if it does not, and always reaps i
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -49,7 +50,7 @@ class LoadRunner:
         users = self.profile.users
         return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", self.api_url,
                 "-u", str(users), "-r", str(max(users * 10, 10)), "--only-summary", "--loglevel", "WARNING",
-                "--stop-timeout", str(self.profile.stop_timeout_s)]
+                "--stop-timeout", str(math.ceil(self.profile.stop_timeout_s))]
 
     def start(self) -> None:
         if self._proc is not None:

@@ -193,9 +193,12 @@ class _Exchange:
             anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns)
         self.builder = _RecordBuilder(self.record)
         self.deadline_ns = now + int(client.timeout_s * 1e9)
+        self._scheduled = scheduled_ns is not None
 
     def begin(self) -> None:
         self.record.sent_ns = time.perf_counter_ns()
+        if not self._scheduled:  # not open loop: the request was due when it was sent
+            self.record.scheduled_ns = self.record.sent_ns
 
     def http_error(self, resp: httpx.Response, body: bytes) -> RequestRecord:
         _http_error(self.record, resp.status_code, body, resp.headers)

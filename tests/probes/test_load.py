@@ -1,0 +1,82 @@
+"""Locust load runs (own process) against a real reference-engine server (tiny preset)."""
+
+import time
+
+import pytest
+
+from harness.engine.oracle import greedy_reference
+from harness.engine.server import ServerProcess
+from harness.engine.tokenizer import ByteTokenizer
+from harness.errors import ProbeError
+from harness.probes.analysis import summarize
+from harness.probes.load import LoadRunner
+from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess("tiny") as srv:
+        yield srv
+
+
+def _check_tokens_against_oracle(records, profile):
+    prompts = make_prompts(profile)
+    tok = ByteTokenizer()
+    expected = {p: greedy_reference("tiny", tok.encode(p), profile.max_tokens, ignore_eos=True) for p in
+                {r.prompt for r in records}}
+    assert set(expected) <= set(prompts)
+    for r in records:
+        assert r.token_ids == expected[r.prompt], r.request_id
+
+
+def test_closed_loop_run_writes_complete_token_exact_records(server, tmp_path):
+    profile = LoadProfile(mode="closed", users=2, duration_s=3.0, max_tokens=8, seed=1)
+    runner = LoadRunner(server.url, profile, output_dir=tmp_path)
+    records = runner.run()
+    assert runner.returncode == 0 and not runner.running
+    assert (tmp_path / "requests.jsonl").exists()
+    assert len(records) >= 4 and all(r.status == "ok" for r in records), runner.log_tail()
+    assert len({r.user for r in records}) == 2
+    for r in records:
+        assert r.scheduled_ns <= r.sent_ns < r.first_byte_ns <= r.first_token_ns <= r.chunk_ns[-1] <= r.end_ns
+        assert r.completion_tokens == 8 and len(r.token_ids) == 8 and r.prompt_tokens == len(r.prompt.encode())
+    _check_tokens_against_oracle(records, profile)
+    # back to back: a user's next request is sent after its previous one ended
+    by_user = {}
+    for r in sorted(records, key=lambda r: r.sent_ns):
+        assert r.sent_ns >= by_user.get(r.user, 0)
+        by_user[r.user] = r.end_ns
+    s = summarize(records)
+    assert s["ok"] == len(records) and s["failed"] == 0
+    assert 0 < s["latency_ms"]["sent"]["ttft_ms"]["p50"] <= s["latency_ms"]["sent"]["e2e_ms"]["p50"]
+
+
+def test_open_loop_poisson_run_sends_the_seeded_schedule(server, tmp_path):
+    profile = LoadProfile(mode="poisson", rate=5.0, users=4, duration_s=3.0, max_tokens=4, seed=11)
+    records = LoadRunner(server.url, profile, output_dir=tmp_path).run()
+    offsets = arrival_offsets("poisson", 5.0, 3.0, seed=11)
+    assert len(records) == len(offsets) and all(r.ok for r in records)
+    by_index = sorted(records, key=lambda r: int(r.request_id.split("-")[1]))
+    t0 = by_index[0].scheduled_ns - int(offsets[0] * 1e9)
+    for r, off in zip(by_index, offsets):
+        assert abs(r.scheduled_ns - (t0 + int(off * 1e9))) <= 1   # the schedule, to the nanosecond rounding
+        assert r.sent_ns >= r.scheduled_ns                        # never early
+    s = summarize(records)
+    sched, sent = s["latency_ms"]["scheduled"]["e2e_ms"], s["latency_ms"]["sent"]["e2e_ms"]
+    assert sched["p50"] >= sent["p50"]  # the scheduled basis includes the generator's own delay
+
+
+def test_stop_ends_a_long_run_early_and_reaps_locust(server, tmp_path):
+    profile = LoadProfile(mode="closed", users=1, duration_s=300.0, max_tokens=4, stop_timeout_s=5.0)
+    with LoadRunner(server.url, profile, output_dir=tmp_path) as runner:
+        deadline = time.monotonic() + 60
+        while not runner.records_path.exists() or runner.records_path.stat().st_size == 0:
+            assert runner.running and time.monotonic() < deadline, runner.log_tail()
+            time.sleep(0.2)
+        records = runner.stop()
+    assert runner.returncode is not None and not runner.running
+    assert records and all(r.status in ("ok", "cancelled") for r in records)
+    with pytest.raises(ProbeError, match="already started"):
+        runner.start()
