@@ -6,9 +6,12 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -119,3 +122,42 @@ def proc_state(pid: int) -> str | None:
     """State letter of a local pid as `ps` reports it (independent of the code under test); None if gone."""
     out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
     return out.stdout.strip()[:1] or None
+
+
+# A harness run that hangs a victim and then waits; exits 128+signal on SIGTERM/SIGINT after reverting.
+HARNESS_CHILD = """
+import sys, time
+from harness.faults import FaultRunner, Ledger, ProcessHang, Terminated
+try:
+    with FaultRunner(Ledger.for_cluster("local", sys.argv[1])) as runner:
+        runner.inject(ProcessHang.from_worker({"id": "decode-0", "role": "decode", "pid": int(sys.argv[2])}))
+        print("injected", flush=True)
+        time.sleep(300)
+except Terminated as exc:
+    sys.exit(exc.exit_code)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@contextmanager
+def harness_with_hang(state_dir: Path, victim_pid: int) -> Iterator[subprocess.Popen]:
+    """A separate harness process with the victim hung; always killed and reaped at the end."""
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS_CHILD, str(state_dir), str(victim_pid)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert harness.stdout.readline() == "injected\n", harness.stderr.read()
+        assert proc_state(victim_pid) == "T"
+        yield harness
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        harness.wait()
+        harness.stdout.close()
+        harness.stderr.close()
+
+
+def harness_revert(*args: str) -> subprocess.CompletedProcess:
+    """`python -m harness revert ARGS` in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "harness", "revert", *args], capture_output=True, text=True,
+                          timeout=120)

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from harness.faults import Ledger
 
-
-def harness_revert(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "revert", *args], capture_output=True, text=True,
-                          timeout=120)
+from .conftest import harness_revert
 
 
 def test_nothing_to_revert_exits_zero(tmp_path):

@@ -3,49 +3,28 @@ and so does `python -m harness revert`."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from harness.faults import FaultRunner, Ledger
 
-from .conftest import proc_state
+from .conftest import harness_revert, harness_with_hang, proc_state
 
 pytestmark = pytest.mark.slow
 
-CHILD = """
-import sys, time
-from harness.faults import FaultRunner, Ledger, ProcessHang
-with FaultRunner(Ledger.for_cluster("local", sys.argv[1])) as runner:
-    runner.inject(ProcessHang.from_worker({"id": "decode-0", "role": "decode", "pid": int(sys.argv[2])}))
-    print("injected", flush=True)
-    time.sleep(300)
-"""
 
-
-def crash_mid_fault(state: str, victim_pid: int) -> None:
-    """Run a harness that hangs the victim, then SIGKILL it (no handler can run) and reap it."""
-    harness = subprocess.Popen([sys.executable, "-c", CHILD, state, str(victim_pid)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert harness.stdout.readline() == "injected\n", harness.stderr.read()
+def crash_mid_fault(state, victim_pid: int) -> None:
+    """Run a harness that hangs the victim, then SIGKILL it: no handler, no finally can run."""
+    with harness_with_hang(state, victim_pid) as harness:
         harness.send_signal(signal.SIGKILL)
         assert harness.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if harness.poll() is None:
-            harness.kill()
-        harness.wait()
-        harness.stdout.close()
-        harness.stderr.close()
     assert proc_state(victim_pid) == "T", "the crashed harness should have left the victim stopped"
 
 
 def test_next_run_reverts_what_a_sigkilled_harness_left(tmp_path, victim):
     proc = victim()
-    crash_mid_fault(str(tmp_path), proc.pid)
+    crash_mid_fault(tmp_path, proc.pid)
     ledger = Ledger.for_cluster("local", tmp_path)
     (entry,) = ledger.outstanding()
     assert entry["status"] == "active" and entry["fault"]["pid"] == proc.pid
@@ -55,14 +34,9 @@ def test_next_run_reverts_what_a_sigkilled_harness_left(tmp_path, victim):
     assert ledger.outstanding() == [] and ledger.entries()[0]["status"] == "reverted"
 
 
-def harness_revert(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "revert", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "HARNESS_STATE_DIR": "/nonexistent-use-the-flag"})
-
-
 def test_revert_command_reverts_what_a_sigkilled_harness_left(tmp_path, victim):
     proc = victim()
-    crash_mid_fault(str(tmp_path), proc.pid)
+    crash_mid_fault(tmp_path, proc.pid)
     dry = harness_revert("--state-dir", str(tmp_path), "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert f"localhost$ kill -s CONT {proc.pid}" in dry.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -17,7 +15,7 @@ from harness.errors import FaultError, RevertError
 from harness.faults import Fault, FaultRunner, Ledger, LedgerStatus, ProcessHang, Terminated, new_fault_id
 from harness.faults.executor import describe_command
 
-from .conftest import proc_state
+from .conftest import harness_with_hang, proc_state
 
 
 @dataclass
@@ -183,37 +181,12 @@ def test_pending_entries_of_a_dead_run_are_reverted_safely(tmp_path, victim):
     assert ledger.entries()[0]["id"] == entry_id and ledger.entries()[0]["status"] == LedgerStatus.REVERTED.value
 
 
-CHILD = """
-import sys, time
-from harness.faults import FaultRunner, Ledger, ProcessHang, Terminated
-try:
-    with FaultRunner(Ledger.for_cluster("local", sys.argv[1])) as runner:
-        runner.inject(ProcessHang(pid=int(sys.argv[2])))
-        print("injected", flush=True)
-        time.sleep(300)
-except Terminated as exc:
-    sys.exit(exc.exit_code)
-except KeyboardInterrupt:
-    sys.exit(130)
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_revert_before_the_harness_exits(tmp_path, victim, sig, rc):
     proc = victim()
-    harness = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(proc.pid)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert harness.stdout.readline() == "injected\n", harness.stderr.read()
-        assert proc_state(proc.pid) == "T"
+    with harness_with_hang(tmp_path, proc.pid) as harness:
         harness.send_signal(sig)
         assert harness.wait(timeout=60) == rc, harness.stderr.read()
-    finally:
-        if harness.poll() is None:
-            harness.kill()
-        harness.wait()
-        harness.stdout.close()
-        harness.stderr.close()
     assert proc_state(proc.pid) == "S"
     assert [e["status"] for e in Ledger.for_cluster("local", tmp_path).entries()] == ["reverted"]
