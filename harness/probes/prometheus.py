@@ -258,7 +258,9 @@ class PrometheusScraper:
         if not times:
             return math.nan
         t_start = None if start_wall_ns is None else max((t for t in times if t <= start_wall_ns), default=None)
-        t_end = max((t for t in times if end_wall_ns is None or t <= end_wall_ns), default=times[-1])
+        t_end = max((t for t in times if end_wall_ns is None or t <= end_wall_ns), default=None)
+        if t_end is None:
+            return math.nan  # nothing observed by end_wall_ns
         end = per_scrape[t_end]
         begin = per_scrape[t_start] if t_start is not None else {}  # none: counts since the server started
         return histogram_quantile(q, [(le, end[le] - begin.get(le, 0.0)) for le in end])

@@ -1,4 +1,5 @@
 import math
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -64,3 +65,31 @@ def test_scraper_rejects_bad_configuration_and_an_unreachable_endpoint():
     scraper.stop()
     with pytest.raises(ProbeError, match="has no metric in this engine profile"):
         scraper.series("goodput")
+
+
+@pytest.mark.slow
+def test_scraper_collects_series_from_a_real_server():
+    from harness.engine.server import ServerProcess
+    from harness.probes.streaming import CompletionRequest, StreamingClient
+
+    with ServerProcess("tiny") as server:
+        with PrometheusScraper(server.url + "/metrics", interval_s=0.2) as scraper:
+            with StreamingClient(server.url) as client:
+                records = [client.send(CompletionRequest(f"probe {i}", max_tokens=5, ignore_eos=True))
+                           for i in range(3)]
+            scraper.scrape_once()  # sees all three requests
+            mid_wall = time.time_ns()
+        assert all(r.ok for r in records)
+    assert scraper.scrapes >= 2 and not scraper.errors
+    tokens = scraper.series("generation_tokens")
+    assert tokens["value"].iloc[-1] == 15   # a fresh server, three requests of 5 tokens
+    assert tokens["t_wall_ns"].is_monotonic_increasing
+    assert set(scraper.series("engine_up")["value"]) == {1.0}
+    assert scraper.series("kv_blocks_total")["value"].iloc[-1] > 0
+    ttft_p50 = scraper.quantile("ttft_seconds", 0.5)
+    assert 0 < ttft_p50 < 60
+    # the window before any traffic has no observations
+    assert math.isnan(scraper.quantile("ttft_seconds", 0.5, start_wall_ns=0, end_wall_ns=0))
+    assert scraper.quantile("ttft_seconds", 0.5, end_wall_ns=mid_wall) == ttft_p50
+    frame = scraper.frame()
+    assert {"t_wall_ns", "t_mono_ns", "name", "labels", "value"} <= set(frame.columns) and len(frame) > 20
