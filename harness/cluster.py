@@ -31,10 +31,10 @@ _BUNDLED_KEYS = {"prefill", "decode", "preset", "host", "router", "ready_timeout
 
 @dataclass(frozen=True)
 class SSHSettings:
-    user: str = "root"
-    port: int = 22
-    key_file: str | None = None
-    known_hosts: str | None = None  # None: host keys are checked against the user's default file
+    user: str
+    port: int
+    key_file: str
+    known_hosts: str  # the only host keys accepted for this host
     connect_timeout_s: float = 10.0
 
 
@@ -116,7 +116,7 @@ def resolve_cluster_path(name_or_path: str, clusters_dir: Path = CLUSTERS_DIR) -
     path = clusters_dir / f"{name_or_path}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in clusters_dir.glob("*.yaml"))
-        raise ConfigError(f"no cluster named {name_or_path!r} ({path} does not exist)",
+        raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} ({path} does not exist)",
                           fix=f"use one of {', '.join(known) or '(none)'} or pass a path to a cluster file")
     return path
 
@@ -243,11 +243,14 @@ def _parse_hosts(source: str, raw: Any) -> tuple[Host, ...]:
             port = _positive_int(source, f"{where}.ssh.port", raw_ssh.get("port", 22))
             if port > 65535:
                 raise field_error(source, f"{where}.ssh.port", f"{port} is not a TCP port", "use 1..65535")
+            for key in ("key_file", "known_hosts"):  # host keys are never learned blindly
+                if key not in raw_ssh:
+                    raise field_error(source, f"{where}.ssh.{key}", "missing",
+                                      f"add `{key}: PATH` (the private key / the file holding the host's key)")
             ssh = SSHSettings(
                 user=_text(source, f"{where}.ssh.user", raw_ssh.get("user", "root")), port=port,
-                key_file=_text(source, f"{where}.ssh.key_file", raw_ssh["key_file"]) if "key_file" in raw_ssh else None,
-                known_hosts=(_text(source, f"{where}.ssh.known_hosts", raw_ssh["known_hosts"])
-                             if "known_hosts" in raw_ssh else None),
+                key_file=_text(source, f"{where}.ssh.key_file", raw_ssh["key_file"]),
+                known_hosts=_text(source, f"{where}.ssh.known_hosts", raw_ssh["known_hosts"]),
                 connect_timeout_s=as_number(source, f"{where}.ssh.connect_timeout_s",
                                             raw_ssh.get("connect_timeout_s", 10.0)))
         hosts.append(Host(name=name, address=_text(source, f"{where}.address", entry.get("address")),
@@ -321,6 +324,21 @@ class ClusterHandle:
 
     def check_fault_allowed(self, fault_kind: str) -> None:
         self.spec.safety.check_allowed(fault_kind, self.spec.name)
+
+    def ssh_targets(self) -> dict[str, Any]:
+        """SSH targets for the fault executors, keyed by host name and by address (workers report
+        either); hosts without ssh settings run commands locally."""
+        from harness.faults import SSHTarget
+
+        targets = {}
+        for h in self.hosts:
+            if h.ssh is None:
+                continue
+            key_file, known = (str(Path(p).expanduser()) for p in (h.ssh.key_file, h.ssh.known_hosts))
+            target = SSHTarget(host=h.address, user=h.ssh.user, key_filename=key_file, known_hosts_file=known,
+                               port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s)
+            targets[h.name] = targets[h.address] = target
+        return targets
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the report."""

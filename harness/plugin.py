@@ -1,11 +1,406 @@
-"""pytest plugin: options such as --cluster, session fixtures, report at session end.
+"""pytest plugin: conformance options, session fixtures, verdict collection and the report.
 
-(Foundation placeholder: the harness-core work fills this module.)
+Loaded through the ``pytest11`` entry point (or the root ``conftest.py`` in a checkout). It only
+acts -- loads the cluster file, brings the cluster up, writes the report, maps the exit code --
+when tests marked ``conformance`` are collected (``suites/``), so ``pytest tests/`` is unaffected.
+
+Fixtures: ``harness_options``, ``cluster`` (session: bundled clusters are started, external ones
+attached), ``conformance`` (record verdicts, latency, events into the report), ``faults`` (a
+FaultRunner that refuses faults the cluster's safety settings forbid and reverts everything when
+the test ends), ``load`` (start Locust load against the cluster), ``timeline`` (router events).
+Exit codes (docs/exit-codes.md): 0 conformant, 1 not, 2 inconclusive, 3 harness error, 4 revert failed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
-def pytest_addoption(parser) -> None:
+import pytest
+
+from harness.checks.verdict import ExitCode, Status, Verdict, exit_code_for
+from harness.errors import ConfigError, HarnessError, RevertError
+from harness.report import RunResult, collect_environment, new_run_id
+
+log = logging.getLogger(__name__)
+
+MARKER = "conformance"
+
+
+class _Invalid:
+    """An option value that failed its check. Kept (not raised) so the run can exit with code 3,
+    the harness-error code, instead of pytest's usage-error code 4 (our "revert failed")."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _number(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            return _Invalid(f"{what}: {text!r} is not a{'n integer' if kind is int else ' number'}")
+        if value < minimum:
+            return _Invalid(f"{what}: {text!r} must be >= {minimum:g}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+def _non_empty(text: str) -> Any:
+    return text if text.strip() else _Invalid("--cluster: empty value")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "PD conformance harness")
-    group.addoption("--cluster", default="local", help="cluster name (clusters/NAME.yaml) or path to a YAML file")
+    group.addoption("--cluster", default="local", type=_non_empty,
+                    help="cluster name (clusters/NAME.yaml) or path to a cluster YAML file (default: local)")
+    group.addoption("--report-dir", default="reports", help="where reports/<run-id>/ is written (default: reports)")
+    group.addoption("--dry-run", action="store_true", default=False,
+                    help="print what each fault would do instead of doing it (verdicts become inconclusive)")
+    group.addoption("--load-users", default=4, type=_number(int, 1, "--load-users"),
+                    help="concurrent load users (the in-flight cap in open loop; default 4)")
+    group.addoption("--load-rate", default=None, type=_number(float, 0.001, "--load-rate"),
+                    help="open-loop (Poisson) request rate per second; default: closed loop")
+    group.addoption("--load-duration", default=None, type=_number(float, 1, "--load-duration"),
+                    help="seconds of load per suite test (default: as long as the test's faults need)")
+    group.addoption("--kills", default=3, type=_number(int, 1, "--kills"),
+                    help="kills per worker role in fault suites (default 3)")
+    group.addoption("--harness-seed", default=0, type=_number(int, 0, "--harness-seed"),
+                    help="seed for load prompts, arrivals and fault target selection (default 0)")
+
+
+@dataclass(frozen=True)
+class HarnessOptions:
+    cluster: str
+    report_dir: Path
+    dry_run: bool
+    load_users: int
+    load_rate: float | None
+    load_duration: float | None
+    kills: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "report_dir": str(self.report_dir), "dry_run": self.dry_run,
+                "load_users": self.load_users, "load_rate": self.load_rate, "load_duration": self.load_duration,
+                "kills": self.kills, "harness_seed": self.seed}
+
+
+@dataclass
+class HarnessState:
+    options: HarnessOptions
+    result: RunResult
+    active: bool = False
+    config_error: str | None = None
+    run_dir: Path | None = None
+    spec: Any = None  # ClusterSpec once loaded
+    verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
+
+
+STATE = pytest.StashKey[HarnessState]()
+
+
+def _state(config: pytest.Config) -> HarnessState:
+    return config.stash[STATE]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
+    names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
+    values = {n: config.getoption(n) for n in names}
+    bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
+    if bad:
+        pytest.exit("harness option error: " + "; ".join(bad) + " (fix: pass a valid value, see `pytest --help`)",
+                    returncode=int(ExitCode.HARNESS_ERROR))
+    report_dir = Path(values["report_dir"])
+    if not report_dir.is_absolute():
+        report_dir = Path(config.invocation_params.dir) / report_dir
+    options = HarnessOptions(values["cluster"], report_dir, values["dry_run"], values["load_users"],
+                             values["load_rate"], values["load_duration"], values["kills"], values["harness_seed"])
+    state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
+    config.stash[STATE] = state
+    config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")
+
+
+class _CollectionWatcher:
+    """A broken suite file is a harness error even though none of its tests was collected."""
+
+    def __init__(self, state: HarnessState) -> None:
+        self.state = state
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed and "suites" in Path(report.nodeid.split("::")[0]).parts:
+            self.state.active = True
+            self.state.result.harness_errors.append(f"collection error in {report.nodeid}: "
+                                                    f"{report.longreprtext[-500:]}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = _state(config)
+    if not any(item.get_closest_marker(MARKER) for item in items) and not state.active:
+        return
+    state.active = True
+    from harness.cluster import load_cluster
+
+    try:
+        state.spec = load_cluster(state.options.cluster)
+    except ConfigError as exc:
+        state.config_error = str(exc)
+        _print(config, f"[bold magenta]cluster file error:[/] {exc}")
+        pytest.exit(f"cluster file error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
+    state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    report = yield
+    state = item.config.stash.get(STATE, None)
+    if state is None or not state.active or item.get_closest_marker(MARKER) is None:
+        return report
+    verdicts = state.verdicts_by_test.get(item.nodeid, [])
+    if report.when == "call" and report.passed:
+        bad = [v for v in verdicts if v.status in (Status.FAIL, Status.ERROR)]
+        if bad:  # the test ran to its end and the cluster did not conform: a failed test, not a crash
+            report.outcome = "failed"
+            report.longrepr = "\n".join(f"{v.item} {v.status.value}: {v.reason}" for v in bad)
+    if report.failed and call.excinfo is not None:
+        message = f"{item.nodeid} ({report.when}): {call.excinfo.typename}: {call.excinfo.value}"
+        if call.excinfo.errisinstance(RevertError):
+            state.result.revert_failures.append(message)
+        else:
+            state.result.harness_errors.append(message)
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        state.result.tests.append({"nodeid": item.nodeid, "outcome": report.outcome, "duration_s": report.duration,
+                                   "message": "" if report.passed else str(report.longreprtext)[-300:]})
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash.get(STATE, None)
+    if state is None or not state.active:
+        return
+    if state.config_error is not None:
+        session.exitstatus = int(ExitCode.HARNESS_ERROR)
+        return
+    result = state.result
+    if exitstatus == pytest.ExitCode.INTERRUPTED and not result.harness_errors:
+        result.harness_errors.append("the run was interrupted before it finished")
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        result.harness_errors.append("no conformance test was collected")
+    result.finished = time.time()
+    result.environment = collect_environment()
+    code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
+                         revert_failed=bool(result.revert_failures))
+    result.exit_code = int(code)
+    from harness.report import write_reports
+
+    try:
+        state.run_dir = write_reports(result, state.options.report_dir)
+    except (OSError, HarnessError) as exc:
+        log.error("could not write the report: %s", exc)
+        result.harness_errors.append(f"could not write the report: {exc}")
+        result.exit_code = int(max(code, ExitCode.HARNESS_ERROR) if code != ExitCode.REVERT_FAILED else code)
+    session.exitstatus = result.exit_code
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is None or not state.active or state.config_error is not None or state.result.exit_code is None:
+        return
+    from rich.console import Console
+
+    from harness.report.terminal import print_summary
+
+    print_summary(Console(file=sys.stdout), state.result, state.run_dir)
+
+
+def _print(config: pytest.Config, markup: str) -> None:
+    """Print to the terminal during a test (outside pytest's output capture)."""
+    from rich.console import Console
+
+    capman = config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+    with ctx:
+        Console(file=sys.stdout).print(markup, soft_wrap=True)
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def harness_options(pytestconfig: pytest.Config) -> HarnessOptions:
+    return _state(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session."""
+    from harness.cluster import load_cluster, open_cluster
+
+    state = _state(pytestconfig)
+    spec = state.spec or load_cluster(state.options.cluster)
+    verb = "bringing up" if spec.kind == "bundled" else "attaching to"
+    _print(pytestconfig, f"[bold]{verb} cluster {spec.name}[/] ({spec.kind}, {spec.path})")
+    t0 = time.monotonic()
+    with open_cluster(spec) as handle:
+        state.result.cluster = handle.describe()
+        _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
+        yield handle
+
+
+class Conformance:
+    """What a suite test records into the report. Verdicts are stamped with the test's node id."""
+
+    def __init__(self, config: pytest.Config, nodeid: str) -> None:
+        self._config = config
+        self._state = _state(config)
+        self.nodeid = nodeid
+
+    def record(self, verdict: Verdict) -> Verdict:
+        verdict.test = self.nodeid
+        self._state.result.verdicts.append(verdict)
+        self._state.verdicts_by_test.setdefault(self.nodeid, []).append(verdict)
+        from harness.report.terminal import verdict_line
+
+        capman = self._config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            from rich.console import Console
+            Console(file=sys.stdout).print(verdict_line(verdict), soft_wrap=True)
+        return verdict
+
+    def add_latency(self, records: list[Any], *, window_s: float = 2.0) -> None:
+        """Percentiles over time of TTFT and TPOT (ok requests only) for the report's charts."""
+        from harness.probes.analysis import windowed
+
+        t0_ns = int(self._state.result.started * 1e9)
+        for metric in ("ttft_ms", "tpot_ms"):
+            frame = windowed(records, window_s=window_s, metric=metric, t0_wall_ns=t0_ns)
+            for row in frame.to_dict("records"):
+                self._state.result.latency.append(
+                    {"t": self._state.result.started + row["window_start_s"], "metric": metric,
+                     **{k: (None if v != v else float(v)) for k, v in row.items() if k.startswith("p")},
+                     "n": int(row["ok"]), "failed": int(row["failed"])})
+
+    def add_fault_records(self, records: list[Any]) -> None:
+        """Fault activities for the ledger table, and one shaded window per fault (inject to revert)."""
+        spans: dict[str, list[float]] = {}
+        for rec in records:
+            d = rec.to_dict() if hasattr(rec, "to_dict") else dict(rec)
+            self._state.result.faults.append(d)
+            span = spans.setdefault(d["fault_id"], [d["started_wall"], d["ended_wall"] or d["started_wall"], 0])
+            span[1] = max(span[1], d["ended_wall"] or d["started_wall"])
+            if d["action"] == "inject":
+                span[0], span[2] = d["started_wall"], f"{d['kind']} {d['target']}"
+        for start, end, label in spans.values():
+            self._state.result.fault_windows.append({"start": start, "end": end, "label": label or "fault"})
+
+    def add_timeline(self, entries: list[dict[str, Any]]) -> None:
+        """Entries of :func:`harness.probes.timeline.merge_timeline`."""
+        for e in entries:
+            detail = e.get("detail")
+            if isinstance(detail, dict):
+                detail = ", ".join(f"{k}={v}" for k, v in detail.items() if v not in (None, "", [], {}))
+            self._state.result.timeline.append({"t": e["t_wall_ns"] / 1e9, "source": e["source"], "kind": e["kind"],
+                                                "detail": str(detail or "")[:300]})
+
+    def artifact_dir(self, name: str) -> Path:
+        """A folder for this test's raw data inside the run's report folder."""
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        path = self._state.options.report_dir / self._state.result.run_id / "artifacts" / safe
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest) -> Conformance:
+    return Conformance(request.config, request.node.nodeid)
+
+
+def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | Path | None = None) -> Any:
+    """A FaultRunner for ``cluster`` (a ClusterHandle) that refuses, before touching anything, every
+    fault the cluster's safety settings do not allow (production clusters: all but those listed)."""
+    from harness.faults import ExecutorPool, FaultRunner, Ledger
+
+    class SafeFaultRunner(FaultRunner):
+        def inject(self, fault: Any) -> Any:
+            cluster.check_fault_allowed(fault.kind)
+            return super().inject(fault)
+
+    pool = ExecutorPool(cluster.ssh_targets(), dry_run=dry_run)
+    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run)
+
+
+@pytest.fixture
+def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conformance) -> Iterator[Any]:
+    """A FaultRunner bound to the cluster (see :func:`make_fault_runner`); records every activity
+    into the report and reverts whatever is still active when the test ends, however it ends."""
+    runner = make_fault_runner(cluster, dry_run=harness_options.dry_run)
+    try:
+        with runner:
+            yield runner
+    finally:
+        conformance.add_fault_records(runner.records)
+
+
+@pytest.fixture
+def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance,
+         request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """``load(**profile_overrides)`` starts a Locust run against the cluster (LoadProfile from the
+    options); every run is stopped and reaped when the test ends."""
+    from harness.probes.load import LoadRunner
+    from harness.probes.workload import LoadProfile
+
+    runs: list[LoadRunner] = []
+
+    def start(**overrides: Any) -> LoadRunner:
+        o = harness_options
+        base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0}
+        if o.load_rate is not None:
+            base.update(mode="poisson", rate=o.load_rate)
+        profile = LoadProfile(**{**base, **overrides})
+        runner = LoadRunner(cluster.api_url, profile,
+                            output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
+        runs.append(runner)
+        runner.start()
+        return runner
+
+    try:
+        yield start
+    finally:
+        for runner in runs:
+            runner.stop()
+
+
+class Timeline:
+    """Router events of the cluster under test (bundled or any engine with the admin API)."""
+
+    def __init__(self, cluster: Any) -> None:
+        self._cluster = cluster
+
+    def events(self, **params: Any) -> list[dict[str, Any]]:
+        from harness.probes.admin import AdminClient
+
+        if not self._cluster.admin_url:
+            raise HarnessError(f"cluster {self._cluster.name!r} has no admin endpoint",
+                               fix="set endpoints.admin in the cluster file (needed for router events)")
+        with AdminClient(self._cluster.admin_url) as client:
+            return client.events(**params)
+
+    def workers(self) -> list[dict[str, Any]]:
+        from harness.probes.admin import AdminClient
+
+        with AdminClient(self._cluster.admin_url) as client:
+            return client.workers()
+
+
+@pytest.fixture
+def timeline(cluster: Any) -> Timeline:
+    return Timeline(cluster)

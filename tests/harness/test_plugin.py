@@ -1,0 +1,148 @@
+"""The plugin end to end on small throwaway suites (run as a real `pytest` subprocess): exit codes,
+reports, option and cluster-file errors. No cluster is brought up: these suites only record
+verdicts or use the cluster spec."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+HEADER = """
+import pytest
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, judge
+from harness.errors import RevertError
+
+pytestmark = pytest.mark.conformance
+ITEM = Checklist.load().item("6.1.4")
+
+def verdict(value):
+    return judge(ITEM, [Measurement(ITEM.thresholds["reschedule_p100_s"], value, "p100 rescheduling time")])
+"""
+
+
+def run_suite(tmp_path: Path, body: str, *args: str, name: str = "test_suite.py") -> subprocess.CompletedProcess:
+    suites = tmp_path / "suites"
+    suites.mkdir(exist_ok=True)
+    (suites / name).write_text(HEADER + textwrap.dedent(body))
+    cmd = [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q",
+           f"--report-dir={tmp_path / 'reports'}", *args]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def results(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
+
+
+def test_all_pass_exits_0_and_writes_the_report(tmp_path):
+    proc = run_suite(tmp_path, """
+        def test_ok(conformance):
+            conformance.record(verdict(1.2))
+    """)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = results(tmp_path)
+    assert data["exit_code"] == 0 and data["verdicts"][0]["status"] == "pass"
+    assert data["verdicts"][0]["test"] == "suites/test_suite.py::test_ok"
+    assert data["cluster"]["name"] == "local"
+    run_dir = (tmp_path / "reports" / "latest").resolve()
+    assert {"report.html", "junit.xml", "results.json"} <= {p.name for p in run_dir.iterdir()}
+    assert "exit 0: conformant" in proc.stdout and "report.html" in proc.stdout
+    assert "PASS" in proc.stdout  # the progress line printed when the verdict was recorded
+
+
+def test_a_failing_verdict_exits_1_and_fails_the_test(tmp_path):
+    proc = run_suite(tmp_path, """
+        def test_slow(conformance):
+            conformance.record(verdict(4.5))
+
+        def test_fast(conformance):
+            conformance.record(verdict(0.5))
+    """)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 failed, 1 passed" in proc.stdout
+    assert "p100 rescheduling time was 4.5 s, required <= 3 s" in proc.stdout
+    data = results(tmp_path)
+    assert [v["status"] for v in data["verdicts"]] == ["fail", "pass"] and not data["harness_errors"]
+    suite = ET.parse(tmp_path / "reports" / "latest" / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+
+
+def test_inconclusive_exits_2(tmp_path):
+    proc = run_suite(tmp_path, """
+        def test_unknown(conformance):
+            conformance.record(verdict(None))
+    """)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert results(tmp_path)["exit_meaning"] == "inconclusive"
+
+
+def test_an_exception_outside_a_verdict_exits_3_even_with_a_failure(tmp_path):
+    proc = run_suite(tmp_path, """
+        def test_fail(conformance):
+            conformance.record(verdict(9.0))
+
+        def test_crash(conformance):
+            raise RuntimeError("load generator vanished")
+    """)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    errors = results(tmp_path)["harness_errors"]
+    assert len(errors) == 1 and "RuntimeError: load generator vanished" in errors[0]
+
+
+def test_a_failed_revert_exits_4(tmp_path):
+    proc = run_suite(tmp_path, """
+        @pytest.fixture
+        def dirty():
+            yield
+            raise RevertError("process_hang on decode-0: still stopped", fix="kill -CONT it")
+
+        def test_with_fault(conformance, dirty):
+            conformance.record(verdict(0.4))
+    """)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "still stopped" in results(tmp_path)["revert_failures"][0]
+    assert "revert failed" in proc.stdout
+
+
+def test_a_broken_suite_file_exits_3(tmp_path):
+    proc = run_suite(tmp_path, "def test_x(:\n")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "collection error" in results(tmp_path)["harness_errors"][0]
+
+
+def test_malformed_cluster_file_exits_3_naming_file_field_and_fix(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("kind: bundled\nbundled: {decode: -1}\n")
+    proc = run_suite(tmp_path, """
+        def test_ok(conformance):
+            conformance.record(verdict(1.0))
+    """, f"--cluster={bad}")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert str(bad) in out and "`bundled.decode`" in out and "fix:" in out
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("option", ["--load-users=0", "--kills=many", "--load-rate=-1", "--cluster=nope"])
+def test_bad_options_exit_3(tmp_path, option):
+    proc = run_suite(tmp_path, """
+        def test_ok(conformance):
+            conformance.record(verdict(1.0))
+    """, option)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert option.split("=")[0] in proc.stdout + proc.stderr
+
+
+def test_plain_tests_are_left_alone(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_plain.py").write_text("def test_a():\n    assert 1 == 2\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
+                           f"--report-dir={tmp_path / 'reports'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and not (tmp_path / "reports").exists()
