@@ -12,7 +12,6 @@ import fcntl
 import json
 import logging
 import os
-import select
 import shlex
 import socket
 import subprocess
@@ -249,7 +248,8 @@ class SSHExecutor(Executor):
                     chan.close()
                     raise ExecutorError(f"command timed out after {timeout}s on {self.host}: {command}",
                                         fix="raise the timeout or check why the command hangs")
-                select.select([chan], [], [], min(remaining, 0.2))
+                # until the exit status arrives; at most 20 ms so output is drained as it comes
+                chan.status_event.wait(min(remaining, 0.02))
             rc = chan.recv_exit_status()
             chan.close()
         except ExecutorError:

@@ -70,20 +70,34 @@ def test_timeout_is_enforced(sshd):
         ex.run(["sleep", "30"], timeout=1)
 
 
-def test_process_hang_over_ssh_end_to_end_and_recovery_from_the_ledger(sshd, tmp_path, victim):
-    """Inject through the pool's SSH executor; recover in a fresh runner from the ledger's spec alone."""
+def test_process_hang_over_ssh_end_to_end(sshd, tmp_path, victim):
     proc = victim()
     ledger = Ledger.for_cluster("ssh-test", tmp_path)
     pool = ExecutorPool({"node-1": target(sshd)}, audit=AuditLog(tmp_path / "audit.jsonl"))
     worker = {"id": "decode-0", "role": "decode", "pid": proc.pid, "host": "node-1"}
-    runner = FaultRunner(ledger, pool, handle_signals=False)
-    with runner:
+    with FaultRunner(ledger, pool, handle_signals=False) as runner:
         runner.inject(ProcessHang.from_worker(worker))
         assert proc_state(proc.pid) == "T"
-        entry = ledger.entries()[-1]
-        assert entry["status"] == "active" and entry["executor"]["kind"] == "ssh"
-        assert executor_from_spec(entry["executor"]).spec() == entry["executor"]
     assert proc_state(proc.pid) == "S"
-    assert ledger.entries()[-1]["status"] == "reverted"
-    hosts = {e["host"] for e in AuditLog(tmp_path / "audit.jsonl").entries()}
-    assert hosts == {f"127.0.0.1:{sshd.port}"}
+    assert [e["status"] for e in ledger.entries()] == ["reverted"]
+    assert {e["host"] for e in AuditLog(tmp_path / "audit.jsonl").entries()} == {f"127.0.0.1:{sshd.port}"}
+
+
+def test_a_fresh_runner_reverts_over_ssh_from_the_ledger_alone(sshd, tmp_path, victim):
+    """The ledger stores how to reach the host, so recovery needs no cluster file."""
+    proc = victim()
+    ledger = Ledger.for_cluster("ssh-test", tmp_path)
+    pool = ExecutorPool({"node-1": target(sshd)})
+    abandoned = FaultRunner(ledger, pool, handle_signals=False, recover_on_enter=False)
+    abandoned.inject(ProcessHang(pid=proc.pid, host="node-1"))  # never exited: as if the harness died here
+    pool.close()
+    (entry,) = ledger.entries()
+    assert entry["status"] == "active" and entry["executor"]["kind"] == "ssh"
+    assert executor_from_spec(entry["executor"]).spec() == entry["executor"]
+    assert proc_state(proc.pid) == "T"
+    fresh = FaultRunner(ledger, handle_signals=False, recover_on_enter=False)
+    records = fresh.recover(include_live_owners=True)  # the "dead" owner is this test process
+    assert [(r.action.value, r.status.value) for r in records] == [
+        ("revert", "succeeded"), ("verify_reverted", "succeeded")]
+    assert proc_state(proc.pid) == "S"
+    assert {e["host"] for e in fresh.audit.entries()} == {f"127.0.0.1:{sshd.port}"}
