@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harness.engine.metrics import RequestTracker, ServingMetrics
+from harness.engine.metrics import RequestTracker, ServingMetrics, engine_alive
 from harness.engine.protocol import EngineClient, FinishReason, GenerateRequest, SamplingParams, TokenEvent
 from harness.errors import EngineError, HarnessError, InvalidRequestError, WorkerDeadError
 
@@ -531,10 +531,13 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    client: EngineClient = request.app.state.client
     try:
-        stats = request.app.state.client.stats()
+        stats = client.stats()
     except Exception as exc:
         return _error_response(request, 503, f"engine is not alive: {exc}", code="engine_dead")
+    if not engine_alive(client):
+        return _error_response(request, 503, "engine is not alive (it died or was closed)", code="engine_dead")
     return JSONResponse({"status": "ok", "running": stats.num_running, "waiting": stats.num_waiting})
 
 

@@ -118,9 +118,15 @@ class RequestTracker:
             self._m.tpot.labels(label).observe(tpot)
 
 
+def engine_alive(client: EngineClient) -> bool:
+    """A client may expose ``alive`` (not part of the protocol: stats() of a dead engine can
+    still answer with its last values); without it, a client counts as alive."""
+    return bool(getattr(client, "alive", True))
+
+
 class EngineStatsCollector(Collector):
-    """Reads ``client.stats()`` at scrape time. A failing engine yields ``pdengine_engine_up 0``
-    instead of breaking the whole scrape."""
+    """Reads ``client.stats()`` at scrape time. A dead engine yields ``pdengine_engine_up 0``
+    (with its last stats, or none when stats() raises) instead of breaking the whole scrape."""
 
     def __init__(self, client: EngineClient) -> None:
         self._client = client
@@ -131,7 +137,7 @@ class EngineStatsCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         labels = ["model_name"]
         model = [self._client.model_name]
-        up = GaugeMetricFamily(f"{PREFIX}_engine_up", "1 when the engine answered stats(), else 0.",
+        up = GaugeMetricFamily(f"{PREFIX}_engine_up", "1 while the engine is alive and answers stats(), else 0.",
                                labels=labels)
         try:
             stats = self._client.stats()
@@ -140,7 +146,7 @@ class EngineStatsCollector(Collector):
             up.add_metric(model, 0.0)
             yield up
             return
-        up.add_metric(model, 1.0)
+        up.add_metric(model, 1.0 if engine_alive(self._client) else 0.0)
         yield up
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
