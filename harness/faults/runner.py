@@ -74,7 +74,10 @@ class FaultRunner:
     def inject(self, fault: Fault) -> Fault:
         """Record, inject and verify ``fault``; it stays active until revert/revert_all/exit.
         If injection or verification fails, the fault is reverted at once and FaultError raised."""
-        with self._critical(), self._lock:
+        with self._lock, self._critical():
+            if any(a.fault is fault for a in self._stack):
+                raise FaultError(f"{fault.kind} on {fault.target} is already active",
+                                 fix="revert it first, or create a new fault object")
             if self.dry_run:
                 self._print_plan(fault, lambda phase: phase not in _REVERT_PHASES)
                 self._stack.append(_Active(fault, None, None))
@@ -104,7 +107,7 @@ class FaultRunner:
 
     def revert(self, fault: Fault) -> None:
         """Revert one active fault now (idempotent: a fault no longer active is ignored)."""
-        with self._critical(), self._lock:
+        with self._lock, self._critical():
             active = next((a for a in self._stack if a.fault is fault), None)
             if active is None:
                 return
@@ -115,7 +118,7 @@ class FaultRunner:
     def revert_all(self) -> None:
         """Revert every active fault, newest first; raise RevertError after trying them all."""
         errors = []
-        with self._critical(), self._lock:
+        with self._lock, self._critical():
             while self._stack:
                 error = self._revert_active(self._stack[-1])
                 if error is not None:
@@ -142,7 +145,7 @@ class FaultRunner:
         loss). Entries of a harness that still runs are left to it unless include_live_owners."""
         start = len(self.records)
         errors: list[str] = []
-        with self._critical(), self._lock:
+        with self._lock, self._critical():
             for entry in self.ledger.outstanding(include_live_owners=include_live_owners):
                 log.warning("%s fault %s (%s) left %s by pid %s", "would revert" if self.dry_run else "reverting",
                             entry["id"], entry["fault"].get("kind"), entry["status"], entry.get("owner_pid"))

@@ -113,6 +113,14 @@ def test_active_reverts_at_the_end_of_its_own_block(tmp_path, files):
     assert order(tmp_path) == ["inner", "outer"]
 
 
+def test_the_same_fault_cannot_be_injected_twice(tmp_path, files):
+    with runner_for(tmp_path) as runner:
+        fault = runner.inject(files("a"))
+        with pytest.raises(FaultError, match="already active"):
+            runner.inject(fault)
+    assert order(tmp_path) == ["a"]
+
+
 def test_a_fault_that_does_not_take_effect_is_reverted_at_once(tmp_path, files):
     with runner_for(tmp_path) as runner:
         with pytest.raises(FaultError, match="was not created"):
