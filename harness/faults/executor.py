@@ -308,6 +308,13 @@ class ExecutorPool:
                                           "cluster file's ssh hosts")
             return self._executors[key]
 
+    def use_audit(self, audit: AuditLog) -> None:
+        """Audit through ``audit`` from now on, executors already handed out included."""
+        with self._lock:
+            self.audit = audit
+            for ex in self._executors.values():
+                ex.audit = audit
+
     def close(self) -> None:
         with self._lock:
             for ex in self._executors.values():

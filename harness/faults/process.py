@@ -202,6 +202,7 @@ class ProcessKill(ProcessFault):
     restart_cmd: list[str] | None = None    # run on self.host; stored in the ledger
     healthy_cmd: list[str] | None = None    # rc 0 means healthy; polled
     healthy_timeout_s: float = 60.0
+    restart_hook_name: str | None = None    # a callable's name, so a recovery can say what it cannot call
     restart: HookCallable | None = no_ledger(default=None)
     healthy: Callable[[str], bool] | None = no_ledger(default=None)
     _restarted: bool = no_ledger(default=False, init=False, repr=False)
@@ -212,6 +213,8 @@ class ProcessKill(ProcessFault):
         if self.signal not in KILL_SIGNALS:
             raise ConfigError(f"process_kill signal must be one of {KILL_SIGNALS}, got {self.signal!r}",
                               fix="use KILL (crash) or TERM (graceful stop); use process_hang for STOP")
+        if self.restart is not None:
+            self.restart_hook_name = _hook_name(self.restart)
         if (self.restart or self.restart_cmd) and (self.healthy or self.healthy_cmd) is None:
             log.warning("%s: restart hook without healthy hook; verify_reverted cannot prove recovery", self.target)
 
@@ -253,6 +256,9 @@ class ProcessKill(ProcessFault):
             self.restart(self.worker_id or str(self.pid))
         elif self.restart_cmd:
             ex.run(self.restart_cmd, timeout=self.healthy_timeout_s)
+        elif self.restart_hook_name:
+            return (f"cannot restart {self.target}: its restart hook {self.restart_hook_name} lived in the harness "
+                    "process that died; restart the worker through the cluster")
         else:
             return f"nothing to restore: no restart hook for {self.target}; the worker stays down"
         self._restarted = True
@@ -284,14 +290,16 @@ class ProcessKill(ProcessFault):
             self._plan_line("verify", self._stat_argv(), f"poll until the pid is gone, up to {self.timeout_s}s"),
         ]
         if self.restart is not None:
-            lines.append(f"revert: call restart hook {getattr(self.restart, '__qualname__', self.restart)!r}"
+            lines.append(f"revert: call restart hook {_hook_name(self.restart)}"
                          f"({self.worker_id or self.pid!r})")
         elif self.restart_cmd:
             lines.append(self._plan_line("revert", self.restart_cmd, "only if the pid is gone"))
+        elif self.restart_hook_name:
+            lines.append(f"revert: nothing (restart hook {self.restart_hook_name} was in the harness that died)")
         else:
             lines.append("revert: nothing (no restart hook; the worker stays down)")
         if self.healthy is not None:
-            lines.append(f"verify_reverted: poll healthy hook {getattr(self.healthy, '__qualname__', self.healthy)!r}"
+            lines.append(f"verify_reverted: poll healthy hook {_hook_name(self.healthy)}"
                          f"({self.worker_id or self.pid!r}) up to {self.healthy_timeout_s}s")
         elif self.healthy_cmd:
             lines.append(self._plan_line("verify_reverted", self.healthy_cmd,
@@ -299,3 +307,7 @@ class ProcessKill(ProcessFault):
         else:
             lines.append("verify_reverted: nothing to check")
         return lines
+
+
+def _hook_name(hook: Callable[..., Any]) -> str:
+    return getattr(hook, "__qualname__", None) or repr(hook)

@@ -57,6 +57,8 @@ class FaultRunner:
         self.dry_run = dry_run
         self.audit = audit if audit is not None else AuditLog(ledger.path.parent / "audit.jsonl")
         self.executor_factory = executor_factory or ExecutorPool(audit=self.audit, dry_run=dry_run)
+        if isinstance(self.executor_factory, ExecutorPool) and self.executor_factory.audit is None:
+            self.executor_factory.use_audit(self.audit)  # every command is audited, even if the caller forgot
         self.recover_on_enter = recover_on_enter
         self.handle_signals = handle_signals
         self.records: list[FaultRecord] = []

@@ -127,6 +127,16 @@ def test_kill_revert_restarts_through_the_hooks(tmp_path, victim):
     assert len(restarted) == 1
 
 
+def test_after_a_crash_a_callable_restart_hook_is_named_not_pretended(tmp_path, victim):
+    proc = victim()
+    ledger = Ledger.for_cluster("local", tmp_path)
+    abandoned = FaultRunner(ledger, handle_signals=False, recover_on_enter=False)
+    abandoned.inject(ProcessKill(pid=proc.pid, worker_id="decode-1", restart=lambda worker_id: None))
+    proc.wait(timeout=10)
+    records = FaultRunner(ledger, handle_signals=False).recover(include_live_owners=True)
+    assert "cannot restart" in records[0].output and "<lambda>" in records[0].output
+
+
 def test_kill_revert_runs_the_cluster_restart_command_on_the_host(tmp_path, victim):
     proc, flag = victim(), tmp_path / "restarted"
     fault = ProcessKill.from_worker({"id": "prefill-2", "role": "prefill", "pid": proc.pid},

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 from harness.errors import FaultError, RevertError
-from harness.faults import Fault, FaultRunner, Ledger, LedgerStatus, ProcessHang, Terminated, new_fault_id
+from harness.faults import ExecutorPool, Fault, FaultRunner, Ledger, LedgerStatus, ProcessHang, Terminated, new_fault_id
 from harness.faults.executor import describe_command
 
 from .conftest import harness_with_hang, proc_state
@@ -93,6 +93,14 @@ def test_reverts_run_last_in_first_out_on_normal_exit(tmp_path, files):
     assert not any((tmp_path / n).exists() for n in "abc")
     assert [e["status"] for e in runner.ledger.entries()] == ["reverted"] * 3
     assert len(runner.records) == 12
+
+
+def test_commands_are_audited_even_through_a_pool_built_without_an_audit_log(tmp_path, files):
+    pool = ExecutorPool()
+    with runner_for(tmp_path, executor_factory=pool) as runner:
+        runner.inject(files("a"))
+    assert [e["argv"][0] for e in runner.audit.entries()] == ["touch", "test", "sh", "test"]
+    assert runner.audit.path == tmp_path / "state" / "audit.jsonl"
 
 
 def test_reverts_run_when_the_block_raises(tmp_path, files):
