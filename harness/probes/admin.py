@@ -31,13 +31,15 @@ def _unwrap(payload: Any, key: str) -> list[dict]:
 
 
 class AdminClient:
-    """Reads the router's admin API at ``base_url`` (the router's HTTP address)."""
+    """Reads the router's admin API: ``base_url`` is the router's address or its ``/admin``
+    prefix (``Topology.admin_url``); both work."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 5.0) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ProbeError(f"admin URL {base_url!r} has no http:// or https:// scheme",
                              fix="pass e.g. http://127.0.0.1:8000")
-        self.base_url = base_url.rstrip("/")
+        base = base_url.rstrip("/")
+        self.base_url = base if base.endswith("/admin") else base + "/admin"
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
     def _get(self, path: str, params: dict | None = None) -> Any:
@@ -54,11 +56,11 @@ class AdminClient:
         return resp.json()
 
     def workers(self) -> list[dict]:
-        return _unwrap(self._get("/admin/workers"), "workers")
+        return _unwrap(self._get("/workers"), "workers")
 
     def events(self, **params: Any) -> list[dict]:
         """The router's events, oldest first (``params`` are passed as query parameters)."""
-        return _unwrap(self._get("/admin/events", params or None), "events")
+        return _unwrap(self._get("/events", params or None), "events")
 
     def close(self) -> None:
         self._http.close()

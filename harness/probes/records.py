@@ -71,6 +71,7 @@ class RequestRecord:
 
     request_id: str
     user: str = ""
+    response_id: str | None = None  # the server's id for it (the SSE chunks' "id"), as engine events name it
     scheduled_ns: int | None = None  # when the load generator meant to send (open loop); None: = sent_ns
     sent_ns: int = 0               # just before the request bytes were written
     first_byte_ns: int | None = None

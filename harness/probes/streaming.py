@@ -119,6 +119,8 @@ class _RecordBuilder:
             self.fail("stream_error", str(err.get("type") or err.get("code") or "StreamError"),
                       str(err.get("message", "")))
             return
+        if rec.response_id is None and msg.get("id"):
+            rec.response_id = str(msg["id"])
         served = msg.get("served_by")
         for worker in ([served] if isinstance(served, str) else served or []):
             if worker not in rec.served_by:

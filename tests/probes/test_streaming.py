@@ -30,7 +30,7 @@ def test_completion_record_is_token_exact_with_usage_and_ordered_times(server):
     seen = []
     with StreamingClient(server.url, on_record=seen.append) as client:
         r = client.send(CompletionRequest(prompt, max_tokens=12, ignore_eos=True), request_id="probe-1")
-    assert r.status == "ok" and r.http_status == 200 and r.request_id == "probe-1"
+    assert r.status == "ok" and r.http_status == 200 and r.request_id == "probe-1" and r.response_id
     assert seen == [r]
     expected = greedy_reference("tiny", ByteTokenizer().encode(prompt), 12, ignore_eos=True)
     assert r.token_ids == expected
