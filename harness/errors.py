@@ -42,6 +42,10 @@ class KVTransferError(EngineError):
     """KV could not be delivered to a decode worker on any path (primary retries and fallback spent)."""
 
 
+class KVCapacityError(EngineError):
+    """The KV block pool has too few free blocks for what was asked (wait, free or offload)."""
+
+
 class WorkerDeadError(EngineError):
     """A worker process died or stopped answering; its requests must be rescheduled."""
 

@@ -1,0 +1,424 @@
+"""EngineCore: continuous batching over the paged KV cache, one synchronous ``step()`` at a time.
+
+Each step: emit first tokens of requests imported from a prefill worker, admit waiting requests
+(FCFS) while KV blocks and the prefill budget allow, then run ONE packed forward pass holding
+the prefills of newly admitted requests and one decode token of every running request (greedy
+requests go through the speculative decoder instead when it is on), sample, and check stop
+rules. A request's next token is always computed by feeding ``tokens[num_computed:]``: a fresh
+request feeds its prompt (+ resumed tokens), a running one its last token, a preempted one
+everything again (recompute), so all three paths are the same code.
+
+The engine is not thread-safe: call it from one thread (clients run it in a dedicated thread
+or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...) and migration
+(``export_request``, ``import_request``) are methods here too; see docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from harness.engine.config import EngineConfig
+from harness.engine.kv_cache import KVBlockData, KVBlockPool, PagedAttention
+from harness.engine.model import DenseKV, load_model
+from harness.engine.output import OutputTracker
+from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
+from harness.engine.sampling import resolve_seed, sample_token
+from harness.engine.spec_decode import SpeculativeDecoder
+from harness.engine.tokenizer import ByteTokenizer
+from harness.errors import EngineError, InvalidRequestError, KVCapacityError, KVIntegrityError
+
+logger = logging.getLogger(__name__)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    req: GenerateRequest
+    tracker: OutputTracker
+    seed: int
+    status: RequestStatus = RequestStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0              # tokens whose K/V are in the cache
+    pending_token: int | None = None   # first token of a PD import, emitted by the next step
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.req.prompt_token_ids + self.tracker.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.req.prompt_token_ids) + len(self.tracker.output_ids)
+
+
+@dataclass
+class PrefillResult:
+    first_token_id: int
+    num_tokens: int                        # prompt + resume tokens whose K/V are in ``kv``
+    kv: list[tuple[Tensor, Tensor]]        # per layer (k, v), each [num_tokens, KVH, hd]
+
+
+@dataclass
+class ExportedRequest:
+    """A running request lifted out of an engine with its KV (live migration)."""
+
+    request: GenerateRequest
+    output_token_ids: list[int]            # everything already streamed (incl. resumed tokens)
+    seed: int
+    num_computed: int                      # tokens covered by ``blocks``
+    blocks: list[KVBlockData]
+    pending_token: int | None = None
+
+
+class ImportHandle:
+    """Blocks reserved on the decode side while a request's KV arrives layer by layer."""
+
+    def __init__(self, engine: "EngineCore", req: GenerateRequest, num_tokens: int, blocks: list[int]) -> None:
+        self.engine = engine
+        self.req = req
+        self.num_tokens = num_tokens
+        self.blocks = blocks
+        self.layers_written: set[int] = set()
+        self._slots = engine.pool.slots(blocks, 0, num_tokens)
+
+    def write_layer(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
+        """k, v: [num_tokens, n_kv_heads, head_dim] of layer ``layer_idx``."""
+        cfg = self.engine.model_config
+        expected = (self.num_tokens, cfg.n_kv_heads, cfg.head_dim)
+        if not 0 <= layer_idx < cfg.n_layers:
+            raise KVIntegrityError(f"layer index {layer_idx} outside [0, {cfg.n_layers})",
+                                   fix="sender and receiver must run the same preset")
+        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise KVIntegrityError(f"layer {layer_idx} K/V shapes {tuple(k.shape)}/{tuple(v.shape)} "
+                                   f"differ from the expected {expected}",
+                                   fix="sender and receiver must run the same preset")
+        dtype = self.engine.pool.storage.dtype
+        if k.dtype != dtype or v.dtype != dtype:
+            raise KVIntegrityError(f"layer {layer_idx} K/V dtype {k.dtype} differs from the cache's {dtype}",
+                                   fix="run both sides with the same dtype")
+        device = self.engine.pool.storage.device
+        self.engine.pool.write(layer_idx, *self._slots, k.to(device), v.to(device))
+        self.layers_written.add(layer_idx)
+
+
+def validate_request(config: EngineConfig, req: GenerateRequest) -> None:
+    """Reject malformed requests before they reach the engine (raises InvalidRequestError)."""
+    tok = ByteTokenizer()
+    if not req.prompt_token_ids:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    tok.validate(req.prompt_token_ids)
+    tok.validate(req.resume_token_ids, "resume_token_ids")
+    n = len(req.prompt_token_ids) + len(req.resume_token_ids)
+    if n >= config.context_len:
+        raise InvalidRequestError(f"prompt of {n} tokens leaves no room to generate: max_model_len is "
+                                  f"{config.context_len}", param="prompt", code="context_length_exceeded")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = config.model
+        self.tokenizer = ByteTokenizer()
+        self.device = config.torch_device()
+        self.model = load_model(self.model_config, self.device)
+        cfg = self.model_config
+        self.pool = KVBlockPool(config.num_blocks, cfg.n_layers, cfg.n_kv_heads, config.block_size,
+                                cfg.head_dim, cfg.torch_dtype, self.device)
+        self.spec = SpeculativeDecoder(self.model, self.pool, config.spec_draft_layers, config.spec_num_tokens)
+        self.spec_enabled = config.speculative
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.requests: dict[str, Sequence] = {}
+        self._events: list[TokenEvent] = []   # produced outside step(), returned by the next step()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.preemptions_total = 0
+        logger.info("engine %s: preset %s on %s, %d KV blocks of %d bytes", config.name, cfg.name,
+                    self.device, config.num_blocks, self.pool.block_bytes)
+
+    # ---- request lifecycle ---------------------------------------------------------------
+
+    def add_request(self, req: GenerateRequest) -> None:
+        if req.request_id in self.requests:
+            raise InvalidRequestError(f"request id {req.request_id!r} is already in use", param="request_id")
+        validate_request(self.config, req)
+        seq = self._new_sequence(req, resolve_seed(req.params), list(req.resume_token_ids))
+        if seq.tracker.finished:  # resumed tokens already reach max_tokens
+            self._events.append(self._event(seq, [], ""))
+            return
+        self.requests[req.request_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> None:
+        seq = self.requests.get(request_id)
+        if seq is None:
+            return
+        seq.tracker.finish_reason = FinishReason.ABORT
+        self._finish(seq)
+        self._events.append(self._event(seq, [], ""))
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._events)
+
+    def set_speculative(self, enabled: bool) -> None:
+        self.spec_enabled = bool(enabled)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            kv_blocks_used=self.pool.num_used, kv_blocks_total=self.pool.num_blocks,
+            kv_block_bytes=self.pool.block_bytes, spec_enabled=self.spec_enabled,
+            spec_draft_tokens=self.spec.draft_tokens_total, spec_accepted_tokens=self.spec.accepted_tokens_total,
+            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            extra={"preemptions_total": float(self.preemptions_total),
+                   "kv_blocks_free": float(self.pool.num_free),
+                   "kv_blocks_quarantined": float(len(self.pool.quarantined))})
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        events, self._events = self._events, []
+        for seq in [s for s in self.running if s.pending_token is not None]:
+            token, seq.pending_token = seq.pending_token, None
+            events.append(self._emit(seq, [token]))
+        prefills = self._admit(events)
+        decodes = [s for s in self.running if s not in prefills]
+        if self.spec_enabled:
+            spec = [s for s in decodes if s.req.params.greedy and self._reserve(s, self.config.spec_num_tokens + 1,
+                                                                                  preempt=False)]
+        else:
+            spec = []
+        plain = [s for s in decodes if s not in spec]
+        plain = [s for s in plain if s.status is RequestStatus.RUNNING and self._reserve(s, 1, preempt=True)]
+        spec = [s for s in spec if s.status is RequestStatus.RUNNING]
+        # a reservation may have preempted any of them (including a request admitted above)
+        batch = [s for s in prefills + plain if s.status is RequestStatus.RUNNING]
+        if batch:
+            events.extend(self._run_batch(batch))
+        if spec:
+            results = self.spec.step([(s.block_table, s.num_computed, s.tokens[-1]) for s in spec])
+            for seq, tokens in zip(spec, results):
+                events.append(self._emit(seq, tokens, computed=True))
+        return events
+
+    def _admit(self, events: list[TokenEvent]) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        budget = self.config.max_prefill_tokens
+        usable = self.pool.num_blocks - len(self.pool.quarantined)
+        while self.waiting and len(self.running) < self.config.max_batch:
+            seq = self.waiting[0]
+            # the most this request can ever hold: prompt + max_tokens, capped by the context
+            peak = min(len(seq.req.prompt_token_ids) + seq.req.params.max_tokens, self.config.context_len)
+            if self.pool.blocks_for(peak) > usable:
+                self.waiting.popleft()
+                seq.tracker.finish_reason = FinishReason.ERROR
+                self._finish(seq)
+                events.append(self._event(seq, [], "", error=(
+                    f"request needs up to {self.pool.blocks_for(peak)} KV blocks ({peak} tokens) but the "
+                    f"KV cache holds {usable}; lower max_tokens or the prompt length, or raise kv_budget_bytes")))
+                continue
+            new_tokens = seq.num_tokens - seq.num_computed
+            if admitted and new_tokens > budget:
+                break
+            need = self.pool.blocks_for(seq.num_tokens) - len(seq.block_table)
+            if need > self.pool.num_free:
+                break  # wait for KV to free up; FCFS, so later requests wait too
+            seq.block_table += self.pool.allocate(need)
+            self.waiting.popleft()
+            seq.status = RequestStatus.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            budget -= new_tokens
+            self.prompt_tokens_total += new_tokens
+        return admitted
+
+    def _reserve(self, seq: Sequence, extra_tokens: int, preempt: bool) -> bool:
+        """Make seq's block table cover num_computed + extra_tokens tokens. Without ``preempt``
+        gives up when the pool is short; with it, preempts the newest running request (possibly
+        seq itself, which then returns False)."""
+        need = self.pool.blocks_for(seq.num_computed + extra_tokens) - len(seq.block_table)
+        if seq.num_computed + extra_tokens > self.model_config.max_seq_len:
+            return False
+        while need > self.pool.num_free:
+            if not preempt:
+                return False
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        if need > 0:
+            seq.block_table += self.pool.allocate(need)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        logger.info("preempting %s (%d tokens) to free KV; it will be recomputed", seq.req.request_id,
+                    seq.num_tokens)
+        self.running.remove(seq)
+        self.pool.free(seq.block_table)
+        seq.block_table, seq.num_computed = [], 0
+        seq.status = RequestStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions_total += 1
+
+    def _run_batch(self, batch: list[Sequence]) -> list[TokenEvent]:
+        segments, tokens, positions, last = [], [], [], []
+        for seq in batch:
+            start, end = seq.num_computed, seq.num_tokens
+            segments.append((seq.block_table, start, end - start))
+            tokens += seq.tokens[start:end]
+            positions += range(start, end)
+            last.append(len(tokens) - 1)
+        model = self.model
+        hidden = model.forward(model.tensor(tokens), model.tensor(positions),
+                               PagedAttention(self.pool, segments))          # [T, d]
+        logits = model.logits(hidden[model.tensor(last)])                       # [B, V]
+        events = []
+        for seq, row in zip(batch, logits):
+            seq.num_computed = seq.num_tokens
+            token = sample_token(row, seq.req.params, seq.seed, len(seq.tracker.output_ids))
+            events.append(self._emit(seq, [token]))
+        return events
+
+    def _emit(self, seq: Sequence, tokens: list[int], computed: bool = False) -> TokenEvent:
+        """Append new tokens until a stop rule fires; ``computed``: all but the last have K/V."""
+        appended = []
+        for token in tokens:
+            appended.append(token)
+            if seq.tracker.append(token):
+                break
+        if computed:
+            seq.num_computed += len(appended)
+        self.generation_tokens_total += len(appended)
+        text = seq.tracker.take_text()
+        if seq.tracker.finished:
+            self._finish(seq)
+        return self._event(seq, appended, text)
+
+    def _finish(self, seq: Sequence) -> None:
+        if seq.status is RequestStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is RequestStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self.pool.free(seq.block_table)
+            seq.block_table = []
+        seq.status = RequestStatus.FINISHED
+        self.requests.pop(seq.req.request_id, None)
+
+    def _event(self, seq: Sequence, tokens: list[int], text: str, error: str | None = None) -> TokenEvent:
+        return TokenEvent(request_id=seq.req.request_id, token_ids=tokens, text=text,
+                          finished=seq.tracker.finished, finish_reason=seq.tracker.finish_reason,
+                          num_prompt_tokens=len(seq.req.prompt_token_ids),
+                          num_output_tokens=len(seq.tracker.output_ids), worker=self.config.name, error=error)
+
+    def _new_sequence(self, req: GenerateRequest, seed: int, output_ids: list[int]) -> Sequence:
+        tracker = OutputTracker(self.tokenizer, req.params, len(req.prompt_token_ids), self.config.context_len,
+                                output_ids)
+        return Sequence(req=req, tracker=tracker, seed=seed)
+
+    # ---- PD: prefill side ----------------------------------------------------------------
+
+    def prefill_for_transfer(self, req: GenerateRequest,
+                             on_layer: Callable[[int, Tensor, Tensor], None] | None = None) -> PrefillResult:
+        """Prefill prompt (+ resume tokens) densely, calling ``on_layer(i, k, v)`` as each layer's
+        K/V ([num_tokens, KVH, hd]) is ready; keeps nothing in this engine's KV cache."""
+        validate_request(self.config, req)
+        tokens = req.prompt_token_ids + list(req.resume_token_ids)
+        kv = DenseKV(self.model_config.n_layers)
+        model = self.model
+        hidden = model.forward(model.tensor(tokens), model.tensor(list(range(len(tokens)))), kv,
+                               on_layer=on_layer)
+        seed = resolve_seed(req.params)
+        if req.params.seed is None and not req.params.greedy:
+            logger.warning("request %s samples without a seed: the decode side cannot reproduce it",
+                           req.request_id)
+        first = sample_token(model.logits(hidden[-1:])[0], req.params, seed, len(req.resume_token_ids))
+        self.prompt_tokens_total += len(tokens)
+        return PrefillResult(first_token_id=first, num_tokens=len(tokens), kv=list(zip(kv.k, kv.v)))
+
+    # ---- PD: decode side -----------------------------------------------------------------
+
+    def begin_import(self, req: GenerateRequest, num_tokens: int) -> ImportHandle:
+        validate_request(self.config, req)
+        if req.request_id in self.requests:
+            raise InvalidRequestError(f"request id {req.request_id!r} is already in use", param="request_id")
+        expected = len(req.prompt_token_ids) + len(req.resume_token_ids)
+        if num_tokens != expected:
+            raise KVIntegrityError(f"import of {num_tokens} tokens for a request with {expected} prompt+resume "
+                                   "tokens", fix="send the KV of exactly prompt + resume tokens")
+        blocks = self.pool.allocate(self.pool.blocks_for(num_tokens + 1))  # +1: room for the first decode
+        return ImportHandle(self, req, num_tokens, blocks)
+
+    def commit_import(self, handle: ImportHandle, first_token_id: int) -> None:
+        missing = set(range(self.model_config.n_layers)) - handle.layers_written
+        if missing:
+            self.cancel_import(handle)
+            raise KVIntegrityError(f"import of {handle.req.request_id} committed with layers {sorted(missing)} "
+                                   "missing; its blocks were freed", fix="resend every layer, then commit")
+        self.tokenizer.validate([first_token_id], "first_token_id")
+        seq = self._new_sequence(handle.req, resolve_seed(handle.req.params), list(handle.req.resume_token_ids))
+        seq.block_table, handle.blocks = handle.blocks, []
+        seq.num_computed = handle.num_tokens
+        seq.pending_token = first_token_id
+        self._join_running(seq)
+
+    def cancel_import(self, handle: ImportHandle) -> None:
+        if handle.blocks:
+            self.pool.free(handle.blocks)
+            handle.blocks = []
+
+    # ---- migration -----------------------------------------------------------------------
+
+    def export_request(self, request_id: str) -> ExportedRequest:
+        """Lift a request (and its KV, checksummed) out of this engine; emits no event."""
+        seq = self.requests.get(request_id)
+        if seq is None:
+            raise EngineError(f"no active request {request_id!r} to export",
+                              fix="export a request that is running on this engine")
+        nb = self.pool.blocks_for(seq.num_computed)
+        blocks = [self.pool.export_block(b) for b in seq.block_table[:nb]]
+        exported = ExportedRequest(request=seq.req, output_token_ids=list(seq.tracker.output_ids), seed=seq.seed,
+                                   num_computed=seq.num_computed, blocks=blocks, pending_token=seq.pending_token)
+        self._finish(seq)
+        return exported
+
+    def import_request(self, exported: ExportedRequest) -> None:
+        """Join a migrated request to this engine; every block's checksum is verified first."""
+        for payload in exported.blocks:
+            payload.verify()
+        req = exported.request
+        if req.request_id in self.requests:
+            raise InvalidRequestError(f"request id {req.request_id!r} is already in use", param="request_id")
+        if len(exported.blocks) != self.pool.blocks_for(exported.num_computed):
+            raise KVIntegrityError(f"{len(exported.blocks)} blocks cannot hold {exported.num_computed} tokens",
+                                   fix="export and import with the same block_size")
+        blocks = self.pool.allocate(self.pool.blocks_for(exported.num_computed + 1))
+        try:
+            for b, payload in zip(blocks, exported.blocks):
+                self.pool.import_block(b, payload)
+        except KVIntegrityError:
+            self.pool.free(blocks)
+            raise
+        seq = self._new_sequence(replace(req), exported.seed, list(exported.output_token_ids))
+        seq.block_table, seq.num_computed, seq.pending_token = blocks, exported.num_computed, exported.pending_token
+        self._join_running(seq)
+
+    def _join_running(self, seq: Sequence) -> None:
+        seq.status = RequestStatus.RUNNING
+        self.requests[seq.req.request_id] = seq
+        self.running.append(seq)
+
+
+__all__ = ["EngineCore", "ExportedRequest", "ImportHandle", "PrefillResult", "RequestStatus",
+           "validate_request", "KVCapacityError"]

@@ -1,0 +1,175 @@
+"""Paged KV cache: a pool of fixed-size blocks (the "HBM tier") and attention over it.
+
+Storage is one tensor ``[num_blocks, n_layers, 2 (K, V), n_kv_heads, block_size, head_dim]``,
+so a block holds every layer's K and V of ``block_size`` consecutive tokens and moves as one
+unit (PD transfer, migration, offload). Blocks are handed out from a free-list deque and
+reference counted.
+
+Integrity: a block's crc32c is computed when it leaves the pool (``export_block``) and
+verified whenever bytes come back (``import_block``); a mismatch raises ``KVIntegrityError``
+before anything is written, so corrupt bytes are never attended to.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import crc32c
+import torch
+from torch import Tensor
+
+from harness.engine.model import causal_attention
+from harness.errors import KVCapacityError, KVIntegrityError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KVBlockData:
+    """One block's bytes outside the pool, with the checksum taken when it left."""
+
+    data: bytes
+    checksum: int
+
+    def verify(self) -> None:
+        actual = crc32c.crc32c(self.data)
+        if actual != self.checksum:
+            raise KVIntegrityError(f"KV block checksum mismatch: stored crc32c {self.checksum:#010x}, "
+                                   f"bytes hash to {actual:#010x}; the block is discarded",
+                                   fix="recompute the request's KV (re-prefill) or fetch an intact copy")
+
+
+class KVBlockPool:
+    def __init__(self, num_blocks: int, n_layers: int, n_kv_heads: int, block_size: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        self.block_size = block_size
+        # storage: [num_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
+        self.storage = torch.zeros(num_blocks, n_layers, 2, n_kv_heads, block_size, head_dim,
+                                   dtype=dtype, device=device)
+        self.ref_counts = [0] * num_blocks
+        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.quarantined: set[int] = set()
+
+    # ---- accounting ---------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.storage.shape[0]
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free - len(self.quarantined)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.storage[0].numel() * self.storage.element_size()
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return math.ceil(num_tokens / self.block_size)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free_blocks):
+            raise KVCapacityError(f"need {n} free KV blocks, only {len(self.free_blocks)} of "
+                                  f"{self.num_blocks} are free", fix="wait for requests to finish or "
+                                  "raise kv_budget_bytes")
+        blocks = [self.free_blocks.popleft() for _ in range(n)]
+        for b in blocks:
+            assert self.ref_counts[b] == 0, f"block {b} on the free list is still referenced"
+            self.ref_counts[b] = 1
+        return blocks
+
+    def share(self, blocks: list[int]) -> None:
+        for b in blocks:
+            assert self.ref_counts[b] > 0, f"cannot share free block {b}"
+            self.ref_counts[b] += 1
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            assert self.ref_counts[b] > 0, f"double free of KV block {b}"
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0 and b not in self.quarantined:
+                self.free_blocks.append(b)
+
+    def quarantine(self, block: int) -> None:
+        """Take a block out of service for good (e.g. its memory is ECC-poisoned)."""
+        self.quarantined.add(block)
+        if block in self.free_blocks:
+            self.free_blocks.remove(block)
+
+    def check_invariants(self) -> None:
+        free = set(self.free_blocks)
+        assert len(free) == len(self.free_blocks), "a block is on the free list twice"
+        for b, refs in enumerate(self.ref_counts):
+            assert refs >= 0
+            assert (b in free) == (refs == 0 and b not in self.quarantined), f"block {b}: refs={refs}"
+
+    # ---- data ----------------------------------------------------------------------------
+
+    def slots(self, block_table: list[int], start: int, end: int) -> tuple[Tensor, Tensor]:
+        """(block index, offset) of token positions start..end-1: two [end-start] long tensors."""
+        pos = torch.arange(start, end)
+        table = torch.tensor(block_table, dtype=torch.long)
+        return table[pos // self.block_size].to(self.storage.device), (pos % self.block_size).to(
+            self.storage.device)
+
+    def write(self, layer: int, blocks: Tensor, offsets: Tensor, k: Tensor, v: Tensor) -> None:
+        """k, v: [T, KVH, hd] go to slots (blocks[t], offsets[t]) of ``layer``."""
+        self.storage[blocks, layer, 0, :, offsets] = k
+        self.storage[blocks, layer, 1, :, offsets] = v
+
+    def gather(self, layer: int, block_table: list[int], length: int) -> tuple[Tensor, Tensor]:
+        """Contiguous K, V of the first ``length`` tokens of a sequence: each [length, KVH, hd]."""
+        nb = self.blocks_for(length)
+        kv = self.storage[block_table[:nb], layer]                  # [nb, 2, KVH, bs, hd]
+        kv = kv.permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :length]   # [2, nb*bs -> length, KVH, hd]
+        return kv[0], kv[1]
+
+    def export_block(self, block: int) -> KVBlockData:
+        assert self.ref_counts[block] > 0, f"exporting free block {block}"
+        data = self.storage[block].contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        return KVBlockData(data, crc32c.crc32c(data))
+
+    def import_block(self, block: int, payload: KVBlockData) -> None:
+        """Verify, then write; a corrupt payload raises and leaves the block untouched."""
+        assert self.ref_counts[block] > 0, f"importing into free block {block}"
+        payload.verify()
+        if len(payload.data) != self.block_bytes:
+            raise KVIntegrityError(f"KV block payload has {len(payload.data)} bytes, a block here has "
+                                   f"{self.block_bytes}", fix="both sides must run the same preset, "
+                                   "dtype and block_size")
+        raw = torch.frombuffer(bytearray(payload.data), dtype=torch.uint8)
+        self.storage[block] = raw.view(self.storage.dtype).view(self.storage.shape[1:]).to(
+            self.storage.device)
+
+
+class PagedAttention:
+    """AttentionBackend for one engine step over a packed batch of sequences.
+
+    ``segments``: per sequence (block_table, start_pos, num_new_tokens), in packing order; the
+    block table must already cover start_pos + num_new_tokens tokens.
+    """
+
+    def __init__(self, pool: KVBlockPool, segments: list[tuple[list[int], int, int]]) -> None:
+        self.pool = pool
+        self.segments = segments
+        parts = [pool.slots(table, start, start + n) for table, start, n in segments]
+        self.blocks = torch.cat([p[0] for p in parts])   # [T]
+        self.offsets = torch.cat([p[1] for p in parts])  # [T]
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # q: [T, H, hd]; k, v: [T, KVH, hd]
+        self.pool.write(layer, self.blocks, self.offsets, k, v)
+        out = torch.empty_like(q)                         # [T, H, hd]
+        t0 = 0
+        for table, start, n in self.segments:
+            ctx_k, ctx_v = self.pool.gather(layer, table, start + n)  # [start+n, KVH, hd]
+            out[t0:t0 + n] = causal_attention(q[t0:t0 + n], ctx_k, ctx_v, start)
+            t0 += n
+        return out
