@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -219,7 +218,7 @@ class SSHExecutor(Executor):
                                             f"{t.host} >> {t.known_hosts_file}` after checking its fingerprint") from exc
                 raise ExecutorError(f"SSH connection to {entry} failed: {exc}",
                                     fix="check that sshd runs there and accepts key authentication") from exc
-            except (OSError, socket.timeout) as exc:
+            except OSError as exc:  # refused, unreachable, timed out
                 client.close()
                 raise ExecutorError(f"cannot reach {entry} over SSH: {exc}",
                                     fix="check host, port and that sshd is running") from exc

@@ -8,7 +8,7 @@ from harness.errors import ConfigError, ExecutorError
 from harness.faults import (AuditLog, ExecutorPool, FaultRunner, Ledger, ProcessHang, SSHExecutor, SSHTarget,
                             executor_from_spec)
 
-from .conftest import keygen, proc_state
+from .conftest import free_port, keygen, proc_state
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,14 @@ def test_key_not_authorized_is_a_clear_error(sshd, tmp_path):
     keygen(tmp_path / "stranger")
     with SSHExecutor(target(sshd, key=tmp_path / "stranger")) as ex, pytest.raises(ExecutorError, match="authentication"):
         ex.run(["true"], timeout=20)
+
+
+def test_nothing_listening_is_a_clear_error(sshd):
+    closed = SSHTarget(host="127.0.0.1", port=free_port(), user=sshd.user, key_filename=str(sshd.user_key),
+                       known_hosts_file=str(sshd.known_hosts))
+    with SSHExecutor(closed) as ex, pytest.raises(ExecutorError, match="cannot reach") as err:
+        ex.run(["true"], timeout=20)
+    assert "sshd is running" in err.value.fix
 
 
 def test_target_requires_existing_key_and_known_hosts(sshd, tmp_path):
