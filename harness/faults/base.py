@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from harness.errors import FaultError
+from harness.faults.executor import Executor
 
 LEDGER_FIELD = "ledger"  # dataclass field metadata key: False keeps a field out of the ledger
 
@@ -92,7 +93,9 @@ class Fault(ABC):
 
     kind: ClassVar[str]
     registry: ClassVar[dict[str, type[Fault]]] = {}
-    # Subclass dataclasses must define: fault_id: str = field(default_factory=new_fault_id), host: str
+    # every subclass dataclass defines these two fields:
+    host: str        # executor key: "localhost" or a host the cluster's ExecutorPool knows
+    fault_id: str    # field(default_factory=new_fault_id)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -110,21 +113,21 @@ class Fault(ABC):
     def target(self) -> str:
         """Human description of what the fault hits, e.g. ``decode-0 pid 4242 @ localhost``."""
 
-    def prepare(self, executor: Any) -> str:
+    def prepare(self, executor: Executor) -> str:
         """Resolve what a safe revert needs (e.g. the process start time) before the ledger entry is written."""
         return ""
 
     @abstractmethod
-    def inject(self, executor: Any) -> str: ...
+    def inject(self, executor: Executor) -> str: ...
 
     @abstractmethod
-    def verify(self, executor: Any) -> str: ...
+    def verify(self, executor: Executor) -> str: ...
 
     @abstractmethod
-    def revert(self, executor: Any) -> str: ...
+    def revert(self, executor: Executor) -> str: ...
 
     @abstractmethod
-    def verify_reverted(self, executor: Any) -> str: ...
+    def verify_reverted(self, executor: Executor) -> str: ...
 
     @abstractmethod
     def plan(self) -> list[str]:
