@@ -61,6 +61,7 @@ class WorkerAddress:
 
     kv: str = "127.0.0.1"
     control: str = "127.0.0.1"
+    kv_port: int = 0  # 0: any free port; the emulated fabric fixes it to classify KV traffic by port
 
 
 class Topology:
@@ -252,7 +253,7 @@ class Topology:
         prefix = self._prefix(wid) if callable(self._prefix) else (self._prefix or {}).get(wid, ())
         argv = [*prefix, sys.executable, "-m", "harness.engine.worker", "--role", role, "--id", wid,
                 "--router", "%s:%d" % self._control, "--preset", self.preset,
-                "--engine-json", json.dumps(self.engine_config), "--kv-host", addr.kv,
+                "--engine-json", json.dumps(self.engine_config), "--kv-host", addr.kv, "--kv-port", str(addr.kv_port),
                 "--control-host", addr.control, "--parent-pid", str(os.getpid())] + (["-v"] if self.verbose else [])
         proc = _Proc(wid, role, argv, self.log_dir / f"{wid}.log", kv_host=addr.kv, control_host=addr.control)
         self._procs[wid] = proc

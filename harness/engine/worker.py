@@ -211,13 +211,13 @@ class PDWorker:
             log.warning("unknown command %s", kind)
 
     async def serve(self, router: tuple[str, int], kv_host: str, control_host: str, *, grace_s: float,
-                    parent_pid: int) -> int:
+                    parent_pid: int, kv_port: int = 0) -> int:
         self._loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
         kv_addr, control_addr = (kv_host, 0), (control_host, 0)
         if self.role == "decode":
             self.receiver = KVReceiver(self, self.transfer_stats)
-            kv_addr = self.receiver.listen(kv_host, 0, PATH_FABRIC)
+            kv_addr = self.receiver.listen(kv_host, kv_port, PATH_FABRIC)
             control_addr = self.receiver.listen(control_host, 0, PATH_CONTROL)
         self._thread.start()
         stop = asyncio.Event()
@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-json", default="{}", help="EngineConfig fields as JSON (kv_budget_bytes, ...)")
     p.add_argument("--kv-host", default="127.0.0.1", help="fabric address: KV data plane (primary path)")
     p.add_argument("--control-host", default="127.0.0.1", help="control address: fallback KV path")
+    p.add_argument("--kv-port", type=int, default=0,
+                   help="fabric KV port (0: any free port; a fixed port lets the fabric classify KV traffic)")
     p.add_argument("--router-grace-s", type=float, default=15.0)
     p.add_argument("--parent-pid", type=int, default=0)
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(preset=args.preset, name=args.id, **overrides)
     worker = PDWorker(args.id, args.role, config)
     return asyncio.run(worker.serve(args.router, args.kv_host, args.control_host, grace_s=args.router_grace_s,
-                                    parent_pid=args.parent_pid))
+                                    parent_pid=args.parent_pid, kv_port=args.kv_port))
 
 
 if __name__ == "__main__":
