@@ -131,7 +131,7 @@ class Worker:
     down_reason: str | None = None
     last_heartbeat: float = field(default_factory=time.monotonic)
     joined_wall: float = field(default_factory=time.time)
-    queue_depth: int = 0          # as the worker reported it
+    queue_depth: int = 0          # prefill: placed here, KV not yet delivered; decode: active requests
     kv_blocks_used: int = 0       # as the worker reported it
     stats: dict = field(default_factory=dict)
     transfer: dict = field(default_factory=dict)
@@ -149,10 +149,12 @@ class Worker:
         return {"id": self.id, "role": self.role, "pid": self.pid, "health": self.health,
                 "down_reason": self.down_reason,
                 "addresses": {"control": "%s:%d" % self.control_addr, "kv": "%s:%d" % self.kv_addr},
-                "queue_depth": self.queue_depth if self.role == "prefill" else len(self.attempts),
+                "queue_depth": self.queue_depth,
                 "active_requests": len(self.attempts),
                 "kv_blocks_used": self.kv_blocks_used, "kv_blocks_total": self.kv_blocks_total,
                 "kv_blocks_reserved": self.reserved_blocks,
+                "num_running": int(self.stats.get("num_running", 0)),
+                "generation_tokens_total": int(self.stats.get("generation_tokens_total", 0)),
                 "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3),
                 "joined_at": self.joined_wall, "transfer": self.transfer}
 
@@ -329,7 +331,8 @@ class Router:
         prefill.attempts.add(att.id)
         decode.attempts.add(att.id)
         decode.reserved_blocks += blocks
-        prefill.queue_depth += 1  # until the next heartbeat says otherwise
+        prefill.queue_depth += 1
+        decode.queue_depth += 1
         return att
 
     def _pick(self, request: GenerateRequest, streamed: list[int]) -> tuple[Worker, Worker, int] | str:
@@ -356,6 +359,8 @@ class Router:
             w = self.workers.get(wid)
             if w is not None and att.id in w.attempts:
                 w.attempts.discard(att.id)
+                if wid == att.decode or not att.kv_arrived:
+                    w.queue_depth -= 1
                 w.send({"type": "abort", "rid": att.id})  # no-op on the worker when already finished
                 if wid == att.decode:
                     w.reserved_blocks -= att.blocks
@@ -380,13 +385,13 @@ class Router:
                               "target": {"kv": list(decode.kv_addr), "control": list(decode.control_addr)}})
                 prefill_sent = True
             elif kind == "tokens":
-                att.kv_arrived = True
+                self._kv_arrived(att)
                 yield TokenEvent(request.request_id, msg["token_ids"], msg["text"], msg["finished"],
                                  FinishReason(msg["finish_reason"]) if msg["finish_reason"] else None,
                                  num_output_tokens=msg["num_output_tokens"], worker=att.decode,
                                  error=msg.get("error"))
             elif kind == "prefill_done":
-                att.kv_arrived = True
+                self._kv_arrived(att)
             elif kind in ("import_failed", "prefill_failed"):
                 raise _Lost(f"{kind} on {msg.get('worker')}: {msg.get('error')}", msg.get("worker"), time.monotonic())
             elif kind == "worker_lost":
@@ -396,6 +401,14 @@ class Router:
                 yield TokenEvent(request.request_id, [], "", True, FinishReason.ABORT,
                                  num_output_tokens=len(streamed))
                 return
+
+    def _kv_arrived(self, att: _Attempt) -> None:
+        if not att.kv_arrived:
+            att.kv_arrived = True
+            prefill = self.workers.get(att.prefill)
+            if prefill is not None and att.id in prefill.attempts:
+                prefill.attempts.discard(att.id)
+                prefill.queue_depth -= 1
 
     # -- control plane
     async def start_control(self, host: str, port: int, sock=None) -> tuple[str, int]:
@@ -444,7 +457,7 @@ class Router:
         w.last_heartbeat = time.monotonic()  # any message proves liveness
         if kind == "heartbeat":
             w.stats, w.transfer = msg["stats"], msg["transfer"]
-            w.queue_depth, w.kv_blocks_used = msg["queue_depth"], msg["stats"].get("kv_blocks_used", 0)
+            w.kv_blocks_used = msg["stats"].get("kv_blocks_used", 0)
             return
         if kind == "transfer_event":
             self._event(f"transfer_{msg['event']}", worker=w.id, request_id=msg["rid"].rsplit("#", 1)[0],
