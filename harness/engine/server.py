@@ -100,6 +100,25 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(config, args.engine, sock, args.port_file))
     finally:
         sock.close()
+        stop_resource_tracker()
+
+
+def stop_resource_tracker() -> None:
+    """Stop and reap multiprocessing's resource-tracker child, if this process started one.
+
+    The spawn context (``--engine process``) starts it, and it exits only after this process
+    does; on a machine whose PID 1 reaps no orphans it would stay a zombie. Call this last,
+    when no multiprocessing object is used any more (it restarts on demand if one is).
+    """
+    from multiprocessing import resource_tracker, util
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython's own shutdown hook
+    if stop is None:
+        return
+    # multiprocessing's exit hook first: it unlinks the queues' semaphores, which must happen
+    # while the tracker still runs; it would otherwise run after this, at interpreter exit.
+    util._exit_function()
+    stop()
 
 
 async def _serve(config, mode: str, sock: socket.socket, port_file: Path | None) -> int:
