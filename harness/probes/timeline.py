@@ -90,9 +90,9 @@ def request_entries(records: Iterable[RequestRecord], clock: _Clock, *, failed_o
         e2e = (r.end_ns - start) / 1e6 if r.end_ns is not None else None
         out.append({"t_wall_ns": t, "source": "request", "kind": f"request_{r.status}",
                     "detail": {"request_id": r.request_id, "response_id": r.response_id, "status": r.status,
-                               "ttft_ms": ttft,
-                               "e2e_sched_ms": e2e, "tokens": r.num_output_tokens, "served_by": list(r.served_by),
-                               "error_class": r.error_class, "error": r.error_message}})
+                               "ttft_ms": ttft, "e2e_sched_ms": e2e, "tokens": r.num_output_tokens,
+                               "served_by": list(r.served_by), "error_class": r.error_class,
+                               "error": r.error_message}})
     return out
 
 

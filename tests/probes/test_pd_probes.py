@@ -1,0 +1,71 @@
+"""Every probe at once against a real PD topology (router + 1 prefill + 2 decode, tiny preset)
+while a decode worker is killed under load: records, admin snapshots and events, scraped
+series, and one timeline that puts the kill, the router's reaction and the requests in order."""
+
+import signal
+import time
+
+import pytest
+
+from harness.engine.topology import Topology
+from harness.probes.admin import AdminClient, WorkerPoller
+from harness.probes.analysis import summarize
+from harness.probes.load import LoadRunner
+from harness.probes.prometheus import PrometheusScraper
+from harness.probes.timeline import merge_timeline
+from harness.probes.workload import LoadProfile
+
+pytestmark = pytest.mark.slow
+
+
+def test_probes_observe_a_decode_worker_kill_under_load(tmp_path):
+    profile = LoadProfile(mode="constant", rate=4.0, users=4, duration_s=4.0, max_tokens=48, seed=5)
+    with Topology(prefill=1, decode=2, preset="tiny", log_dir=tmp_path / "pd") as topo:
+        admin = AdminClient(topo.admin_url)
+        with PrometheusScraper(topo.api_url + "/metrics", interval_s=0.5) as scraper, \
+                WorkerPoller(admin, interval_s=0.25) as poller, \
+                LoadRunner(topo.api_url, profile, output_dir=tmp_path / "load") as run:
+            deadline = time.monotonic() + 60
+            busy = []
+            while not busy:  # kill a decode worker while it holds requests
+                assert run.running and time.monotonic() < deadline, run.log_tail()
+                busy = [w for w in admin.workers() if w["role"] == "decode" and w["active_requests"] > 0]
+                time.sleep(0.05)
+            victim = busy[0]["id"]
+            killed_wall = time.time_ns()
+            topo.kill(victim, signal.SIGKILL)
+            records = run.wait()
+        events = admin.events()
+        admin.close()
+
+    # requests: every one ended; the victim's requests were resumed on the other decode worker
+    assert records and {r.status for r in records} <= {"ok", "stream_error"}
+    resumed = [r for r in records if victim in r.served_by and len(r.served_by) > 1]
+    down = [e for e in events if e["type"] == "worker_down" and e["worker"] == victim]
+    assert len(down) == 1
+    affected = {a.split("#")[0] for a in down[0]["affected"]}
+    assert affected and affected <= {r.response_id for r in records}
+    assert {r.response_id for r in resumed} <= affected
+    assert summarize(records)["requests"] == len(records)
+
+    # admin snapshots: the victim was healthy before the kill and gone or down after it
+    before = [s for s in poller.snapshots if s.t_wall_ns < killed_wall and s.workers]
+    after = [s for s in poller.snapshots if s.t_wall_ns > down[0]["wall_time"] * 1e9 + 0.5e9 and s.workers]
+    assert any(w["id"] == victim and w["health"] == "healthy" for w in before[-1].workers)
+    assert after and all(w["health"] != "healthy" for s in after for w in s.workers if w["id"] == victim)
+
+    # scraped series: KV bytes moved over the fabric, and the victim's up gauge left the table
+    moved = scraper.series("kv_transfer_bytes")["value"]
+    assert moved.iloc[-1] > moved.iloc[0] >= 0
+    assert scraper.series("workers_up", worker=victim)["value"].iloc[0] == 1.0
+
+    # timeline: the kill's worker_down comes after the first request and before the resumptions
+    tl = merge_timeline(events=events, records=records)
+    kinds = [e["kind"] for e in tl]
+    i_down = next(i for i, e in enumerate(tl) if e["kind"] == "worker_down" and e["detail"]["worker"] == victim)
+    assert kinds.index("request_ok") < i_down
+    assert all(i > i_down for i, e in enumerate(tl) if e["kind"] == "resumed")
+    assert [e["t_wall_ns"] for e in tl] == sorted(e["t_wall_ns"] for e in tl)
+    # the router's monotonic time, placed on this process's wall clock, is after the kill
+    # (10 ms allows for reading the two clocks back to back)
+    assert tl[i_down]["t_wall_ns"] >= killed_wall - 10_000_000
