@@ -357,3 +357,35 @@ def test_client_disconnect_aborts_the_request_and_frees_its_kv(engine, stream):
     assert samples[("pdengine_requests_finished_total", (("finished_reason", "abort"), model))] == 1
     assert samples[("pdengine_requests_finished_total", (("finished_reason", "length"), model))] == 0
     assert samples[("pdengine_generation_tokens_total", (model,))] < 1000
+
+
+def test_speculative_engine_is_token_exact_and_reports_acceptance_per_chunk():
+    client = InProcessClient(EngineConfig(preset="tiny", speculative=True))
+    app = build_app(client)
+    prompt = "speculate: draft then verify"
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http:
+            r = await http.post("/v1/completions", json={
+                "prompt": prompt, "max_tokens": 40, "ignore_eos": True, "temperature": 0, "stream": True,
+                "return_token_ids": True})
+            return r, (await http.get("/metrics")).text
+
+    try:
+        r, text = asyncio.run(go())
+    finally:
+        asyncio.run(client.close())
+    chunks = [m for m in sse_messages(r.text) if m != "[DONE]"]
+    token_chunks = [c["choices"][0]["token_ids"] for c in chunks if c["choices"][0]["token_ids"]]
+    assert [i for ids in token_chunks for i in ids] == greedy_reference("tiny", TOK.encode(prompt), 40,
+                                                                          ignore_eos=True)
+    s = metric_samples(text)
+    model = (("model_name", "tiny"),)
+    drafted = s[("pdengine_spec_decode_draft_tokens_total", model)]
+    accepted = s[("pdengine_spec_decode_accepted_tokens_total", model)]
+    assert s[("pdengine_spec_decode_enabled", model)] == 1
+    assert drafted > 0 and 0 <= accepted <= drafted
+    assert s[("pdengine_spec_decode_acceptance_rate", model)] == pytest.approx(accepted / drafted)
+    # ITL is observed per token-bearing chunk, however many tokens the chunk holds
+    assert s[("pdengine_inter_token_latency_seconds_count", model)] == len(token_chunks) - 1
+    assert s[("pdengine_generation_tokens_total", model)] == 40
