@@ -271,7 +271,11 @@ class _Generation:
         try:
             event = await self._iter.__anext__()
         except StopAsyncIteration:
+            self._tracker.abort(FinishReason.ERROR)
             raise EngineError("the engine ended the stream without a final event") from None
+        except InvalidRequestError:
+            self._tracker.discard()
+            raise
         except Exception:
             self._tracker.abort(FinishReason.ERROR)
             raise

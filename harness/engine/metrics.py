@@ -106,6 +106,11 @@ class RequestTracker:
         if not self.done:
             self._end(reason, time.monotonic())
 
+    def discard(self) -> None:
+        """The engine refused the request before it started (bad input, admission control):
+        it is an HTTP error (``pdengine_http_errors_total``), not a finished request."""
+        self.done = True
+
     def _end(self, reason: FinishReason, now: float) -> None:
         self.done = True
         label = self._m.model_name
