@@ -181,7 +181,9 @@ def _classify(exc: BaseException) -> tuple[str, str]:
 
 class _Exchange:
     """The bookkeeping of one request, shared by the sync and async clients (only their
-    I/O loops differ). Every exit path goes through ``end()``, which emits the record once."""
+    I/O loops differ). Used as a context manager: whatever way the block ends, the record
+    is finished and emitted exactly once; transport errors become the record's status,
+    cancellation (GreenletExit, CancelledError, KeyboardInterrupt) is recorded and re-raised."""
 
     def __init__(self, client: _ClientBase, request: CompletionRequest, request_id: str | None,
                  scheduled_ns: int | None) -> None:
@@ -196,15 +198,15 @@ class _Exchange:
         self.builder = _RecordBuilder(self.record)
         self.deadline_ns = now + int(client.timeout_s * 1e9)
         self._scheduled = scheduled_ns is not None
+        self._ended = False
 
     def begin(self) -> None:
         self.record.sent_ns = time.perf_counter_ns()
         if not self._scheduled:  # not open loop: the request was due when it was sent
             self.record.scheduled_ns = self.record.sent_ns
 
-    def http_error(self, resp: httpx.Response, body: bytes) -> RequestRecord:
+    def http_error(self, resp: httpx.Response, body: bytes) -> None:
         _http_error(self.record, resp.status_code, body, resp.headers)
-        return self.end()
 
     def chunk(self, data: bytes) -> bool:
         """Feed one read; False when the total deadline has passed and reading must stop."""
@@ -215,23 +217,22 @@ class _Exchange:
             return False
         return True
 
-    def transport_error(self, exc: httpx.HTTPError) -> RequestRecord:
-        self.builder.fail(*_classify(exc), str(exc) or repr(exc))
-        return self.end()
+    def __enter__(self) -> _Exchange:
+        return self
 
-    def failed(self, status: str, error_class: str, message: str) -> RequestRecord:
-        self.builder.fail(status, error_class, message)
-        return self.end()
-
-    def cancelled(self, exc: BaseException) -> None:
-        self.builder.fail("cancelled", type(exc).__name__, "the client stopped waiting for this request")
-        self.end()
-
-    def end(self) -> RequestRecord:
-        record = self.builder.finish(time.perf_counter_ns())
-        if self.client.on_record is not None:
-            self.client.on_record(record)
-        return record
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, httpx.HTTPError):
+            self.builder.fail(*_classify(exc), str(exc) or repr(exc))
+        elif isinstance(exc, ProbeError):  # the model list could not be read
+            self.builder.fail("http_error", "ModelListError", str(exc))
+        elif exc is not None:
+            self.builder.fail("cancelled", type(exc).__name__, "the client stopped waiting for this request")
+        if not self._ended:
+            self._ended = True
+            self.builder.finish(time.perf_counter_ns())
+            if self.client.on_record is not None:
+                self.client.on_record(self.record)
+        return isinstance(exc, (httpx.HTTPError, ProbeError))  # recorded; anything else propagates
 
 
 class _ClientBase:
@@ -282,27 +283,20 @@ class StreamingClient(_ClientBase):
 
     def send(self, request: CompletionRequest, *, request_id: str | None = None,
              scheduled_ns: int | None = None) -> RequestRecord:
-        ex = _Exchange(self, request, request_id, scheduled_ns)
-        try:
+        with _Exchange(self, request, request_id, scheduled_ns) as ex:
             if self.model is None:  # a fault may have taken the server down: record, don't raise
                 self.model = self._model_from(self._http.get("/v1/models"))
             body = request.body(self.model)
             ex.begin()
             with self._http.stream("POST", request.path, json=body) as resp:
                 if resp.status_code >= 400:
-                    return ex.http_error(resp, resp.read())
-                ex.record.http_status = resp.status_code
-                for data in resp.iter_raw():
-                    if not ex.chunk(data):
-                        break
-            return ex.end()
-        except httpx.HTTPError as exc:
-            return ex.transport_error(exc)
-        except ProbeError as exc:
-            return ex.failed("http_error", "ModelListError", str(exc))
-        except BaseException as exc:  # GreenletExit, KeyboardInterrupt: record it, then let it propagate
-            ex.cancelled(exc)
-            raise
+                    ex.http_error(resp, resp.read())
+                else:
+                    ex.record.http_status = resp.status_code
+                    for data in resp.iter_raw():
+                        if not ex.chunk(data):
+                            break
+        return ex.record
 
     def close(self) -> None:
         self._http.close()
@@ -335,27 +329,20 @@ class AsyncStreamingClient(_ClientBase):
 
     async def send(self, request: CompletionRequest, *, request_id: str | None = None,
                    scheduled_ns: int | None = None) -> RequestRecord:
-        ex = _Exchange(self, request, request_id, scheduled_ns)
-        try:
+        with _Exchange(self, request, request_id, scheduled_ns) as ex:
             if self.model is None:  # a fault may have taken the server down: record, don't raise
                 self.model = self._model_from(await self._http.get("/v1/models"))
             body = request.body(self.model)
             ex.begin()
             async with self._http.stream("POST", request.path, json=body) as resp:
                 if resp.status_code >= 400:
-                    return ex.http_error(resp, await resp.aread())
-                ex.record.http_status = resp.status_code
-                async for data in resp.aiter_raw():
-                    if not ex.chunk(data):
-                        break
-            return ex.end()
-        except httpx.HTTPError as exc:
-            return ex.transport_error(exc)
-        except ProbeError as exc:
-            return ex.failed("http_error", "ModelListError", str(exc))
-        except BaseException as exc:  # asyncio.CancelledError: record it, then let it propagate
-            ex.cancelled(exc)
-            raise
+                    ex.http_error(resp, await resp.aread())
+                else:
+                    ex.record.http_status = resp.status_code
+                    async for data in resp.aiter_raw():
+                        if not ex.chunk(data):
+                            break
+        return ex.record
 
     async def aclose(self) -> None:
         await self._http.aclose()

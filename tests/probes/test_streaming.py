@@ -71,3 +71,22 @@ def test_unreachable_server_is_a_connection_error_record():
         StreamingClient(f"http://127.0.0.1:{port}").resolve_model()
     with pytest.raises(ProbeError, match="no http"):
         StreamingClient("127.0.0.1:8000")
+
+
+def test_cancelled_request_is_recorded_then_the_cancellation_propagates(server):
+    seen = []
+
+    async def go():
+        async with AsyncStreamingClient(server.url, on_record=seen.append) as client:
+            # 900 tokens take seconds even on an idle machine; a loaded one only makes it longer
+            task = asyncio.create_task(client.send(CompletionRequest("cancel me", max_tokens=900, ignore_eos=True)))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(go())
+    assert len(seen) == 1
+    r = seen[0]
+    assert r.status == "cancelled" and r.error_class == "CancelledError"
+    assert len(r.token_ids) < 900 and r.end_ns >= r.sent_ns
