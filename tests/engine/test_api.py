@@ -389,3 +389,48 @@ def test_speculative_engine_is_token_exact_and_reports_acceptance_per_chunk():
     # ITL is observed per token-bearing chunk, however many tokens the chunk holds
     assert s[("pdengine_inter_token_latency_seconds_count", model)] == len(token_chunks) - 1
     assert s[("pdengine_generation_tokens_total", model)] == 40
+
+
+def test_extra_routers_and_registry_share_the_error_shape_and_the_scrape(engine):
+    from fastapi import APIRouter
+    from prometheus_client import CollectorRegistry, Counter
+
+    from harness.errors import InvalidRequestError
+
+    admin = APIRouter(prefix="/admin")
+
+    @admin.get("/level")
+    async def level(n: int) -> dict:
+        return {"level": n}
+
+    @admin.post("/busy")
+    async def busy() -> dict:
+        exc = InvalidRequestError("admission queue is full; retry later", code="overloaded", status=429)
+        exc.retry_after = 2
+        raise exc
+
+    @admin.post("/bug")
+    async def bug() -> dict:
+        raise RuntimeError("secret internal detail")
+
+    registry = CollectorRegistry()
+    Counter("pdengine_router_test_marker", "a collector the router adds", registry=registry).inc(3)
+    app = build_app(engine, registry=registry, extra_routers=[admin])
+
+    async def go():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            return [await http.get("/admin/level", params={"n": 2}), await http.get("/admin/level", params={"n": "x"}),
+                    await http.post("/admin/busy"), await http.post("/admin/bug"), await http.get("/metrics")]
+
+    ok, bad, busy_r, bug_r, metrics = asyncio.run(go())
+    assert ok.json() == {"level": 2}
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.n"
+    assert busy_r.status_code == 429 and busy_r.headers["retry-after"] == "2"
+    assert busy_r.json()["error"] == {"message": "admission queue is full; retry later", "type": "rate_limit_error",
+                                      "param": None, "code": "overloaded"}
+    assert bug_r.status_code == 500 and bug_r.json()["error"]["code"] == "internal_error"
+    assert "secret" not in bug_r.text and "Traceback" not in bug_r.text
+    s = metric_samples(metrics.text)
+    assert s[("pdengine_router_test_marker_total", ())] == 3
+    assert s[("pdengine_http_errors_total", (("code", "overloaded"), ("status", "429")))] == 1
