@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
-from harness.checks.thresholds import PROJECT_ROOT, Checklist, as_number, field_error, load_yaml_mapping
+from harness.checks.thresholds import (PROJECT_ROOT, Checklist, as_number, display_path, field_error,
+                                      load_yaml_mapping)
 from harness.errors import ConfigError, FaultError, ProbeError
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     """Read and validate a cluster inventory (name under ``clusters/`` or a path)."""
     path = resolve_cluster_path(str(name_or_path))
     data = load_yaml_mapping(path)
-    spec = parse_cluster(data, source=str(path))
+    spec = parse_cluster(data, source=display_path(path))
     spec.checklist()  # validates the threshold overrides against the checklist now, not mid-run
     return spec
 
@@ -355,8 +356,10 @@ class ClusterHandle:
 
 
 @contextlib.contextmanager
-def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None) -> Iterator[ClusterHandle]:
-    """Bring a bundled cluster up for the duration of the block, or attach to an external one."""
+def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
+                 log_dir: Path | None = None) -> Iterator[ClusterHandle]:
+    """Bring a bundled cluster up for the duration of the block (process logs in ``log_dir``),
+    or attach to an external one."""
     thresholds = spec.checklist(checklist)
     if spec.kind == "external":
         assert spec.endpoints is not None
@@ -370,13 +373,19 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None) -> Itera
     assert b is not None
     log.info("bringing up bundled cluster %s: %d prefill + %d decode, preset %s", spec.name, b.prefill, b.decode,
              b.preset)
-    with Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
-                  router_config=dict(b.router)) as topo:
-        def oracle(prompt_token_ids: list[int], max_tokens: int, stop: tuple[str, ...] = (),
-                   ignore_eos: bool = False) -> list[int]:
-            return greedy_reference(b.preset, prompt_token_ids, max_tokens, stop=stop, ignore_eos=ignore_eos)
+    try:
+        topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
+                        router_config=dict(b.router), startup_timeout_s=b.ready_timeout_s, log_dir=log_dir)
+    except ConfigError as exc:  # the router rejected a knob: point at the cluster file, not the engine
+        raise field_error(spec.path, "bundled.router", str(exc), exc.fix or "see docs/clusters.md") from exc
 
-        yield ClusterHandle(spec, thresholds, topo.api_url, f"{topo.api_url}/metrics", topo.admin_url,
+    def oracle(prompt_token_ids: list[int], max_tokens: int, stop: tuple[str, ...] = (),
+               ignore_eos: bool = False) -> list[int]:
+        return greedy_reference(b.preset, prompt_token_ids, max_tokens, stop=stop, ignore_eos=ignore_eos)
+
+    with topo:
+        # the router serves /admin/* under its API address: that base URL is the admin endpoint
+        yield ClusterHandle(spec, thresholds, topo.api_url, f"{topo.api_url}/metrics", topo.api_url,
                             topology=topo, oracle=oracle)
 
 

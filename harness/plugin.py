@@ -207,7 +207,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     except (OSError, HarnessError) as exc:
         log.error("could not write the report: %s", exc)
         result.harness_errors.append(f"could not write the report: {exc}")
-        result.exit_code = int(max(code, ExitCode.HARNESS_ERROR) if code != ExitCode.REVERT_FAILED else code)
+        if code != ExitCode.REVERT_FAILED:
+            result.exit_code = int(ExitCode.HARNESS_ERROR)
     session.exitstatus = result.exit_code
 
 
@@ -215,21 +216,26 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state = config.stash.get(STATE, None)
     if state is None or not state.active or state.config_error is not None or state.result.exit_code is None:
         return
-    from rich.console import Console
-
     from harness.report.terminal import print_summary
 
-    print_summary(Console(file=sys.stdout), state.result, state.run_dir)
+    print_summary(_console(), state.result, state.run_dir)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console(file=sys.stdout)
+    if not console.is_terminal:  # CI logs: rich would assume 80 columns and fold every reason
+        console = Console(file=sys.stdout, width=160)
+    return console
 
 
 def _print(config: pytest.Config, markup: str) -> None:
     """Print to the terminal during a test (outside pytest's output capture)."""
-    from rich.console import Console
-
     capman = config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
     with ctx:
-        Console(file=sys.stdout).print(markup, soft_wrap=True)
+        _console().print(markup, soft_wrap=True)
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -250,7 +256,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     verb = "bringing up" if spec.kind == "bundled" else "attaching to"
     _print(pytestconfig, f"[bold]{verb} cluster {spec.name}[/] ({spec.kind}, {spec.path})")
     t0 = time.monotonic()
-    with open_cluster(spec) as handle:
+    log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
+    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
         state.result.cluster = handle.describe()
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
@@ -272,8 +279,7 @@ class Conformance:
 
         capman = self._config.pluginmanager.getplugin("capturemanager")
         with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-            from rich.console import Console
-            Console(file=sys.stdout).print(verdict_line(verdict), soft_wrap=True)
+            _console().print(verdict_line(verdict), soft_wrap=True)
         return verdict
 
     def add_latency(self, records: list[Any], *, window_s: float = 2.0) -> None:

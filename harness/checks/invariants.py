@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from harness.checks.thresholds import Checklist
-from harness.checks.verdict import Measurement, Verdict, judge
+from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.probes.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,12 @@ def nothing_lost_verdict(check: HistoryCheck, checklist: Checklist) -> Verdict:
         thin = "no request was recorded"
     elif check.unverified:
         thin = f"{check.unverified} of {check.completed} completions had no oracle to check them against"
-    return judge(item, measurements, evidence=check.evidence(), inconclusive_because=thin)
+    verdict = judge(item, measurements, evidence=check.evidence(), inconclusive_because=thin)
+    if verdict.status is Status.PASS:  # say what the history held, not just that the counts were zero
+        verdict.reason = (f"all {check.total} requests ended cleanly: {check.verified} completed token-exact, "
+                          f"{check.rejected} rejected and {check.failed_clear} failed with a clear error; "
+                          "none hung, none silently wrong")
+    return verdict
 
 
 def oracle_expectation(oracle: Callable[..., list[int]], *, ignore_eos: bool, chat: bool = False) -> Expected:

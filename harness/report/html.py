@@ -16,7 +16,7 @@ from harness.checks.thresholds import COMPARISONS
 from harness.report import RunResult
 
 _TEMPLATE_DIR = Path(__file__).parent
-_SERIES_COLOURS = {"p50": "#2563eb", "p90": "#9333ea", "p95": "#9333ea", "p99": "#dc2626", "max": "#6b7280"}
+_SERIES_COLOURS = {"p50": "#2563eb", "p90": "#9333ea", "p95": "#0891b2", "p99": "#dc2626", "max": "#6b7280"}
 _W, _H, _ML, _MR, _MT, _MB = 760, 230, 58, 16, 24, 38
 
 

@@ -1,0 +1,149 @@
+"""Checklist item 6.1.4 (Section 6.1, "故障注入测试：Kill Prefill/Decode 进程，验证全局调度器在 3s 内完成重调度").
+
+Under load, kill prefill and decode workers several times each (SIGKILL), then hang one of each
+(SIGSTOP), and judge the distribution of rescheduling times (harness/checks/reschedule.py: from the
+fault until the worker is declared down, every affected request is re-placed and a new request
+succeeds) against the checklist's 3 s. Every request of the run must satisfy the nothing-lost
+invariant. Each fault is reverted (killed workers restarted, hung ones resumed) before the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
+from harness.checks.verdict import Verdict
+from harness.errors import EngineError
+from harness.faults import ProcessHang, ProcessKill, select_targets
+from harness.probes.timeline import merge_timeline
+
+log = logging.getLogger(__name__)
+
+pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+
+# Load must outlast the faults, and it must end by itself (a stopped load generator cancels the
+# requests in flight, which the nothing-lost check would rightly count as hung). These budgets
+# size the run: a kill includes restarting the worker (it loads its model), a hang its rejoin.
+LOAD_BUDGET_S = {"process_kill": 15.0, "process_hang": 8.0}
+BUSY_WAIT_S = 3.0         # wait at most this long for the target to hold requests before the fault
+SETTLE_TIMEOUT_S = 15.0   # watch the router this long for one fault's rescheduling to finish
+REJOIN_TIMEOUT_S = 60.0
+POLL_S = 0.1              # polling the admin API only observes; measurements use event timestamps
+
+
+def fault_plan(kills_per_role: int) -> list[tuple[str, str]]:
+    plan = [(kind, role) for _ in range(kills_per_role) for kind, role in
+            (("process_kill", "prefill"), ("process_kill", "decode"))]
+    return plan + [("process_hang", "decode"), ("process_hang", "prefill")]
+
+
+def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
+    if kind == "process_hang":
+        return ProcessHang.from_worker(worker)
+    topo = cluster.topology
+    if topo is None:  # external cluster: nothing to restart with; the worker stays down (docs/clusters.md)
+        return ProcessKill.from_worker(worker)
+    return ProcessKill.from_worker(worker, restart=lambda wid: topo.restart(wid),
+                                   healthy=lambda wid: _health(topo.workers(), wid) == "healthy")
+
+
+def _health(workers: list[dict[str, Any]], worker_id: str) -> str | None:
+    return next((w["health"] for w in workers if w["id"] == worker_id), None)
+
+
+def _wait_busy(timeline: Any, worker_id: str) -> None:
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while time.monotonic() < deadline:
+        if any(w["id"] == worker_id and w.get("active_requests", 0) > 0 for w in timeline.workers()):
+            return
+        time.sleep(POLL_S)
+
+
+def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
+    """Until the router declared the worker down and every affected request was re-placed or
+    failed (or SETTLE_TIMEOUT_S passed: the measurement then says what did not happen)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    last = since_seq
+    seen: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        new = timeline.events(since=last)
+        seen += new
+        last = max([last] + [e["seq"] for e in new])
+        down = next((e for e in seen if e["type"] == "worker_down" and e.get("worker") == worker_id), None)
+        if down is not None:
+            pending = {affected_request_id(a) for a in down.get("affected", [])}
+            pending -= {e.get("request_id") for e in seen if e["type"] in ("reschedule", "reschedule_failed")}
+            if not pending:
+                return last
+        time.sleep(POLL_S)
+    log.warning("rescheduling after the fault on %s did not settle within %.0f s", worker_id, SETTLE_TIMEOUT_S)
+    return last
+
+
+def _wait_rejoined(timeline: Any, worker_id: str) -> None:
+    deadline = time.monotonic() + REJOIN_TIMEOUT_S
+    while _health(timeline.workers(), worker_id) != "healthy":
+        if time.monotonic() > deadline:
+            raise EngineError(f"worker {worker_id} did not rejoin within {REJOIN_TIMEOUT_S:.0f} s after the fault "
+                              "was reverted", fix="see the worker's log under the report's artifacts/cluster-logs")
+        time.sleep(POLL_S)
+
+
+def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults, timeline, conformance,
+                                                           harness_options):
+    checklist = cluster.thresholds
+    plan = fault_plan(harness_options.kills)
+    seed = harness_options.seed
+    if harness_options.dry_run:
+        for i, (kind, role) in enumerate(plan):  # prints each fault's plan; nothing is signalled
+            faults.inject(make_fault(kind, select_targets(timeline.workers(), role, seed=seed + i)[0], cluster))
+        faults.revert_all()
+        item = checklist.item(ITEM)
+        conformance.record(Verdict(item=ITEM, title=item.title, status="inconclusive",
+                                   reason=f"dry run: {len(plan)} faults planned, none injected",
+                                   evidence={"plan": [f"{k} {r}" for k, r in plan]}))
+        return
+
+    duration = harness_options.load_duration or sum(LOAD_BUDGET_S[k] for k, _ in plan) + 5.0
+    run = load(duration_s=duration, max_tokens=32)
+    load_started = time.monotonic()
+    seq = max([0] + [e["seq"] for e in timeline.events()])
+    marks: list[FaultMark] = []
+    for i, (kind, role) in enumerate(plan):
+        left = duration - (time.monotonic() - load_started)
+        if not run.running or left < LOAD_BUDGET_S[kind]:
+            log.warning("load ends in %.0f s: skipping the remaining %d faults (raise --load-duration)",
+                        left, len(plan) - i)
+            break
+        healthy = [w for w in timeline.workers() if w["health"] == "healthy"]
+        target = select_targets(healthy, role, seed=seed + i)[0]
+        _wait_busy(timeline, target["id"])
+        fault = faults.inject(make_fault(kind, target, cluster))
+        injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
+        marks.append(FaultMark(fault.fault_id, kind, target["id"], role, injected.started_wall))
+        seq = _wait_settled(timeline, target["id"], seq)
+        faults.revert(fault)
+        _wait_rejoined(timeline, target["id"])
+
+    records = run.wait()
+    events = timeline.events()
+    samples = measure(marks, events, records)
+    verdict = reschedule_verdict(samples, checklist)
+    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    verdict.evidence.update(links=links, planned_faults=len(plan), load_duration_s=duration,
+                            requests=len(records))
+    conformance.record(verdict)
+
+    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
+    lost = nothing_lost_verdict(check_history(records, expected), checklist)
+    lost.evidence["links"] = links
+    conformance.record(lost)
+
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
+                                            failed_requests_only=True))

@@ -1,0 +1,67 @@
+"""Acceptance of `pytest suites/` as users run it (a real subprocess, the real bundled cluster):
+exit 0 when the cluster conforms, 1 when rescheduling is sabotaged through a cluster setting (and
+the report says why), 3 for a malformed cluster file.
+
+To keep the run short, the cluster files used here are the shipped ones with one kill per role
+accepted as a distribution (`min_faults_per_kind: 1`, a stated override) and `--kills=1`; the
+default run uses 3 kills per role."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def short_cluster(tmp_path: Path, base: str) -> Path:
+    data = yaml.safe_load((ROOT / "clusters" / f"{base}.yaml").read_text())
+    data["name"] = f"{base}-short"
+    data.setdefault("thresholds", {})["6.1.4"] = {"min_faults_per_kind": 1}
+    path = tmp_path / f"{base}-short.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_suites(tmp_path: Path, *args: str, timeout: float = 560) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "suites/", "-p", "no:cacheprovider",
+           f"--report-dir={tmp_path / 'reports'}", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def verdicts(tmp_path: Path) -> dict[str, dict]:
+    data = json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
+    return {v["item"]: v for v in data["verdicts"]}
+
+
+def test_conforming_bundled_cluster_exits_0(tmp_path):
+    proc = run_suites(tmp_path, f"--cluster={short_cluster(tmp_path, 'local')}", "--kills=1")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    v = verdicts(tmp_path)
+    assert v["6.1.4"]["status"] == "pass" and v["6.1.4"]["measured"] <= 3.0
+    assert len(v["6.1.4"]["evidence"]["samples"]) == 4  # 1 kill + 1 hang per role
+    assert v["nothing-lost"]["status"] == "pass" and v["nothing-lost"]["evidence"]["token_exact"] > 0
+    assert (tmp_path / "reports" / "latest" / "report.html").is_file()
+
+
+def test_sabotaged_rescheduling_exits_1_and_the_report_says_why(tmp_path):
+    proc = run_suites(tmp_path, f"--cluster={short_cluster(tmp_path, 'local-sabotaged')}", "--kills=1")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    v = verdicts(tmp_path)["6.1.4"]
+    assert v["status"] == "fail" and v["measured"] > 3.0
+    assert "required <= 3 s" in v["reason"]
+    html = (tmp_path / "reports" / "latest" / "report.html").read_text()
+    assert 'data-item="6.1.4" data-status="fail"' in html and "required &lt;= 3 s" in html
+
+
+def test_malformed_cluster_file_exits_3_naming_file_field_and_fix(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: bundled\nsafety: {production: true, allowed_faults: all}\n")
+    proc = run_suites(tmp_path, f"--cluster={bad}", timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert str(bad) in out and "`safety.allowed_faults`" in out and "fix:" in out
