@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         sp.set_defaults(_module=module_name)
-        if name in sys.argv[1:2]:  # only import the module whose options are needed
+        if name in [a for a in sys.argv[1:] if not a.startswith("-")][:1]:  # import only that module
             _load(module_name).add_arguments(sp)
     return parser
 
