@@ -326,20 +326,18 @@ class ClusterHandle:
     def check_fault_allowed(self, fault_kind: str) -> None:
         self.spec.safety.check_allowed(fault_kind, self.spec.name)
 
-    def ssh_targets(self) -> dict[str, Any]:
-        """SSH targets for the fault executors, keyed by host name and by address (workers report
-        either); hosts without ssh settings run commands locally."""
+    def ssh_target(self, host: str) -> Any:
+        """The SSH target for a worker's host (matched by host name or address), or None when
+        commands for that host run locally. Built on demand: key files are checked only for
+        hosts a fault actually touches."""
         from harness.faults import SSHTarget
 
-        targets = {}
-        for h in self.hosts:
-            if h.ssh is None:
-                continue
-            key_file, known = (str(Path(p).expanduser()) for p in (h.ssh.key_file, h.ssh.known_hosts))
-            target = SSHTarget(host=h.address, user=h.ssh.user, key_filename=key_file, known_hosts_file=known,
-                               port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s)
-            targets[h.name] = targets[h.address] = target
-        return targets
+        h = next((h for h in self.hosts if host in (h.name, h.address) and h.ssh is not None), None)
+        if h is None or h.ssh is None:
+            return None
+        key_file, known = (str(Path(p).expanduser()) for p in (h.ssh.key_file, h.ssh.known_hosts))
+        return SSHTarget(host=h.address, user=h.ssh.user, key_filename=key_file, known_hosts_file=known,
+                         port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the report."""

@@ -340,7 +340,14 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
             cluster.check_fault_allowed(fault.kind)
             return super().inject(fault)
 
-    pool = ExecutorPool(cluster.ssh_targets(), dry_run=dry_run)
+    class ClusterExecutors(ExecutorPool):
+        def __call__(self, host: str | None) -> Any:
+            key = host or "localhost"
+            if key not in self.ssh and (target := cluster.ssh_target(key)) is not None:
+                self.ssh[key] = target
+            return super().__call__(host)
+
+    pool = ClusterExecutors(dry_run=dry_run)
     return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run)
 
 

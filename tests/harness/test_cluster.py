@@ -92,3 +92,28 @@ def test_unknown_cluster_name_lists_known_ones():
         resolve_cluster_path("nope")
     with pytest.raises(ConfigError, match="neither a cluster name nor a path"):
         resolve_cluster_path("a b")
+
+
+def test_ssh_targets_are_resolved_per_host_on_demand(tmp_path):
+    from harness.cluster import ClusterHandle
+
+    def handle(spec):
+        return ClusterHandle(spec, spec.checklist(), "http://127.0.0.1:9", None, None)
+
+    assert handle(load_cluster("local")).ssh_target("localhost") is None  # local commands
+    key, known = tmp_path / "id", tmp_path / "known_hosts"
+    key.write_text("k")
+    known.write_text("h")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"kind: bundled\nhosts: [{{name: localhost, address: 127.0.0.1, roles: [decode], "
+                    f"ssh: {{user: root, port: 2222, key_file: {key}, known_hosts: {known}}}}}]\n")
+    target = handle(load_cluster(path)).ssh_target("127.0.0.1")
+    assert (target.host, target.port, target.key_filename) == ("127.0.0.1", 2222, str(key))
+    with pytest.raises(ConfigError, match="key_filename .* is not a readable file"):
+        handle(load_cluster("ssh-test")).ssh_target("localhost")  # its key is made by the SSH tests
+
+
+def test_ssh_settings_require_key_and_known_hosts(tmp_path):
+    path = _write(tmp_path, "kind: bundled\nhosts: [{name: a, address: x, roles: [decode], ssh: {user: u}}]\n")
+    with pytest.raises(ConfigError, match=r"`hosts\[0\]\.ssh\.key_file`: missing"):
+        load_cluster(path)
