@@ -122,13 +122,13 @@ class Topology:
                 p.popen.send_signal(signal.SIGTERM)
                 p.popen.send_signal(signal.SIGCONT)  # a SIGSTOPped child only handles SIGTERM once resumed
         deadline = time.monotonic() + self.stop_timeout_s
+        while any(p.popen.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling interval while children shut down
         for p in procs:
-            try:
-                p.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s pid %d ignored SIGTERM; killing it", p.id, p.pid)
+            if p.popen.poll() is None:
+                log.warning("%s pid %d ignored SIGTERM for %.0f s; killing it", p.id, p.pid, self.stop_timeout_s)
                 p.popen.kill()
-                p.popen.wait()
+            p.popen.wait()
 
     # -- addresses
     @property
@@ -219,6 +219,18 @@ class Topology:
                 raise EngineError(f"workers {sorted(pending)} did not register within the startup timeout",
                                   fix="raise startup_timeout_s on a loaded machine; see log_tail(worker_id)")
             time.sleep(0.1)  # polling interval while workers import torch and build their model
+
+    def wait_health(self, worker_id: str, health: str, timeout_s: float = 10.0) -> dict:
+        """Wait until the router reports ``worker_id`` with ``health`` ("healthy" or "dead")."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row = next((w for w in self.workers() if w["id"] == worker_id), None)
+            if row is not None and row["health"] == health:
+                return row
+            if time.monotonic() > deadline:
+                raise EngineError(f"worker {worker_id} is not {health} after {timeout_s:.0f} s: {row}",
+                                  fix="check the router log (log_tail('router'))")
+            time.sleep(0.05)  # polling interval of the admin API
 
     # -- internals
     def _proc(self, worker_id: str) -> _Proc:

@@ -246,13 +246,15 @@ class PDWorker:
                 self._cmds.put(self._reset)
         finally:
             stopper.cancel()
-            self._cmds.put(None)
-            self._thread.join(10)
             for sender in list(self._senders.values()):
                 sender.cancel()
+            self._cmds.put(None)
+            t0 = time.monotonic()
+            self._thread.join(10)
             self._finisher.shutdown(wait=True, cancel_futures=True)
             if self.receiver:
                 self.receiver.close()
+            log.info("worker %s stopped in %.2f s", self.id, time.monotonic() - t0)
         return code
 
     async def _session(self, reader, writer, kv_addr, control_addr, stopper: asyncio.Task) -> None:
