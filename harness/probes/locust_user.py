@@ -41,6 +41,7 @@ class LoadController:
         self.sending = True
         self.in_flight = 0
         self._next = itertools.count()
+        self._user_ids = itertools.count()
 
     def start(self, environment: Environment) -> None:
         """All users are spawned: start the clock, and end the run after duration_s."""
@@ -76,6 +77,9 @@ class LoadController:
             return None
         return i, self.t0_ns + int(self.offsets_s[i] * 1e9)
 
+    def new_user_name(self) -> str:
+        return f"user-{next(self._user_ids)}"
+
     def close(self) -> None:
         self.writer.close()
 
@@ -94,7 +98,7 @@ class LLMUser(User):
     def on_start(self) -> None:
         prof = self.controller.profile
         self.client = StreamingClient(self.host, model=prof.model, timeout_s=prof.timeout_s,
-                                      user=f"user-{id(self):x}", on_record=self._on_record)
+                                      user=self.controller.new_user_name(), on_record=self._on_record)
 
     def on_stop(self) -> None:
         self.client.close()
@@ -121,7 +125,9 @@ class LLMUser(User):
 
     def _on_record(self, record: RequestRecord) -> None:
         self.controller.writer.write(record)
-        ttft_ms = ((record.first_token_ns or record.end_ns or record.sent_ns) - record.sent_ns) / 1e6
+        # open loop: from the scheduled send, so Locust's table does not hide queueing either
+        start = record.scheduled_or_sent_ns if self.controller.profile.open_loop else record.sent_ns
+        ttft_ms = ((record.first_token_ns or record.end_ns or start) - start) / 1e6
         self.environment.events.request.fire(
             request_type="POST", name="/v1/chat/completions" if self.controller.profile.chat else "/v1/completions",
             response_time=ttft_ms, response_length=record.num_output_tokens,

@@ -1,7 +1,10 @@
 """The streaming client against a real reference-engine server (tiny preset)."""
 
 import asyncio
+import os
+import signal
 import socket
+import threading
 
 import pytest
 
@@ -90,3 +93,18 @@ def test_cancelled_request_is_recorded_then_the_cancellation_propagates(server):
     r = seen[0]
     assert r.status == "cancelled" and r.error_class == "CancelledError"
     assert len(r.token_ids) < 900 and r.end_ns >= r.sent_ns
+
+
+def test_hung_server_mid_stream_is_a_timeout_record(server):
+    """SIGSTOP the real server while it streams: the client's stall timeout ends the request."""
+    hang = threading.Timer(0.3, os.kill, (server.proc.pid, signal.SIGSTOP))  # 900 tokens take seconds
+    with StreamingClient(server.url, read_timeout_s=1.0) as client:
+        client.resolve_model()
+        try:
+            hang.start()
+            r = client.send(CompletionRequest("hang", max_tokens=900, ignore_eos=True))
+        finally:
+            hang.join()
+            os.kill(server.proc.pid, signal.SIGCONT)
+    assert r.status == "timeout" and r.error_class == "ReadTimeout", (r.status, r.error_class)
+    assert len(r.token_ids) < 900 and r.end_ns > r.sent_ns
