@@ -69,8 +69,9 @@ class CompletionRequest:
         return body
 
 
-class _SSEDecoder:
-    """Splits a byte stream into SSE messages, remembering when each message began."""
+class SSEDecoder:
+    """Splits a byte stream into SSE messages' data payloads, each dated by the read that
+    brought its first byte. Comment and ``event:`` lines are ignored."""
 
     def __init__(self) -> None:
         self._buf = b""
@@ -79,7 +80,8 @@ class _SSEDecoder:
     def feed(self, data: bytes, t_ns: int) -> list[tuple[int, str]]:
         if data and self._started_ns is None:
             self._started_ns = t_ns
-        self._buf += data.replace(b"\r\n", b"\n")
+        # normalise on the whole buffer: a CRLF may be split across two reads
+        self._buf = (self._buf + data).replace(b"\r\n", b"\n")
         out: list[tuple[int, str]] = []
         while b"\n\n" in self._buf:
             raw, self._buf = self._buf.split(b"\n\n", 1)
@@ -91,13 +93,14 @@ class _SSEDecoder:
         return out
 
 
-class _RecordBuilder:
-    """Fills a RequestRecord from timestamped reads of an SSE response."""
+class RecordBuilder:
+    """Fills a RequestRecord from timestamped reads of an OpenAI SSE response; any HTTP
+    client can feed it (``feed(bytes, perf_counter_ns)`` per read, then ``finish``)."""
 
     def __init__(self, record: RequestRecord) -> None:
         self.record = record
         self.done = False
-        self._sse = _SSEDecoder()
+        self._sse = SSEDecoder()
 
     def feed(self, data: bytes, t_ns: int) -> None:
         rec = self.record
@@ -195,7 +198,7 @@ class _Exchange:
             scheduled_ns=scheduled_ns if scheduled_ns is not None else now, sent_ns=now,
             prompt=request.prompt, max_tokens=request.max_tokens,
             anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns)
-        self.builder = _RecordBuilder(self.record)
+        self.builder = RecordBuilder(self.record)
         self.deadline_ns = now + int(client.timeout_s * 1e9)
         self._scheduled = scheduled_ns is not None
         self._ended = False
