@@ -3,6 +3,7 @@ while a decode worker is killed under load: records, admin snapshots and events,
 series, and one timeline that puts the kill, the router's reaction and the requests in order."""
 
 import signal
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from harness.probes.admin import AdminClient, WorkerPoller
 from harness.probes.analysis import summarize
 from harness.probes.load import LoadRunner
 from harness.probes.prometheus import PrometheusScraper
+from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.timeline import merge_timeline
 from harness.probes.workload import LoadProfile
 
@@ -69,3 +71,30 @@ def test_probes_observe_a_decode_worker_kill_under_load(tmp_path):
     # the router's monotonic time, placed on this process's wall clock, is after the kill
     # (10 ms allows for reading the two clocks back to back)
     assert tl[i_down]["t_wall_ns"] >= killed_wall - 10_000_000
+
+
+def test_a_request_cut_off_by_a_kill_is_recorded_as_a_stream_error(tmp_path):
+    """With rescheduling off (the router's sabotage knob) a killed decode worker's request ends
+    with the server's SSE error: the record says stream_error with the server's error, not ok."""
+    with Topology(prefill=1, decode=1, preset="tiny", router_config={"reschedule_enabled": False},
+                  log_dir=tmp_path / "pd") as topo:
+        admin = AdminClient(topo.admin_url)
+        decode = next(w["id"] for w in admin.workers() if w["role"] == "decode")
+
+        def kill_when_busy():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if any(w["id"] == decode and w["active_requests"] for w in admin.workers()):
+                    topo.kill(decode, signal.SIGKILL)
+                    return
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        with StreamingClient(topo.api_url, read_timeout_s=60) as client:
+            r = client.send(CompletionRequest("cut me off", max_tokens=900, ignore_eos=True))
+        killer.join()
+        admin.close()
+    assert r.status == "stream_error", (r.status, r.error_class, r.error_message)
+    assert r.error_message and r.error_class not in ("IncompleteStream", "MalformedSSE")
+    assert len(r.token_ids) < 900 and r.served_by in ([], [decode])
