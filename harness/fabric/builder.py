@@ -26,11 +26,13 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.errors import ConfigError, HarnessError
 from harness.fabric.shaping import ShapingSpec, apply_shaping
-from harness.faults.executor import Executor, LocalExecutor
+
+if TYPE_CHECKING:  # harness.faults imports this package: no import cycle at run time
+    from harness.faults.executor import Executor
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ class Fabric:
 
     def __init__(self, config: FabricConfig | None = None, executor: Executor | None = None) -> None:
         self.config = config or FabricConfig()
-        self.ex = executor or LocalExecutor()
+        self.ex = executor or _local()
         p = self.config.prefix
         self.fabric_bridge, self.control_bridge = f"{p}fab", f"{p}ctl"
         fab = list(ipaddress.ip_network(self.config.fabric_subnet).hosts())
@@ -292,7 +294,7 @@ def link_state(ex: Executor, dev: str, netns: str | None = None) -> str:
 
 def leftovers(ex: Executor | None = None, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Every namespace and root-namespace link whose name starts with ``prefix``."""
-    ex = ex or LocalExecutor()
+    ex = ex or _local()
     return ([f"netns {ns}" for ns in list_netns(ex) if ns.startswith(prefix)]
             + [f"link {link}" for link in list_links(ex) if link.startswith(prefix)])
 
@@ -305,3 +307,9 @@ def remove_prefixed(ex: Executor, prefix: str = DEFAULT_PREFIX) -> None:
     for link in list_links(ex):
         if link.startswith(prefix):
             ex.run(["ip", "link", "del", link], timeout=IP_TIMEOUT_S, check=False)
+
+
+def _local() -> Executor:
+    from harness.faults.executor import LocalExecutor
+
+    return LocalExecutor()

@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from harness.errors import ConfigError, ProbeError
-from harness.faults.executor import Executor
+
+if TYPE_CHECKING:  # harness.faults imports this package: no import cycle at run time
+    from harness.faults.executor import Executor
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ class ShapingSpec:
     def __post_init__(self) -> None:
         if not 1e6 <= self.line_rate_bps <= 100e9:
             raise ConfigError(f"fabric line rate {self.line_rate_bps:g} bit/s is out of range",
-                              fix="use 1e6..1e11 bit/s (the bundled default is 1e9: a 2-core machine saturates it while the engine runs)")
+                              fix="use 1e6..1e11 bit/s (the bundled default, 1e9, is what 2 busy cores saturate)")
         if not 1280 <= self.mtu <= 65000:
             raise ConfigError(f"fabric MTU {self.mtu} is out of range", fix="use 1280..65000 (9000 = jumbo frames)")
         if not 0.05 <= self.lossless_share <= 0.95:

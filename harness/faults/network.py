@@ -1,0 +1,364 @@
+"""Fabric faults: NIC port flapping and PFC congestion (a pause storm) on the lossless class.
+
+Both run their pattern as one small shell loop on the target host (through the host's executor,
+so the same fault works on a bundled fabric namespace and over SSH). The loop always ends in the
+healthy state (link up, class restored), stops early when its stop file appears, and removes
+its pid file when it exits; a revert touches the stop file, waits for the loop to be gone, then
+restores once more (idempotent). On a remote host, a NIC flap first arms an on-host timer that
+brings the link up by itself, because taking a NIC down can cut the SSH link that would revert it.
+
+    with runner.active(NicFlap.on_fabric_host(fabric.host(1), period_s=1, duty=0.5, count=3)) as flap:
+        flap.wait_done()                         # flaps end; the engine keeps serving meanwhile
+    with runner.active(PfcStorm.on_fabric_hosts([fabric.host(1)], pause_ms=300, resume_ms=100, bursts=20)):
+        ...                                      # measure the TCP class while the lossless class pauses
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from harness.errors import ConfigError, FaultError
+from harness.fabric.builder import link_state
+from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, change_class_command, read_classes
+from harness.faults.base import Fault, new_fault_id, no_ledger
+from harness.faults.executor import CommandResult, Executor, LocalExecutor, describe_command
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "/tmp/pdh-faults"   # on the target host: loop pid and stop files
+COMMAND_TIMEOUT_S = 15.0
+POLL_S = 0.02
+
+
+class _HostLoop:
+    """A pattern loop on the target host: ``count`` times (inject, sleep on_s, restore, sleep off_s)."""
+
+    def __init__(self, fault_id: str, inject: Sequence[Sequence[str]], restore: Sequence[Sequence[str]],
+                 count: int, on_s: float, off_s: float) -> None:
+        self.pid_file, self.stop_file = f"{STATE_DIR}/{fault_id}.pid", f"{STATE_DIR}/{fault_id}.stop"
+        self.inject, self.restore, self.count, self.on_s, self.off_s = inject, restore, count, on_s, off_s
+        self._thread: threading.Thread | None = None
+        self.result: CommandResult | None = None
+
+    def script(self) -> str:
+        on = "; ".join(shlex.join(a) for a in self.inject)
+        off = "; ".join(shlex.join(a) for a in self.restore)
+        # `date` stamps each transition for the fault record; the trap restores on TERM/INT/HUP
+        return (f"mkdir -p {STATE_DIR}; echo $$ > {self.pid_file}; "
+                f"trap '{off}; rm -f {self.pid_file}; exit 0' TERM INT HUP; i=0; "
+                f"while [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; do "
+                f"{on}; echo \"on $(date +%s.%N)\"; sleep {self.on_s:g}; "
+                f"{off}; echo \"off $(date +%s.%N)\"; i=$((i+1)); "
+                f"if [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; then sleep {self.off_s:g}; fi; "
+                f"done; rm -f {self.pid_file}")
+
+    def argv(self) -> list[str]:
+        return ["sh", "-c", self.script()]
+
+    @property
+    def duration_s(self) -> float:
+        return self.count * (self.on_s + self.off_s)
+
+    def start(self, ex: Executor) -> None:
+        ex.run(["rm", "-f", self.stop_file], timeout=COMMAND_TIMEOUT_S, check=False)
+
+        def run() -> None:
+            self.result = ex.run(self.argv(), timeout=self.duration_s + 60, check=False)
+
+        self._thread = threading.Thread(target=run, name=f"fault-loop-{self.pid_file}", daemon=True)
+        self._thread.start()
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout_s: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    def transitions(self) -> list[tuple[str, float]]:
+        if self.result is None:
+            return []
+        return [(w, float(t)) for w, t in (line.split() for line in self.result.stdout.splitlines()
+                                           if line.startswith(("on ", "off ")))]
+
+    def stop(self, ex: Executor) -> str:
+        """Ask the loop to end, wait until it is gone (it may be a crashed run's), restore once more."""
+        ex.run(["sh", "-c", f"mkdir -p {STATE_DIR} && touch {self.stop_file}"], timeout=COMMAND_TIMEOUT_S)
+        limit = self.on_s + self.off_s + 10
+        deadline = time.monotonic() + limit
+        if self._thread is not None:
+            self.wait(limit)
+        while ex.run(["test", "-e", self.pid_file], timeout=COMMAND_TIMEOUT_S, check=False).rc == 0:
+            if time.monotonic() > deadline:
+                raise FaultError(f"the fault loop ({self.pid_file}) did not stop within {limit:.0f} s",
+                                 fix=f"kill the process in {self.pid_file} on the host, then revert again")
+            time.sleep(0.1)  # the loop finishes its current sleep, then sees the stop file
+        for argv in self.restore:
+            ex.run(list(argv), timeout=COMMAND_TIMEOUT_S)
+        ex.run(["rm", "-f", self.stop_file, self.pid_file], timeout=COMMAND_TIMEOUT_S, check=False)
+        return "loop stopped; restored"
+
+
+def _ip(netns: str | None, *args: str) -> list[str]:
+    return ["ip", *(["-n", netns] if netns else []), *args]
+
+
+def _where(device: str, netns: str | None) -> str:
+    return f"{device}{f' in {netns}' if netns else ''}"
+
+
+@dataclass
+class NicFlap(Fault):
+    """Take a NIC down and up ``count`` times: down ``duty * period_s``, then up for the rest."""
+
+    kind: ClassVar[str] = "nic_flap"
+
+    device: str = "fab0"
+    netns: str | None = None           # the host's namespace on the bundled fabric; None on a real host
+    host: str = "localhost"
+    period_s: float = 1.0
+    duty: float = 0.5                  # fraction of each period the link is down
+    count: int = 3
+    safety_timer_s: float | None = None  # remote hosts: the on-host timer that brings the link up
+    fault_id: str = field(default_factory=new_fault_id)
+    _loop: Any = no_ledger(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.device:
+            raise ConfigError("nic_flap needs a device", fix="name the fabric NIC, e.g. fab0 or eth1")
+        if not 0.05 <= self.period_s <= 600 or not 0.05 <= self.duty <= 0.95:
+            raise ConfigError(f"nic_flap period_s {self.period_s} / duty {self.duty} out of range",
+                              fix="use period_s in 0.05..600 and duty in 0.05..0.95")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= 1000:
+            raise ConfigError(f"nic_flap count must be an integer in 1..1000, got {self.count!r}",
+                              fix="pass e.g. count=3")
+        if self.safety_timer_s is None:
+            self.safety_timer_s = self.count * self.period_s + 30.0
+        self._loop = _HostLoop(self.fault_id, [self._set("down")], [self._set("up")], self.count,
+                               self.period_s * self.duty, self.period_s * (1 - self.duty))
+
+    @classmethod
+    def on_fabric_host(cls, fabric_host: Any, **kwargs: Any) -> NicFlap:
+        """Flap the fabric NIC of a bundled-fabric host (a FabricHost)."""
+        return cls(device=fabric_host.fabric_dev, netns=fabric_host.netns, **kwargs)
+
+    @property
+    def target(self) -> str:
+        return f"{_where(self.device, self.netns)} @ {self.host}"
+
+    def _set(self, state: str) -> list[str]:
+        return _ip(self.netns, "link", "set", "dev", self.device, state)
+
+    def _safety_argv(self) -> list[str]:
+        return ["sh", "-c", f"(sleep {self.safety_timer_s:g}; {shlex.join(self._set('up'))}) "
+                            ">/dev/null 2>&1 </dev/null &"]
+
+    def prepare(self, ex: Executor) -> str:
+        state = link_state(ex, self.device, self.netns)
+        if state != "UP":
+            raise FaultError(f"nic_flap: {self.target} is {state}, not UP, before the fault",
+                             fix="bring the link up (or fix the fabric) before flapping it")
+        return f"{self.target} is UP"
+
+    def inject(self, ex: Executor) -> str:
+        armed = ""
+        if not isinstance(ex, LocalExecutor):  # a NIC down can cut our SSH link: the host reverts alone
+            ex.run(self._safety_argv(), timeout=COMMAND_TIMEOUT_S)
+            armed = f"; on-host timer brings it up after {self.safety_timer_s:g} s"
+        self._loop.start(ex)
+        return (f"flapping {self.target}: {self.count} x (down {self._loop.on_s:g} s, up {self._loop.off_s:g} s)"
+                f"{armed}")
+
+    def verify(self, ex: Executor) -> str:
+        t0 = time.monotonic()
+        deadline = t0 + self.period_s * 2 + 5
+        while time.monotonic() < deadline:
+            state = link_state(ex, self.device, self.netns)
+            if state != "UP":
+                return f"{self.target} operstate {state} {time.monotonic() - t0:.2f} s after the flap started"
+            if not self._loop.running() and self._loop.result is not None:
+                break
+            time.sleep(POLL_S)  # polling operstate while the loop takes the link down
+        raise FaultError(f"nic_flap: {self.target} never left operstate UP "
+                         f"({self._loop.result.stderr.strip() if self._loop.result else 'loop running'})",
+                         fix="check that `ip link set dev X down` works on the host (root, right namespace)")
+
+    def wait_done(self, timeout_s: float | None = None) -> list[tuple[str, float]]:
+        """Block until the flaps ran their course; returns the ("on"=down / "off"=up, wall time) transitions."""
+        if not self._loop.wait(timeout_s if timeout_s is not None else self._loop.duration_s + 30):
+            raise FaultError(f"nic_flap on {self.target} did not finish its {self.count} flaps in time",
+                             fix="check the host's load")
+        return self._loop.transitions()
+
+    def revert(self, ex: Executor) -> str:
+        return f"{self.target}: {self._loop.stop(ex)} (link up)"
+
+    def verify_reverted(self, ex: Executor) -> str:
+        deadline = time.monotonic() + 10
+        while (state := link_state(ex, self.device, self.netns)) != "UP":
+            if time.monotonic() > deadline:
+                raise FaultError(f"nic_flap: {self.target} is {state} 10 s after the revert",
+                                 fix=f"bring it up by hand: {shlex.join(self._set('up'))} on {self.host}")
+            time.sleep(0.05)  # carrier comes back asynchronously
+        return f"{self.target} operstate UP"
+
+    def plan(self) -> list[str]:
+        state = shlex.join(_ip(self.netns, "-j", "link", "show", "dev", self.device))
+        return [
+            f"prepare: {self.host}$ {state}  # refuse unless operstate is UP",
+            f"inject: {describe_command(self.host, self._safety_argv())}  # remote hosts only",
+            f"inject: {describe_command(self.host, self._loop.argv())}",
+            f"verify: {self.host}$ {state}  # poll until operstate is not UP",
+            f"revert: {self.host}$ touch {self._loop.stop_file}; wait for {self._loop.pid_file} to vanish; "
+            f"{shlex.join(self._set('up'))}",
+            f"verify_reverted: {self.host}$ {state}  # poll until operstate is UP, up to 10 s",
+        ]
+
+
+@dataclass
+class PfcStorm(Fault):
+    """Pause the lossless class on one or more fabric NICs in bursts (pause ``pause_ms``, resume
+    ``resume_ms``, ``bursts`` times): the class's rate drops to ``pause_rate_bps`` as if the port
+    kept receiving PFC pause frames for that priority. Other classes are untouched."""
+
+    kind: ClassVar[str] = "pfc_storm"
+
+    nics: list[list[Any]] = field(default_factory=list)   # [[netns or None, device], ...]
+    host: str = "localhost"
+    classid: str = LOSSLESS_CLASS
+    pause_ms: float = 300.0
+    resume_ms: float = 100.0
+    bursts: int = 20
+    pause_rate_bps: float = PAUSE_RATE_BPS
+    saved: dict[str, list[float]] = field(default_factory=dict)  # "netns/dev" -> [rate, ceil, burst, prio]
+    fault_id: str = field(default_factory=new_fault_id)
+    _loop: Any = no_ledger(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.nics or any(len(n) != 2 or not n[1] for n in self.nics):
+            raise ConfigError(f"pfc_storm needs [[netns or null, device], ...], got {self.nics!r}",
+                              fix="name at least one fabric NIC")
+        if not 1 <= self.pause_ms <= 60000 or not 0 <= self.resume_ms <= 60000:
+            raise ConfigError(f"pfc_storm pause_ms {self.pause_ms} / resume_ms {self.resume_ms} out of range",
+                              fix="use pause_ms in 1..60000 and resume_ms in 0..60000")
+        if isinstance(self.bursts, bool) or not isinstance(self.bursts, int) or not 1 <= self.bursts <= 100000:
+            raise ConfigError(f"pfc_storm bursts must be an integer >= 1, got {self.bursts!r}", fix="pass e.g. 20")
+        if self.saved:
+            self._build_loop()
+
+    @classmethod
+    def on_fabric_hosts(cls, fabric_hosts: Sequence[Any], **kwargs: Any) -> PfcStorm:
+        """Storm the fabric NICs (host TX side) of bundled-fabric hosts (FabricHosts)."""
+        return cls(nics=[[h.netns, h.fabric_dev] for h in fabric_hosts], **kwargs)
+
+    @property
+    def target(self) -> str:
+        return f"class {self.classid} on {', '.join(_where(d, n) for n, d in self.nics)} @ {self.host}"
+
+    @staticmethod
+    def _key(netns: str | None, dev: str) -> str:
+        return f"{netns or ''}/{dev}"
+
+    def _pause(self) -> list[list[str]]:
+        return [change_class_command(dev, ns, self.classid, self.pause_rate_bps, self.pause_rate_bps, 1600,
+                                     int(self.saved[self._key(ns, dev)][3])) for ns, dev in self.nics]
+
+    def _restore(self) -> list[list[str]]:
+        out = []
+        for ns, dev in self.nics:
+            rate, ceil, burst, prio = self.saved[self._key(ns, dev)]
+            out.append(change_class_command(dev, ns, self.classid, rate, ceil, int(burst), int(prio)))
+        return out
+
+    def _build_loop(self) -> None:
+        self._loop = _HostLoop(self.fault_id, self._pause(), self._restore(), self.bursts,
+                               self.pause_ms / 1000, self.resume_ms / 1000)
+
+    def prepare(self, ex: Executor) -> str:
+        for ns, dev in self.nics:
+            classes = read_classes(ex, dev, ns)
+            cls = classes.get(self.classid)
+            if cls is None:
+                raise FaultError(f"pfc_storm: {_where(dev, ns)} has no class {self.classid} "
+                                 f"(found {sorted(classes) or 'none'})",
+                                 fix="storm a NIC shaped by harness.fabric (or name its lossless class)")
+            if cls.rate_bps <= self.pause_rate_bps * 2:
+                raise FaultError(f"pfc_storm: class {self.classid} on {_where(dev, ns)} is already paused "
+                                 f"({cls.rate_bps:g} bit/s)", fix="revert the earlier storm first (harness revert)")
+            self.saved[self._key(ns, dev)] = [cls.rate_bps, cls.ceil_bps, cls.burst_bytes, cls.prio or 0]
+        self._build_loop()
+        return "saved " + ", ".join(f"{k}: rate {v[0]:g} ceil {v[1]:g}" for k, v in self.saved.items())
+
+    def inject(self, ex: Executor) -> str:
+        self._loop.start(ex)
+        return (f"pausing {self.target}: {self.bursts} x (pause {self.pause_ms:g} ms at {self.pause_rate_bps:g} "
+                f"bit/s, resume {self.resume_ms:g} ms)")
+
+    def counters(self, ex: Executor) -> dict[str, dict[str, float]]:
+        """Per NIC: the lossless class's rate, bytes sent, overlimits, drops and backlog now."""
+        out = {}
+        for ns, dev in self.nics:
+            c = read_classes(ex, dev, ns).get(self.classid)
+            if c is not None:
+                out[self._key(ns, dev)] = {"rate_bps": c.rate_bps, "sent_bytes": c.sent_bytes,
+                                           "overlimits": c.overlimits, "dropped": c.dropped,
+                                           "backlog_bytes": c.backlog_bytes}
+        return out
+
+    def verify(self, ex: Executor) -> str:
+        t0 = time.monotonic()
+        deadline = t0 + (self.pause_ms + self.resume_ms) / 1000 * 2 + 5
+        paused: set[str] = set()
+        while time.monotonic() < deadline and len(paused) < len(self.nics):
+            for key, c in self.counters(ex).items():
+                if c["rate_bps"] <= self.pause_rate_bps * 2:
+                    paused.add(key)
+            time.sleep(POLL_S)  # polling tc while the loop changes the class
+        if len(paused) < len(self.nics):
+            missing = [self._key(n, d) for n, d in self.nics if self._key(n, d) not in paused]
+            raise FaultError(f"pfc_storm: class {self.classid} was never seen paused on {missing}",
+                             fix="check that `tc class change` works on the host (root, right namespace)")
+        return f"class {self.classid} seen paused on {len(paused)} NIC(s) after {time.monotonic() - t0:.2f} s"
+
+    def wait_done(self, timeout_s: float | None = None) -> list[tuple[str, float]]:
+        """Block until every burst ran; returns the ("on"=pause / "off"=resume, wall time) transitions."""
+        if not self._loop.wait(timeout_s if timeout_s is not None else self._loop.duration_s + 30):
+            raise FaultError(f"pfc_storm on {self.target} did not finish its bursts in time", fix="check the load")
+        return self._loop.transitions()
+
+    def revert(self, ex: Executor) -> str:
+        if self._loop is None:
+            return "nothing saved, nothing was changed"
+        return f"{self.target}: {self._loop.stop(ex)} (class parameters put back)"
+
+    def verify_reverted(self, ex: Executor) -> str:
+        for ns, dev in self.nics:
+            c = read_classes(ex, dev, ns).get(self.classid)
+            rate, ceil = self.saved[self._key(ns, dev)][:2]
+            if c is None or abs(c.rate_bps - rate) > rate * 0.01 or abs(c.ceil_bps - ceil) > ceil * 0.01:
+                raise FaultError(f"pfc_storm: class {self.classid} on {_where(dev, ns)} is "
+                                 f"{'gone' if c is None else f'rate {c.rate_bps:g} ceil {c.ceil_bps:g}'}, "
+                                 f"expected rate {rate:g} ceil {ceil:g}",
+                                 fix="restore it by hand with `tc class change` (see the fault's plan)")
+        return f"class {self.classid} restored on {len(self.nics)} NIC(s)"
+
+    def plan(self) -> list[str]:
+        shows = [f"tc{f' -n {ns}' if ns else ''} -s class show dev {dev}" for ns, dev in self.nics]
+        lines = [f"prepare: {self.host}$ {s}  # save rate/ceil/burst/prio of {self.classid}" for s in shows]
+        if self._loop is not None:
+            lines.append(f"inject: {describe_command(self.host, self._loop.argv())}")
+        else:
+            lines.append(f"inject: {self.host}$ sh -c '<{self.bursts} x pause {self.pause_ms:g} ms / resume "
+                         f"{self.resume_ms:g} ms of {self.classid} with tc class change>'")
+        lines += [f"verify: {self.host}$ {s}  # poll until the rate is {self.pause_rate_bps:g} bit/s" for s in shows]
+        lines.append(f"revert: {self.host}$ touch {STATE_DIR}/{self.fault_id}.stop; wait for the loop to exit; "
+                     "tc class change back to the saved parameters")
+        lines += [f"verify_reverted: {self.host}$ {s}  # rate and ceil equal the saved ones" for s in shows]
+        return lines
