@@ -88,7 +88,7 @@ class Frame:
     layer_end: int = 0
     dtype: torch.dtype = torch.uint8
     shape: tuple[int, ...] = (0,)
-    payload: bytes | bytearray = b""  # raw (uncompressed) bytes
+    payload: bytes | bytearray | memoryview = b""  # raw (uncompressed) bytes
     aux: int = 0
 
     @classmethod
@@ -96,8 +96,8 @@ class Frame:
         """kv: [layers, 2, tokens, kv_heads, head_dim], any device; copied to host bytes."""
         if kv.dtype not in _DTYPE_CODES:
             raise KVIntegrityError(f"dtype {kv.dtype} cannot be sent; supported: {sorted(map(str, _DTYPE_CODES))}")
-        host = kv.detach().to("cpu").contiguous()
-        raw = host.view(torch.uint8).numpy().tobytes() if host.numel() else b""
+        raw, host = host_buffer(tuple(kv.shape), kv.dtype)
+        host.copy_(kv.detach())  # the only copy on the send side: device/strided -> wire bytes
         return cls(FrameKind.DATA, request_id, layer_start, layer_start + kv.shape[0], kv.dtype,
                    tuple(kv.shape), raw)
 
@@ -107,8 +107,8 @@ class Frame:
         return cls(FrameKind.REPLY, request_id, shape=(len(data),), payload=data)
 
     def tensor(self) -> torch.Tensor:
-        buf = self.payload if isinstance(self.payload, bytearray) else bytearray(self.payload)
-        if not buf:
+        buf = self.payload if isinstance(self.payload, (bytearray, memoryview)) else bytearray(self.payload)
+        if not len(buf):
             return torch.empty(self.shape, dtype=self.dtype)
         return torch.frombuffer(buf, dtype=torch.uint8).view(self.dtype).reshape(self.shape)
 
@@ -116,9 +116,16 @@ class Frame:
         return json.loads(bytes(self.payload).decode())
 
 
+def host_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[memoryview, torch.Tensor]:
+    """Uninitialised host memory as wire bytes and as a tensor of ``shape`` viewing them, so a
+    tensor copy lands straight in the frame payload (no zero-fill, no second copy)."""
+    flat = torch.empty(math.prod(shape) * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
+    return memoryview(flat.numpy()), flat.view(dtype).view(shape)
+
+
 def encode_frame(frame: Frame, compressor: zstandard.ZstdCompressor | None = None) -> tuple[bytes, bytes]:
     """Return (header, wire payload); the header ends with the crc32c of itself."""
-    raw = bytes(frame.payload)
+    raw = frame.payload
     wire, flags = raw, 0
     if compressor is not None and raw:
         wire, flags = compressor.compress(raw), FLAG_ZSTD
@@ -145,6 +152,20 @@ def _recv_exact(sock: socket.socket, n: int, *, at_boundary: bool = False) -> by
     return buf
 
 
+def _recv_payload(sock: socket.socket, n: int) -> tuple[memoryview, int]:
+    """Receive n payload bytes into uninitialised memory, checksumming each slice while it is
+    still in cache; returns (bytes, crc32c)."""
+    view = memoryview(torch.empty(n, dtype=torch.uint8).numpy()) if n else memoryview(bytearray())
+    got, crc = 0, 0
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, _SEND_SLICE))
+        if k == 0:
+            raise TruncatedFrameError(f"connection closed after {got} of {n} payload bytes")
+        crc = crc32c.crc32c(view[got:got + k], crc)
+        got += k
+    return view, crc
+
+
 def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31) -> Frame | None:
     """Read and verify one frame; None on a clean end of stream between frames."""
     fixed = _recv_exact(sock, _FIXED.size, at_boundary=True)
@@ -165,18 +186,19 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31) -> Frame | N
                                 reason="too_large", in_sync=False)
     shape = struct.unpack(f"!{ndim}I", bytes(var[:4 * ndim]))
     rid = bytes(var[4 * ndim:4 * ndim + rid_len]).decode(errors="replace")
-    payload = _recv_exact(sock, wire_len) if wire_len else bytearray()
+    payload, crc = _recv_payload(sock, wire_len)
     try:
         kind, dtype = FrameKind(kind), _DTYPES[dtype_code]
     except (ValueError, KeyError):
         raise CorruptFrameError(f"unknown kind {kind} or dtype code {dtype_code}", reason="header",
                                 in_sync=True) from None
-    if crc32c.crc32c(payload) != payload_crc:
+    if crc != payload_crc:
         raise CorruptFrameError(f"payload crc32c mismatch in {kind.name} frame of {rid} layers {ls}-{le}",
                                 reason="crc", in_sync=True)
     if flags & FLAG_ZSTD:
         try:
-            payload = bytearray(zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len))
+            payload = memoryview(bytearray(zstandard.ZstdDecompressor().decompress(payload,
+                                                                                     max_output_size=raw_len)))
         except zstandard.ZstdError as exc:
             raise CorruptFrameError(f"zstd: {exc}", reason="codec", in_sync=True) from exc
     if len(payload) != raw_len or raw_len != math.prod(shape) * dtype.itemsize:
@@ -300,7 +322,8 @@ class KVSender:
         self._on_event = on_event or (lambda kind, **kw: None)
         self._compressor = zstandard.ZstdCompressor(level=config.zstd_level) if config.compression else None
         self._frames: dict[int, tuple[int, int, bytes, bytes]] = {}  # start -> (start, end, head, wire)
-        self._pending: list[tuple[int, torch.Tensor]] = []          # layers not yet in a frame
+        self._open: tuple[int, int, bytearray, torch.Tensor] | None = None  # frame being filled
+        self._last_layer = -1
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stream_sock: socket.socket | None = None
         self._stream_broken = False
@@ -316,14 +339,19 @@ class KVSender:
     # -- producer side (prefill loop)
     def send_layer(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [tokens, kv_heads, head_dim] of layer ``layer_idx``; layers arrive in order."""
-        if self._pending and layer_idx != self._pending[-1][0] + 1:
-            raise KVIntegrityError(f"layer {layer_idx} arrived after layer {self._pending[-1][0]}")
-        self._pending.append((layer_idx, torch.stack((k.detach(), v.detach())).to("cpu")))  # [2, T, H, D]
-        if len(self._pending) == self.config.layers_per_frame or layer_idx == self.num_layers - 1:
-            start = self._pending[0][0]
-            kv = torch.stack([t for _, t in self._pending])  # [layers, 2, T, H, D]
-            self._pending = []
-            self._queue.put((start, kv))
+        if layer_idx != self._last_layer + 1 or layer_idx >= self.num_layers:
+            raise KVIntegrityError(f"layer {layer_idx} arrived after layer {self._last_layer} "
+                                   f"(of {self.num_layers})", fix="call send_layer once per layer, in order")
+        self._last_layer = layer_idx
+        if self._open is None:
+            n = min(self.config.layers_per_frame, self.num_layers - layer_idx)
+            self._open = (layer_idx, n, *host_buffer((n, 2, *k.shape), k.dtype))  # [n, 2, T, H, D]
+        start, n, raw, buf = self._open
+        buf[layer_idx - start, 0].copy_(k.detach())
+        buf[layer_idx - start, 1].copy_(v.detach())
+        if layer_idx - start + 1 == n:
+            self._open = None
+            self._queue.put(Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, tuple(buf.shape), raw))
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -380,21 +408,21 @@ class KVSender:
     def _covered(self) -> set[int]:
         return {layer for s, e, _, _ in self._frames.values() for layer in range(s, e)}
 
-    def _encode(self, start: int, kv: torch.Tensor) -> tuple[int, int, bytes, bytes]:
-        head, wire = encode_frame(Frame.from_tensor(self.request_id, start, kv), self._compressor)
-        entry = (start, start + kv.shape[0], head, wire)
-        self._frames[start] = entry
+    def _encode(self, frame: Frame) -> tuple[int, int, bytes, bytes]:
+        head, wire = encode_frame(frame, self._compressor)
+        entry = (frame.layer_start, frame.layer_end, head, wire)
+        self._frames[frame.layer_start] = entry
         return entry
 
     def _encode_all_queued(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._encode(*item)
+        while (frame := self._queue.get()) is not None:
+            self._encode(frame)
 
     def _stream(self) -> None:
         """Layer-wise mode: send each frame as soon as its layers are computed."""
         t_path = None
-        while (item := self._queue.get()) is not None:
-            entry = self._encode(*item)
+        while (frame := self._queue.get()) is not None:
+            entry = self._encode(frame)
             if self._stream_broken or self._cancelled.is_set():
                 continue
             try:

@@ -1,0 +1,134 @@
+"""KV transfer goodput against a raw TCP socket moving the same bytes on the same path.
+
+For each size (tokens of context) this builds the KV of one request with the shape of a model
+preset ([layers, 2, tokens, kv_heads, head_dim]), sends it with KVSender to a KVReceiver whose
+sink copies every verified layer into a preallocated cache tensor, and times it from the first
+layer handed over to the receiver's commit. The baseline in the same run: one ``sendall`` of
+the same number of bytes over a fresh TCP connection to a ``recv_into`` loop, timed to the
+receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
+
+    .venv/bin/python bench/bench_transfer.py                 # small preset, 128 .. 32768 tokens
+    .venv/bin/python bench/bench_transfer.py --compression zstd --sizes 128,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import threading
+import time
+
+import torch
+
+from harness.engine.config import ModelConfig
+from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
+                                     TransferStats)
+
+
+class CacheSink:
+    """Copies verified layers into a preallocated tensor, as a decode worker writes its cache."""
+
+    def __init__(self) -> None:
+        self.layouts: dict[str, KVLayout] = {}
+        self.cache: dict[str, torch.Tensor] = {}
+        self.done: dict[str, threading.Event] = {}
+
+    def expect(self, rid: str, layout: KVLayout) -> None:
+        self.layouts[rid] = layout
+        # zeroed up front: a decode worker's KV pool is allocated and touched once at start-up
+        self.cache[rid] = torch.zeros(layout.num_layers, 2, layout.num_tokens, layout.num_kv_heads,
+                                      layout.head_dim, dtype=layout.dtype)
+        self.done[rid] = threading.Event()
+
+    def kv_layout(self, rid):
+        return self.layouts.get(rid)
+
+    def kv_write(self, rid, layer_start, kv):
+        self.cache[rid][layer_start:layer_start + kv.shape[0]].copy_(kv)
+
+    def kv_complete(self, rid, first_token_id):
+        self.done[rid].set()
+
+
+def raw_tcp_seconds(host: str, nbytes: int) -> float:
+    """One sendall of nbytes to a recv_into loop; timed until the receiver acknowledges."""
+    payload = bytearray(nbytes)
+    srv = socket.create_server((host, 0))
+
+    def receive() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            buf = memoryview(bytearray(1 << 22))
+            got = 0
+            while got < nbytes:
+                n = conn.recv_into(buf)
+                if not n:
+                    break
+                got += n
+            conn.sendall(b"k")
+
+    t = threading.Thread(target=receive)
+    t.start()
+    try:
+        with socket.create_connection(srv.getsockname()[:2]) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t0 = time.perf_counter()
+            c.sendall(payload)
+            c.recv(1)
+            return time.perf_counter() - t0
+    finally:
+        t.join()
+        srv.close()
+
+
+def kv_seconds(endpoint: Endpoint, sink: CacheSink, kv: torch.Tensor, rid: str, config: TransferConfig) -> float:
+    layout = KVLayout(kv.shape[0], kv.shape[2], kv.shape[3], kv.shape[4], kv.dtype)
+    sink.expect(rid, layout)
+    t0 = time.perf_counter()
+    sender = KVSender(rid, kv.shape[0], endpoint, None, config, TransferStats())
+    for layer in range(kv.shape[0]):
+        sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+    sender.finish(0)
+    seconds = time.perf_counter() - t0
+    assert torch.equal(sink.cache[rid], kv), "received KV differs from what was sent"
+    del sink.cache[rid]
+    return seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--sizes", default="128,512,2048,8192,32768", help="tokens of context, comma-separated")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--host", default="127.0.0.1", help="address both ends use (the path under test)")
+    p.add_argument("--compression", choices=("zstd",), default=None)
+    args = p.parse_args()
+    cfg = ModelConfig.from_name(args.preset)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    sink = CacheSink()
+    receiver = KVReceiver(sink, TransferStats())
+    endpoint = Endpoint(*receiver.listen(args.host, 0, PATH_FABRIC), PATH_FABRIC)
+    config = TransferConfig(compression=args.compression, timeout_s=60)
+    print(f"preset {cfg.name}: {cfg.kv_bytes_per_token()} KV bytes/token ({cfg.dtype}), {cfg.n_layers} layers, "
+          f"host {args.host}, compression {args.compression}, median of {args.repeats}")
+    print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}")
+    try:
+        for tokens in sizes:
+            g = torch.Generator().manual_seed(tokens)
+            kv = torch.randn(cfg.n_layers, 2, tokens, cfg.n_kv_heads, cfg.head_dim, generator=g,
+                             dtype=torch.float32).to(cfg.torch_dtype)  # [L, 2, T, H, D]
+            nbytes = kv.numel() * kv.element_size()
+            raw, ours = [], []
+            for r in range(args.repeats):  # interleaved so drift hits both alike
+                raw.append(raw_tcp_seconds(args.host, nbytes))
+                ours.append(kv_seconds(endpoint, sink, kv, f"bench-{tokens}-{r}", config))
+            raw_gbs, kv_gbs = nbytes / statistics.median(raw) / 1e9, nbytes / statistics.median(ours) / 1e9
+            print(f"{tokens:>7} {nbytes / 2**20:>8.1f} {raw_gbs:>9.2f} {kv_gbs:>8.2f} {kv_gbs / raw_gbs:>7.2f}",
+                  flush=True)
+    finally:
+        receiver.close()
+
+
+if __name__ == "__main__":
+    main()
