@@ -352,10 +352,17 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
 
 
 @pytest.fixture
-def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conformance) -> Iterator[Any]:
+def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conformance,
+           pytestconfig: pytest.Config) -> Iterator[Any]:
     """A FaultRunner bound to the cluster (see :func:`make_fault_runner`); records every activity
     into the report and reverts whatever is still active when the test ends, however it ends."""
+    from rich.markup import escape
+
     runner = make_fault_runner(cluster, dry_run=harness_options.dry_run)
+    styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
+    runner.listeners.append(lambda rec: _print(
+        pytestconfig, f"  fault {rec.action.value:<15} {rec.kind} {escape(rec.target)}: "
+                      f"[{styles.get(rec.status.value, '')}]{rec.status.value}[/] ({rec.duration_s:.2f} s)"))
     try:
         with runner:
             yield runner
