@@ -56,8 +56,9 @@ class BandwidthResult:
 
 
 def measure_bulk(sender: Station, receiver: Station, *, port: int, duration_s: float = 3.0,
-                 tool: str = "auto", timeout_s: float = 60.0) -> BandwidthResult:
-    """One bulk TCP flow ``sender -> receiver`` on ``port`` for about ``duration_s`` seconds."""
+                 tool: str = "auto", timeout_s: float = 60.0, allow_zero: bool = False) -> BandwidthResult:
+    """One bulk TCP flow ``sender -> receiver`` on ``port`` for about ``duration_s`` seconds.
+    ``allow_zero``: a flow that moved nothing is a measurement (0 bit/s), not an error."""
     if tool not in TOOLS:
         raise ConfigError(f"bandwidth tool {tool!r} is unknown", fix=f"use one of {TOOLS}")
     if not 0.5 <= duration_s <= 300:
@@ -66,7 +67,9 @@ def measure_bulk(sender: Station, receiver: Station, *, port: int, duration_s: f
         tool = "iperf3" if shutil.which("iperf3") else "python"
     run = _iperf3 if tool == "iperf3" else _python
     bps, nbytes, seconds = run(sender, receiver, port, duration_s, timeout_s)
-    if nbytes <= 0 or seconds <= 0:
+    if (nbytes <= 0 or seconds <= 0) and allow_zero:
+        bps, nbytes, seconds = 0.0, 0, duration_s
+    elif nbytes <= 0 or seconds <= 0:
         raise ProbeError(f"bulk transfer {sender.name} -> {receiver.name} moved nothing",
                          fix="check that the fabric link between them is up")
     result = BandwidthResult(bps, nbytes, seconds, tool, port, sender.name or sender.address,
