@@ -73,9 +73,9 @@ def test_probes_observe_a_decode_worker_kill_under_load(tmp_path):
     assert tl[i_down]["t_wall_ns"] >= killed_wall - 10_000_000
 
 
-def test_a_request_cut_off_by_a_kill_is_recorded_as_a_stream_error(tmp_path):
+def test_a_request_cut_off_by_a_kill_is_recorded_with_the_servers_error(tmp_path):
     """With rescheduling off (the router's sabotage knob) a killed decode worker's request ends
-    with the server's SSE error: the record says stream_error with the server's error, not ok."""
+    with the server's error, and the record says so (never ok, never a silent end)."""
     with Topology(prefill=1, decode=1, preset="tiny", router_config={"reschedule_enabled": False},
                   log_dir=tmp_path / "pd") as topo:
         admin = AdminClient(topo.admin_url)
@@ -95,6 +95,8 @@ def test_a_request_cut_off_by_a_kill_is_recorded_as_a_stream_error(tmp_path):
             r = client.send(CompletionRequest("cut me off", max_tokens=900, ignore_eos=True))
         killer.join()
         admin.close()
-    assert r.status == "stream_error", (r.status, r.error_class, r.error_message)
+    # killed after its first token: an SSE error mid-stream; before it: the server answers an HTTP error
+    expected = "stream_error" if r.token_ids else "http_error"
+    assert r.status == expected, (r.status, r.error_class, r.error_message, len(r.token_ids))
     assert r.error_message and r.error_class not in ("IncompleteStream", "MalformedSSE")
     assert len(r.token_ids) < 900 and r.served_by in ([], [decode])
