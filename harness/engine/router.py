@@ -392,6 +392,10 @@ class Router:
                                  error=msg.get("error"))
             elif kind == "prefill_done":
                 self._kv_arrived(att)
+                self._event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
+                            mode=self.config.transfer.get("mode", "layerwise"), prefill_s=msg["prefill_s"],
+                            transfer_s=msg["seconds"], bytes=msg["bytes"], path=msg["path"],
+                            retries=msg["retries"], fallback=msg["fallback"])
             elif kind in ("import_failed", "prefill_failed"):
                 raise _Lost(f"{kind} on {msg.get('worker')}: {msg.get('error')}", msg.get("worker"), time.monotonic())
             elif kind == "worker_lost":
@@ -551,6 +555,21 @@ def admin_api(router: Router) -> APIRouter:
     @api.get("/config")
     async def config() -> dict:
         return asdict(router.config)
+
+    @api.post("/transfer")
+    async def transfer(request: Request) -> dict:
+        """Replace the KV transfer settings sent with every later prefill (TransferConfig fields)."""
+        try:
+            spec = await request.json()
+        except ValueError:
+            raise InvalidRequestError("transfer body must be JSON, e.g. {\"mode\": \"whole\"}", param="transfer")
+        try:
+            TransferConfig.from_dict(spec if isinstance(spec, dict) else {"": spec})
+        except ConfigError as exc:
+            raise InvalidRequestError(str(exc), param="transfer") from None
+        router.config.transfer = dict(spec)
+        router._event("transfer_config", **spec)
+        return dict(spec)
 
     @api.post("/workers/{worker_id}/fault")
     async def fault(worker_id: str, request: Request) -> dict:
