@@ -100,7 +100,8 @@ def test_token_id_prompt_and_stop_string_follow_the_oracle(engine):
 
 def test_chat_completion_uses_the_chat_template_and_max_completion_tokens(engine):
     messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Where does "}, {"type": "text", "text": "KV go?"}]}]
+                {"role": "user", "content": [{"type": "text", "text": "Where does "},
+                                             {"type": "text", "text": "KV go?"}]}]
     flat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where does KV go?"}]
     prompt_ids = TOK.encode(TOK.apply_chat_template(flat))
 
@@ -420,15 +421,16 @@ def test_extra_routers_and_registry_share_the_error_shape_and_the_scrape(engine)
     async def go():
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
-            return [await http.get("/admin/level", params={"n": 2}), await http.get("/admin/level", params={"n": "x"}),
+            return [await http.get("/admin/level", params={"n": 2}),
+                    await http.get("/admin/level", params={"n": "x"}),
                     await http.post("/admin/busy"), await http.post("/admin/bug"), await http.get("/metrics")]
 
     ok, bad, busy_r, bug_r, metrics = asyncio.run(go())
     assert ok.json() == {"level": 2}
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.n"
     assert busy_r.status_code == 429 and busy_r.headers["retry-after"] == "2"
-    assert busy_r.json()["error"] == {"message": "admission queue is full; retry later", "type": "rate_limit_error",
-                                      "param": None, "code": "overloaded"}
+    assert busy_r.json()["error"] == {"message": "admission queue is full; retry later",
+                                      "type": "rate_limit_error", "param": None, "code": "overloaded"}
     assert bug_r.status_code == 500 and bug_r.json()["error"]["code"] == "internal_error"
     assert "secret" not in bug_r.text and "Traceback" not in bug_r.text
     s = metric_samples(metrics.text)
