@@ -180,6 +180,8 @@ BAD_REQUESTS = [
     ("missing-messages", "/v1/chat/completions", b'{"max_tokens": 3}', 400, "messages", None, "messages"),
     ("bad-role", "/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', 400,
      "messages", None, "role"),
+    ("batched-prompts", "/v1/completions", b'{"prompt": ["a", "b"]}', 400, "prompt", "unsupported_parameter",
+     "one prompt per request"),
     ("empty-prompt", "/v1/completions", b'{"prompt": ""}', 400, "prompt", None, "empty"),
     ("token-id-out-of-vocab", "/v1/completions", b'{"prompt": [1, 99999]}', 400, "prompt", None, "99999"),
     ("bad-stop", "/v1/completions", b'{"prompt": "x", "stop": [1]}', 400, "stop", None, "stop"),
