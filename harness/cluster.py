@@ -26,7 +26,8 @@ CLUSTERS_DIR = PROJECT_ROOT / "clusters"
 KINDS = ("bundled", "external")
 ROLES = ("router", "prefill", "decode")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_TOP_KEYS = {"name", "kind", "description", "bundled", "endpoints", "hosts", "thresholds", "safety"}
+_TOP_KEYS = {"name", "kind", "description", "bundled", "endpoints", "hosts", "thresholds", "safety", "fabric"}
+_FABRIC_KEYS = {"enabled", "line_rate_bps", "mtu", "lossless_share", "tcp_in_lossless"}
 _BUNDLED_KEYS = {"prefill", "decode", "preset", "host", "router", "ready_timeout_s"}
 
 
@@ -78,6 +79,17 @@ class BundledSettings:
 
 
 @dataclass(frozen=True)
+class FabricSettings:
+    """The bundled cluster's emulated fabric (docs/fabric.md); needs root and iproute2."""
+
+    enabled: bool = False
+    line_rate_bps: float = 1e9
+    mtu: int = 9000
+    lossless_share: float = 0.5
+    tcp_in_lossless: bool = False  # deliberately broken: TCP/IP traffic shares the paused class
+
+
+@dataclass(frozen=True)
 class Endpoints:
     api: str
     metrics: str | None = None
@@ -97,6 +109,7 @@ class ClusterSpec:
     hosts: tuple[Host, ...] = ()
     safety: Safety = field(default_factory=Safety)
     threshold_overrides: dict[str, Any] = field(default_factory=dict)
+    fabric: FabricSettings = field(default_factory=FabricSettings)
 
     def checklist(self, base: Checklist | None = None) -> Checklist:
         """The checklist thresholds with this cluster's overrides applied."""
@@ -159,9 +172,39 @@ def parse_cluster(data: dict[str, Any], *, source: str) -> ClusterSpec:
     overrides = data.get("thresholds") or {}
     if not isinstance(overrides, dict):
         raise field_error(source, "thresholds", "expected a mapping", 'write `"6.1.4": {reschedule_p100_s: 3}`')
+    fabric = _parse_fabric(source, data.get("fabric") or {})
+    if fabric.enabled and kind != "bundled":
+        raise field_error(source, "fabric.enabled", "only the bundled cluster runs on the emulated fabric",
+                          "remove `fabric:` (a real cluster brings its own fabric)")
     return ClusterSpec(name=name, kind=kind, path=source, description=str(data.get("description", "")).strip(),
                        bundled=bundled, endpoints=endpoints, hosts=hosts, safety=safety,
-                       threshold_overrides=overrides)
+                       threshold_overrides=overrides, fabric=fabric)
+
+
+def _parse_fabric(source: str, raw: Any) -> FabricSettings:
+    raw = _mapping(source, "fabric", raw, _FABRIC_KEYS)
+    for key in ("enabled", "tcp_in_lossless"):
+        if not isinstance(raw.get(key, False), bool):
+            raise field_error(source, f"fabric.{key}", f"expected true or false, got {raw[key]!r}",
+                              f"write `{key}: true` or `{key}: false`")
+    settings = FabricSettings(
+        enabled=raw.get("enabled", False), tcp_in_lossless=raw.get("tcp_in_lossless", False),
+        line_rate_bps=as_number(source, "fabric.line_rate_bps", raw.get("line_rate_bps", 1e9)),
+        mtu=_positive_int(source, "fabric.mtu", raw.get("mtu", 9000)),
+        lossless_share=as_number(source, "fabric.lossless_share", raw.get("lossless_share", 0.5)))
+    try:
+        settings_spec(settings)
+    except ConfigError as exc:
+        raise field_error(source, "fabric", str(exc), exc.fix or "see docs/fabric.md") from None
+    return settings
+
+
+def settings_spec(settings: FabricSettings) -> Any:
+    """The harness.fabric ShapingSpec of these settings (validates them)."""
+    from harness.fabric.shaping import ShapingSpec
+
+    return ShapingSpec(line_rate_bps=settings.line_rate_bps, mtu=settings.mtu,
+                       lossless_share=settings.lossless_share, tcp_in_lossless=settings.tcp_in_lossless)
 
 
 def _text(source: str, where: str, value: Any) -> str:
@@ -306,6 +349,8 @@ class ClusterHandle:
     topology: Any = None
     # oracle(prompt_token_ids, max_tokens, stop=(), ignore_eos=False) -> expected token ids
     oracle: Callable[..., list[int]] | None = None
+    fabric: Any = None                  # harness.fabric.builder.Fabric when the workers run on it
+    fabric_unavailable: str | None = None  # why not, when the cluster file asked for it
 
     @property
     def name(self) -> str:
@@ -350,7 +395,8 @@ class ClusterHandle:
                 "safety": {"production": self.safety.production,
                            "allowed_faults": "all" if self.safety.allowed_faults is None
                            else list(self.safety.allowed_faults)},
-                "threshold_overrides": self.spec.threshold_overrides}
+                "threshold_overrides": self.spec.threshold_overrides,
+                "fabric": self.fabric.describe() if self.fabric is not None else {"unavailable": self.fabric_unavailable}}
 
 
 @contextlib.contextmanager

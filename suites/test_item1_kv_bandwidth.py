@@ -1,0 +1,38 @@
+"""Checklist item 6.1.1 (Section 6.1, "KV Cache 传输带宽基准测试：使用 ib_write_bw 验证 RDMA 链路达到线速 80% 以上").
+
+On the bundled cluster's emulated fabric: read the line rate of the prefill host's fabric NIC
+(from its shaping), measure a raw TCP bulk transfer to a decode host as the reference, then the
+KV transfer bandwidth of the engine's own data plane (crc32c frames, layer by layer) between the
+same two hosts over a range of transfer sizes in the cluster preset's KV layout. The verdict is
+the largest transfer's bandwidth as a fraction of the line rate; the whole curve and the raw
+probe are the evidence (small transfers are latency-bound, like the article's peers: 82 % of line
+rate at 32K tokens but 12 % at 128).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.fabric.bandwidth import Station, measure_bulk
+from harness.fabric.kvbandwidth import measure_kv_curve
+from harness.fabric.linerate import read_line_rate
+from harness.fabric.verdicts import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, skipped
+from harness.faults import LocalExecutor
+
+pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+
+SIZES_MIB = (1, 8, 32, 128)
+
+
+def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance):
+    if cluster.fabric is None:
+        conformance.record(skipped(cluster.thresholds, ITEM_KV_BANDWIDTH,
+                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+        return
+    placed = cluster.fabric.placement(cluster.topology.worker_ids())
+    sender, receiver = Station.of(placed["prefill-0"]), Station.of(placed["decode-0"])
+    line = read_line_rate(LocalExecutor(), placed["prefill-0"].fabric_dev, placed["prefill-0"].netns)
+    port = cluster.fabric.config.bench_port  # a lossless-class port that no worker holds
+    raw = measure_bulk(sender, receiver, port=port, duration_s=3.0)
+    curve = measure_kv_curve(sender, receiver, port=port, preset=cluster.spec.bundled.preset, sizes_mib=SIZES_MIB)
+    conformance.record(kv_bandwidth_verdict(cluster.thresholds, line, raw, curve))

@@ -1,0 +1,71 @@
+"""Checklist item 6.1.5 (Section 6.1, "PFC Storm 隔离：在 RDMA fabric 上制造拥塞，验证不扩散到 TCP/IP 流量").
+
+On the bundled cluster's emulated fabric, the prefill host's fabric NIC carries both classes.
+Sample the TCP/IP class (paced round trips, then a bulk flow, prefill host -> decode host on TCP
+ports) before, during and after a PFC storm on that NIC's lossless class: pause bursts (300 ms
+paused, 100 ms running) while a bulk flow floods the lossless class so its queue stays full.
+The TCP class must keep its p99 latency and throughput (thresholds in checklists/section6.yaml).
+A cluster whose TCP traffic shares the lossless class (``fabric.tcp_in_lossless``) fails here.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from harness.fabric.bandwidth import Station, measure_bulk
+from harness.fabric.tcpprobe import sample_tcp_class
+from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict, skipped
+from harness.faults import PfcStorm
+
+pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+
+RR_S, BULK_S = 3.0, 3.0
+PAUSE_MS, RESUME_MS = 300.0, 100.0
+STORM_S = 40.0   # longer than the "during" sample, which starts its probe processes inside the storm
+
+
+def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_options):
+    if cluster.fabric is None:
+        conformance.record(skipped(cluster.thresholds, ITEM_PFC_ISOLATION,
+                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+        return
+    fabric = cluster.fabric
+    placed = fabric.placement(cluster.topology.worker_ids())
+    stormed, peer = placed["prefill-0"], placed["decode-0"]
+    flood_to = placed.get("decode-1", peer)
+    client, server = Station.of(stormed), Station.of(peer)
+    lossless = fabric.config.shaping.lossless_ports
+    storm = PfcStorm.on_fabric_hosts([stormed], pause_ms=PAUSE_MS, resume_ms=RESUME_MS,
+                                     bursts=int(STORM_S * 1000 // (PAUSE_MS + RESUME_MS)))
+    if harness_options.dry_run:
+        faults.inject(storm)
+        faults.revert_all()
+        conformance.record(skipped(cluster.thresholds, ITEM_PFC_ISOLATION, "dry run: the storm was planned, not run"))
+        return
+
+    before = sample_tcp_class(client, server, label="before", rr_seconds=RR_S, bulk_seconds=BULK_S,
+                              lossless_ports=lossless)
+    faults.inject(storm)
+    ex = faults.executor_factory(storm.host)
+    counters_start = storm.counters(ex)
+    flood: dict = {}
+    # congestion: a bulk flow in the lossless class keeps the paused queue full (its result is evidence only)
+    flooder = threading.Thread(target=lambda: flood.update(measure_bulk(
+        Station.of(stormed), Station.of(flood_to), port=fabric.config.bench_port, duration_s=RR_S + BULK_S + 4,
+        tool="python", allow_zero=True).to_dict()), daemon=True)
+    flooder.start()
+    try:
+        during = sample_tcp_class(client, server, label="during", rr_seconds=RR_S, bulk_seconds=BULK_S,
+                                  lossless_ports=lossless)
+        counters_end = storm.counters(ex)
+    finally:
+        faults.revert(storm)
+        flooder.join(60)
+    after = sample_tcp_class(client, server, label="after", rr_seconds=RR_S, bulk_seconds=BULK_S,
+                             lossless_ports=lossless)
+    evidence = {"target": storm.target, "pause_ms": PAUSE_MS, "resume_ms": RESUME_MS,
+                "lossless_class_counters": {"at_inject": counters_start, "after_during_sample": counters_end},
+                "lossless_flood": flood, "tcp_in_lossless": fabric.config.shaping.tcp_in_lossless}
+    conformance.record(pfc_isolation_verdict(cluster.thresholds, before, during, after, evidence))

@@ -1,0 +1,82 @@
+"""NIC port flapping on the fabric (DESIGN fault catalogue; REFERENCE: Mooncake #3596, transfers
+5x slower for 25 minutes after a flap had recovered).
+
+Under load, the fabric NIC of decode-0's host goes down and up (period 2 s, 50 % down, 3 times;
+verified through operstate). The engine must keep serving meanwhile (KV retries, then the
+fallback path over the control network), and nothing may be lost: every request completes
+token-exact against the oracle or fails with a clear error. After the last flap, the KV
+bandwidth from the prefill host to that host must be back to >= 95 % of its pre-fault figure
+within the checklist's recovery time (checklists/section6.yaml, item ``nic-flap``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.fabric.bandwidth import Station
+from harness.fabric.kvbandwidth import KVBench
+from harness.fabric.verdicts import ITEM_NIC_FLAP, flap_recovery_verdict, skipped
+from harness.faults import NicFlap
+from harness.probes.timeline import merge_timeline
+
+log = logging.getLogger(__name__)
+
+pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+
+PERIOD_S, DUTY, COUNT = 2.0, 0.5, 3
+PROBE_MIB, PROBE_REPEATS = 32, 2
+LOAD_S = 60.0
+
+
+def _kv_gbit(bench: KVBench, tokens: int) -> float:
+    results = [bench.transfer_once(tokens) for _ in range(PROBE_REPEATS)]
+    return sorted(r["bytes"] * 8 / r["seconds"] / 1e9 for r in results)[PROBE_REPEATS // 2]
+
+
+def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults, timeline, conformance,
+                                                         harness_options):
+    if cluster.fabric is None:
+        conformance.record(skipped(cluster.thresholds, ITEM_NIC_FLAP,
+                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+        return
+    fabric = cluster.fabric
+    placed = fabric.placement(cluster.topology.worker_ids())
+    victim, source = placed["decode-0"], placed["prefill-0"]
+    flap = NicFlap.on_fabric_host(victim, period_s=PERIOD_S, duty=DUTY, count=COUNT)
+    if harness_options.dry_run:
+        faults.inject(flap)
+        faults.revert_all()
+        conformance.record(skipped(cluster.thresholds, ITEM_NIC_FLAP, "dry run: the flaps were planned, not run"))
+        return
+    recovery_limit = cluster.thresholds.threshold(ITEM_NIC_FLAP, "recovery_time_s").value
+    run = load(duration_s=harness_options.load_duration or LOAD_S, max_tokens=32)
+    with KVBench(Station.of(source), Station.of(victim), port=fabric.config.bench_port,
+                 preset=cluster.spec.bundled.preset) as bench:
+        tokens = bench.tokens_for(PROBE_MIB << 20)
+        bench.transfer_once(tokens)  # warm-up
+        baseline = _kv_gbit(bench, tokens)
+        faults.inject(flap)
+        transitions = flap.wait_done()
+        faults.revert(flap)
+        last_up = max((t for what, t in transitions if what == "off"), default=time.time())
+        after: list[tuple[float, float]] = []
+        while True:
+            gbit = _kv_gbit(bench, tokens)
+            after.append((time.time() - last_up, gbit))
+            if gbit >= 0.95 * baseline or after[-1][0] > recovery_limit * 2:
+                break
+    flaps = {"target": flap.target, "period_s": PERIOD_S, "duty": DUTY, "count": COUNT,
+             "transitions": [{"state": "down" if w == "on" else "up", "t_wall": t} for w, t in transitions],
+             "probe_mib": PROBE_MIB}
+    conformance.record(flap_recovery_verdict(cluster.thresholds, baseline, after, flaps))
+
+    records = run.wait()
+    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
+    conformance.record(nothing_lost_verdict(check_history(records, expected), cluster.thresholds))
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records, events=timeline.events(), records=records,
+                                            failed_requests_only=True))
