@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("harness.engine.topology", "start a PD topology: router + prefill and decode worker processes"),
     "presets": ("harness.engine.config", "list model presets with their KV bytes per token"),
     "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
+    "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
 }
 
 
