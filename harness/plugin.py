@@ -177,7 +177,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             state.result.revert_failures.append(message)
         else:
             state.result.harness_errors.append(message)
-    if report.when == "call" or (report.when == "setup" and not report.passed):
+    if report.when == "call" or not report.passed:  # setup/teardown only when they did not pass
         state.result.tests.append({"nodeid": item.nodeid, "outcome": report.outcome, "duration_s": report.duration,
                                    "message": "" if report.passed else str(report.longreprtext)[-300:]})
     return report
