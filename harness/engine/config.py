@@ -119,6 +119,10 @@ class EngineConfig:
     spec_draft_layers: int = 1           # the draft is the target's first k layers
     spec_num_tokens: int = 3             # draft tokens proposed per step
     name: str | None = None              # worker id stamped on every TokenEvent
+    # torch intra-op threads of the engine's process; None = leave torch's setting. Default 1:
+    # several engines share few cores, and on a loaded 2-core machine two OpenMP threads made
+    # tiny-model decode ten times slower than one (they spin-wait for each other).
+    num_threads: int | None = 1
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
@@ -132,6 +136,9 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"EngineConfig.{f} must be a positive integer, got {value!r}",
                                   fix=f"set {f} >= 1")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise ConfigError(f"num_threads must be a positive integer or None, got {self.num_threads!r}",
+                              fix="set num_threads=1 per engine process on a small machine")
         if self.max_model_len is not None and not 2 <= self.max_model_len <= model.max_seq_len:
             raise ConfigError(f"max_model_len {self.max_model_len} is outside [2, {model.max_seq_len}] "
                               f"for preset {self.preset!r}", fix="lower max_model_len or pick a larger preset")

@@ -131,6 +131,8 @@ class EngineCore:
         self.model_config = config.model
         self.tokenizer = ByteTokenizer()
         self.device = config.torch_device()
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.model = load_model(self.model_config, self.device)
         cfg = self.model_config
         self.pool = KVBlockPool(config.num_blocks, cfg.n_layers, cfg.n_kv_heads, config.block_size,
@@ -210,6 +212,14 @@ class EngineCore:
             results = self.spec.step([(s.block_table, s.num_computed, s.tokens[-1]) for s in spec])
             for seq, tokens in zip(spec, results):
                 events.append(self._emit(seq, tokens, computed=True))
+        return events
+
+    def run_to_completion(self) -> dict[str, list[TokenEvent]]:
+        """Step until idle; returns every event, grouped by request (benchmarks, tests, tools)."""
+        events: dict[str, list[TokenEvent]] = {}
+        while self.has_work():
+            for event in self.step():
+                events.setdefault(event.request_id, []).append(event)
         return events
 
     def _admit(self, events: list[TokenEvent]) -> list[Sequence]:

@@ -14,9 +14,10 @@ speculative draft) predict the full model's next token reasonably often.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 from torch import Tensor
@@ -167,6 +168,17 @@ class Transformer:
 
     def tensor(self, values: list[int]) -> Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with n torch intra-op threads, then restore the previous setting."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 _CACHE: dict[tuple[ModelConfig, str], Transformer] = {}

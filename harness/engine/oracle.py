@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from harness.engine.config import ModelConfig
-from harness.engine.model import DenseKV, load_model
+from harness.engine.model import DenseKV, load_model, torch_threads
 from harness.engine.output import OutputTracker
 from harness.engine.protocol import SamplingParams
 from harness.engine.tokenizer import ByteTokenizer
@@ -36,10 +36,11 @@ def greedy_reference(preset: str, prompt_token_ids: Sequence[int], max_tokens: i
     model = load_model(cfg, "cpu")
     kv = DenseKV(cfg.n_layers)
     pending = prompt + resume  # tokens whose K/V are not cached yet
-    while not tracker.finished:
-        start = kv.length()
-        hidden = model.forward(model.tensor(pending), torch.arange(start, start + len(pending)), kv)
-        token = int(torch.argmax(model.logits(hidden[-1:])[0]).item())
-        tracker.append(token)
-        pending = [token]
+    with torch_threads(1):  # small matmuls: extra threads only spin on a shared machine
+        while not tracker.finished:
+            start = kv.length()
+            hidden = model.forward(model.tensor(pending), torch.arange(start, start + len(pending)), kv)
+            token = int(torch.argmax(model.logits(hidden[-1:])[0]).item())
+            tracker.append(token)
+            pending = [token]
     return tracker.output_ids[len(resume):]
