@@ -417,9 +417,12 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
     assert b is not None
     log.info("bringing up bundled cluster %s: %d prefill + %d decode, preset %s", spec.name, b.prefill, b.decode,
              b.preset)
+    fabric_stack = contextlib.ExitStack()
+    fabric, unavailable, placement = _bundled_fabric(spec, fabric_stack)
     try:
         topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
-                        router_config=dict(b.router), startup_timeout_s=b.ready_timeout_s, log_dir=log_dir)
+                        router_config=dict(b.router), startup_timeout_s=b.ready_timeout_s, log_dir=log_dir,
+                        **placement)
     except ConfigError as exc:  # the router rejected a knob: point at the cluster file, not the engine
         raise field_error(spec.path, "bundled.router", str(exc), exc.fix or "see docs/clusters.md") from exc
 
@@ -427,10 +430,28 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
                ignore_eos: bool = False) -> list[int]:
         return greedy_reference(b.preset, prompt_token_ids, max_tokens, stop=stop, ignore_eos=ignore_eos)
 
-    with topo:
+    with fabric_stack, topo:  # the workers stop before their fabric is torn down
         # the router serves /admin/* under its API address: that base URL is the admin endpoint
         yield ClusterHandle(spec, thresholds, topo.api_url, f"{topo.api_url}/metrics", topo.api_url,
-                            topology=topo, oracle=oracle)
+                            topology=topo, oracle=oracle, fabric=fabric, fabric_unavailable=unavailable)
+
+
+def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack) -> tuple[Any, str | None, dict[str, Any]]:
+    """Build the emulated fabric (docs/fabric.md) when the cluster file enables it and this machine
+    can; else say why and run on loopback. Returns (Fabric or None, reason or None, Topology kwargs)."""
+    if not spec.fabric.enabled:
+        return None, "the cluster file does not enable the emulated fabric (fabric.enabled)", {}
+    from harness.fabric.builder import Fabric, FabricConfig, fabric_unavailable_reason
+
+    reason = fabric_unavailable_reason()
+    if reason:
+        log.warning("cluster %s: no emulated fabric (%s); running on loopback", spec.name, reason)
+        return None, reason, {}
+    b = spec.bundled
+    assert b is not None
+    ids = [f"prefill-{i}" for i in range(b.prefill)] + [f"decode-{i}" for i in range(b.decode)]
+    fabric = stack.enter_context(Fabric(FabricConfig(hosts=len(ids), shaping=settings_spec(spec.fabric))))
+    return fabric, None, fabric.topology_kwargs(ids)
 
 
 def _check_reachable(api_url: str, spec: ClusterSpec) -> None:
