@@ -1,0 +1,49 @@
+"""Line rate from the shaping, sysfs, ethtool and ibstat, through an executor."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import ProbeError
+from harness.fabric.linerate import parse_ethtool, parse_ibstat, read_line_rate
+from harness.faults import LocalExecutor
+
+ETHTOOL = """Settings for eth1:
+\tSupported ports: [ FIBRE ]
+\tSpeed: 100000Mb/s
+\tDuplex: Full
+"""
+IBSTAT = """CA 'mlx5_0'
+\tPort 1:
+\t\tState: Down
+\t\tRate: 10
+\tPort 2:
+\t\tState: Active
+\t\tPhysical state: LinkUp
+\t\tRate: 200
+"""
+
+
+def test_parsers():
+    assert parse_ethtool(ETHTOOL) == 100e9
+    assert parse_ethtool("\tSpeed: Unknown!\n") is None
+    assert parse_ibstat(IBSTAT) == 200e9           # the Active port, not the first one
+    assert parse_ibstat(IBSTAT.replace("Active", "Down")) is None
+
+
+def test_a_device_nobody_knows_the_speed_of_is_a_clear_error():
+    # loopback: no htb class, sysfs speed unreadable, and no ethtool/ibstat answer for it
+    with pytest.raises(ProbeError, match="cannot read the line rate of lo") as err:
+        read_line_rate(LocalExecutor(), "lo")
+    assert "tc:" in str(err.value) and "sysfs:" in str(err.value) and err.value.fix
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_line_rate_comes_from_the_shaping_then_from_sysfs(make_fabric):
+    fabric = make_fabric(hosts=2, line_rate_bps=7e8)
+    host = fabric.hosts[0]
+    rate = read_line_rate(LocalExecutor(), host.fabric_dev, host.netns)
+    assert (rate.bps, rate.source) == (7e8, "tc")
+    control = read_line_rate(LocalExecutor(), host.control_dev, host.netns)  # unshaped veth: sysfs says 10 Gbit/s
+    assert control.source == "sysfs" and control.bps == 10e9 and control.tried
