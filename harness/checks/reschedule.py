@@ -54,9 +54,24 @@ class RescheduleSample:
         verb = "kill" if self.fault.kind == "process_kill" else "hang"
         return f"{verb} {self.fault.worker}"
 
+    @property
+    def breakdown(self) -> str:
+        """Where the time went, e.g. "down +0.15 s, 2 re-placed by +0.16 s, new request +0.11 s"."""
+        if self.detected_s is None:
+            return self.problem or ""
+        parts = [f"down +{self.detected_s:.2f} s"]
+        if self.affected:
+            last = max(self.replaced_s.values(), default=None)
+            parts.append(f"{len(self.replaced_s)}/{len(self.affected)} re-placed"
+                         + (f" by +{last:.2f} s" if last is not None else ""))
+        parts.append("no new request succeeded" if self.first_success_s is None
+                     else f"new request +{self.first_success_s:.2f} s")
+        return ", ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["label"] = self.label
+        d["breakdown"] = self.breakdown
         return d
 
 
@@ -150,7 +165,8 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
         thin = ("too few kills for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(kills_short.items()))
                 + f" (need {need} per role)")
     evidence = {
-        "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4)} for s in samples],
+        "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4),
+                     "note": s.breakdown} for s in samples],
         "faults_per_kind": groups,
         "per_fault": [s.to_dict() for s in samples],
         "definition": "time from fault injection until the worker is declared down, every affected request is "

@@ -36,6 +36,7 @@ def test_time_is_the_latest_of_detection_replacement_and_new_success():
     [s] = measure([kill("decode-1", T0)], events, records)
     assert s.detected_s == pytest.approx(0.05) and s.first_success_s == pytest.approx(0.4)
     assert s.affected == ["r1", "r2"] and s.total_s == pytest.approx(0.9)
+    assert s.breakdown == "down +0.05 s, 2/2 re-placed by +0.90 s, new request +0.40 s"
 
 
 def test_request_sent_before_the_fault_does_not_count_as_new_success():

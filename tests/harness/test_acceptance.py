@@ -2,9 +2,12 @@
 exit 0 when the cluster conforms, 1 when rescheduling is sabotaged through a cluster setting (and
 the report says why), 3 for a malformed cluster file.
 
-To keep the run short, the cluster files used here are the shipped ones with one kill per role
-accepted as a distribution (`min_faults_per_kind: 1`, a stated override) and `--kills=1`; the
-default run uses 3 kills per role."""
+The clusters used are the shipped files with stated overrides, so the test proves the exit-code
+path without flaking on a shared, loaded 2-core CI box: one kill per role accepted as a
+distribution (`min_faults_per_kind: 1`, with `--kills=1`; the default run uses 3), a 10 s
+rescheduling threshold instead of the article's 3 s (on this box, with six test runs competing
+for two cores, real rescheduling has taken up to 7 s), and for the sabotaged run a 15 s delay so
+it misses even that. The shipped files keep 3 s; see docs/exit-codes.md."""
 
 import json
 import subprocess
@@ -18,17 +21,23 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def short_cluster(tmp_path: Path, base: str) -> Path:
+SUITE = "suites/test_item4_reschedule.py"
+RELAXED = {"min_faults_per_kind": 1, "reschedule_p100_s": 10.0, "reschedule_p95_s": 10.0}
+
+
+def short_cluster(tmp_path: Path, base: str, reschedule_delay_s: float | None = None) -> Path:
     data = yaml.safe_load((ROOT / "clusters" / f"{base}.yaml").read_text())
     data["name"] = f"{base}-short"
-    data.setdefault("thresholds", {})["6.1.4"] = {"min_faults_per_kind": 1}
+    data.setdefault("thresholds", {})["6.1.4"] = dict(RELAXED)
+    if reschedule_delay_s is not None:
+        data["bundled"]["router"]["reschedule_delay_s"] = reschedule_delay_s
     path = tmp_path / f"{base}-short.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def run_suites(tmp_path: Path, *args: str, timeout: float = 560) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", "suites/", "-p", "no:cacheprovider",
+def run_suites(tmp_path: Path, *args: str, target: str = SUITE, timeout: float = 560) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", target, "-p", "no:cacheprovider",
            f"--report-dir={tmp_path / 'reports'}", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
@@ -42,26 +51,27 @@ def test_conforming_bundled_cluster_exits_0(tmp_path):
     proc = run_suites(tmp_path, f"--cluster={short_cluster(tmp_path, 'local')}", "--kills=1")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     v = verdicts(tmp_path)
-    assert v["6.1.4"]["status"] == "pass" and v["6.1.4"]["measured"] <= 3.0
+    assert v["6.1.4"]["status"] == "pass" and v["6.1.4"]["measured"] <= RELAXED["reschedule_p100_s"]
     assert len(v["6.1.4"]["evidence"]["samples"]) == 4  # 1 kill + 1 hang per role
     assert v["nothing-lost"]["status"] == "pass" and v["nothing-lost"]["evidence"]["token_exact"] > 0
     assert (tmp_path / "reports" / "latest" / "report.html").is_file()
 
 
 def test_sabotaged_rescheduling_exits_1_and_the_report_says_why(tmp_path):
-    proc = run_suites(tmp_path, f"--cluster={short_cluster(tmp_path, 'local-sabotaged')}", "--kills=1")
+    cluster = short_cluster(tmp_path, "local-sabotaged", reschedule_delay_s=15.0)
+    proc = run_suites(tmp_path, f"--cluster={cluster}", "--kills=1", "--load-duration=150")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     v = verdicts(tmp_path)["6.1.4"]
-    assert v["status"] == "fail" and v["measured"] > 3.0
-    assert "required <= 3 s" in v["reason"]
+    assert v["status"] == "fail" and v["measured"] > 10.0
+    assert "required <= 10 s" in v["reason"] and "stalled stream" in v["reason"]  # what, against what, why
     html = (tmp_path / "reports" / "latest" / "report.html").read_text()
-    assert 'data-item="6.1.4" data-status="fail"' in html and "required &lt;= 3 s" in html
+    assert 'data-item="6.1.4" data-status="fail"' in html and "required &lt;= 10 s" in html
 
 
 def test_malformed_cluster_file_exits_3_naming_file_field_and_fix(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: bundled\nsafety: {production: true, allowed_faults: all}\n")
-    proc = run_suites(tmp_path, f"--cluster={bad}", timeout=120)
+    proc = run_suites(tmp_path, f"--cluster={bad}", target="suites/", timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert str(bad) in out and "`safety.allowed_faults`" in out and "fix:" in out
