@@ -44,8 +44,9 @@ class CacheSink:
     def kv_layout(self, rid):
         return self.layouts.get(rid)
 
-    def kv_write(self, rid, layer_start, kv):
+    def kv_write(self, rid, layer_start, kv, release):
         self.cache[rid][layer_start:layer_start + kv.shape[0]].copy_(kv)
+        release()
 
     def kv_complete(self, rid, first_token_id):
         self.done[rid].set()

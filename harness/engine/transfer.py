@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import crc32c
 import torch
@@ -90,13 +90,14 @@ class Frame:
     shape: tuple[int, ...] = (0,)
     payload: bytes | bytearray | memoryview = b""  # raw (uncompressed) bytes
     aux: int = 0
+    buffer: torch.Tensor | None = None  # pooled memory under ``payload``, given back when consumed
 
     @classmethod
     def from_tensor(cls, request_id: str, layer_start: int, kv: torch.Tensor) -> "Frame":
         """kv: [layers, 2, tokens, kv_heads, head_dim], any device; copied to host bytes."""
         if kv.dtype not in _DTYPE_CODES:
             raise KVIntegrityError(f"dtype {kv.dtype} cannot be sent; supported: {sorted(map(str, _DTYPE_CODES))}")
-        raw, host = host_buffer(tuple(kv.shape), kv.dtype)
+        raw, host, _ = host_buffer(tuple(kv.shape), kv.dtype)
         host.copy_(kv.detach())  # the only copy on the send side: device/strided -> wire bytes
         return cls(FrameKind.DATA, request_id, layer_start, layer_start + kv.shape[0], kv.dtype,
                    tuple(kv.shape), raw)
@@ -116,11 +117,41 @@ class Frame:
         return json.loads(bytes(self.payload).decode())
 
 
-def host_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[memoryview, torch.Tensor]:
-    """Uninitialised host memory as wire bytes and as a tensor of ``shape`` viewing them, so a
-    tensor copy lands straight in the frame payload (no zero-fill, no second copy)."""
-    flat = torch.empty(math.prod(shape) * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8)
-    return memoryview(flat.numpy()), flat.view(dtype).view(shape)
+class BufferPool:
+    """Reusable host buffers. Fresh memory page-faults on first touch, which halves loopback
+    throughput on a receive (measured: bench/bench_transfer.py); recycled buffers do not."""
+
+    def __init__(self, max_free_bytes: int = 512 << 20) -> None:
+        self._free: list[torch.Tensor] = []  # flat uint8
+        self._lock = threading.Lock()
+        self.max_free_bytes = max_free_bytes
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8)
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
+            self._free.sort(key=lambda b: b.numel())
+            while sum(b.numel() for b in self._free) > self.max_free_bytes:
+                self._free.pop(0)  # drop the smallest: big buffers are the costly ones to fault in
+
+
+SEND_POOL = BufferPool()
+
+
+def host_buffer(shape: tuple[int, ...], dtype: torch.dtype,
+                pool: BufferPool | None = None) -> tuple[memoryview, torch.Tensor, torch.Tensor]:
+    """Host memory as wire bytes and as a tensor of ``shape`` viewing them, so a tensor copy lands
+    straight in the frame payload; returns (bytes, tensor, underlying buffer for ``pool.give``)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    flat = pool.take(nbytes) if pool is not None else torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    used = flat[:nbytes]
+    return memoryview(used.numpy()), used.view(dtype).view(shape), flat
 
 
 def encode_frame(frame: Frame, compressor: zstandard.ZstdCompressor | None = None) -> tuple[bytes, bytes]:
@@ -152,10 +183,12 @@ def _recv_exact(sock: socket.socket, n: int, *, at_boundary: bool = False) -> by
     return buf
 
 
-def _recv_payload(sock: socket.socket, n: int) -> tuple[memoryview, int]:
-    """Receive n payload bytes into uninitialised memory, checksumming each slice while it is
-    still in cache; returns (bytes, crc32c)."""
-    view = memoryview(torch.empty(n, dtype=torch.uint8).numpy()) if n else memoryview(bytearray())
+def _recv_payload(sock: socket.socket, n: int, buf: torch.Tensor | None) -> tuple[memoryview, int]:
+    """Receive n payload bytes into ``buf`` (flat uint8, fresh memory when None), checksumming
+    each slice while it is still in cache; returns (bytes, crc32c)."""
+    if buf is None:
+        buf = torch.empty(max(n, 1), dtype=torch.uint8)
+    view = memoryview(buf[:n].numpy())
     got, crc = 0, 0
     while got < n:
         k = sock.recv_into(view[got:], min(n - got, _SEND_SLICE))
@@ -166,8 +199,9 @@ def _recv_payload(sock: socket.socket, n: int) -> tuple[memoryview, int]:
     return view, crc
 
 
-def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31) -> Frame | None:
-    """Read and verify one frame; None on a clean end of stream between frames."""
+def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: BufferPool | None = None) -> Frame | None:
+    """Read and verify one frame; None on a clean end of stream between frames. With ``pool``,
+    the payload lands in a pooled buffer (``frame.buffer``) that the caller gives back."""
     fixed = _recv_exact(sock, _FIXED.size, at_boundary=True)
     if fixed is None:
         return None
@@ -186,7 +220,25 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31) -> Frame | N
                                 reason="too_large", in_sync=False)
     shape = struct.unpack(f"!{ndim}I", bytes(var[:4 * ndim]))
     rid = bytes(var[4 * ndim:4 * ndim + rid_len]).decode(errors="replace")
-    payload, crc = _recv_payload(sock, wire_len)
+    buffer = pool.take(wire_len) if pool is not None else None
+    try:
+        payload, crc = _recv_payload(sock, wire_len, buffer)
+    except BaseException:
+        if buffer is not None:
+            pool.give(buffer)
+        raise
+    try:
+        frame = _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_crc, raw_len, aux, buffer)
+    except CorruptFrameError:
+        if buffer is not None:
+            pool.give(buffer)
+        raise
+    if buffer is not None and frame.buffer is None:
+        pool.give(buffer)
+    return frame
+
+
+def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_crc, raw_len, aux, buffer) -> Frame:
     try:
         kind, dtype = FrameKind(kind), _DTYPES[dtype_code]
     except (ValueError, KeyError):
@@ -199,12 +251,13 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31) -> Frame | N
         try:
             payload = memoryview(bytearray(zstandard.ZstdDecompressor().decompress(payload,
                                                                                      max_output_size=raw_len)))
+            buffer = None  # the payload lives apart from the wire buffer now
         except zstandard.ZstdError as exc:
             raise CorruptFrameError(f"zstd: {exc}", reason="codec", in_sync=True) from exc
     if len(payload) != raw_len or raw_len != math.prod(shape) * dtype.itemsize:
         raise CorruptFrameError(f"payload of {len(payload)} bytes does not match shape {shape} {dtype}",
                                 reason="shape", in_sync=True)
-    return Frame(kind, rid, ls, le, dtype, shape, payload, aux)
+    return Frame(kind, rid, ls, le, dtype, shape, payload, aux, buffer)
 
 
 def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray) -> int:
@@ -322,7 +375,8 @@ class KVSender:
         self._on_event = on_event or (lambda kind, **kw: None)
         self._compressor = zstandard.ZstdCompressor(level=config.zstd_level) if config.compression else None
         self._frames: dict[int, tuple[int, int, bytes, bytes]] = {}  # start -> (start, end, head, wire)
-        self._open: tuple[int, int, bytearray, torch.Tensor] | None = None  # frame being filled
+        self._open: tuple | None = None  # (start, layers, bytes, tensor, buffer) of the frame being filled
+        self._buffers: list[torch.Tensor] = []  # pooled; given back once delivered
         self._last_layer = -1
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stream_sock: socket.socket | None = None
@@ -345,13 +399,14 @@ class KVSender:
         self._last_layer = layer_idx
         if self._open is None:
             n = min(self.config.layers_per_frame, self.num_layers - layer_idx)
-            self._open = (layer_idx, n, *host_buffer((n, 2, *k.shape), k.dtype))  # [n, 2, T, H, D]
-        start, n, raw, buf = self._open
+            self._open = (layer_idx, n, *host_buffer((n, 2, *k.shape), k.dtype, SEND_POOL))  # [n, 2, T, H, D]
+        start, n, raw, buf, flat = self._open
         buf[layer_idx - start, 0].copy_(k.detach())
         buf[layer_idx - start, 1].copy_(v.detach())
         if layer_idx - start + 1 == n:
             self._open = None
-            self._queue.put(Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, tuple(buf.shape), raw))
+            self._queue.put(Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, tuple(buf.shape), raw,
+                                  buffer=flat))
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -365,8 +420,18 @@ class KVSender:
             self._thread.join()
         else:
             self._encode_all_queued()
-        if len(self._covered()) != self.num_layers:
-            raise KVIntegrityError(f"{self.request_id}: {len(self._covered())} of {self.num_layers} layers produced")
+        try:
+            if len(self._covered()) != self.num_layers:
+                raise KVIntegrityError(f"{self.request_id}: {len(self._covered())} of {self.num_layers} layers "
+                                       "produced", fix="call send_layer for every layer before finish")
+            return self._deliver(first_token_id)
+        finally:
+            self._frames.clear()
+            for buf in self._buffers:
+                SEND_POOL.give(buf)
+            self._buffers = []
+
+    def _deliver(self, first_token_id: int) -> TransferResult:
         retries, used_fallback = 0, False
         paths = [self.primary] + ([self.fallback] if self.fallback else [])
         last_error: Exception | None = None
@@ -410,6 +475,11 @@ class KVSender:
 
     def _encode(self, frame: Frame) -> tuple[int, int, bytes, bytes]:
         head, wire = encode_frame(frame, self._compressor)
+        if frame.buffer is not None:
+            if wire is frame.payload:
+                self._buffers.append(frame.buffer)  # still needed for resends
+            else:
+                SEND_POOL.give(frame.buffer)  # compressed: the raw buffer is free now
         entry = (frame.layer_start, frame.layer_end, head, wire)
         self._frames[frame.layer_start] = entry
         return entry
@@ -530,8 +600,9 @@ class KVSink(Protocol):
 
     def kv_layout(self, request_id: str) -> KVLayout | None: ...
 
-    def kv_write(self, request_id: str, layer_start: int, kv: torch.Tensor) -> None:
-        """kv: [layers, 2, tokens, kv_heads, head_dim], already verified."""
+    def kv_write(self, request_id: str, layer_start: int, kv: torch.Tensor, release: Callable[[], None]) -> None:
+        """kv: [layers, 2, tokens, kv_heads, head_dim], already verified. ``kv`` views a pooled
+        receive buffer: call ``release()`` once it is copied (the buffer then takes later frames)."""
 
     def kv_complete(self, request_id: str, first_token_id: int) -> None: ...
 
@@ -552,6 +623,7 @@ class KVReceiver:
         self._conns: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._pool = BufferPool()
 
     def listen(self, host: str, port: int, path: str) -> tuple[str, int]:
         srv = socket.create_server((host, port), reuse_port=False)
@@ -590,7 +662,7 @@ class KVReceiver:
         try:
             while True:
                 try:
-                    frame = read_frame(conn, self.max_frame_bytes)
+                    frame = read_frame(conn, self.max_frame_bytes, self._pool)
                 except CorruptFrameError as exc:
                     self.stats.rejected(exc.reason)
                     log.warning("rejected a KV frame on %s: %s", path, exc)
@@ -605,7 +677,10 @@ class KVReceiver:
                     return
                 if frame.kind == FrameKind.DATA:
                     self._on_data(frame, path)
-                elif frame.kind in (FrameKind.QUERY, FrameKind.END):
+                    continue
+                if frame.buffer is not None:
+                    self._pool.give(frame.buffer)
+                if frame.kind in (FrameKind.QUERY, FrameKind.END):
                     send_frame(conn, *encode_frame(Frame.reply(frame.request_id, self._on_control(frame))))
         except OSError as exc:
             log.info("KV connection on %s ended: %s", path, exc)
@@ -614,6 +689,20 @@ class KVReceiver:
             _close(conn)
 
     def _on_data(self, frame: Frame, path: str) -> None:
+        released = threading.Event()
+
+        def release() -> None:
+            if frame.buffer is not None and not released.is_set():
+                released.set()
+                self._pool.give(frame.buffer)
+
+        try:
+            self._accept_data(frame, release)
+        except BaseException:
+            release()
+            raise
+
+    def _accept_data(self, frame: Frame, release: Callable[[], None]) -> None:
         layout = self.sink.kv_layout(frame.request_id)
         with self._lock:
             expected = layout is not None and frame.request_id in self._have
@@ -622,6 +711,7 @@ class KVReceiver:
                 expected = True
         if not expected:
             self.stats.rejected("unknown_request")
+            release()
             return
         want = (frame.layer_end - frame.layer_start, 2, layout.num_tokens, layout.num_kv_heads, layout.head_dim)
         if (frame.dtype != layout.dtype or tuple(frame.shape) != want or frame.layer_start < 0
@@ -629,10 +719,12 @@ class KVReceiver:
             self.stats.rejected("shape")
             log.warning("%s: frame layers %d-%d %s %s does not match the import (%s %s)", frame.request_id,
                         frame.layer_start, frame.layer_end, frame.dtype, frame.shape, layout.dtype, want)
+            release()
             return
         try:
-            self.sink.kv_write(frame.request_id, frame.layer_start, frame.tensor())
+            self.sink.kv_write(frame.request_id, frame.layer_start, frame.tensor(), release)
         except Exception as exc:  # the import was cancelled or failed under us
+            release()
             self.stats.rejected("sink")
             log.info("%s: sink refused layers %d-%d: %s", frame.request_id, frame.layer_start, frame.layer_end, exc)
             return

@@ -144,11 +144,14 @@ class PDWorker:
                                                  self.core.pool.storage.dtype)
         self.publish({"type": "import_ready", "rid": req.request_id})
 
-    def _write(self, rid: str, layer_start: int, kv) -> None:
-        handle = self._imports.get(rid)
-        if handle is not None:
-            for i in range(kv.shape[0]):  # kv: [layers, 2, T, H, D]
-                handle.write_layer(layer_start + i, kv[i, 0], kv[i, 1])
+    def _write(self, rid: str, layer_start: int, kv, release) -> None:
+        try:
+            handle = self._imports.get(rid)
+            if handle is not None:
+                for i in range(kv.shape[0]):  # kv: [layers, 2, T, H, D]
+                    handle.write_layer(layer_start + i, kv[i, 0], kv[i, 1])
+        finally:
+            release()  # the receive buffer takes later frames
 
     def _commit(self, rid: str, first_token_id: int) -> None:
         handle = self._imports.pop(rid, None)
@@ -181,8 +184,8 @@ class PDWorker:
     def kv_layout(self, rid: str) -> KVLayout | None:
         return self._layouts.get(rid)
 
-    def kv_write(self, rid: str, layer_start: int, kv) -> None:
-        self._cmds.put(lambda: self._write(rid, layer_start, kv))
+    def kv_write(self, rid: str, layer_start: int, kv, release) -> None:
+        self._cmds.put(lambda: self._write(rid, layer_start, kv, release))
 
     def kv_complete(self, rid: str, first_token_id: int) -> None:
         if self._layouts.pop(rid, None) is None:

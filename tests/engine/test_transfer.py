@@ -32,8 +32,9 @@ class DictSink:
     def kv_layout(self, rid):
         return self.layout.get(rid)
 
-    def kv_write(self, rid, layer_start, kv):
+    def kv_write(self, rid, layer_start, kv, release):
         self.writes.append((rid, layer_start, kv.clone()))
+        release()
 
     def kv_complete(self, rid, first_token_id):
         self.completed[rid] = first_token_id
