@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, read_records
-from harness.probes.workload import LoadProfile
+from harness.probes.workload import LoadProfile, worker_records_path
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ _STARTUP_ALLOWANCE_S = 30.0  # Locust import + spawning on a loaded 2-core machi
 
 
 class LoadRunner:
-    """One Locust run of ``profile`` against ``api_url``; records go to ``output_dir/requests.jsonl``."""
+    """One Locust run of ``profile`` against ``api_url``; records go to ``output_dir/requests.jsonl``
+    (``requests.w<k>.jsonl`` per worker process when ``profile.processes > 1``)."""
 
     def __init__(self, api_url: str, profile: LoadProfile, *, output_dir: str | os.PathLike | None = None) -> None:
         if not api_url.startswith(("http://", "https://")):
@@ -50,21 +51,23 @@ class LoadRunner:
         users = self.profile.users
         return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", self.api_url,
                 "-u", str(users), "-r", str(max(users * 10, 10)), "--only-summary", "--loglevel", "WARNING",
-                "--stop-timeout", str(math.ceil(self.profile.stop_timeout_s))]
+                "--stop-timeout", str(math.ceil(self.profile.stop_timeout_s)),
+                *(["--processes", str(self.profile.processes)] if self.profile.processes > 1 else [])]
 
     def start(self) -> None:
         if self._proc is not None:
             raise ProbeError("this load run was already started", fix="create a new LoadRunner per run")
-        if self.records_path.exists():
-            self.records_path.unlink()  # the writer appends; a rerun must not mix in old records
+        for old in self._record_files():
+            old.unlink()  # writers append; a rerun must not mix in old records
         env = dict(os.environ, HARNESS_LOAD_PROFILE=self.profile.to_json(),
                    HARNESS_LOAD_OUTPUT=str(self.records_path))
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self._log_fh = open(self.log_path, "wb")
         log.info("starting Locust: %s (log %s)", " ".join(self.command()), self.log_path)
+        # own process group: a multi-process run's forked workers can be killed with the master
         self._proc = subprocess.Popen(self.command(), env=env, stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
     def running(self) -> bool:
@@ -97,22 +100,34 @@ class LoadRunner:
             try:
                 proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                log.warning("Locust (pid %s) ignored SIGTERM for %.0f s; killing it", proc.pid, grace_s)
-                proc.kill()
+                log.warning("Locust (pid %s) ignored SIGTERM for %.0f s; killing its process group", proc.pid, grace_s)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 proc.wait()
         self._reaped(check=False)
-        return self.records() if self.records_path.exists() else []
+        return self.records() if self._record_files() else []
 
     def run(self) -> list[RequestRecord]:
         """start() + wait(), stopping the child on any error."""
         with self:
             return self.wait()
 
+    def _record_files(self) -> list[Path]:
+        if self.profile.processes == 1:
+            return [self.records_path] if self.records_path.exists() else []
+        paths = (worker_records_path(self.records_path, i) for i in range(self.profile.processes))
+        return [p for p in paths if p.exists()]
+
     def records(self) -> list[RequestRecord]:
-        if not self.records_path.exists():
+        """Every request of the run (of all Locust worker processes), in scheduled-send order."""
+        files = self._record_files()
+        if not files:
             raise ProbeError(f"the load run wrote no records ({self.records_path}); log tail:\n{self.log_tail()}",
                              fix="see the Locust log for why no request was sent")
-        return read_records(self.records_path)
+        records = [r for f in files for r in read_records(f)]
+        return sorted(records, key=lambda r: r.start_wall_ns())
 
     def log_tail(self, n_chars: int = 3000) -> str:
         try:

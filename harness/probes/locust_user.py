@@ -18,42 +18,70 @@ import gevent.event
 from locust import User, constant, task
 from locust.env import Environment
 from locust.exception import StopUser
+from locust.runners import MasterRunner, Runner, WorkerRunner
 
 from harness.probes.records import RecordWriter, RequestRecord
 from harness.probes.streaming import CompletionRequest, StreamingClient
-from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts
+from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts, worker_records_path
 
 log = logging.getLogger(__name__)
 
 
 class LoadController:
     """Shared state of one Locust process: when the run starts and stops, which arrival
-    or prompt comes next, how many requests are in flight, and where records go."""
+    or prompt comes next, how many requests are in flight, and where records go.
+
+    Single process (``processes == 1``): this process ends the run itself. Multi-process
+    (Locust's ``--processes``: a master and N forked workers): worker k sends arrivals
+    k, k+N, k+2N, ... of the one schedule and writes its own JSONL file; the master ends
+    the run. The locustfile is imported before the fork, so the record file is opened
+    lazily, in the process that writes it."""
 
     def __init__(self, profile: LoadProfile, output_path: str) -> None:
         self.profile = profile
+        self.output_path = output_path
         self.prompts = make_prompts(profile)
         self.offsets_s = (arrival_offsets(profile.mode, profile.rate, profile.duration_s, profile.seed)
                           if profile.open_loop else [])
-        self.writer = RecordWriter(output_path)
+        self.writer: RecordWriter | None = None
         self.started = gevent.event.Event()
         self.t0_ns = 0
         self.sending = True
         self.in_flight = 0
+        self.environment: Environment | None = None
         self._next = itertools.count()
         self._user_ids = itertools.count()
 
-    def start(self, environment: Environment) -> None:
+    def attach(self, environment: Environment) -> None:
+        self.environment = environment
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among Locust workers (known once it connected to the master; 0 alone)."""
+        runner = self.environment.runner if self.environment else None
+        return runner.worker_index if isinstance(runner, WorkerRunner) else 0
+
+    def start(self) -> None:
         """All users are spawned: start the clock, and end the run after duration_s."""
         if self.started.is_set():
             return
+        assert self.environment is not None and self.environment.runner is not None
+        runner = self.environment.runner
         self.t0_ns = time.perf_counter_ns()
         self.started.set()
         log.info("load started: %s, %d users, %d scheduled arrivals", self.profile.mode,
                  self.profile.users, len(self.offsets_s))
-        gevent.spawn(self._finish, environment)
+        if isinstance(runner, MasterRunner):
+            gevent.spawn(self._finish_distributed, runner)
+        elif isinstance(runner, WorkerRunner):
+            gevent.spawn_later(self.profile.duration_s, self._stop_sending)
+        else:
+            gevent.spawn(self._finish_local, runner)
 
-    def _finish(self, environment: Environment) -> None:
+    def _stop_sending(self) -> None:
+        self.sending = False
+
+    def _finish_local(self, runner: Runner) -> None:
         gevent.sleep(self.profile.duration_s)
         self.sending = False
         # let in-flight requests finish (they are part of the run), then quit; Locust kills
@@ -62,26 +90,49 @@ class LoadController:
         while self.in_flight and time.monotonic() < deadline:
             gevent.sleep(0.05)
         log.info("load finished, %d requests still in flight", self.in_flight)
-        assert environment.runner is not None
-        environment.runner.quit()
+        runner.quit()
 
-    def next_send(self) -> tuple[int, int] | None:
-        """(arrival index, scheduled perf_counter ns) of the next request, or None when the
-        run is over. Closed loop: now. Open loop: the next arrival of the schedule."""
+    def _finish_distributed(self, runner: Runner) -> None:
+        gevent.sleep(self.profile.duration_s)
+        if self.profile.open_loop:
+            # workers start their clocks a little after this one: wait until their users are
+            # done with the schedule (user counts arrive with the workers' periodic reports)
+            deadline = time.monotonic() + self.profile.stop_timeout_s + 10.0
+            while runner.user_count and time.monotonic() < deadline:
+                gevent.sleep(0.2)
+        # stop() waits until every worker's users stopped (each finishes its in-flight request
+        # within --stop-timeout); only then quit, which gives workers just 3 s to exit
+        runner.stop()
+        runner.quit()
+
+    def next_send(self) -> tuple[str, int, int] | None:
+        """(request id, prompt index, scheduled perf_counter ns) of the next request, or None
+        when the run is over. Closed loop: now. Open loop: this process's next arrival."""
         if not self.sending:
             return None
-        i = next(self._next)
+        k = next(self._next)
         if not self.profile.open_loop:
-            return i, time.perf_counter_ns()
+            rid = f"load-{k}" if self.profile.processes == 1 else f"load-w{self.worker_index}-{k}"
+            return rid, k * self.profile.processes + self.worker_index, time.perf_counter_ns()
+        i = self.worker_index + k * self.profile.processes
         if i >= len(self.offsets_s):
             return None
-        return i, self.t0_ns + int(self.offsets_s[i] * 1e9)
+        return f"load-{i}", i, self.t0_ns + int(self.offsets_s[i] * 1e9)
 
     def new_user_name(self) -> str:
-        return f"user-{next(self._user_ids)}"
+        prefix = "user" if self.profile.processes == 1 else f"w{self.worker_index}-user"
+        return f"{prefix}-{next(self._user_ids)}"
+
+    def write(self, record: RequestRecord) -> None:
+        if self.writer is None:
+            path = (self.output_path if self.profile.processes == 1
+                    else worker_records_path(self.output_path, self.worker_index))
+            self.writer = RecordWriter(path)
+        self.writer.write(record)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 class LLMUser(User):
@@ -110,21 +161,21 @@ class LLMUser(User):
         nxt = ctl.next_send()
         if nxt is None:
             raise StopUser()
-        index, scheduled_ns = nxt
+        request_id, prompt_index, scheduled_ns = nxt
         delay_s = (scheduled_ns - time.perf_counter_ns()) / 1e9
         if delay_s > 0:
             gevent.sleep(delay_s)
         prof = ctl.profile
-        request = CompletionRequest(prompt=ctl.prompts[index % len(ctl.prompts)], max_tokens=prof.max_tokens,
+        request = CompletionRequest(prompt=ctl.prompts[prompt_index % len(ctl.prompts)], max_tokens=prof.max_tokens,
                                     ignore_eos=prof.ignore_eos, chat=prof.chat)
         ctl.in_flight += 1
         try:
-            self.client.send(request, request_id=f"load-{index}", scheduled_ns=scheduled_ns)
+            self.client.send(request, request_id=request_id, scheduled_ns=scheduled_ns)
         finally:
             ctl.in_flight -= 1
 
     def _on_record(self, record: RequestRecord) -> None:
-        self.controller.writer.write(record)
+        self.controller.write(record)
         # open loop: from the scheduled send, so Locust's table does not hide queueing either
         start = record.scheduled_or_sent_ns if self.controller.profile.open_loop else record.sent_ns
         ttft_ms = ((record.first_token_ns or record.end_ns or start) - start) / 1e6

@@ -29,17 +29,14 @@ class LLMLoadUser(LLMUser):
     controller = _controller
 
 
-_environment: list[Environment] = []  # set by the init hook, used when spawning completes
-
-
 @events.init.add_listener
 def _on_init(environment: Environment, **_kwargs: object) -> None:
-    _environment.append(environment)
+    _controller.attach(environment)
 
 
 @events.spawning_complete.add_listener
 def _on_spawning_complete(user_count: int, **_kwargs: object) -> None:
-    _controller.start(_environment[0])
+    _controller.start()
 
 
 @events.quitting.add_listener

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.errors import ConfigError
 
@@ -46,6 +48,7 @@ class LoadProfile:
     model: str | None = None
     timeout_s: float = 60.0
     stop_timeout_s: float = 30.0       # how long in-flight requests may finish after duration_s
+    processes: int = 1                 # >1: Locust master + this many forked worker processes
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -68,6 +71,12 @@ class LoadProfile:
                               f"{self.prompt_min_chars}..{self.prompt_max_chars}", fix="fix prompt_min/max_chars")
         if self.num_prompts < 1:
             raise ConfigError("num_prompts must be >= 1", fix="generate at least one prompt")
+        if not isinstance(self.processes, int) or not 1 <= self.processes <= 64:
+            raise ConfigError(f"processes must be an integer from 1 to 64, got {self.processes!r}",
+                              fix="use 1 unless one load generator process is the bottleneck")
+        if self.users < self.processes:
+            raise ConfigError(f"{self.users} users cannot be spread over {self.processes} processes",
+                              fix="give at least one user per process")
         if self.timeout_s <= 0 or self.stop_timeout_s < 0:
             raise ConfigError("timeout_s must be > 0 and stop_timeout_s >= 0", fix="fix the timeouts")
 
@@ -122,3 +131,9 @@ def arrival_offsets(mode: str, rate: float, duration_s: float, seed: int) -> lis
             t += rng.expovariate(rate)
         return out
     raise ConfigError(f"arrival mode {mode!r} is not open loop", fix="use 'constant' or 'poisson'")
+
+
+def worker_records_path(output_path: str | os.PathLike, index: int) -> Path:
+    """Where Locust worker ``index`` of a multi-process run writes its records."""
+    path = Path(output_path)
+    return path.with_name(f"{path.stem}.w{index}{path.suffix}")

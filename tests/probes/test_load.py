@@ -80,3 +80,17 @@ def test_stop_ends_a_long_run_early_and_reaps_locust(server, tmp_path):
     assert records and all(r.status in ("ok", "cancelled") for r in records)
     with pytest.raises(ProbeError, match="already started"):
         runner.start()
+
+
+def test_multi_process_run_splits_one_schedule_over_locust_workers(server, tmp_path):
+    profile = LoadProfile(mode="poisson", rate=6.0, users=4, processes=2, duration_s=3.0, max_tokens=4, seed=3)
+    runner = LoadRunner(server.url, profile, output_dir=tmp_path)
+    records = runner.run()
+    assert runner.returncode == 0
+    offsets = arrival_offsets("poisson", 6.0, 3.0, seed=3)
+    # every arrival sent exactly once, by one of the two workers, each writing its own file
+    assert sorted(int(r.request_id.split("-")[1]) for r in records) == list(range(len(offsets)))
+    assert {r.user.split("-")[0] for r in records} == {"w0", "w1"}
+    assert sorted(p.name for p in tmp_path.glob("requests*.jsonl")) == ["requests.w0.jsonl", "requests.w1.jsonl"]
+    assert all(r.ok for r in records)
+    assert [r.start_wall_ns() for r in records] == sorted(r.start_wall_ns() for r in records)
