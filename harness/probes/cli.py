@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default="closed",
                         help="closed: USERS back to back; constant/poisson: open loop at --rate")
     parser.add_argument("--users", type=int, default=2, help="users (open loop: the in-flight cap)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="Locust worker processes (more than 1 when one generator process is the bottleneck)")
     parser.add_argument("--rate", type=_positive_float, help="requests/s (open loop)")
     parser.add_argument("--duration", type=_positive_float, default=10.0, help="seconds of load")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.probes.load import LoadRunner
 
     profile = LoadProfile(mode=args.mode, users=args.users, rate=args.rate, duration_s=args.duration,
-                          max_tokens=args.max_tokens, seed=args.seed, model=args.model, chat=args.chat)
+                          max_tokens=args.max_tokens, seed=args.seed, model=args.model, chat=args.chat,
+                          processes=args.processes)
     slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms) if (args.slo_ttft_ms or args.slo_tpot_ms) else None
     runner = LoadRunner(args.url, profile, output_dir=args.output)
     records = runner.run()

@@ -43,5 +43,9 @@ def test_profile_round_trips_and_rejects_bad_values_with_a_fix():
         LoadProfile(mode="burst")
     with pytest.raises(ConfigError, match="users must be a positive integer"):
         LoadProfile(users=0)
+    with pytest.raises(ConfigError, match="3 users cannot be spread over 4 processes"):
+        LoadProfile(users=3, processes=4)
+    with pytest.raises(ConfigError, match="processes must be an integer from 1 to 64"):
+        LoadProfile(processes=0)
     with pytest.raises(ConfigError, match="unknown fields"):
         LoadProfile.from_json('{"rps": 3}')
