@@ -60,7 +60,7 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
         bench.transfer_once(tokens)  # warm-up
         baseline = _kv_gbit(bench, tokens)
         faults.inject(flap)
-        transitions = flap.wait_done()
+        transitions = flap.wait_done(faults.executor_factory(flap.host))
         faults.revert(flap)
         last_up = max((t for what, t in transitions if what == "off"), default=time.time())
         after: list[tuple[float, float]] = []

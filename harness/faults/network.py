@@ -8,7 +8,7 @@ restores once more (idempotent). On a remote host, a NIC flap first arms an on-h
 brings the link up by itself, because taking a NIC down can cut the SSH link that would revert it.
 
     with runner.active(NicFlap.on_fabric_host(fabric.host(1), period_s=1, duty=0.5, count=3)) as flap:
-        flap.wait_done()                         # flaps end; the engine keeps serving meanwhile
+        flap.wait_done(executor)                 # flaps end; the engine keeps serving meanwhile
     with runner.active(PfcStorm.on_fabric_hosts([fabric.host(1)], pause_ms=300, resume_ms=100, bursts=20)):
         ...                                      # measure the TCP class while the lossless class pauses
 """
@@ -41,6 +41,7 @@ class _HostLoop:
     def __init__(self, fault_id: str, inject: Sequence[Sequence[str]], restore: Sequence[Sequence[str]],
                  count: int, on_s: float, off_s: float) -> None:
         self.pid_file, self.stop_file = f"{STATE_DIR}/{fault_id}.pid", f"{STATE_DIR}/{fault_id}.stop"
+        self.log_file = f"{STATE_DIR}/{fault_id}.log"
         self.inject, self.restore, self.count, self.on_s, self.off_s = inject, restore, count, on_s, off_s
         self._thread: threading.Thread | None = None
         self.result: CommandResult | None = None
@@ -48,12 +49,14 @@ class _HostLoop:
     def script(self) -> str:
         on = "; ".join(shlex.join(a) for a in self.inject)
         off = "; ".join(shlex.join(a) for a in self.restore)
-        # `date` stamps each transition for the fault record; the trap restores on TERM/INT/HUP
-        return (f"mkdir -p {STATE_DIR}; echo $$ > {self.pid_file}; "
-                f"trap '{off}; rm -f {self.pid_file}; exit 0' TERM INT HUP; i=0; "
+        # Transitions go to a log file on the host, never to our pipe: if the harness dies, a write
+        # to its closed pipe would kill the loop half-way (link left down). PIPE and HUP are ignored
+        # for the same reason (an SSH session that drops); TERM and INT restore before exiting.
+        return (f"mkdir -p {STATE_DIR}; echo $$ > {self.pid_file}; : > {self.log_file}; trap '' PIPE HUP; "
+                f"trap '{off}; rm -f {self.pid_file}; exit 0' TERM INT; i=0; "
                 f"while [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; do "
-                f"{on}; echo \"on $(date +%s.%N)\"; sleep {self.on_s:g}; "
-                f"{off}; echo \"off $(date +%s.%N)\"; i=$((i+1)); "
+                f"{on}; echo \"on $(date +%s.%N)\" >> {self.log_file}; sleep {self.on_s:g}; "
+                f"{off}; echo \"off $(date +%s.%N)\" >> {self.log_file}; i=$((i+1)); "
                 f"if [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; then sleep {self.off_s:g}; fi; "
                 f"done; rm -f {self.pid_file}")
 
@@ -82,11 +85,16 @@ class _HostLoop:
             return not self._thread.is_alive()
         return True
 
-    def transitions(self) -> list[tuple[str, float]]:
-        if self.result is None:
-            return []
-        return [(w, float(t)) for w, t in (line.split() for line in self.result.stdout.splitlines()
+    def transitions(self, ex: Executor) -> list[tuple[str, float]]:
+        """("on" | "off", wall time) of each change the loop made, from its log on the host."""
+        res = ex.run(["cat", self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
+        return [(w, float(t)) for w, t in (line.split() for line in res.stdout.splitlines()
                                            if line.startswith(("on ", "off ")))]
+
+    def alive(self, ex: Executor) -> bool:
+        """The loop still runs: its pid file exists and names a live process (a SIGKILLed loop leaves the file)."""
+        check = f'test -e {self.pid_file} && kill -0 "$(cat {self.pid_file})" 2>/dev/null'
+        return ex.run(["sh", "-c", check], timeout=COMMAND_TIMEOUT_S, check=False).rc == 0
 
     def stop(self, ex: Executor) -> str:
         """Ask the loop to end, wait until it is gone (it may be a crashed run's), restore once more."""
@@ -95,14 +103,14 @@ class _HostLoop:
         deadline = time.monotonic() + limit
         if self._thread is not None:
             self.wait(limit)
-        while ex.run(["test", "-e", self.pid_file], timeout=COMMAND_TIMEOUT_S, check=False).rc == 0:
+        while self.alive(ex):
             if time.monotonic() > deadline:
                 raise FaultError(f"the fault loop ({self.pid_file}) did not stop within {limit:.0f} s",
                                  fix=f"kill the process in {self.pid_file} on the host, then revert again")
             time.sleep(0.1)  # the loop finishes its current sleep, then sees the stop file
         for argv in self.restore:
             ex.run(list(argv), timeout=COMMAND_TIMEOUT_S)
-        ex.run(["rm", "-f", self.stop_file, self.pid_file], timeout=COMMAND_TIMEOUT_S, check=False)
+        ex.run(["rm", "-f", self.stop_file, self.pid_file, self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
         return "loop stopped; restored"
 
 
@@ -190,12 +198,12 @@ class NicFlap(Fault):
                          f"({self._loop.result.stderr.strip() if self._loop.result else 'loop running'})",
                          fix="check that `ip link set dev X down` works on the host (root, right namespace)")
 
-    def wait_done(self, timeout_s: float | None = None) -> list[tuple[str, float]]:
+    def wait_done(self, ex: Executor, timeout_s: float | None = None) -> list[tuple[str, float]]:
         """Block until the flaps ran their course; returns the ("on"=down / "off"=up, wall time) transitions."""
         if not self._loop.wait(timeout_s if timeout_s is not None else self._loop.duration_s + 30):
             raise FaultError(f"nic_flap on {self.target} did not finish its {self.count} flaps in time",
                              fix="check the host's load")
-        return self._loop.transitions()
+        return self._loop.transitions(ex)
 
     def revert(self, ex: Executor) -> str:
         return f"{self.target}: {self._loop.stop(ex)} (link up)"
@@ -327,11 +335,11 @@ class PfcStorm(Fault):
                              fix="check that `tc class change` works on the host (root, right namespace)")
         return f"class {self.classid} seen paused on {len(paused)} NIC(s) after {time.monotonic() - t0:.2f} s"
 
-    def wait_done(self, timeout_s: float | None = None) -> list[tuple[str, float]]:
+    def wait_done(self, ex: Executor, timeout_s: float | None = None) -> list[tuple[str, float]]:
         """Block until every burst ran; returns the ("on"=pause / "off"=resume, wall time) transitions."""
         if not self._loop.wait(timeout_s if timeout_s is not None else self._loop.duration_s + 30):
             raise FaultError(f"pfc_storm on {self.target} did not finish its bursts in time", fix="check the load")
-        return self._loop.transitions()
+        return self._loop.transitions(ex)
 
     def revert(self, ex: Executor) -> str:
         if self._loop is None:
