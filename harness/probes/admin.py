@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from harness.errors import ProbeError
+from harness.probes.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,7 @@ class AdminClient:
     prefix (``Topology.admin_url``); both work."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 5.0) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ProbeError(f"admin URL {base_url!r} has no http:// or https:// scheme",
-                             fix="pass e.g. http://127.0.0.1:8000")
-        base = base_url.rstrip("/")
+        base = http_url(base_url, "admin URL")
         self.base_url = base if base.endswith("/admin") else base + "/admin"
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 

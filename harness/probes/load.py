@@ -21,6 +21,7 @@ from pathlib import Path
 
 from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, read_records
+from harness.probes.urls import http_url
 from harness.probes.workload import LoadProfile, worker_records_path
 
 log = logging.getLogger(__name__)
@@ -34,10 +35,7 @@ class LoadRunner:
     (``requests.w<k>.jsonl`` per worker process when ``profile.processes > 1``)."""
 
     def __init__(self, api_url: str, profile: LoadProfile, *, output_dir: str | os.PathLike | None = None) -> None:
-        if not api_url.startswith(("http://", "https://")):
-            raise ProbeError(f"API URL {api_url!r} has no http:// or https:// scheme",
-                             fix="pass e.g. http://127.0.0.1:8000")
-        self.api_url = api_url.rstrip("/")
+        self.api_url = http_url(api_url, "API URL")
         self.profile = profile
         self.output_dir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="harness-load-"))
         self.output_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.errors import ProbeError
+from harness.probes.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +159,7 @@ class PrometheusScraper:
             raise ProbeError(f"scrape interval must be > 0 s, got {interval_s!r}", fix="pass e.g. interval_s=1.0")
         if engine not in ENGINE_PROFILES:
             raise ProbeError(f"unknown engine profile {engine!r}", fix=f"use one of {', '.join(ENGINE_PROFILES)}")
-        if not url.startswith(("http://", "https://")):
-            raise ProbeError(f"metrics URL {url!r} has no http:// or https:// scheme",
-                             fix="pass e.g. http://127.0.0.1:8000/metrics")
-        self.url = url
+        self.url = http_url(url, "metrics URL", "http://127.0.0.1:8000/metrics")
         self.interval_s = interval_s
         self.profile = ENGINE_PROFILES[engine]
         self.samples: list[Sample] = []

@@ -19,6 +19,7 @@ import httpx
 
 from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, process_anchor
+from harness.probes.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +242,9 @@ class _Exchange:
 class _ClientBase:
     def __init__(self, base_url: str, *, model: str | None, timeout_s: float, read_timeout_s: float,
                  user: str, on_record: RecordSink | None) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ProbeError(f"API URL {base_url!r} has no http:// or https:// scheme",
-                             fix="pass e.g. http://127.0.0.1:8000")
         if timeout_s <= 0 or read_timeout_s <= 0:
             raise ProbeError("timeouts must be positive", fix="pass timeout_s > 0 and read_timeout_s > 0")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = http_url(base_url, "API URL")
         self.model = model
         self.timeout_s = timeout_s
         self.user = user
