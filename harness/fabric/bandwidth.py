@@ -100,34 +100,47 @@ def _iperf3(sender: Station, receiver: Station, port: int, duration_s: float,
 def _python(sender: Station, receiver: Station, port: int, duration_s: float,
             timeout_s: float) -> tuple[float, int, float]:
     with HostProcess.python(receiver.prefix, __name__, "serve", receiver.address, str(port),
-                            name=f"bulk receiver in {receiver.name}") as server:
+                            f"{duration_s + 20:g}", name=f"bulk receiver in {receiver.name}") as server:
         if server.readline(timeout_s) != "listening":
             raise ProbeError("bulk receiver did not start", fix="read its stderr")
         with HostProcess.python(sender.prefix, __name__, "send", receiver.address, str(port), f"{duration_s:g}",
                                 name=f"bulk sender in {sender.name}") as client:
             client.wait(timeout_s)
-        result = json.loads(server.readline(timeout_s))
+        result = json.loads(server.readline(timeout_s + duration_s + 20))
     return result["bytes"] * 8 / result["seconds"], result["bytes"], result["seconds"]
 
 
 # ---------------------------------------------------------------- the bulk ends (child processes)
 
 
-def _serve(host: str, port: int) -> None:
+def _serve(host: str, port: int, accept_timeout_s: float) -> None:
     with socket.create_server((host, port)) as srv:
         print("listening", flush=True)
-        conn, _ = srv.accept()
+        srv.settimeout(accept_timeout_s)
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:  # the sender never got through: a stalled path moved 0 bytes
+            print(json.dumps({"bytes": 0, "seconds": 0.0}), flush=True)
+            return
+        conn.settimeout(accept_timeout_s)
         with conn:
             buf = bytearray(_CHUNK)
             view = memoryview(buf)
             total, first, last = 0, None, None
-            while n := conn.recv_into(view):
+            while n := _recv_or_zero(conn, view):
                 last = time.perf_counter()
                 if first is None:
                     first = last  # time from the first byte: connection setup is not bandwidth
                 total += n
     seconds = (last - first) if first is not None and last is not None else 0.0
     print(json.dumps({"bytes": total, "seconds": seconds}), flush=True)
+
+
+def _recv_or_zero(conn: socket.socket, view: memoryview) -> int:
+    try:
+        return conn.recv_into(view)
+    except socket.timeout:  # the sender stalled for good: end the measurement with what arrived
+        return 0
 
 
 def _send(host: str, port: int, duration_s: float) -> None:
@@ -144,13 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("serve")
     s.add_argument("host")
     s.add_argument("port", type=int)
+    s.add_argument("accept_timeout_s", type=float)
     c = sub.add_parser("send")
     c.add_argument("host")
     c.add_argument("port", type=int)
     c.add_argument("duration_s", type=float)
     args = p.parse_args(argv)
     if args.cmd == "serve":
-        _serve(args.host, args.port)
+        _serve(args.host, args.port, args.accept_timeout_s)
     else:
         _send(args.host, args.port, args.duration_s)
     return 0
