@@ -43,7 +43,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.metrics import PREFIX
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.transfer import TransferConfig
+from harness.engine.transfer import TransferConfig, config_from_dict
 from harness.errors import ConfigError, EngineError, InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -106,12 +106,7 @@ class RouterConfig:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "RouterConfig":
-        data = dict(data or {})
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown router options {sorted(unknown)}",
-                              fix=f"use only {sorted(cls.__dataclass_fields__)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "router")
 
 
 # ---------------------------------------------------------------- state

@@ -295,12 +295,17 @@ class TransferConfig:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "TransferConfig":
-        data = dict(data or {})
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown transfer options {sorted(unknown)}",
-                              fix=f"use only {sorted(cls.__dataclass_fields__)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "transfer")
+
+
+def config_from_dict(cls, data: dict | None, section: str):
+    """Build config dataclass ``cls`` from a mapping, refusing unknown keys by name."""
+    data = dict(data or {})
+    unknown = set(data) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown {section} options {sorted(unknown)}",
+                          fix=f"use only {sorted(cls.__dataclass_fields__)}")
+    return cls(**data)
 
 
 class TransferStats:
