@@ -230,7 +230,7 @@ def _console() -> Any:
     return console
 
 
-def _print(config: pytest.Config, markup: str) -> None:
+def _print(config: pytest.Config, markup: Any) -> None:
     """Print to the terminal during a test (outside pytest's output capture)."""
     capman = config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
@@ -277,9 +277,7 @@ class Conformance:
         self._state.verdicts_by_test.setdefault(self.nodeid, []).append(verdict)
         from harness.report.terminal import verdict_line
 
-        capman = self._config.pluginmanager.getplugin("capturemanager")
-        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-            _console().print(verdict_line(verdict), soft_wrap=True)
+        _print(self._config, verdict_line(verdict))
         return verdict
 
     def add_latency(self, records: list[Any], *, window_s: float = 2.0) -> None:
