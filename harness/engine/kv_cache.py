@@ -1,8 +1,9 @@
 """Paged KV cache: a pool of fixed-size blocks (the "HBM tier") and attention over it.
 
-Storage is one tensor ``[num_blocks, n_layers, 2 (K, V), n_kv_heads, block_size, head_dim]``,
+Storage is one tensor ``[num_blocks, n_layers, 2 (K, V), block_size, n_kv_heads, head_dim]``,
 so a block holds every layer's K and V of ``block_size`` consecutive tokens and moves as one
-unit (PD transfer, migration, offload). Blocks are handed out from a free-list deque and
+unit (PD transfer, migration, offload). Tokens are the outer dimension inside a block so that
+gathering a sequence's K is one index copy that is already ``[ctx, n_kv_heads, head_dim]``. Blocks are handed out from a free-list deque and
 reference counted.
 
 Integrity: a block's crc32c is computed when it leaves the pool (``export_block``) and
@@ -46,8 +47,8 @@ class KVBlockPool:
     def __init__(self, num_blocks: int, n_layers: int, n_kv_heads: int, block_size: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         self.block_size = block_size
-        # storage: [num_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
-        self.storage = torch.zeros(num_blocks, n_layers, 2, n_kv_heads, block_size, head_dim,
+        # storage: [num_blocks, n_layers, 2, block_size, n_kv_heads, head_dim]
+        self.storage = torch.zeros(num_blocks, n_layers, 2, block_size, n_kv_heads, head_dim,
                                    dtype=dtype, device=device)
         self.ref_counts = [0] * num_blocks
         self.free_blocks: deque[int] = deque(range(num_blocks))
@@ -121,15 +122,15 @@ class KVBlockPool:
 
     def write(self, layer: int, blocks: Tensor, offsets: Tensor, k: Tensor, v: Tensor) -> None:
         """k, v: [T, KVH, hd] go to slots (blocks[t], offsets[t]) of ``layer``."""
-        self.storage[blocks, layer, 0, :, offsets] = k
-        self.storage[blocks, layer, 1, :, offsets] = v
+        self.storage[blocks, layer, 0, offsets] = k
+        self.storage[blocks, layer, 1, offsets] = v
 
     def gather(self, layer: int, block_table: list[int], length: int) -> tuple[Tensor, Tensor]:
         """Contiguous K, V of the first ``length`` tokens of a sequence: each [length, KVH, hd]."""
-        nb = self.blocks_for(length)
-        kv = self.storage[block_table[:nb], layer]                  # [nb, 2, KVH, bs, hd]
-        kv = kv.permute(1, 0, 3, 2, 4).flatten(1, 2)[:, :length]   # [2, nb*bs -> length, KVH, hd]
-        return kv[0], kv[1]
+        blocks = torch.tensor(block_table[:self.blocks_for(length)], device=self.storage.device)
+        k = self.storage[blocks, layer, 0].flatten(0, 1)[:length]   # [nb, bs, KVH, hd] -> [length, KVH, hd]
+        v = self.storage[blocks, layer, 1].flatten(0, 1)[:length]
+        return k, v
 
     def export_block(self, block: int) -> KVBlockData:
         assert self.ref_counts[block] > 0, f"exporting free block {block}"
@@ -149,27 +150,79 @@ class KVBlockPool:
             self.storage.device)
 
 
+# Decode sequences attended in one padded batch hold at most about this much K (bytes).
+SINGLE_CHUNK_BYTES = 2 * 2**20
+
+
 class PagedAttention:
     """AttentionBackend for one engine step over a packed batch of sequences.
 
     ``segments``: per sequence (block_table, start_pos, num_new_tokens), in packing order; the
-    block table must already cover start_pos + num_new_tokens tokens.
+    block table must already cover start_pos + num_new_tokens tokens. Single-token (decode)
+    segments are attended together in one padded batch; longer ones (prefill, speculative
+    verify) one sequence at a time.
     """
 
     def __init__(self, pool: KVBlockPool, segments: list[tuple[list[int], int, int]]) -> None:
         self.pool = pool
-        self.segments = segments
         parts = [pool.slots(table, start, start + n) for table, start, n in segments]
         self.blocks = torch.cat([p[0] for p in parts])   # [T]
         self.offsets = torch.cat([p[1] for p in parts])  # [T]
+        device = pool.storage.device
+        self.multi: list[tuple[list[int], int, int, int]] = []  # (table, start, n, first packed index)
+        single: list[tuple[list[int], int, int]] = []
+        t0 = 0
+        for table, start, n in segments:
+            if n == 1 and len(segments) > 1:
+                single.append((table, start + 1, t0))
+            else:
+                self.multi.append((table, start, n, t0))
+            t0 += n
+        # chunks of decode sequences whose gathered K stays cache-sized: one big padded batch
+        # streams through DRAM several times and was slower than a loop for long contexts
+        token_bytes = pool.storage[0, 0, 0, 0].numel() * pool.storage.element_size()
+        self.single_chunks = []
+        chunk: list[tuple[list[int], int, int]] = []
+        for item in sorted(single, key=lambda s: s[1]):
+            chunk.append(item)
+            if len(chunk) * item[1] * token_bytes >= SINGLE_CHUNK_BYTES:
+                self.single_chunks.append(self._pack(chunk))
+                chunk = []
+        if chunk:
+            self.single_chunks.append(self._pack(chunk))
+
+    def _pack(self, single: list[tuple[list[int], int, int]]) -> tuple[Tensor, Tensor, Tensor]:
+        pool, device = self.pool, self.pool.storage.device
+        width = max(pool.blocks_for(ctx) for _, ctx, _ in single)
+        # pad every table to the same width with its own first block; padded slots are masked
+        tables = [table[:pool.blocks_for(ctx)] + [table[0]] * (width - pool.blocks_for(ctx))
+                  for table, ctx, _ in single]
+        ctx = torch.tensor([c for _, c, _ in single], device=device)                   # [B]
+        return (torch.tensor(tables, device=device),                                   # [B, nb]
+                torch.tensor([t for _, _, t in single], device=device),                # [B] packed index
+                torch.arange(width * pool.block_size, device=device)[None, :] >= ctx[:, None])  # [B, L]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q: [T, H, hd]; k, v: [T, KVH, hd]
         self.pool.write(layer, self.blocks, self.offsets, k, v)
         out = torch.empty_like(q)                         # [T, H, hd]
-        t0 = 0
-        for table, start, n in self.segments:
+        for table, start, n, t0 in self.multi:
             ctx_k, ctx_v = self.pool.gather(layer, table, start + n)  # [start+n, KVH, hd]
             out[t0:t0 + n] = causal_attention(q[t0:t0 + n], ctx_k, ctx_v, start)
-            t0 += n
+        for chunk in self.single_chunks:
+            out[chunk[1]] = self._attend_single(layer, q[chunk[1]], chunk)
         return out
+
+    def _attend_single(self, layer: int, q: Tensor, chunk: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """One new token per sequence, padded batch. q: [B, H, hd] -> [B, H, hd]."""
+        tables, _, pad = chunk
+        B, n_heads, head_dim = q.shape
+        storage = self.pool.storage
+        n_kv_heads = storage.shape[4]
+        ks = storage[tables, layer, 0].flatten(1, 2)                        # [B, L, KVH, hd]
+        vs = storage[tables, layer, 1].flatten(1, 2).masked_fill(pad[:, :, None, None], 0.0)
+        qg = q.view(B, n_kv_heads, n_heads // n_kv_heads, head_dim)         # [B, KVH, G, hd]
+        scores = qg @ ks.permute(0, 2, 3, 1) / math.sqrt(head_dim)          # [B, KVH, G, L]
+        scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)                               # [B, KVH, G, L]
+        return (probs @ vs.transpose(1, 2)).reshape(B, n_heads, head_dim)  # [B, KVH, G, hd] -> [B, H, hd]

@@ -49,20 +49,22 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: int) -> Tensor:
 
     q: [n, H, hd] new tokens at positions start_pos .. start_pos+n-1;
     k, v: [ctx, KVH, hd] with ctx == start_pos + n (positions 0 .. ctx-1); returns [n, H, hd].
+    Query head h reads KV head h // (H // KVH) (grouped-query attention); the group is folded
+    into the query rows rather than copying K/V per head.
     """
     n, n_heads, head_dim = q.shape
     ctx, n_kv_heads, _ = k.shape
     assert ctx == start_pos + n, (ctx, start_pos, n)
     group = n_heads // n_kv_heads
-    k = k.repeat_interleave(group, dim=1)                               # [ctx, H, hd]
-    v = v.repeat_interleave(group, dim=1)                               # [ctx, H, hd]
-    scores = q.transpose(0, 1) @ k.permute(1, 2, 0) / math.sqrt(head_dim)  # [H, n, ctx]
+    qg = q.view(n, n_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(n_kv_heads, group * n, head_dim)
+    scores = qg @ k.permute(1, 2, 0) / math.sqrt(head_dim)             # [KVH, G*n, ctx]
     if n > 1:
-        query_pos = torch.arange(start_pos, ctx, device=q.device)[:, None]  # [n, 1]
-        key_pos = torch.arange(ctx, device=q.device)[None, :]               # [1, ctx]
+        query_pos = torch.arange(start_pos, ctx, device=q.device).repeat(group)[:, None]  # [G*n, 1]
+        key_pos = torch.arange(ctx, device=q.device)[None, :]                             # [1, ctx]
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)                               # [H, n, ctx]
-    return (probs @ v.transpose(0, 1)).transpose(0, 1)                  # [n, H, hd]
+    probs = torch.softmax(scores, dim=-1)                               # [KVH, G*n, ctx]
+    out = probs @ v.transpose(0, 1)                                     # [KVH, G*n, hd]
+    return out.view(n_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, n_heads, head_dim)
 
 
 class DenseKV:

@@ -110,3 +110,22 @@ def test_payload_of_the_wrong_size_is_rejected():
     [t] = pool.allocate(1)
     with pytest.raises(KVIntegrityError, match="block_size"):
         pool.import_block(t, other.export_block(b))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2**30])  # one sequence per chunk / all in one padded batch
+def test_batched_decode_attention_matches_dense_per_sequence(monkeypatch, chunk_bytes):
+    import harness.engine.kv_cache as kv_cache
+    monkeypatch.setattr(kv_cache, "SINGLE_CHUNK_BYTES", chunk_bytes)
+    model = Transformer(CFG)
+    pool = _pool(32, block_size=4)
+    seqs = [list(range(40, 40 + n)) for n in (3, 17, 9)]  # contexts of different block counts
+    tables = [pool.allocate(pool.blocks_for(len(s) + 1)) for s in seqs]
+    pool.storage[tables[0][-1]] = float("nan")  # stale garbage past a context must stay masked out
+    for seq, table in zip(seqs, tables):
+        model.forward(model.tensor(seq[:-1]), torch.arange(len(seq) - 1),
+                      PagedAttention(pool, [(table, 0, len(seq) - 1)]))
+    hidden = model.forward(model.tensor([s[-1] for s in seqs]), torch.tensor([len(s) - 1 for s in seqs]),
+                           PagedAttention(pool, [(t, len(s) - 1, 1) for s, t in zip(seqs, tables)]))
+    for row, seq in zip(model.logits(hidden), seqs):
+        dense = model.logits(model.forward(model.tensor(seq), torch.arange(len(seq)), DenseKV(CFG.n_layers)))
+        torch.testing.assert_close(row, dense[-1], rtol=0, atol=1e-10)
