@@ -20,6 +20,7 @@ from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
+from harness.errors import ProbeError
 from harness.probes.records import RecordWriter, RequestRecord
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts, worker_records_path
@@ -49,6 +50,8 @@ class LoadController:
         self.sending = True
         self.in_flight = 0
         self.environment: Environment | None = None
+        self.ready_users = 0
+        self._starting = False
         self._next = itertools.count()
         self._user_ids = itertools.count()
 
@@ -61,16 +64,27 @@ class LoadController:
         runner = self.environment.runner if self.environment else None
         return runner.worker_index if isinstance(runner, WorkerRunner) else 0
 
+    def user_ready(self) -> None:
+        self.ready_users += 1
+
     def start(self) -> None:
-        """All users are spawned: start the clock, and end the run after duration_s."""
-        if self.started.is_set():
+        """All users are spawned: once their clients are ready, start the clock (so setting
+        them up does not make the first arrivals late), and end the run after duration_s."""
+        if self._starting:
             return
+        self._starting = True
         assert self.environment is not None and self.environment.runner is not None
-        runner = self.environment.runner
+        gevent.spawn(self._start_when_ready, self.environment.runner)
+
+    def _start_when_ready(self, runner: Runner) -> None:
+        local_users = len(runner.user_greenlets)  # 0 on a master: its users live in the workers
+        deadline = time.monotonic() + 60.0
+        while self.ready_users < local_users and time.monotonic() < deadline:
+            gevent.sleep(0.01)
         self.t0_ns = time.perf_counter_ns()
         self.started.set()
-        log.info("load started: %s, %d users, %d scheduled arrivals", self.profile.mode,
-                 self.profile.users, len(self.offsets_s))
+        log.info("load started: %s, %d users here, %d scheduled arrivals", self.profile.mode,
+                 local_users, len(self.offsets_s))
         if isinstance(runner, MasterRunner):
             gevent.spawn(self._finish_distributed, runner)
         elif isinstance(runner, WorkerRunner):
@@ -150,6 +164,11 @@ class LLMUser(User):
         prof = self.controller.profile
         self.client = StreamingClient(self.host, model=prof.model, timeout_s=prof.timeout_s,
                                       user=self.controller.new_user_name(), on_record=self._on_record)
+        try:
+            self.client.resolve_model()  # now, not in the first request's latency
+        except ProbeError as exc:  # the server may be down (a fault): each request will record it
+            log.warning("%s", exc)
+        self.controller.user_ready()
 
     def on_stop(self) -> None:
         self.client.close()

@@ -250,6 +250,9 @@ class _ClientBase:
         self.user = user
         self.on_record = on_record
         self._timeout = httpx.Timeout(read_timeout_s, connect=min(10.0, read_timeout_s))
+        # plain http never uses TLS: skip loading the CA bundle (~50 ms per client, which
+        # would stall a Locust process spawning many users)
+        self._verify = not self.base_url.startswith("http://")
 
     def _model_from(self, resp: httpx.Response) -> str:
         if resp.status_code != 200:
@@ -270,7 +273,7 @@ class StreamingClient(_ClientBase):
                  read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None) -> None:
         super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
                          user=user, on_record=on_record)
-        self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout)
+        self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout, verify=self._verify)
 
     def resolve_model(self) -> str:
         """The model to ask for: the one given, else the first the server lists."""
@@ -316,7 +319,7 @@ class AsyncStreamingClient(_ClientBase):
                  read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None) -> None:
         super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
                          user=user, on_record=on_record)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, verify=self._verify)
 
     async def resolve_model(self) -> str:
         """The model to ask for: the one given, else the first the server lists."""
