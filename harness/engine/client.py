@@ -122,6 +122,15 @@ class _StreamingClient:
     def tokenizer(self) -> ByteTokenizer:
         return self._tokenizer
 
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> "_StreamingClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     def stats(self) -> EngineStats:
         return self._stats
 

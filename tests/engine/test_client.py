@@ -36,8 +36,7 @@ async def wait_for(predicate, timeout: float = 30.0) -> None:
 
 def test_inprocess_client_streams_concurrent_requests_token_exactly():
     async def main():
-        client = InProcessClient(CONFIG)
-        try:
+        async with InProcessClient(CONFIG) as client:
             assert isinstance(client, EngineClient)
             assert client.model_name == "tiny" and client.max_model_len == CONFIG.context_len
             results = await asyncio.gather(*(collect(client, request(f"r{i}", f"prompt {i}")) for i in range(6)))
@@ -45,49 +44,38 @@ def test_inprocess_client_streams_concurrent_requests_token_exactly():
                 assert tokens == greedy_reference("tiny", list(f"prompt {i}".encode()), 16, ignore_eos=True)
                 assert last.finished and last.finish_reason is FinishReason.LENGTH
             assert client.stats().generation_tokens_total == 6 * 16
-        finally:
-            await client.close()
     asyncio.run(main())
 
 
 def test_closing_the_stream_early_aborts_and_frees_kv():
     async def main():
-        client = InProcessClient(CONFIG)
-        try:
+        async with InProcessClient(CONFIG) as client:
             stream = client.generate(request("early", "walk away " * 4, max_tokens=500))
             first = await stream.__anext__()
             assert first.token_ids and not first.finished
             await wait_for(lambda: client.stats().kv_blocks_used > 0)
             await stream.aclose()
             await wait_for(lambda: client.stats().kv_blocks_used == 0 and client.stats().num_running == 0)
-        finally:
-            await client.close()
     asyncio.run(main())
 
 
 def test_invalid_requests_raise_before_streaming():
     async def main():
-        client = InProcessClient(CONFIG)
-        try:
+        async with InProcessClient(CONFIG) as client:
             with pytest.raises(InvalidRequestError, match="empty"):
                 await collect(client, GenerateRequest("bad", []))
             with pytest.raises(InvalidRequestError, match="max_model_len"):
                 await collect(client, request("long", "x" * 5000))
-        finally:
-            await client.close()
     asyncio.run(main())
 
 
 def test_set_speculative_changes_the_engine_and_not_the_tokens():
     async def main():
-        client = InProcessClient(CONFIG)
-        try:
+        async with InProcessClient(CONFIG) as client:
             await client.set_speculative(True)
             tokens, _ = await collect(client, request("s", "speculative client", 24))
             assert client.stats().spec_enabled and client.stats().spec_draft_tokens > 0
             assert tokens == greedy_reference("tiny", list(b"speculative client"), 24, ignore_eos=True)
-        finally:
-            await client.close()
     asyncio.run(main())
 
 
