@@ -588,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--control-host", default="127.0.0.1", help="address workers connect to")
     p.add_argument("--control-port", type=int, default=0)
     p.add_argument("--config-json", default="{}", help="RouterConfig fields as JSON")
+    p.add_argument("--max-model-len", type=int, default=None, help="as the workers' EngineConfig.max_model_len")
     p.add_argument("--ready-file", type=Path, help="write {api, control, pid} here once listening")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -604,7 +605,7 @@ async def _serve(args, config: RouterConfig) -> int:
     from harness.engine.api import build_app
     from harness.engine.server import _bind
 
-    router = Router(args.preset, config)
+    router = Router(args.preset, config, max_model_len=args.max_model_len)
     registry = CollectorRegistry()
     registry.register(router)
     app = build_app(router, registry=registry, extra_routers=[admin_api(router)])

@@ -245,6 +245,8 @@ class Topology:
                 "--port", str(self.port), "--control-host", self.control_host, "--control-port", "0",
                 "--config-json", json.dumps(self.router_config.__dict__), "--ready-file", str(ready),
                 "--parent-pid", str(os.getpid())] + (["-v"] if self.verbose else [])
+        if self.engine_config.get("max_model_len"):
+            argv += ["--max-model-len", str(self.engine_config["max_model_len"])]
         self._router = _Proc("router", "router", argv, self.log_dir / "router.log")
         self._launch(self._router)
         deadline = time.monotonic() + self.startup_timeout_s
