@@ -107,7 +107,8 @@ def _python(sender: Station, receiver: Station, port: int, duration_s: float,
                                 name=f"bulk sender in {sender.name}") as client:
             client.wait(timeout_s)
         result = json.loads(server.readline(timeout_s + duration_s + 20))
-    return result["bytes"] * 8 / result["seconds"], result["bytes"], result["seconds"]
+    seconds = result["seconds"]
+    return (result["bytes"] * 8 / seconds if seconds > 0 else 0.0), result["bytes"], seconds
 
 
 # ---------------------------------------------------------------- the bulk ends (child processes)

@@ -4,7 +4,7 @@ The engine's own data plane does the work: a sender process in one host runs
 :class:`harness.engine.transfer.KVSender` (crc32c frames, layer by layer, retries) exactly as a
 prefill worker does, and a receiver process in another host runs
 :class:`~harness.engine.transfer.KVReceiver` with a sink that verifies every frame against the
-expected layout (as a decode worker's import does) and then drops it. KV tensors have the
+expected layout and copies it into place (as a decode worker's import does). KV tensors have the
 preset's layout ``[layers, 2, tokens, kv_heads, head_dim]``; a transfer size is a number of
 tokens. Bandwidth = wire bytes / the sender's transfer time (from the first layer handed over to
 the receiver's commit), the figure the engine's transfer counters report.
@@ -156,26 +156,39 @@ def measure_kv_curve(sender: Station, receiver: Station, *, port: int, preset: s
 
 
 class _BenchSink:
-    """Decode-side stand-in for an import: knows each expected layout, checks, then drops the KV."""
+    """Decode-side stand-in for an import: knows each expected layout and copies every verified
+    layer into a destination tensor (as a decode worker copies into its KV blocks), then frees
+    the receive buffer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._layouts: dict = {}
+        self._dest: dict = {}
 
     def expect(self, rid: str, layout) -> None:
+        import torch
+
         with self._lock:
             self._layouts[rid] = layout
+            shape = (layout.num_layers, 2, layout.num_tokens, layout.num_kv_heads, layout.head_dim)
+            self._dest[rid] = torch.empty(shape, dtype=layout.dtype)  # [layers, 2, T, H, D]
 
     def kv_layout(self, request_id: str):
         with self._lock:
             return self._layouts.get(request_id)
 
-    def kv_write(self, request_id: str, layer_start: int, kv) -> None:
-        pass  # the receiver already verified checksums and shape against kv_layout
+    def kv_write(self, request_id: str, layer_start: int, kv, release) -> None:
+        try:
+            with self._lock:
+                dest = self._dest[request_id]
+            dest[layer_start:layer_start + kv.shape[0]].copy_(kv)  # kv: [layers, 2, T, H, D]
+        finally:
+            release()
 
     def kv_complete(self, request_id: str, first_token_id: int) -> None:
         with self._lock:
             self._layouts.pop(request_id, None)
+            self._dest.pop(request_id, None)
 
 
 def _receive(host: str, port: int) -> None:

@@ -85,7 +85,7 @@ class HostProcess:
     def stderr_tail(self, chars: int = 1500) -> str:
         if self.popen.poll() is None:
             return "(still running)"
-        if not self._stderr and self.popen.stderr is not None:
+        if not self._stderr and self.popen.stderr is not None and not self.popen.stderr.closed:
             self._stderr = (self.popen.stderr.read() or b"").decode(errors="replace")
         return self._stderr[-chars:].strip() or "(no stderr)"
 

@@ -43,10 +43,11 @@ def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthRes
 
 def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: TcpClassSample,
                           after: TcpClassSample, storm: dict[str, Any]) -> Verdict:
-    """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the baseline around it
-    (latency: the worse of before/after, at least RTT_NOISE_FLOOR_MS; throughput: their mean)."""
-    base_p99 = max(before.rtt_p99_ms, after.rtt_p99_ms, RTT_NOISE_FLOOR_MS)
-    base_tput = (before.throughput_bps + after.throughput_bps) / 2
+    """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the sample before it
+    (latency at least RTT_NOISE_FLOOR_MS). The sample after it is evidence of recovery only: a
+    class that shared the storm may still be draining then, which must not flatter the baseline."""
+    base_p99 = max(before.rtt_p99_ms, RTT_NOISE_FLOOR_MS)
+    base_tput = before.throughput_bps
     t = checklist.item(ITEM_PFC_ISOLATION).thresholds
     return judge(checklist.item(ITEM_PFC_ISOLATION), [
         Measurement(t["tcp_p99_latency_ratio"], during.rtt_p99_ms / base_p99,

@@ -1,0 +1,47 @@
+"""The TCP-class probe through a PFC storm on a real fabric: isolated when the classes are right,
+stalled when TCP traffic is put into the lossless class (the sabotage item 5 must catch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Status
+from harness.errors import ConfigError
+from harness.fabric.bandwidth import Station
+from harness.fabric.tcpprobe import sample_tcp_class
+from harness.fabric.verdicts import pfc_isolation_verdict
+from harness.faults import FaultRunner, Ledger, PfcStorm
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def test_probe_refuses_lossless_ports():
+    a = Station(("true",), "198.18.1.1", "a")
+    with pytest.raises(ConfigError, match="lossless-class ports"):
+        sample_tcp_class(a, a, label="x", port=7471, lossless_ports=(7471, 7472))
+
+
+def _storm_run(fabric, tmp_path):
+    client, server = Station.of(fabric.hosts[0]), Station.of(fabric.hosts[1])
+    ports = fabric.config.shaping.lossless_ports
+    before = sample_tcp_class(client, server, label="before", rr_seconds=1.5, bulk_seconds=1.5, lossless_ports=ports)
+    with FaultRunner(Ledger.for_cluster("fabric-test", tmp_path), handle_signals=False) as runner:
+        storm = runner.inject(PfcStorm.on_fabric_hosts([fabric.hosts[0]], pause_ms=300, resume_ms=100, bursts=60))
+        during = sample_tcp_class(client, server, label="during", rr_seconds=1.5, bulk_seconds=1.5,
+                                  lossless_ports=ports)
+        runner.revert(storm)
+    after = sample_tcp_class(client, server, label="after", rr_seconds=1.5, bulk_seconds=1.5, lossless_ports=ports)
+    return pfc_isolation_verdict(Checklist.load(), before, during, after, {"target": storm.target})
+
+
+def test_tcp_class_keeps_latency_and_throughput_through_a_storm(make_fabric, tmp_path):
+    verdict = _storm_run(make_fabric(hosts=2, line_rate_bps=5e8), tmp_path)
+    assert verdict.status == Status.PASS, verdict.reason
+
+
+def test_tcp_traffic_in_the_lossless_class_fails_isolation(make_fabric, tmp_path):
+    verdict = _storm_run(make_fabric(hosts=2, line_rate_bps=5e8, tcp_in_lossless=True), tmp_path)
+    assert verdict.status == Status.FAIL, verdict.reason
+    during = verdict.evidence["samples"][1]
+    assert during["rtt_p99_ms"] >= 100  # round trips waited out pauses of 300 ms
