@@ -114,12 +114,13 @@ def samples_chart(samples: Sequence[dict[str, Any]], threshold: float | None, op
     values = [float(s["value"]) for s in samples if s.get("value") is not None]
     height = 26 + 18 * len(samples)
     vmax = max(values + [threshold or 0.0, 1e-9]) * 1.1
-    left, pw = 150, _W - 150 - 330  # room on the right for each bar's value and note
+    width = 1040
+    left, pw = 150, 400  # room on the right for each bar's value and note
 
     def sx(v: float) -> float:
         return left + v / vmax * pw
 
-    parts = [f'<svg class="distribution" role="img" viewBox="0 0 {_W} {height}" width="{_W}" height="{height}" '
+    parts = [f'<svg class="distribution" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
              f'xmlns="http://www.w3.org/2000/svg"><title>distribution of samples</title>']
     for i, s in enumerate(samples):
         y = 8 + 18 * i
@@ -128,14 +129,14 @@ def samples_chart(samples: Sequence[dict[str, Any]], threshold: float | None, op
         parts.append(f'<text x="{left - 6}" y="{y + 11}" text-anchor="end" class="tick">{label}</text>')
         note = escape(str(s.get("note") or ""))
         if value is None:
-            parts.append(f'<text x="{left + 4}" y="{y + 11}" class="tick">not completed {note}</text>')
+            parts.append(f'<text x="{left + pw + 10}" y="{y + 11}" class="tick">not completed: {note}</text>')
             continue
         ok = threshold is None or _holds(float(value), threshold, op)
         parts.append(f'<rect class="sample {"ok" if ok else "bad"}" x="{left}" y="{y}" '
                      f'width="{max(sx(float(value)) - left, 1):.1f}" height="13" '
                      f'fill="{"#16a34a" if ok else "#dc2626"}"/>'
-                     f'<text x="{sx(float(value)) + 4:.1f}" y="{y + 11}" class="tick">{float(value):.3g} '
-                     f'{escape(unit)}  {note}</text>')
+                     f'<text x="{left + pw + 10}" y="{y + 11}" class="tick">{float(value):.3g} '
+                     f'{escape(unit)}{" — " + note if note else ""}</text>')
     if threshold is not None:
         x = sx(threshold)
         parts.append(f'<line class="threshold" x1="{x:.1f}" x2="{x:.1f}" y1="2" y2="{height - 14}" stroke="#111" '
