@@ -396,7 +396,8 @@ class ClusterHandle:
                            "allowed_faults": "all" if self.safety.allowed_faults is None
                            else list(self.safety.allowed_faults)},
                 "threshold_overrides": self.spec.threshold_overrides,
-                "fabric": self.fabric.describe() if self.fabric is not None else {"unavailable": self.fabric_unavailable}}
+                "fabric": (self.fabric.describe() if self.fabric is not None
+                           else {"unavailable": self.fabric_unavailable})}
 
 
 @contextlib.contextmanager

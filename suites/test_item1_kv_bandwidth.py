@@ -16,7 +16,7 @@ import pytest
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import measure_kv_curve
 from harness.fabric.linerate import read_line_rate
-from harness.fabric.verdicts import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, skipped
+from harness.fabric.verdicts import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip
 from harness.faults import LocalExecutor
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow]
@@ -25,11 +25,9 @@ SIZES_MIB = (1, 8, 32, 128)
 
 
 def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance):
-    if cluster.fabric is None:
-        conformance.record(skipped(cluster.thresholds, ITEM_KV_BANDWIDTH,
-                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+    placed = placement_or_skip(cluster, conformance, ITEM_KV_BANDWIDTH)
+    if placed is None:
         return
-    placed = cluster.fabric.placement(cluster.topology.worker_ids())
     sender, receiver = Station.of(placed["prefill-0"]), Station.of(placed["decode-0"])
     line = read_line_rate(LocalExecutor(), placed["prefill-0"].fabric_dev, placed["prefill-0"].netns)
     port = cluster.fabric.config.bench_port  # a lossless-class port that no worker holds

@@ -16,7 +16,7 @@ import pytest
 
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.tcpprobe import sample_tcp_class
-from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict, skipped
+from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped
 from harness.faults import PfcStorm
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow]
@@ -27,12 +27,10 @@ STORM_S = 40.0   # longer than the "during" sample, which starts its probe proce
 
 
 def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_options):
-    if cluster.fabric is None:
-        conformance.record(skipped(cluster.thresholds, ITEM_PFC_ISOLATION,
-                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+    placed = placement_or_skip(cluster, conformance, ITEM_PFC_ISOLATION)
+    if placed is None:
         return
     fabric = cluster.fabric
-    placed = fabric.placement(cluster.topology.worker_ids())
     stormed, peer = placed["prefill-0"], placed["decode-0"]
     flood_to = placed.get("decode-1", peer)
     client, server = Station.of(stormed), Station.of(peer)

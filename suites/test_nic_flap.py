@@ -19,7 +19,7 @@ import pytest
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
-from harness.fabric.verdicts import ITEM_NIC_FLAP, flap_recovery_verdict, skipped
+from harness.fabric.verdicts import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped
 from harness.faults import NicFlap
 from harness.probes.timeline import merge_timeline
 
@@ -39,12 +39,10 @@ def _kv_gbit(bench: KVBench, tokens: int) -> float:
 
 def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults, timeline, conformance,
                                                          harness_options):
-    if cluster.fabric is None:
-        conformance.record(skipped(cluster.thresholds, ITEM_NIC_FLAP,
-                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+    placed = placement_or_skip(cluster, conformance, ITEM_NIC_FLAP)
+    if placed is None:
         return
     fabric = cluster.fabric
-    placed = fabric.placement(cluster.topology.worker_ids())
     victim, source = placed["decode-0"], placed["prefill-0"]
     flap = NicFlap.on_fabric_host(victim, period_s=PERIOD_S, duty=DUTY, count=COUNT)
     if harness_options.dry_run:

@@ -183,8 +183,9 @@ class Fabric:
                 break
             time.sleep(0.1)  # the kernel destroys a namespace's devices asynchronously
         if left:
-            raise HarnessError(f"fabric teardown left {left}", fix="stop the processes still running in those namespaces, then run "
-                               "`ip netns del NAME` / `ip link del NAME` by hand")
+            raise HarnessError(f"fabric teardown left {left}",
+                               fix="stop the processes still running in those namespaces, then run "
+                                   "`ip netns del NAME` / `ip link del NAME` by hand")
 
     # -- placement of workers
     def host(self, index_or_netns: int | str) -> FabricHost:

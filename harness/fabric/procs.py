@@ -37,42 +37,37 @@ class HostProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def readline(self, timeout_s: float) -> str:
-        """The next stdout line (without newline); ProbeError if the child exits or stays silent."""
-        deadline = time.monotonic() + timeout_s
+    def _read_more(self, deadline: float, timeout_s: float) -> bool:
+        """Append what stdout has to our buffer (waiting until ``deadline``); False at end of file.
+        Our own buffer over the raw fd: a buffered reader would hide lines already read from select()."""
         fd = self.popen.stdout.fileno()  # type: ignore[union-attr]
-        # our own buffer over the raw fd: a buffered reader would hide lines already read from select()
-        while b"\n" not in self._buf:
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ProbeError(f"{self.name} said nothing for {timeout_s:.0f} s: {self.stderr_tail()}",
+                raise ProbeError(f"{self.name} gave no output for {timeout_s:.0f} s: {self.stderr_tail()}",
                                  fix="check the fabric hosts and the process's stderr above")
             ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
             if ready:
                 chunk = os.read(fd, 65536)
-                if not chunk:
-                    self.popen.wait(timeout=5)
-                    raise ProbeError(f"{self.name} exited with code {self.popen.returncode}: "
-                                     f"{self.stderr_tail()}", fix="read the error above")
                 self._buf += chunk
+                return bool(chunk)
+
+    def readline(self, timeout_s: float) -> str:
+        """The next stdout line (without newline); ProbeError if the child exits or stays silent."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            if not self._read_more(deadline, timeout_s):
+                self.popen.wait(timeout=5)
+                raise ProbeError(f"{self.name} exited with code {self.popen.returncode}: "
+                                 f"{self.stderr_tail()}", fix="read the error above")
         line, _, self._buf = self._buf.partition(b"\n")
         return line.decode(errors="replace")
 
     def read_rest(self, timeout_s: float) -> str:
         """Everything the child still writes to stdout until it closes it and exits."""
         deadline = time.monotonic() + timeout_s
-        fd = self.popen.stdout.fileno()  # type: ignore[union-attr]
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ProbeError(f"{self.name} did not finish within {timeout_s:.0f} s",
-                                 fix="check the fabric link between the hosts")
-            ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
-            if ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                self._buf += chunk
+        while self._read_more(deadline, timeout_s):
+            pass
         self.wait(max(1.0, deadline - time.monotonic()))
         data, self._buf = self._buf, b""
         return data.decode(errors="replace")

@@ -25,6 +25,16 @@ def skipped(checklist: Checklist, item_id: str, reason: str) -> Verdict:
                    evidence={"skipped": reason})
 
 
+def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str, Any] | None:
+    """{worker id: FabricHost} of a cluster running on the emulated fabric; otherwise record an
+    inconclusive "skipped" verdict for ``item_id`` (saying why) and return None."""
+    if cluster.fabric is None:
+        conformance.record(skipped(cluster.thresholds, item_id,
+                                   cluster.fabric_unavailable or "the cluster has no emulated fabric"))
+        return None
+    return cluster.fabric.placement(cluster.topology.worker_ids())
+
+
 def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthResult, curve: KVCurve) -> Verdict:
     """Item 1: the largest transfer's median bandwidth as a fraction of the line rate."""
     gbit_line = line.bps / 1e9
