@@ -146,3 +146,41 @@ def test_plain_tests_are_left_alone(tmp_path):
                            f"--report-dir={tmp_path / 'reports'}"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and not (tmp_path / "reports").exists()
+
+
+def test_latency_faults_and_timeline_reach_the_report(tmp_path):
+    proc = run_suite(tmp_path, """
+        from harness.faults import Action, FaultRecord, RecordStatus
+        from harness.probes.records import RequestRecord, process_anchor
+        from harness.probes.timeline import merge_timeline
+        import time
+
+        def test_data(conformance):
+            a = process_anchor()
+            now = time.perf_counter_ns()
+            records = [RequestRecord(request_id=str(i), sent_ns=now + i * 10**8, scheduled_ns=now + i * 10**8,
+                                     first_token_ns=now + i * 10**8 + 5 * 10**7, end_ns=now + i * 10**8 + 9 * 10**7,
+                                     chunk_ns=[now + i * 10**8 + 5 * 10**7] * 2, chunk_tokens=[1, 1],
+                                     anchor_wall_ns=a.wall_ns, anchor_mono_ns=a.mono_ns, anchor_perf_ns=a.perf_ns)
+                       for i in range(20)]
+            t = time.time()
+            faults = [FaultRecord("f1", "process_kill", "decode-0", Action.INJECT, t, time.monotonic(), t + 0.01,
+                                  time.monotonic() + 0.01),
+                      FaultRecord("f1", "process_kill", "decode-0", Action.REVERT, t + 1, time.monotonic() + 1,
+                                  t + 2, time.monotonic() + 2)]
+            conformance.add_latency(records, window_s=0.5)
+            conformance.add_fault_records(faults)
+            conformance.add_timeline(merge_timeline(faults=faults, events=[
+                {"seq": 1, "type": "worker_down", "wall_time": t + 0.05, "worker": "decode-0"}]))
+            conformance.record(verdict(0.5))
+    """)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = results(tmp_path)
+    assert {row["metric"] for row in data["latency"]} == {"ttft_ms", "tpot_ms"}
+    ttft = [row for row in data["latency"] if row["metric"] == "ttft_ms"]
+    assert sum(row["n"] for row in ttft) == 20 and all(abs(row["p50"] - 50.0) < 1.0 for row in ttft)
+    [window] = data["fault_windows"]
+    assert window["end"] - window["start"] == pytest.approx(2.0) and "decode-0" in window["label"]
+    assert [e["kind"] for e in data["timeline"]] == ["fault_inject", "worker_down", "fault_revert"]
+    html = (tmp_path / "reports" / "latest" / "report.html").read_text()
+    assert html.count('class="fault-window"') == 2 and "worker_down" in html
