@@ -43,7 +43,8 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
     if placed is None:
         return
     fabric = cluster.fabric
-    victim, source = placed["decode-0"], placed["prefill-0"]
+    victim_id = "decode-0"
+    victim, source = placed[victim_id], placed["prefill-0"]
     flap = NicFlap.on_fabric_host(victim, period_s=PERIOD_S, duty=DUTY, count=COUNT)
     if harness_options.dry_run:
         faults.inject(flap)
@@ -67,14 +68,23 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
             after.append((time.time() - last_up, gbit))
             if gbit >= 0.95 * baseline or after[-1][0] > recovery_limit * 2:
                 break
+    records = run.wait()
+    events = timeline.events()
+    first_down = min((t for what, t in transitions if what == "on"), default=last_up)
+    to_victim = [e for e in events if e["type"] == "kv_transfer" and e.get("decode") == victim_id
+                 and first_down <= e["wall_time"] <= last_up + 5]
     flaps = {"target": flap.target, "period_s": PERIOD_S, "duty": DUTY, "count": COUNT,
              "transitions": [{"state": "down" if w == "on" else "up", "t_wall": t} for w, t in transitions],
-             "probe_mib": PROBE_MIB}
+             "probe_mib": PROBE_MIB,
+             # what the engine did meanwhile: TCP rode out short outages, retries and the fallback path longer ones
+             "kv_transfers_to_victim_during_flaps": {
+                 "count": len(to_victim), "max_transfer_s": max((e["transfer_s"] for e in to_victim), default=None),
+                 "retries": sum(e["retries"] for e in to_victim),
+                 "fallbacks": sum(1 for e in to_victim if e["fallback"])}}
     conformance.record(flap_recovery_verdict(cluster.thresholds, baseline, after, flaps))
 
-    records = run.wait()
     expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
     conformance.record(nothing_lost_verdict(check_history(records, expected), cluster.thresholds))
     conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records, events=timeline.events(), records=records,
+    conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
                                             failed_requests_only=True))

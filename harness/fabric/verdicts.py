@@ -21,8 +21,8 @@ RTT_NOISE_FLOOR_MS = 1.0
 
 def skipped(checklist: Checklist, item_id: str, reason: str) -> Verdict:
     item = checklist.item(item_id)
-    return Verdict(item=item_id, title=item.title, status="inconclusive", reason=f"skipped: {reason}",
-                   evidence={"skipped": reason})
+    reason = reason if reason.startswith("skipped:") else f"skipped: {reason}"
+    return Verdict(item=item_id, title=item.title, status="inconclusive", reason=reason, evidence={"skipped": reason})
 
 
 def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str, Any] | None:
