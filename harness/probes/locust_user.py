@@ -21,7 +21,7 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
 from harness.errors import ProbeError
-from harness.probes.records import RecordWriter, RequestRecord
+from harness.probes.records import RecordWriter, RequestRecord, process_anchor
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts, worker_records_path
 
@@ -52,7 +52,7 @@ class LoadController:
         self.environment: Environment | None = None
         self.ready_users = 0
         self._starting = False
-        self._next = itertools.count()
+        self._taken = 0  # arrivals (open loop) or requests (closed loop) this process handed out
         self._user_ids = itertools.count()
 
     def attach(self, environment: Environment) -> None:
@@ -88,7 +88,8 @@ class LoadController:
         if isinstance(runner, MasterRunner):
             gevent.spawn(self._finish_distributed, runner)
         elif isinstance(runner, WorkerRunner):
-            gevent.spawn_later(self.profile.duration_s, self._stop_sending)
+            if not self.profile.open_loop:  # open loop: the schedule ends by itself
+                gevent.spawn_later(self.profile.duration_s, self._stop_sending)
         else:
             gevent.spawn(self._finish_local, runner)
 
@@ -97,20 +98,25 @@ class LoadController:
 
     def _finish_local(self, runner: Runner) -> None:
         gevent.sleep(self.profile.duration_s)
-        self.sending = False
-        # let in-flight requests finish (they are part of the run), then quit; Locust kills
-        # whatever is still running and those requests are recorded as cancelled
+        if not self.profile.open_loop:
+            self.sending = False
+        # Open loop: arrivals that are due but not yet sent (every user was busy) are still
+        # sent, late, so overload shows as latency rather than as missing requests. Then let
+        # in-flight requests finish and quit; Locust kills whatever is still running: those
+        # requests are recorded as cancelled, arrivals never sent as cancelled/NotSent.
         deadline = time.monotonic() + self.profile.stop_timeout_s
-        while self.in_flight and time.monotonic() < deadline:
+        while (self.in_flight or self.arrivals_left()) and time.monotonic() < deadline:
             gevent.sleep(0.05)
-        log.info("load finished, %d requests still in flight", self.in_flight)
+        self.sending = False
+        log.info("load finished, %d requests in flight, %d arrivals not sent", self.in_flight, self.arrivals_left())
         runner.quit()
 
     def _finish_distributed(self, runner: Runner) -> None:
         gevent.sleep(self.profile.duration_s)
         if self.profile.open_loop:
-            # workers start their clocks a little after this one: wait until their users are
-            # done with the schedule (user counts arrive with the workers' periodic reports)
+            # workers start their clocks a little after this one and send late arrivals too:
+            # wait until their users are done with the schedule (user counts arrive with the
+            # workers' periodic reports)
             deadline = time.monotonic() + self.profile.stop_timeout_s + 10.0
             while runner.user_count and time.monotonic() < deadline:
                 gevent.sleep(0.2)
@@ -119,19 +125,43 @@ class LoadController:
         runner.stop()
         runner.quit()
 
+    def _arrival(self, k: int) -> int:
+        """Index in the schedule of this process's k-th arrival."""
+        return self.worker_index + k * self.profile.processes
+
+    def arrivals_left(self) -> int:
+        """Open loop: arrivals of this process not yet taken by a user."""
+        if not self.profile.open_loop:
+            return 0
+        return len(range(self._arrival(self._taken), len(self.offsets_s), self.profile.processes))
+
     def next_send(self) -> tuple[str, int, int] | None:
         """(request id, prompt index, scheduled perf_counter ns) of the next request, or None
-        when the run is over. Closed loop: now. Open loop: this process's next arrival."""
+        when the run is over. Closed loop: now. Open loop: this process's next arrival.
+        The caller owns it from now on: it must send it, or record it as not sent."""
         if not self.sending:
             return None
-        k = next(self._next)
+        k = self._taken
         if not self.profile.open_loop:
+            self._taken += 1
             rid = f"load-{k}" if self.profile.processes == 1 else f"load-w{self.worker_index}-{k}"
-            return rid, k * self.profile.processes + self.worker_index, time.perf_counter_ns()
-        i = self.worker_index + k * self.profile.processes
+            return rid, self._arrival(k), time.perf_counter_ns()
+        i = self._arrival(k)
         if i >= len(self.offsets_s):
             return None
+        self._taken += 1
         return f"load-{i}", i, self.t0_ns + int(self.offsets_s[i] * 1e9)
+
+    def record_not_sent(self, request_id: str, prompt_index: int, scheduled_ns: int) -> None:
+        """An arrival the run ended before sending: it is part of the offered load, so it gets
+        a record (cancelled, NotSent), dated at the moment it was given up."""
+        anchor = process_anchor()
+        now = time.perf_counter_ns()
+        self.write(RequestRecord(
+            request_id=request_id, scheduled_ns=scheduled_ns, sent_ns=now, end_ns=now, status="cancelled",
+            error_class="NotSent", error_message="the run ended before the generator could send it",
+            prompt=self.prompts[prompt_index % len(self.prompts)], max_tokens=self.profile.max_tokens,
+            anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns))
 
     def new_user_name(self) -> str:
         prefix = "user" if self.profile.processes == 1 else f"w{self.worker_index}-user"
@@ -145,6 +175,18 @@ class LoadController:
         self.writer.write(record)
 
     def close(self) -> None:
+        """The process quits: arrivals that were due but nobody took are recorded as not sent."""
+        on_master = self.environment is not None and isinstance(self.environment.runner, MasterRunner)
+        if self.started.is_set() and not on_master:  # a master sends nothing: its workers account
+            self.sending = False
+            now = time.perf_counter_ns()
+            while self.arrivals_left():  # only arrivals already due: a run stopped early offered no more
+                i = self._arrival(self._taken)
+                scheduled_ns = self.t0_ns + int(self.offsets_s[i] * 1e9)
+                if scheduled_ns > now:
+                    break
+                self._taken += 1
+                self.record_not_sent(f"load-{i}", i, scheduled_ns)
         if self.writer is not None:
             self.writer.close()
 
@@ -181,14 +223,14 @@ class LLMUser(User):
         if nxt is None:
             raise StopUser()
         request_id, prompt_index, scheduled_ns = nxt
-        delay_s = (scheduled_ns - time.perf_counter_ns()) / 1e9
-        if delay_s > 0:
-            gevent.sleep(delay_s)
         prof = ctl.profile
         request = CompletionRequest(prompt=ctl.prompts[prompt_index % len(ctl.prompts)], max_tokens=prof.max_tokens,
                                     ignore_eos=prof.ignore_eos, chat=prof.chat)
-        ctl.in_flight += 1
+        ctl.in_flight += 1  # from taking the arrival: the run must not end between take and send
         try:
+            delay_s = (scheduled_ns - time.perf_counter_ns()) / 1e9
+            if delay_s > 0:  # killed while sleeping here: not due yet, so never offered
+                gevent.sleep(delay_s)
             self.client.send(request, request_id=request_id, scheduled_ns=scheduled_ns)
         finally:
             ctl.in_flight -= 1

@@ -94,3 +94,22 @@ def test_multi_process_run_splits_one_schedule_over_locust_workers(server, tmp_p
     assert sorted(p.name for p in tmp_path.glob("requests*.jsonl")) == ["requests.w0.jsonl", "requests.w1.jsonl"]
     assert all(r.ok for r in records)
     assert [r.start_wall_ns() for r in records] == sorted(r.start_wall_ns() for r in records)
+
+
+def test_overloaded_open_loop_accounts_for_every_arrival(server, tmp_path):
+    """One user cannot keep up with 20 arrivals/s: late arrivals are still sent (late), and the
+    ones the run ends before sending are recorded as not sent, so none silently disappears."""
+    profile = LoadProfile(mode="constant", rate=20.0, users=1, duration_s=2.0, max_tokens=32, stop_timeout_s=1.0)
+    records = LoadRunner(server.url, profile, output_dir=tmp_path).run()
+    offsets = arrival_offsets("constant", 20.0, 2.0, seed=0)
+    assert sorted(int(r.request_id.split("-")[1]) for r in records) == list(range(len(offsets)))
+    sent = [r for r in records if r.error_class != "NotSent"]
+    not_sent = [r for r in records if r.error_class == "NotSent"]
+    assert sent and not_sent and all(r.status == "cancelled" and not r.token_ids for r in not_sent)
+    assert {r.status for r in sent} <= {"ok", "cancelled"}
+    # the single user sends in schedule order, and ever later against the schedule
+    sent.sort(key=lambda r: r.scheduled_ns)
+    delays = [r.sent_ns - r.scheduled_ns for r in sent]
+    assert delays[-1] > delays[0] and [r.sent_ns for r in sent] == sorted(r.sent_ns for r in sent)
+    s = summarize(records)
+    assert s["by_status"]["cancelled"] >= len(not_sent) and s["latency_ms"]["sent"]["ttft_ms"]["n"] == s["ok"]
