@@ -3,10 +3,16 @@ import torch
 
 from harness.engine.config import ModelConfig
 from harness.engine.kv_cache import KVBlockData, KVBlockPool, PagedAttention
-from harness.engine.model import DenseKV, Transformer, causal_attention
+from harness.engine.model import DenseKV, Transformer, causal_attention, torch_threads
 from harness.errors import KVCapacityError, KVIntegrityError
 
 CFG = ModelConfig.from_name("tiny")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    with torch_threads(1):  # as the engine runs; spare threads only spin on a shared machine
+        yield
 
 
 def _pool(num_blocks: int = 8, block_size: int = 4) -> KVBlockPool:

@@ -2,9 +2,15 @@ import pytest
 import torch
 
 from harness.engine.config import ModelConfig
-from harness.engine.model import DenseKV, Transformer, causal_attention
+from harness.engine.model import DenseKV, Transformer, causal_attention, torch_threads
 
 CFG = ModelConfig.from_name("tiny")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    with torch_threads(1):  # as the engine runs; spare threads only spin on a shared machine
+        yield
 
 
 def _prefill(model: Transformer, tokens: list[int], n_layers: int | None = None, on_layer=None):
