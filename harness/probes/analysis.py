@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import ProbeError
-from harness.probes.records import STATUSES, RequestRecord
+from harness.probes.records import NOT_SENT, STATUSES, RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -140,7 +140,8 @@ def summarize(records: Sequence[RequestRecord], *, slo: SLO | None = None, basis
         "output_tokens_per_s": float(ok["n_tokens"].sum()) / duration_s if duration_s else 0.0,
         "latency_ms": {b: {m: percentiles(ok[_column(m, b)]) for m in LATENCY_METRICS} for b in BASES},
         "itl_ms": percentiles(itl_frame(r for r in records if r.ok)["itl_ms"]),
-        "sched_delay_ms": percentiles(df["sched_delay_ms"]),
+        # generator lateness over requests that were sent (a NotSent arrival has no send time)
+        "sched_delay_ms": percentiles(df.loc[df["error_class"] != NOT_SENT, "sched_delay_ms"]),
     }
     if slo is not None:
         good = int(meets_slo(df, slo, basis).sum())

@@ -21,7 +21,7 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
 from harness.errors import ProbeError
-from harness.probes.records import RecordWriter, RequestRecord, process_anchor
+from harness.probes.records import NOT_SENT, RecordWriter, RequestRecord, process_anchor
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts, worker_records_path
 
@@ -159,7 +159,7 @@ class LoadController:
         now = time.perf_counter_ns()
         self.write(RequestRecord(
             request_id=request_id, scheduled_ns=scheduled_ns, sent_ns=now, end_ns=now, status="cancelled",
-            error_class="NotSent", error_message="the run ended before the generator could send it",
+            error_class=NOT_SENT, error_message="the run ended before the generator could send it",
             prompt=self.prompts[prompt_index % len(self.prompts)], max_tokens=self.profile.max_tokens,
             anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns))
 

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 # Fixed status vocabulary: a request ends in exactly one of these.
 STATUSES = ("ok", "http_error", "stream_error", "timeout", "connection_error", "cancelled")
+NOT_SENT = "NotSent"  # error class of a cancelled open-loop arrival the run ended before sending
 
 
 @dataclass(frozen=True)

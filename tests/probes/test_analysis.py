@@ -108,3 +108,13 @@ def test_percentiles_of_nothing_are_nan_not_zero():
     assert p["n"] == 0 and math.isnan(p["p99"])
     empty = summarize([])
     assert empty["requests"] == 0 and math.isnan(empty["latency_ms"]["sent"]["ttft_ms"]["p50"])
+
+
+def test_never_sent_arrivals_count_as_cancelled_not_as_generator_lateness():
+    recs = [ok_record(i, start_ms=i * 100, delay_ms=2) for i in range(5)]
+    t = int(900 * MS)
+    recs.append(RequestRecord(request_id="n1", scheduled_ns=int(600 * MS), sent_ns=t, end_ns=t, status="cancelled",
+                              error_class="NotSent", anchor_wall_ns=10**18, anchor_perf_ns=0))
+    s = summarize(recs)
+    assert s["by_status"]["cancelled"] == 1 and s["error_classes"] == {"NotSent": 1}
+    assert s["sched_delay_ms"]["max"] == pytest.approx(2) and s["sched_delay_ms"]["n"] == 5
