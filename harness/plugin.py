@@ -328,7 +328,27 @@ def conformance(request: pytest.FixtureRequest) -> Conformance:
     return Conformance(request.config, request.node.nodeid)
 
 
-def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | Path | None = None) -> Any:
+class _LiveOutput:
+    """A text stream that shows each line on the terminal at once, past pytest's capture (dry-run
+    plans must be seen while the suite runs, not only in a failure report)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config, self._buf = config, ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            from rich.text import Text
+            _print(self._config, Text(line))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | Path | None = None,
+                      out: Any = None) -> Any:
     """A FaultRunner for ``cluster`` (a ClusterHandle) that refuses, before touching anything, every
     fault the cluster's safety settings do not allow (production clusters: all but those listed)."""
     from harness.faults import ExecutorPool, FaultRunner, Ledger
@@ -345,8 +365,8 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
                 self.ssh[key] = target
             return super().__call__(host)
 
-    pool = ClusterExecutors(dry_run=dry_run)
-    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run)
+    pool = ClusterExecutors(dry_run=dry_run, out=out)
+    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run, out=out)
 
 
 @pytest.fixture
@@ -356,7 +376,7 @@ def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conforman
     into the report and reverts whatever is still active when the test ends, however it ends."""
     from rich.markup import escape
 
-    runner = make_fault_runner(cluster, dry_run=harness_options.dry_run)
+    runner = make_fault_runner(cluster, dry_run=harness_options.dry_run, out=_LiveOutput(pytestconfig))
     styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
     runner.listeners.append(lambda rec: _print(
         pytestconfig, f"  fault {rec.action.value:<15} {rec.kind} {escape(rec.target)}: "

@@ -75,3 +75,12 @@ def test_malformed_cluster_file_exits_3_naming_file_field_and_fix(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert str(bad) in out and "`safety.allowed_faults`" in out and "fix:" in out
+
+
+def test_dry_run_prints_every_plan_injects_nothing_and_exits_2(tmp_path):
+    proc = run_suites(tmp_path, "--dry-run", "--kills=1")
+    assert proc.returncode == 2, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("[dry-run] process_kill") >= 2 and "[dry-run] process_hang" in proc.stdout
+    data = json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
+    assert data["faults"] and {f["status"] for f in data["faults"]} == {"dry_run"}
+    assert data["verdicts"][0]["reason"].startswith("dry run: 4 faults planned")
