@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from harness.cli import main
 from harness.engine.server import ServerProcess
 
 
@@ -12,11 +13,13 @@ def _load(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_bad_options_name_the_problem():
-    proc = _load("http://127.0.0.1:1", "--mode", "poisson")
-    assert proc.returncode == 3 and "needs rate > 0" in proc.stderr and "fix:" in proc.stderr
-    proc = _load("http://127.0.0.1:1", "--rate", "-1")
-    assert proc.returncode == 2 and "--rate: must be > 0" in proc.stderr
+def test_bad_options_name_the_problem(capsys):
+    assert main(["load", "http://127.0.0.1:1", "--mode", "poisson"]) == 3
+    err = capsys.readouterr().err
+    assert "needs rate > 0" in err and "fix:" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["load", "http://127.0.0.1:1", "--rate", "-1"])
+    assert exc.value.code == 2 and "--rate: must be > 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow
