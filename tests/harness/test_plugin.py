@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # every test runs pytest as a subprocess
 
 HEADER = """
 import pytest

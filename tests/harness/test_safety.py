@@ -10,6 +10,8 @@ from harness.errors import FaultError
 from harness.faults import ProcessKill
 from harness.plugin import make_fault_runner
 
+pytestmark = pytest.mark.slow  # starts (and reaps) a real target process
+
 
 @pytest.fixture
 def sleeper():
