@@ -150,17 +150,19 @@ class KVBlockPool:
             self.storage.device)
 
 
-# Decode sequences attended in one padded batch hold at most about this much K (bytes).
-SINGLE_CHUNK_BYTES = 2 * 2**20
+# Segments of at most this many new tokens (decode: 1, speculative verify: k + 1) are attended
+# in padded batches; longer ones (prefills) one sequence at a time.
+BATCHED_MAX_NEW_TOKENS = 8
+# A padded batch holds at most about this much K (bytes): one big batch streams through DRAM
+# several times and was slower than a per-sequence loop for long contexts.
+BATCH_CHUNK_BYTES = 2 * 2**20
 
 
 class PagedAttention:
     """AttentionBackend for one engine step over a packed batch of sequences.
 
     ``segments``: per sequence (block_table, start_pos, num_new_tokens), in packing order; the
-    block table must already cover start_pos + num_new_tokens tokens. Single-token (decode)
-    segments are attended together in one padded batch; longer ones (prefill, speculative
-    verify) one sequence at a time.
+    block table must already cover start_pos + num_new_tokens tokens.
     """
 
     def __init__(self, pool: KVBlockPool, segments: list[tuple[list[int], int, int]]) -> None:
@@ -168,61 +170,68 @@ class PagedAttention:
         parts = [pool.slots(table, start, start + n) for table, start, n in segments]
         self.blocks = torch.cat([p[0] for p in parts])   # [T]
         self.offsets = torch.cat([p[1] for p in parts])  # [T]
-        device = pool.storage.device
-        self.multi: list[tuple[list[int], int, int, int]] = []  # (table, start, n, first packed index)
-        single: list[tuple[list[int], int, int]] = []
+        self.long: list[tuple[list[int], int, int, int]] = []  # (table, start, n, first packed index)
+        short: dict[int, list[tuple[list[int], int, int]]] = {}  # n -> [(table, start, first index)]
         t0 = 0
         for table, start, n in segments:
-            if n == 1 and len(segments) > 1:
-                single.append((table, start + 1, t0))
+            if n <= BATCHED_MAX_NEW_TOKENS:
+                short.setdefault(n, []).append((table, start, t0))
             else:
-                self.multi.append((table, start, n, t0))
+                self.long.append((table, start, n, t0))
             t0 += n
-        # chunks of decode sequences whose gathered K stays cache-sized: one big padded batch
-        # streams through DRAM several times and was slower than a loop for long contexts
         token_bytes = pool.storage[0, 0, 0, 0].numel() * pool.storage.element_size()
-        self.single_chunks = []
-        chunk: list[tuple[list[int], int, int]] = []
-        for item in sorted(single, key=lambda s: s[1]):
-            chunk.append(item)
-            if len(chunk) * item[1] * token_bytes >= SINGLE_CHUNK_BYTES:
-                self.single_chunks.append(self._pack(chunk))
-                chunk = []
-        if chunk:
-            self.single_chunks.append(self._pack(chunk))
+        self.batches = []
+        for n, items in short.items():
+            chunk: list[tuple[list[int], int, int]] = []
+            for item in sorted(items, key=lambda s: s[1]):
+                chunk.append(item)
+                if len(chunk) * (item[1] + n) * token_bytes >= BATCH_CHUNK_BYTES:
+                    self.batches.append(self._pack(chunk, n))
+                    chunk = []
+            if chunk:
+                self.batches.append(self._pack(chunk, n))
 
-    def _pack(self, single: list[tuple[list[int], int, int]]) -> tuple[Tensor, Tensor, Tensor]:
+    def _pack(self, items: list[tuple[list[int], int, int]], n: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         pool, device = self.pool, self.pool.storage.device
-        width = max(pool.blocks_for(ctx) for _, ctx, _ in single)
+        ctx = [start + n for _, start, _ in items]
+        width = max(pool.blocks_for(c) for c in ctx)
         # pad every table to the same width with its own first block; padded slots are masked
-        tables = [table[:pool.blocks_for(ctx)] + [table[0]] * (width - pool.blocks_for(ctx))
-                  for table, ctx, _ in single]
-        ctx = torch.tensor([c for _, c, _ in single], device=device)                   # [B]
+        tables = [table[:pool.blocks_for(c)] + [table[0]] * (width - pool.blocks_for(c))
+                  for (table, _, _), c in zip(items, ctx)]
+        key_pos = torch.arange(width * pool.block_size, device=device)                  # [L]
+        query_pos = torch.tensor([[start + i for i in range(n)] for _, start, _ in items],
+                                 device=device)                                        # [B, n]
         return (torch.tensor(tables, device=device),                                   # [B, nb]
-                torch.tensor([t for _, _, t in single], device=device),                # [B] packed index
-                torch.arange(width * pool.block_size, device=device)[None, :] >= ctx[:, None])  # [B, L]
+                query_pos - query_pos[:, :1] + torch.tensor([t for _, _, t in items], device=device)[:, None],
+                key_pos[None, None, :] > query_pos[:, :, None],                        # [B, n, L] future
+                key_pos[None, :] >= query_pos[:, -1:] + 1)                             # [B, L] past context
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q: [T, H, hd]; k, v: [T, KVH, hd]
         self.pool.write(layer, self.blocks, self.offsets, k, v)
         out = torch.empty_like(q)                         # [T, H, hd]
-        for table, start, n, t0 in self.multi:
+        for table, start, n, t0 in self.long:
             ctx_k, ctx_v = self.pool.gather(layer, table, start + n)  # [start+n, KVH, hd]
             out[t0:t0 + n] = causal_attention(q[t0:t0 + n], ctx_k, ctx_v, start)
-        for chunk in self.single_chunks:
-            out[chunk[1]] = self._attend_single(layer, q[chunk[1]], chunk)
+        for batch in self.batches:
+            out[batch[1]] = self._attend_batch(layer, q[batch[1]], batch)
         return out
 
-    def _attend_single(self, layer: int, q: Tensor, chunk: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        """One new token per sequence, padded batch. q: [B, H, hd] -> [B, H, hd]."""
-        tables, _, pad = chunk
-        B, n_heads, head_dim = q.shape
+    def _attend_batch(self, layer: int, q: Tensor, batch: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
+        """n new tokens per sequence, padded and masked. q: [B, n, H, hd] -> [B, n, H, hd]."""
+        tables, _, future, beyond = batch
+        B, n, n_heads, head_dim = q.shape
         storage = self.pool.storage
         n_kv_heads = storage.shape[4]
+        group = n_heads // n_kv_heads
         ks = storage[tables, layer, 0].flatten(1, 2)                        # [B, L, KVH, hd]
-        vs = storage[tables, layer, 1].flatten(1, 2).masked_fill(pad[:, :, None, None], 0.0)
-        qg = q.view(B, n_kv_heads, n_heads // n_kv_heads, head_dim)         # [B, KVH, G, hd]
-        scores = qg @ ks.permute(0, 2, 3, 1) / math.sqrt(head_dim)          # [B, KVH, G, L]
-        scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)                               # [B, KVH, G, L]
-        return (probs @ vs.transpose(1, 2)).reshape(B, n_heads, head_dim)  # [B, KVH, G, hd] -> [B, H, hd]
+        # stale bytes past a context may be anything: zero them so that 0 * garbage stays 0
+        vs = storage[tables, layer, 1].flatten(1, 2).masked_fill(beyond[:, :, None, None], 0.0)
+        qg = q.view(B, n, n_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(
+            B, n_kv_heads, group * n, head_dim)                             # [B, KVH, G*n, hd]
+        scores = qg @ ks.permute(0, 2, 3, 1) / math.sqrt(head_dim)          # [B, KVH, G*n, L]
+        scores = scores.masked_fill(future.repeat(1, group, 1)[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)                               # [B, KVH, G*n, L]
+        out = probs @ vs.transpose(1, 2)                                    # [B, KVH, G*n, hd]
+        return out.view(B, n_kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(
+            B, n, n_heads, head_dim)

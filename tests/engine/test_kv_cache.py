@@ -121,7 +121,7 @@ def test_payload_of_the_wrong_size_is_rejected():
 @pytest.mark.parametrize("chunk_bytes", [1, 2**30])  # one sequence per chunk / all in one padded batch
 def test_batched_decode_attention_matches_dense_per_sequence(monkeypatch, chunk_bytes):
     import harness.engine.kv_cache as kv_cache
-    monkeypatch.setattr(kv_cache, "SINGLE_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(kv_cache, "BATCH_CHUNK_BYTES", chunk_bytes)
     model = Transformer(CFG)
     pool = _pool(32, block_size=4)
     seqs = [list(range(40, 40 + n)) for n in (3, 17, 9)]  # contexts of different block counts
@@ -135,3 +135,22 @@ def test_batched_decode_attention_matches_dense_per_sequence(monkeypatch, chunk_
     for row, seq in zip(model.logits(hidden), seqs):
         dense = model.logits(model.forward(model.tensor(seq), torch.arange(len(seq)), DenseKV(CFG.n_layers)))
         torch.testing.assert_close(row, dense[-1], rtol=0, atol=1e-10)
+
+
+def test_batched_multi_token_attention_matches_dense_per_sequence():
+    """Speculative verify shape: several new tokens per sequence, causal inside the batch."""
+    model = Transformer(CFG)
+    pool = _pool(32, block_size=4)
+    seqs = [list(range(60, 60 + n)) for n in (6, 13, 21)]
+    tables = [pool.allocate(pool.blocks_for(len(s))) for s in seqs]
+    new = 4
+    for seq, table in zip(seqs, tables):
+        model.forward(model.tensor(seq[:-new]), torch.arange(len(seq) - new),
+                      PagedAttention(pool, [(table, 0, len(seq) - new)]))
+    hidden = model.forward(model.tensor([t for s in seqs for t in s[-new:]]),
+                           torch.cat([torch.arange(len(s) - new, len(s)) for s in seqs]),
+                           PagedAttention(pool, [(t, len(s) - new, new) for s, t in zip(seqs, tables)]))
+    logits = model.logits(hidden).view(len(seqs), new, -1)
+    for rows, seq in zip(logits, seqs):
+        dense = model.logits(model.forward(model.tensor(seq), torch.arange(len(seq)), DenseKV(CFG.n_layers)))
+        torch.testing.assert_close(rows, dense[-new:], rtol=0, atol=1e-10)
