@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -265,7 +266,10 @@ class PDWorker:
                                  "kv_addr": list(kv_addr), "control_addr": list(control_addr),
                                  "kv_blocks_total": self.core.pool.num_blocks,
                                  "block_size": self.core.config.block_size}))
-        welcome = await read_msg(reader)
+        try:  # a router that is shutting down may still accept connections but never answer
+            welcome = await asyncio.wait_for(read_msg(reader), 5.0)
+        except asyncio.TimeoutError:
+            welcome = None
         if not welcome or welcome["type"] != "welcome":
             log.warning("router refused registration: %s", welcome)
             writer.close()
@@ -325,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"%(asctime)s %(levelname)s {args.id} %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack to the log
     overrides = json.loads(args.engine_json)
     config = EngineConfig(preset=args.preset, name=args.id, **overrides)
     worker = PDWorker(args.id, args.role, config)
@@ -333,4 +338,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything was closed explicitly above. Skip interpreter finalization: its final garbage
+    # collection over torch's object graph took more than 10 s on a loaded 2-core machine.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
