@@ -24,7 +24,8 @@ from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+# timeout: a hang guard sized for the default plan with room for --kills up to about 20
+pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # Load must outlast the faults, and it must end by itself (a stopped load generator cancels the
 # requests in flight, which the nothing-lost check would rightly count as hung). These budgets
