@@ -442,7 +442,7 @@ def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack) -> tuple[Any
     can; else say why and run on loopback. Returns (Fabric or None, reason or None, Topology kwargs)."""
     if not spec.fabric.enabled:
         return None, "the cluster file does not enable the emulated fabric (fabric.enabled)", {}
-    from harness.fabric.builder import Fabric, FabricConfig, fabric_unavailable_reason
+    from harness.fabric.builder import Fabric, fabric_unavailable_reason
 
     reason = fabric_unavailable_reason()
     if reason:
@@ -451,7 +451,7 @@ def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack) -> tuple[Any
     b = spec.bundled
     assert b is not None
     ids = [f"prefill-{i}" for i in range(b.prefill)] + [f"decode-{i}" for i in range(b.decode)]
-    fabric = stack.enter_context(Fabric(FabricConfig(hosts=len(ids), shaping=settings_spec(spec.fabric))))
+    fabric = stack.enter_context(Fabric.in_free_slot(len(ids), settings_spec(spec.fabric)))
     return fabric, None, fabric.topology_kwargs(ids)
 
 

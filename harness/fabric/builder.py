@@ -18,6 +18,7 @@ crashed run left behind, and how :func:`leftovers` proves a teardown complete.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import logging
@@ -26,6 +27,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.errors import ConfigError, HarnessError
@@ -43,6 +45,8 @@ CONTROL_MTU = 1500
 EMULATION_RANGE = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544 benchmarking range: never routed
 IP_TIMEOUT_S = 10.0
 TEARDOWN_TIMEOUT_S = 10.0
+SLOT_DIR = Path("/run/harness-fabric")   # one flock per fabric slot, held while the fabric exists
+MAX_SLOTS = 8
 SKIP_REASON = "skipped: needs root and iproute2"
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,4}-$")
 
@@ -124,8 +128,10 @@ class FabricHost:
 class Fabric:
     """Builds, describes and removes the emulated fabric; every command goes through ``executor``."""
 
-    def __init__(self, config: FabricConfig | None = None, executor: Executor | None = None) -> None:
+    def __init__(self, config: FabricConfig | None = None, executor: Executor | None = None, *,
+                 slot_lock: Any = None) -> None:
         self.config = config or FabricConfig()
+        self._slot_lock = slot_lock  # an open, flock()ed file: released at teardown
         self.ex = executor or _local()
         p = self.config.prefix
         self.fabric_bridge, self.control_bridge = f"{p}fab", f"{p}ctl"
@@ -136,6 +142,27 @@ class Fabric:
         self.fabric_prefixlen = ipaddress.ip_network(self.config.fabric_subnet).prefixlen
         self.hosts = [FabricHost(index=i, netns=f"{p}h{i}", fabric_ip=str(fab[i]), control_ip=str(ctl[i]),
                                  fabric_port=f"{p}f{i}", control_port=f"{p}c{i}") for i in range(self.config.hosts)]
+
+    @classmethod
+    def in_free_slot(cls, hosts: int, shaping: ShapingSpec, executor: Executor | None = None) -> Fabric:
+        """A fabric in the first slot no live process holds, so two bundled clusters on one machine
+        (two test runs) never share or tear down each other's namespaces. Slot 0 is prefix ``pdh-``
+        with 198.18.1.0/24 + 198.18.2.0/24; slot N is ``pdhN-`` with 198.18.(4N+1) and (4N+2).
+        What a dead holder of the slot left behind is removed by :meth:`setup` (same prefix)."""
+        SLOT_DIR.mkdir(parents=True, exist_ok=True)
+        for slot in range(MAX_SLOTS):
+            lock = open(SLOT_DIR / f"slot-{slot}.lock", "a+")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            config = FabricConfig(hosts=hosts, shaping=shaping, prefix=f"pdh{slot or ''}-",
+                                  fabric_subnet=f"198.18.{4 * slot + 1}.0/24",
+                                  control_subnet=f"198.18.{4 * slot + 2}.0/24")
+            return cls(config, executor, slot_lock=lock)
+        raise HarnessError(f"all {MAX_SLOTS} fabric slots are in use on this machine",
+                           fix="wait for another harness run to finish, or stop a stale one")
 
     # -- lifecycle
     def __enter__(self) -> Fabric:
@@ -182,6 +209,9 @@ class Fabric:
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.1)  # the kernel destroys a namespace's devices asynchronously
+        if not left and self._slot_lock is not None:
+            self._slot_lock.close()  # releases the flock: the slot is free for the next run
+            self._slot_lock = None
         if left:
             raise HarnessError(f"fabric teardown left {left}",
                                fix="stop the processes still running in those namespaces, then run "
