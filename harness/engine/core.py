@@ -196,16 +196,15 @@ class EngineCore:
             events.append(self._emit(seq, [token]))
         prefills = self._admit(events)
         decodes = [s for s in self.running if s not in prefills]
-        if self.spec_enabled:
-            spec = [s for s in decodes if s.req.params.greedy and self._reserve(s, self.config.spec_num_tokens + 1,
-                                                                                  preempt=False)]
-        else:
-            spec = []
-        plain = [s for s in decodes if s not in spec]
-        plain = [s for s in plain if s.status is RequestStatus.RUNNING and self._reserve(s, 1, preempt=True)]
-        spec = [s for s in spec if s.status is RequestStatus.RUNNING]
-        # a reservation may have preempted any of them (including a request admitted above)
+        # greedy requests take the speculative path when it is on and their blocks can hold
+        # the draft tokens; the rest decode one token (preempting the newest when KV is short)
+        spec = [s for s in decodes if self.spec_enabled and s.req.params.greedy
+                and self._reserve(s, self.config.spec_num_tokens + 1, preempt=False)]
+        plain = [s for s in decodes if s not in spec and s.status is RequestStatus.RUNNING
+                 and self._reserve(s, 1, preempt=True)]
+        # a later reservation may have preempted an earlier request, even one admitted above
         batch = [s for s in prefills + plain if s.status is RequestStatus.RUNNING]
+        spec = [s for s in spec if s.status is RequestStatus.RUNNING]
         if batch:
             events.extend(self._run_batch(batch))
         if spec:

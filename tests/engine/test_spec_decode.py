@@ -72,3 +72,13 @@ def test_speculation_respects_stop_rules_inside_an_accepted_run():
         events = engine.run_to_completion()["r"]
         assert [t for e in events for t in e.token_ids] == full[:max_tokens]
         assert engine.stats().kv_blocks_used == 0
+
+
+def test_speculation_under_kv_pressure_with_preemption_stays_exact():
+    # 10 blocks of 16 tokens for four requests that grow to 60+ tokens each
+    engine = EngineCore(EngineConfig(preset="tiny", speculative=True, kv_budget_bytes=10 * 16 * 2048))
+    out = run(engine, 45)
+    assert engine.stats().extra["preemptions_total"] > 0
+    for i, p in enumerate(PROMPTS):
+        assert out[f"r{i}"] == greedy_reference("tiny", tok.encode(p), 45, ignore_eos=True)
+    assert engine.stats().kv_blocks_used == 0
