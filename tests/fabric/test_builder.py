@@ -78,3 +78,30 @@ def test_setup_after_a_crash_removes_the_strays_of_its_prefix(make_fabric):
     assert not {f"{TEST_PREFIX}f9", "pdt-stray9"} & set(list_links(ex))
     fabric.teardown()
     assert leftovers(ex, TEST_PREFIX) == []
+
+
+@pytest.mark.slow
+def test_two_clusters_get_separate_fabric_slots():
+    from harness.fabric.builder import fabric_unavailable_reason
+    from harness.fabric.shaping import ShapingSpec
+
+    if fabric_unavailable_reason():
+        pytest.skip(fabric_unavailable_reason())
+    first = Fabric.in_free_slot(1, ShapingSpec())
+    second = Fabric.in_free_slot(1, ShapingSpec())
+    try:
+        assert first.config.prefix != second.config.prefix
+        assert first.config.fabric_subnet != second.config.fabric_subnet
+        assert first.control_gateway_ip != second.control_gateway_ip
+        first.setup()
+        second.setup()  # its stray cleanup leaves the other slot's namespaces alone
+        assert f"{first.config.prefix}h0" in list_netns(LocalExecutor())
+    finally:
+        first.teardown()
+        second.teardown()
+    assert leftovers(prefix=first.config.prefix) == [] and leftovers(prefix=second.config.prefix) == []
+    again = Fabric.in_free_slot(1, ShapingSpec())  # the lock went with the teardown
+    try:
+        assert again.config.prefix in {first.config.prefix, second.config.prefix}
+    finally:
+        again.teardown()
