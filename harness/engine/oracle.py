@@ -5,6 +5,7 @@ The harness checks every completion of the reference engine token-exactly agains
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -26,11 +27,21 @@ def greedy_reference(preset: str, prompt_token_ids: Sequence[int], max_tokens: i
     ``max_tokens``) and only the tokens after them are returned, exactly as the engine streams
     them. ``max_model_len`` defaults to the preset's ``max_seq_len``.
     """
-    cfg = ModelConfig.from_name(preset, **({"dtype": dtype} if dtype else {}))
     tokenizer = ByteTokenizer()
     prompt, resume = list(prompt_token_ids), list(resume_token_ids)
     tokenizer.validate(prompt)
     tokenizer.validate(resume, "resume_token_ids")
+    # load suites check many completions of the same few prompts: remember the answers
+    return list(_generate(preset, tuple(prompt), max_tokens, tuple(stop), ignore_eos, tuple(resume),
+                          max_model_len, dtype))
+
+
+@functools.lru_cache(maxsize=4096)
+def _generate(preset: str, prompt: tuple[int, ...], max_tokens: int, stop: tuple[str, ...], ignore_eos: bool,
+              resume: tuple[int, ...], max_model_len: int | None, dtype: str | None) -> tuple[int, ...]:
+    cfg = ModelConfig.from_name(preset, **({"dtype": dtype} if dtype else {}))
+    tokenizer = ByteTokenizer()
+    prompt, resume = list(prompt), list(resume)
     params = SamplingParams(max_tokens=max_tokens, stop=tuple(stop), ignore_eos=ignore_eos)
     tracker = OutputTracker(tokenizer, params, len(prompt), max_model_len or cfg.max_seq_len, resume)
     model = load_model(cfg, "cpu")
@@ -43,4 +54,7 @@ def greedy_reference(preset: str, prompt_token_ids: Sequence[int], max_tokens: i
             token = int(torch.argmax(model.logits(hidden[-1:])[0]).item())
             tracker.append(token)
             pending = [token]
-    return tracker.output_ids[len(resume):]
+    return tuple(tracker.output_ids[len(resume):])
+
+
+greedy_reference.cache_clear = _generate.cache_clear  # type: ignore[attr-defined]

@@ -11,7 +11,10 @@ PROMPT = tok.encode("The oracle says")
 def test_oracle_is_deterministic_and_respects_max_tokens():
     first = greedy_reference("tiny", PROMPT, 24, ignore_eos=True)
     assert len(first) == 24
+    greedy_reference.cache_clear()  # recompute rather than remember
     assert greedy_reference("tiny", PROMPT, 24, ignore_eos=True) == first
+    first.append(-1)  # callers get their own list; the remembered answer is untouched
+    assert greedy_reference("tiny", PROMPT, 24, ignore_eos=True)[-1] != -1
 
 
 def test_oracle_resume_continues_the_uninterrupted_run():
