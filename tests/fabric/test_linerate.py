@@ -8,6 +8,8 @@ from harness.errors import ProbeError
 from harness.fabric.linerate import parse_ethtool, parse_ibstat, read_line_rate
 from harness.faults import LocalExecutor
 
+from tests.faults.conftest import sshd  # noqa: F401  (fixture: a real sshd on loopback)
+
 ETHTOOL = """Settings for eth1:
 \tSupported ports: [ FIBRE ]
 \tSpeed: 100000Mb/s
@@ -47,3 +49,19 @@ def test_line_rate_comes_from_the_shaping_then_from_sysfs(make_fabric):
     assert (rate.bps, rate.source) == (7e8, "tc")
     control = read_line_rate(LocalExecutor(), host.control_dev, host.netns)  # unshaped veth: sysfs says 10 Gbit/s
     assert control.source == "sysfs" and control.bps == 10e9 and control.tried
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_line_rate_is_read_over_ssh_like_on_a_real_host(make_fabric, sshd):
+    from harness.faults import SSHExecutor, SSHTarget
+
+    fabric = make_fabric(hosts=1, line_rate_bps=6e8)
+    port = fabric.hosts[0].fabric_port  # the switch-side end: shaped in the root namespace sshd runs in
+    target = SSHTarget(host="127.0.0.1", port=sshd.port, user=sshd.user, key_filename=str(sshd.user_key),
+                       known_hosts_file=str(sshd.known_hosts))
+    with SSHExecutor(target) as ex:
+        shaped = read_line_rate(ex, port)
+        control = read_line_rate(ex, fabric.hosts[0].control_port)
+    assert (shaped.bps, shaped.source, shaped.host) == (6e8, "tc", f"127.0.0.1:{sshd.port}")
+    assert (control.bps, control.source) == (10e9, "sysfs")
