@@ -244,6 +244,17 @@ class PrometheusScraper:
         df = pd.DataFrame(rows, columns=["t_wall_ns", "value"])
         return df.groupby("t_wall_ns", as_index=False)["value"].sum()
 
+    def rate(self, quantity: str, **label_filter: str) -> pd.DataFrame:
+        """Per-second increase of a counter quantity between consecutive scrapes (t_wall_ns of
+        the later scrape, per_s). A drop (a restarted process reset its counter) counts the new
+        value as the increase, as Prometheus' rate() does."""
+        df = self.series(quantity, **label_filter)
+        dt_s = df["t_wall_ns"].diff() / 1e9
+        dv = df["value"].diff()
+        dv = dv.where(dv >= 0, df["value"])
+        out = pd.DataFrame({"t_wall_ns": df["t_wall_ns"], "per_s": dv / dt_s})
+        return out.iloc[1:].reset_index(drop=True)
+
     def quantile(self, quantity: str, q: float, *, start_wall_ns: int | None = None,
                  end_wall_ns: int | None = None) -> float:
         """q-quantile of a histogram quantity over the observations made between two scrapes:

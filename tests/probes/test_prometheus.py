@@ -84,6 +84,11 @@ def test_scraper_collects_series_from_a_real_server():
     tokens = scraper.series("generation_tokens")
     assert tokens["value"].iloc[-1] == 15   # a fresh server, three requests of 5 tokens
     assert tokens["t_wall_ns"].is_monotonic_increasing
+    rate = scraper.rate("generation_tokens")
+    assert (rate["per_s"] >= 0).all()
+    # integrating the rate over the scrape intervals gives back the increase
+    dt_s = tokens["t_wall_ns"].diff().iloc[1:].reset_index(drop=True) / 1e9
+    assert (rate["per_s"] * dt_s).sum() == pytest.approx(tokens["value"].iloc[-1] - tokens["value"].iloc[0])
     assert set(scraper.series("engine_up")["value"]) == {1.0}
     assert scraper.series("kv_blocks_total")["value"].iloc[-1] > 0
     ttft_p50 = scraper.quantile("ttft_seconds", 0.5)
