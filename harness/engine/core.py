@@ -1,10 +1,10 @@
 """EngineCore: continuous batching over the paged KV cache, one synchronous ``step()`` at a time.
 
-Each step: emit first tokens of requests imported from a prefill worker, admit waiting requests
-(FCFS) while KV blocks and the prefill budget allow, then run ONE packed forward pass holding
-the prefills of newly admitted requests and one decode token of every running request (greedy
-requests go through the speculative decoder instead when it is on), sample, and check stop
-rules. A request's next token is always computed by feeding ``tokens[num_computed:]``: a fresh
+Each step: emit first tokens of requests imported from a prefill worker, spend the prompt-token
+budget on partly prefilled requests and on admitting waiting ones (FCFS, while KV blocks allow;
+long prompts are prefilled in chunks), then run ONE packed forward pass holding those prefill
+chunks and one decode token of every running request (greedy requests go through the
+speculative decoder instead when it is on), sample, and check stop rules. A request's next token is always computed by feeding ``tokens[num_computed:]``: a fresh
 request feeds its prompt (+ resumed tokens), a running one its last token, a preempted one
 everything again (recompute), so all three paths are the same code.
 
@@ -194,8 +194,9 @@ class EngineCore:
         for seq in [s for s in self.running if s.pending_token is not None]:
             token, seq.pending_token = seq.pending_token, None
             events.append(self._emit(seq, [token]))
-        prefills = self._admit(events)
-        decodes = [s for s in self.running if s not in prefills]
+        prefills = self._plan_prefills(events)       # [(seq, tokens to feed this step)]
+        prefilling = {id(seq) for seq, _ in prefills}
+        decodes = [s for s in self.running if id(s) not in prefilling and s.num_tokens - s.num_computed == 1]
         # greedy requests take the speculative path when it is on and their blocks can hold
         # the draft tokens; the rest decode one token (preempting the newest when KV is short)
         spec = [s for s in decodes if self.spec_enabled and s.req.params.greedy
@@ -203,7 +204,7 @@ class EngineCore:
         plain = [s for s in decodes if s not in spec and s.status is RequestStatus.RUNNING
                  and self._reserve(s, 1, preempt=True)]
         # a later reservation may have preempted an earlier request, even one admitted above
-        batch = [s for s in prefills + plain if s.status is RequestStatus.RUNNING]
+        batch = [(s, n) for s, n in prefills + [(s, 1) for s in plain] if s.status is RequestStatus.RUNNING]
         spec = [s for s in spec if s.status is RequestStatus.RUNNING]
         if batch:
             events.extend(self._run_batch(batch))
@@ -221,11 +222,20 @@ class EngineCore:
                 events.setdefault(event.request_id, []).append(event)
         return events
 
-    def _admit(self, events: list[TokenEvent]) -> list[Sequence]:
-        admitted: list[Sequence] = []
+    def _plan_prefills(self, events: list[TokenEvent]) -> list[tuple[Sequence, int]]:
+        """Spend this step's prompt-token budget: first on running requests whose prompt is
+        partly prefilled, then on admitting waiting ones (FCFS) while the batch has room and
+        free blocks cover the whole prompt. A prompt longer than the budget is prefilled in
+        chunks over several steps, so running streams keep decoding meanwhile."""
         budget = self.config.max_prefill_tokens
+        plan: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            remaining = seq.num_tokens - seq.num_computed
+            if remaining > 1 and budget > 0:
+                plan.append((seq, min(remaining, budget)))
+                budget -= plan[-1][1]
         usable = self.pool.num_blocks - len(self.pool.quarantined)
-        while self.waiting and len(self.running) < self.config.max_batch:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch:
             seq = self.waiting[0]
             # the most this request can ever hold: prompt + max_tokens, capped by the context
             peak = min(len(seq.req.prompt_token_ids) + seq.req.params.max_tokens, self.config.context_len)
@@ -237,9 +247,6 @@ class EngineCore:
                     f"request needs up to {self.pool.blocks_for(peak)} KV blocks ({peak} tokens) but the "
                     f"KV cache holds {usable}; lower max_tokens or the prompt length, or raise kv_budget_bytes")))
                 continue
-            new_tokens = seq.num_tokens - seq.num_computed
-            if admitted and new_tokens > budget:
-                break
             need = self.pool.blocks_for(seq.num_tokens) - len(seq.block_table)
             if need > self.pool.num_free:
                 break  # wait for KV to free up; FCFS, so later requests wait too
@@ -247,10 +254,10 @@ class EngineCore:
             self.waiting.popleft()
             seq.status = RequestStatus.RUNNING
             self.running.append(seq)
-            admitted.append(seq)
-            budget -= new_tokens
-            self.prompt_tokens_total += new_tokens
-        return admitted
+            plan.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
+            budget -= plan[-1][1]
+        self.prompt_tokens_total += sum(n for _, n in plan)
+        return plan
 
     def _reserve(self, seq: Sequence, extra_tokens: int, preempt: bool) -> bool:
         """Make seq's block table cover num_computed + extra_tokens tokens. Without ``preempt``
@@ -280,23 +287,26 @@ class EngineCore:
         self.waiting.appendleft(seq)
         self.preemptions_total += 1
 
-    def _run_batch(self, batch: list[Sequence]) -> list[TokenEvent]:
+    def _run_batch(self, batch: list[tuple[Sequence, int]]) -> list[TokenEvent]:
+        """One packed forward pass feeding n tokens of each sequence from num_computed on; a
+        sequence whose fed tokens reach its end samples its next token."""
         segments, tokens, positions, last = [], [], [], []
-        for seq in batch:
-            start, end = seq.num_computed, seq.num_tokens
-            segments.append((seq.block_table, start, end - start))
-            tokens += seq.tokens[start:end]
-            positions += range(start, end)
+        for seq, n in batch:
+            start = seq.num_computed
+            segments.append((seq.block_table, start, n))
+            tokens += seq.tokens[start:start + n]
+            positions += range(start, start + n)
             last.append(len(tokens) - 1)
         model = self.model
         hidden = model.forward(model.tensor(tokens), model.tensor(positions),
                                PagedAttention(self.pool, segments))          # [T, d]
         logits = model.logits(hidden[model.tensor(last)])                       # [B, V]
         events = []
-        for seq, row in zip(batch, logits):
-            seq.num_computed = seq.num_tokens
-            token = sample_token(row, seq.req.params, seq.seed, len(seq.tracker.output_ids))
-            events.append(self._emit(seq, [token]))
+        for (seq, n), row in zip(batch, logits):
+            seq.num_computed += n
+            if seq.num_computed == seq.num_tokens:
+                token = sample_token(row, seq.req.params, seq.seed, len(seq.tracker.output_ids))
+                events.append(self._emit(seq, [token]))
         return events
 
     def _emit(self, seq: Sequence, tokens: list[int], computed: bool = False) -> TokenEvent:

@@ -273,3 +273,24 @@ def test_migration_with_a_corrupted_block_is_refused_and_nothing_is_kept():
     with pytest.raises(KVIntegrityError, match="checksum"):
         target.import_request(exported)
     assert target.stats().kv_blocks_used == 0 and not target.has_work()
+
+
+def test_long_prompt_is_prefilled_in_chunks_while_running_streams_keep_decoding():
+    eng = engine(max_prefill_tokens=8)
+    eng.add_request(req("stream", "s", 30))
+    eng.step()
+    long_prompt = "a long prompt that takes several chunks"  # 39 tokens: 5 steps of 8
+    eng.add_request(req("long", long_prompt, 10))
+    steps_until_first_token = 0
+    events: dict[str, list] = {"stream": [], "long": []}
+    while not events["long"]:
+        step = eng.step()
+        steps_until_first_token += 1
+        assert "stream" in {e.request_id for e in step}  # never stalled by the prefill
+        for e in step:
+            events[e.request_id].append(e)
+    assert steps_until_first_token == 5
+    for rid, evs in eng.run_to_completion().items():
+        events[rid] += evs
+    assert tokens_of(events["long"]) == oracle(long_prompt, 10)
+    assert eng.stats().prompt_tokens_total == 1 + len(long_prompt)
