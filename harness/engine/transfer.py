@@ -13,10 +13,11 @@ Wire format of one frame (network byte order)::
 
     fixed   magic "KVF1", version, kind, flags, dtype code, ndim, reserved,
             layer_start, layer_end, request-id length, payload length, raw length,
-            payload crc32c, aux (END: first token id)
+            aux (END: first token id)
     var     shape (ndim x u32), request id (utf-8)
     u32     crc32c of fixed + var
     payload payload length bytes (zstd-compressed when flags has FLAG_ZSTD)
+    u32     crc32c of the payload (a trailer, so the sender checksums while it sends)
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ FLAG_ZSTD = 0x01
 PATH_FABRIC = "fabric"    # primary: the KV/fabric NIC (the RDMA analog)
 PATH_CONTROL = "control"  # fallback: relayed over the control network
 
-_FIXED = struct.Struct("!4sBBBBBBHHHQQIq")
+_FIXED = struct.Struct("!4sBBBBBBHHHQQq")
 _U32 = struct.Struct("!I")
 _MAX_RID_BYTES = 256
-_SEND_SLICE = 1 << 22  # send big payloads in slices so the socket timeout means "no progress"
+_SEND_SLICE = 1 << 20  # slices: the socket timeout means "no progress", and each is checksummed while cached
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4,
                 torch.int8: 5, torch.uint8: 6}
@@ -164,8 +165,7 @@ def encode_frame(frame: Frame, compressor: zstandard.ZstdCompressor | None = Non
     if len(rid) > _MAX_RID_BYTES:
         raise KVIntegrityError(f"request id is {len(rid)} bytes; at most {_MAX_RID_BYTES} fit in a frame")
     head = _FIXED.pack(MAGIC, VERSION, int(frame.kind), flags, _DTYPE_CODES[frame.dtype], len(frame.shape), 0,
-                       frame.layer_start, frame.layer_end, len(rid), len(wire), len(raw), crc32c.crc32c(wire),
-                       frame.aux)
+                       frame.layer_start, frame.layer_end, len(rid), len(wire), len(raw), frame.aux)
     head += struct.pack(f"!{len(frame.shape)}I", *frame.shape) + rid
     return head + _U32.pack(crc32c.crc32c(head)), wire
 
@@ -205,8 +205,7 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
     fixed = _recv_exact(sock, _FIXED.size, at_boundary=True)
     if fixed is None:
         return None
-    (magic, version, kind, flags, dtype_code, ndim, _, ls, le, rid_len, wire_len, raw_len, payload_crc,
-     aux) = _FIXED.unpack(fixed)
+    magic, version, kind, flags, dtype_code, ndim, _, ls, le, rid_len, wire_len, raw_len, aux = _FIXED.unpack(fixed)
     if magic != MAGIC or version != VERSION:
         raise CorruptFrameError(f"bad magic/version {magic!r}/{version}", reason="header", in_sync=False)
     if rid_len > _MAX_RID_BYTES or ndim > 8:
@@ -223,6 +222,7 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
     buffer = pool.take(wire_len) if pool is not None else None
     try:
         payload, crc = _recv_payload(sock, wire_len, buffer)
+        (payload_crc,) = _U32.unpack(_recv_exact(sock, _U32.size))
     except BaseException:
         if buffer is not None:
             pool.give(buffer)
@@ -260,12 +260,18 @@ def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_c
     return Frame(kind, rid, ls, le, dtype, shape, payload, aux, buffer)
 
 
-def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray) -> int:
+def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memoryview,
+               crc: int | None = None) -> int:
+    """Send header, payload and the payload's crc32c trailer, checksumming each slice just before
+    it is sent (one pass over memory); ``crc`` overrides the trailer (the corruption fault hook)."""
     sock.sendall(head)
-    view = memoryview(wire)
+    view, running = memoryview(wire), 0
     for off in range(0, len(view), _SEND_SLICE):
-        sock.sendall(view[off:off + _SEND_SLICE])
-    return len(head) + len(wire)
+        piece = view[off:off + _SEND_SLICE]
+        running = crc32c.crc32c(piece, running)
+        sock.sendall(piece)
+    sock.sendall(_U32.pack(running if crc is None else crc))
+    return len(head) + len(wire) + _U32.size
 
 
 # ---------------------------------------------------------------- configuration and counters
@@ -518,13 +524,15 @@ class KVSender:
 
     def _send(self, sock: socket.socket, entry: tuple[int, int, bytes, bytes], path: str) -> None:
         _, _, head, wire = entry
+        crc = None
         if self._corrupt_left > 0:
             self._corrupt_left -= 1
+            crc = crc32c.crc32c(wire)  # the trailer of the intact payload
             damaged = bytearray(wire)
             damaged[len(damaged) // 2] ^= 0xFF
             wire = damaged
             log.warning("%s: fault hook corrupted the frame of layers %d-%d", self.request_id, entry[0], entry[1])
-        n = send_frame(sock, head, wire)
+        n = send_frame(sock, head, wire, crc)
         self._sent_bytes += n
         self._frames_sent += 1
         self.stats.add(path, bytes=n, frames=1)

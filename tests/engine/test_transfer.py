@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
+import crc32c
 import pytest
 import torch
 
@@ -99,7 +100,7 @@ def test_payload_corruption_is_rejected_and_stream_stays_aligned():
     bad[5] ^= 0x01
     a, b = socket.socketpair()
     with a, b:
-        send_frame(a, head, bad)
+        send_frame(a, head, bad, crc=crc32c.crc32c(wire))  # damaged in flight: trailer of the intact bytes
         send_frame(a, head, wire)
         with pytest.raises(CorruptFrameError) as exc:
             read_frame(b)
