@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -72,15 +73,19 @@ def error_event(request_id: str, message: str) -> TokenEvent:
                       finish_reason=FinishReason.ERROR, error=message)
 
 
-def serve_engine(engine: EngineCore, inbox: Any, emit: Callable[[Any], None]) -> None:
+def serve_engine(engine: EngineCore, inbox: Any, emit: Callable[[Any], None],
+                 keep_going: Callable[[], bool] = lambda: True) -> None:
     """The engine's busy loop: apply messages, step while there is work, emit what happened.
-    Blocks on ``inbox.get`` only when idle. Returns on Shutdown."""
+    Blocks on ``inbox.get`` only when idle. Returns on Shutdown, or when ``keep_going()`` turns
+    false (checked while idle)."""
     while True:
         messages = []
         if not engine.has_work():
             try:
                 messages.append(inbox.get(timeout=0.5))
             except queue.Empty:
+                if not keep_going():
+                    return
                 continue
         while True:
             try:
@@ -230,7 +235,7 @@ class InProcessClient(_StreamingClient):
             self._fail_all("the engine client was closed")
 
 
-def _child_main(config: EngineConfig, inbox: Any, outbox: Any) -> None:
+def _child_main(config: EngineConfig, inbox: Any, outbox: Any, parent_pid: int) -> None:
     logging.basicConfig(level=logging.WARNING)
     try:
         engine = EngineCore(config)
@@ -239,7 +244,8 @@ def _child_main(config: EngineConfig, inbox: Any, outbox: Any) -> None:
         return
     outbox.put(Ready())
     try:
-        serve_engine(engine, inbox, outbox.put)
+        # a SIGKILLed parent never sends Shutdown: leave instead of idling as an orphan
+        serve_engine(engine, inbox, outbox.put, keep_going=lambda: os.getppid() == parent_pid)
     except Exception as exc:
         logger.exception("engine loop crashed")
         outbox.put(LoopFailed(f"engine loop crashed: {exc!r}"))
@@ -253,7 +259,7 @@ class QueueClient(_StreamingClient):
         ctx = mp.get_context("spawn")
         self._inbox = ctx.Queue()
         self._outbox = ctx.Queue()
-        self.process = ctx.Process(target=_child_main, args=(config, self._inbox, self._outbox),
+        self.process = ctx.Process(target=_child_main, args=(config, self._inbox, self._outbox, os.getpid()),
                                    name=f"engine-{config.name or config.preset}", daemon=True)
         self.process.start()
         first = self._wait_ready(start_timeout_s)

@@ -114,7 +114,7 @@ class EngineConfig:
     block_size: int = 16                 # tokens per KV block
     max_batch: int = 32                  # running requests at most
     max_model_len: int | None = None     # prompt + output tokens; None = the preset's max_seq_len
-    max_prefill_tokens: int = 4096       # prompt tokens prefilled per step (at least one request)
+    max_prefill_tokens: int = 1024       # prompt tokens prefilled per step; longer prompts go in chunks
     speculative: bool = False
     spec_draft_layers: int = 1           # the draft is the target's first k layers
     spec_num_tokens: int = 3             # draft tokens proposed per step

@@ -120,3 +120,61 @@ def test_queue_client_close_reaps_a_healthy_child():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     asyncio.run(main())
+
+
+def _children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    if f"PPid:\t{pid}\n" in f.read():
+                        found.add(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+ORPHAN_SCRIPT = """
+import asyncio
+from harness.engine.client import QueueClient
+from harness.engine.config import EngineConfig
+if __name__ == "__main__":
+    client = QueueClient(EngineConfig(preset="tiny"))
+    print(client.pid, flush=True)
+    asyncio.run(asyncio.sleep(3600))
+"""
+
+
+@pytest.mark.slow
+def test_queue_client_child_exits_when_its_parent_is_killed():
+    import ctypes
+    import subprocess
+    import sys
+    import time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_child_subreaper = 36  # orphans of the killed parent become ours, so we can reap them
+    assert libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
+    before = _children_of(os.getpid())
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while os.waitpid(engine_pid, os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, "the engine process outlived its killed parent"
+            time.sleep(0.1)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for pid in _children_of(os.getpid()) - before - {parent.pid}:  # e.g. multiprocessing's tracker
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        parent.stdout.close()
+        libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
