@@ -29,8 +29,9 @@ def render_html(result: RunResult) -> str:
     env.filters["pretty"] = lambda obj: json.dumps(obj, indent=2, default=str, ensure_ascii=False)
     metrics = sorted({row["metric"] for row in result.latency})
     charts = [(m, latency_chart(result, m)) for m in metrics]
-    distributions = {v.item: samples_chart(v.evidence.get("samples", []), v.threshold, v.op, v.unit)
-                     for v in result.verdicts if v.evidence.get("samples")}
+    # one entry per verdict, in order (an item may have several verdicts, from different tests)
+    distributions = [samples_chart(v.evidence["samples"], v.threshold, v.op, v.unit) if v.evidence.get("samples")
+                     else None for v in result.verdicts]
     counts = {s: sum(1 for v in result.verdicts if v.status.value == s)
               for s in ("pass", "fail", "inconclusive", "error")}
     return env.get_template("report.html.j2").render(r=result, charts=charts, distributions=distributions,
