@@ -83,7 +83,7 @@ class FabricSettings:
     """The bundled cluster's emulated fabric (docs/fabric.md); needs root and iproute2."""
 
     enabled: bool = False
-    line_rate_bps: float = 1e9
+    line_rate_bps: float = 5e8
     mtu: int = 9000
     lossless_share: float = 0.5
     tcp_in_lossless: bool = False  # deliberately broken: TCP/IP traffic shares the paused class
@@ -189,7 +189,7 @@ def _parse_fabric(source: str, raw: Any) -> FabricSettings:
                               f"write `{key}: true` or `{key}: false`")
     settings = FabricSettings(
         enabled=raw.get("enabled", False), tcp_in_lossless=raw.get("tcp_in_lossless", False),
-        line_rate_bps=as_number(source, "fabric.line_rate_bps", raw.get("line_rate_bps", 1e9)),
+        line_rate_bps=as_number(source, "fabric.line_rate_bps", raw.get("line_rate_bps", 5e8)),
         mtu=_positive_int(source, "fabric.mtu", raw.get("mtu", 9000)),
         lossless_share=as_number(source, "fabric.lossless_share", raw.get("lossless_share", 0.5)))
     try:
