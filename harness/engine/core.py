@@ -261,15 +261,16 @@ class EngineCore:
 
     def _reserve(self, seq: Sequence, extra_tokens: int, preempt: bool) -> bool:
         """Make seq's block table cover num_computed + extra_tokens tokens. Without ``preempt``
-        gives up when the pool is short; with it, preempts the newest running request (possibly
-        seq itself, which then returns False)."""
+        gives up when the pool is short; with it, preempts the newest running request of the
+        lowest priority (possibly seq itself, which then returns False)."""
         need = self.pool.blocks_for(seq.num_computed + extra_tokens) - len(seq.block_table)
         if seq.num_computed + extra_tokens > self.model_config.max_seq_len:
             return False
         while need > self.pool.num_free:
             if not preempt:
                 return False
-            victim = self.running[-1]
+            # the newest of the least important: high-priority KV is never given up first (4.3)
+            victim = min(reversed(self.running), key=lambda s: s.req.params.priority)
             self._preempt(victim)
             if victim is seq:
                 return False

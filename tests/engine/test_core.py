@@ -294,3 +294,19 @@ def test_long_prompt_is_prefilled_in_chunks_while_running_streams_keep_decoding(
         events[rid] += evs
     assert tokens_of(events["long"]) == oracle(long_prompt, 10)
     assert eng.stats().prompt_tokens_total == 1 + len(long_prompt)
+
+
+def test_preemption_spares_high_priority_requests():
+    eng = engine(kv_budget_bytes=7 * BLOCK_BYTES)
+    eng.add_request(req("low", "p" * 20, 50))
+    eng.add_request(req("high", "q" * 20, 50, priority=5))  # newest, but more important
+    events: dict[str, list] = {"low": [], "high": []}
+    while not (events["high"] and events["high"][-1].finished):
+        step = eng.step()
+        assert "high" in {e.request_id for e in step}  # never preempted: a token every step
+        for e in step:
+            events[e.request_id].append(e)
+    for rid, evs in eng.run_to_completion().items():
+        events[rid] += evs
+    assert eng.stats().extra["preemptions_total"] > 0
+    assert tokens_of(events["high"]) == oracle("q" * 20, 50) and tokens_of(events["low"]) == oracle("p" * 20, 50)
