@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 from harness.errors import ConfigError, FaultError
-from harness.fabric.builder import link_state
+from harness.fabric.builder import fabric_unavailable_reason, link_state
 from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, change_class_command, read_classes
 from harness.faults.base import Fault, new_fault_id, no_ledger
 from harness.faults.executor import CommandResult, Executor, LocalExecutor, describe_command
@@ -114,6 +114,14 @@ class _HostLoop:
         return "loop stopped; restored"
 
 
+def _require_tools(ex: Executor, kind: str) -> None:
+    """On this machine, say plainly that the fault needs root and iproute2 (a remote host's own
+    permissions show in its commands' errors)."""
+    reason = fabric_unavailable_reason() if isinstance(ex, LocalExecutor) else None
+    if reason:
+        raise FaultError(f"{kind}: {reason}", fix="run the harness as root on a machine with iproute2")
+
+
 def _ip(netns: str | None, *args: str) -> list[str]:
     return ["ip", *(["-n", netns] if netns else []), *args]
 
@@ -169,6 +177,7 @@ class NicFlap(Fault):
                             ">/dev/null 2>&1 </dev/null &"]
 
     def prepare(self, ex: Executor) -> str:
+        _require_tools(ex, self.kind)
         state = link_state(ex, self.device, self.netns)
         if state != "UP":
             raise FaultError(f"nic_flap: {self.target} is {state}, not UP, before the fault",
@@ -290,6 +299,7 @@ class PfcStorm(Fault):
                                self.pause_ms / 1000, self.resume_ms / 1000)
 
     def prepare(self, ex: Executor) -> str:
+        _require_tools(ex, self.kind)
         for ns, dev in self.nics:
             classes = read_classes(ex, dev, ns)
             cls = classes.get(self.classid)

@@ -104,3 +104,16 @@ def test_pfc_storm_on_an_unshaped_nic_fails_before_touching_it(make_fabric, tmp_
     with FaultRunner(Ledger.for_cluster("fabric-test", tmp_path), handle_signals=False) as runner:
         with pytest.raises(FaultError, match="has no class 1:10"):
             runner.inject(PfcStorm(nics=[[host.netns, host.control_dev]]))
+
+
+def test_without_root_the_faults_say_they_need_root_and_iproute2(tmp_path, monkeypatch):
+    import harness.faults.network as network
+
+    # this machine may well be root: stand in for one that is not, at the one place the check reads it
+    monkeypatch.setattr(network, "fabric_unavailable_reason",
+                        lambda: "skipped: needs root and iproute2 (not running as root)")
+    with FaultRunner(Ledger.for_cluster("fabric-test", tmp_path), handle_signals=False) as runner:
+        for fault in (NicFlap(device="fab0", netns="pdt-none"), PfcStorm(nics=[["pdt-none", "fab0"]])):
+            with pytest.raises(FaultError, match="skipped: needs root and iproute2"):
+                runner.inject(fault)
+    assert not runner.records  # refused in prepare: nothing was recorded as injected
