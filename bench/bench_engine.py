@@ -117,7 +117,7 @@ def main() -> None:
           ["preset", "batch", "tokens/s", "per stream", "vs batch 1"], rows)
 
     rows = []
-    for preset in presets if not quick else ["tiny", "small"]:
+    for preset in presets:
         for batch in (1, 8):
             off, _ = bench_decode(preset, batch, steps)
             on, acceptance = bench_decode(preset, batch, steps, speculative=True)
