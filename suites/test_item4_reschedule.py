@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(180
 # Load must outlast the faults, and it must end by itself (a stopped load generator cancels the
 # requests in flight, which the nothing-lost check would rightly count as hung). These budgets
 # size the run: a kill includes restarting the worker (it loads its model), a hang its rejoin.
-LOAD_BUDGET_S = {"process_kill": 15.0, "process_hang": 8.0}
+LOAD_BUDGET_S = {"process_kill": 20.0, "process_hang": 8.0}
 BUSY_WAIT_S = 3.0         # wait at most this long for the target to hold requests before the fault
 SETTLE_TIMEOUT_S = 15.0   # watch the router this long for one fault's rescheduling to finish
 REJOIN_TIMEOUT_S = 60.0
@@ -115,12 +115,15 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     load_started = time.monotonic()
     seq = max([0] + [e["seq"] for e in timeline.events()])
     marks: list[FaultMark] = []
+    cycle_s = dict(LOAD_BUDGET_S)  # the longest fault cycle seen so far, per kind
+    skipped = 0
     for i, (kind, role) in enumerate(plan):
         left = duration - (time.monotonic() - load_started)
-        if not run.running or left < LOAD_BUDGET_S[kind]:
-            log.warning("load ends in %.0f s: skipping the remaining %d faults (raise --load-duration)",
-                        left, len(plan) - i)
+        if not run.running or left < cycle_s[kind]:  # a fault must not outlast the load that measures it
+            skipped = len(plan) - i
+            log.warning("load ends in %.0f s: skipping the remaining %d faults (raise --load-duration)", left, skipped)
             break
+        cycle_started = time.monotonic()
         healthy = [w for w in timeline.workers() if w["health"] == "healthy"]
         target = select_targets(healthy, role, seed=seed + i)[0]
         _wait_busy(timeline, target["id"])
@@ -130,6 +133,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
         seq = _wait_settled(timeline, target["id"], seq)
         faults.revert(fault)
         _wait_rejoined(timeline, target["id"])
+        cycle_s[kind] = max(cycle_s[kind], time.monotonic() - cycle_started)
 
     records = run.wait()
     events = timeline.events()
@@ -137,7 +141,9 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     verdict = reschedule_verdict(samples, checklist)
     links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
     verdict.evidence.update(links=links, planned_faults=len(plan), load_duration_s=duration,
-                            requests=len(records))
+                            requests=len(records), skipped_faults=skipped)
+    if skipped:
+        verdict.evidence["skipped_because"] = "the load run ended first; raise --load-duration"
     conformance.record(verdict)
 
     expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
