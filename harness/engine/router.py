@@ -283,10 +283,10 @@ class Router:
                     yield self._error(request, streamed, f"{reason}; gave up after {n + 1} placements")
                     return
                 self._counters["reschedules"] += 1
-                if self.config.reschedule_delay_s:
-                    await asyncio.sleep(self.config.reschedule_delay_s)  # sabotage knob, see docs/pd.md
             finally:
                 self._release(att)
+            if self.config.reschedule_delay_s:
+                await asyncio.sleep(self.config.reschedule_delay_s)  # sabotage knob, see docs/pd.md
 
     def _error(self, request: GenerateRequest, streamed: list[int], message: str) -> TokenEvent:
         log.warning("%s ends with an error: %s", request.request_id, message)

@@ -70,9 +70,22 @@ class PDWorker:
         self._outbox: asyncio.Queue | None = None
         self.receiver: KVReceiver | None = None
         self._thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
+        self._stop: asyncio.Event | None = None
+        self.engine_failed = False
 
     # -- engine thread
     def _engine_loop(self) -> None:
+        try:
+            self._engine_steps()
+        except Exception:
+            # Crash-only: a broken engine must not keep heartbeating while its requests hang.
+            # Exiting closes the control connection, so the router reschedules them at once.
+            log.exception("engine thread failed; worker %s exits", self.id)
+            self.engine_failed = True
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _engine_steps(self) -> None:
         while True:
             busy = self.core.has_work() or bool(self._jobs)
             try:
@@ -224,7 +237,7 @@ class PDWorker:
             kv_addr = self.receiver.listen(kv_host, kv_port, PATH_FABRIC)
             control_addr = self.receiver.listen(control_host, 0, PATH_CONTROL)
         self._thread.start()
-        stop = asyncio.Event()
+        stop = self._stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._loop.add_signal_handler(sig, stop.set)
         stopper = self._loop.create_task(stop.wait())
@@ -259,7 +272,7 @@ class PDWorker:
             if self.receiver:
                 self.receiver.close()
             log.info("worker %s stopped in %.2f s", self.id, time.monotonic() - t0)
-        return code
+        return 70 if self.engine_failed else code
 
     async def _session(self, reader, writer, kv_addr, control_addr, stopper: asyncio.Task) -> None:
         writer.write(encode_msg({"type": "register", "id": self.id, "role": self.role, "pid": os.getpid(),
