@@ -146,6 +146,7 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        self.held_blocks: list[int] = []  # taken out of service by an HBM-fill fault
         logger.info("engine %s: preset %s on %s, %d KV blocks of %d bytes", config.name, cfg.name,
                     self.device, config.num_blocks, self.pool.block_bytes)
 
@@ -185,7 +186,8 @@ class EngineCore:
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
             extra={"preemptions_total": float(self.preemptions_total),
                    "kv_blocks_free": float(self.pool.num_free),
-                   "kv_blocks_quarantined": float(len(self.pool.quarantined))})
+                   "kv_blocks_quarantined": float(len(self.pool.quarantined)),
+                   "kv_blocks_held": float(len(self.held_blocks))})
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -281,6 +283,11 @@ class EngineCore:
     def _preempt(self, seq: Sequence) -> None:
         logger.info("preempting %s (%d tokens) to free KV; it will be recomputed", seq.req.request_id,
                     seq.num_tokens)
+        if seq.pending_token is not None:  # an imported first token: stream it before recompute
+            token, seq.pending_token = seq.pending_token, None
+            self._events.append(self._emit(seq, [token]))
+            if seq.status is RequestStatus.FINISHED:
+                return
         self.running.remove(seq)
         self.pool.free(seq.block_table)
         seq.block_table, seq.num_computed = [], 0
@@ -397,6 +404,43 @@ class EngineCore:
         if handle.blocks:
             self.pool.free(handle.blocks)
             handle.blocks = []
+
+    # ---- fault hooks (chaos faults reach these through a worker's admin API) ---------------
+
+    def hold_kv_blocks(self, n: int) -> int:
+        """HBM fill: take n free blocks out of service as if another tenant used the memory.
+        Returns how many blocks are held in all; raises KVCapacityError when fewer are free."""
+        self.held_blocks += self.pool.allocate(n)
+        return len(self.held_blocks)
+
+    def release_kv_blocks(self) -> int:
+        """Revert every hold; returns how many blocks went back to the pool."""
+        released, self.held_blocks = self.held_blocks, []
+        self.pool.free(released)
+        return len(released)
+
+    def poison_kv_block(self, block: int | None = None) -> dict:
+        """ECC poisoning: one block's memory goes bad. Its bytes are overwritten with NaN, the
+        block is quarantined, and the request whose KV it held is preempted and recomputed from
+        its tokens, so that request's output stays exact. ``block=None`` picks the first block of
+        the oldest running request. Returns {"block", "request_id"} (request_id None if unused)."""
+        if block is None:
+            owners = [s for s in self.running if s.block_table]
+            if not owners:
+                raise EngineError("no running request holds KV to poison",
+                                  fix="poison while requests are decoding, or name a block")
+            block = owners[0].block_table[0]
+        self.pool.quarantine(block)
+        self.pool.storage[block] = float("nan")
+        owner = next((s for s in self.requests.values() if block in s.block_table), None)
+        if owner is not None and owner.status is RequestStatus.RUNNING:
+            logger.warning("KV block %d is poisoned: recomputing request %s", block, owner.req.request_id)
+            self._preempt(owner)
+        return {"block": block, "request_id": owner.req.request_id if owner else None}
+
+    def restore_quarantined_blocks(self) -> int:
+        """Revert poisoning: quarantined blocks that nothing references return to service, zeroed."""
+        return self.pool.restore()
 
     # ---- migration -----------------------------------------------------------------------
 

@@ -99,10 +99,22 @@ class KVBlockPool:
                 self.free_blocks.append(b)
 
     def quarantine(self, block: int) -> None:
-        """Take a block out of service for good (e.g. its memory is ECC-poisoned)."""
+        """Take a block out of service (e.g. its memory is ECC-poisoned) until ``restore``."""
+        if not 0 <= block < self.num_blocks:
+            raise KVIntegrityError(f"no KV block {block} (the pool has {self.num_blocks})",
+                                   fix=f"pick a block in [0, {self.num_blocks})")
         self.quarantined.add(block)
         if block in self.free_blocks:
             self.free_blocks.remove(block)
+
+    def restore(self) -> int:
+        """Return quarantined blocks that nobody references to service, zeroed; returns how many."""
+        back = [b for b in self.quarantined if self.ref_counts[b] == 0]
+        for b in back:
+            self.storage[b].zero_()
+            self.quarantined.discard(b)
+            self.free_blocks.append(b)
+        return len(back)
 
     def check_invariants(self) -> None:
         free = set(self.free_blocks)

@@ -7,7 +7,7 @@ from harness.engine.core import EngineCore
 from harness.engine.oracle import greedy_reference
 from harness.engine.protocol import FinishReason, GenerateRequest, SamplingParams
 from harness.engine.tokenizer import ByteTokenizer
-from harness.errors import InvalidRequestError, KVIntegrityError
+from harness.errors import InvalidRequestError, KVCapacityError, KVIntegrityError
 
 tok = ByteTokenizer()
 BLOCK_BYTES = 16 * 2048  # tiny: 2048 KV bytes per token, 16 tokens per block
@@ -310,3 +310,48 @@ def test_preemption_spares_high_priority_requests():
         events[rid] += evs
     assert eng.stats().extra["preemptions_total"] > 0
     assert tokens_of(events["high"]) == oracle("q" * 20, 50) and tokens_of(events["low"]) == oracle("p" * 20, 50)
+
+
+def test_hbm_fill_holds_blocks_until_released():
+    eng = engine(kv_budget_bytes=8 * BLOCK_BYTES)
+    assert eng.hold_kv_blocks(6) == 6
+    stats = eng.stats()
+    assert stats.kv_blocks_used == 6 and stats.extra["kv_blocks_held"] == 6
+    eng.add_request(req("r", "w" * 40, 20))  # needs 3 blocks for its prompt: waits
+    eng.step()
+    assert eng.stats().num_waiting == 1
+    assert eng.release_kv_blocks() == 6
+    assert tokens_of(eng.run_to_completion()["r"]) == oracle("w" * 40, 20)
+    assert eng.stats().kv_blocks_used == 0
+
+
+def test_poisoned_block_is_quarantined_and_its_request_recomputed_exactly():
+    eng = engine(kv_budget_bytes=8 * BLOCK_BYTES)
+    eng.add_request(req("victim", "poison " * 4, 30))
+    streamed = []
+    for _ in range(5):
+        streamed += tokens_of(eng.step())
+    report = eng.poison_kv_block()
+    assert report["request_id"] == "victim"
+    assert eng.stats().extra["kv_blocks_quarantined"] == 1
+    streamed += tokens_of(eng.run_to_completion()["victim"])
+    assert streamed == oracle("poison " * 4, 30)
+    eng.hold_kv_blocks(7)  # every healthy block: the poisoned one is never handed out
+    with pytest.raises(KVCapacityError, match="free"):
+        eng.hold_kv_blocks(1)
+    eng.release_kv_blocks()
+    assert eng.restore_quarantined_blocks() == 1
+    assert eng.stats().extra["kv_blocks_quarantined"] == 0 and eng.hold_kv_blocks(8) == 8
+
+
+def test_poisoning_an_import_before_its_first_token_streams_it_once():
+    prefill, decode = engine(), engine()
+    request = req("pd", "imported then poisoned", 12)
+    result = prefill.prefill_for_transfer(request)
+    handle = decode.begin_import(request, result.num_tokens)
+    for i, (k, v) in enumerate(result.kv):
+        handle.write_layer(i, k, v)
+    decode.commit_import(handle, result.first_token_id)
+    assert decode.poison_kv_block()["request_id"] == "pd"
+    events = decode.run_to_completion()["pd"]
+    assert tokens_of(events) == oracle("imported then poisoned", 12)
