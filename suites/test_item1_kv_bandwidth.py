@@ -32,5 +32,6 @@ def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance):
     line = read_line_rate(LocalExecutor(), placed["prefill-0"].fabric_dev, placed["prefill-0"].netns)
     port = cluster.fabric.config.bench_port  # a lossless-class port that no worker holds
     raw = measure_bulk(sender, receiver, port=port, duration_s=3.0)
-    curve = measure_kv_curve(sender, receiver, port=port, preset=cluster.spec.bundled.preset, sizes_mib=SIZES_MIB)
+    curve = measure_kv_curve(sender, receiver, port=port, preset=cluster.spec.bundled.preset, sizes_mib=SIZES_MIB,
+                             repeats=3)  # the median of 3 damps the other processes on a shared machine
     conformance.record(kv_bandwidth_verdict(cluster.thresholds, line, raw, curve))
