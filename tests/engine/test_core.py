@@ -355,3 +355,19 @@ def test_poisoning_an_import_before_its_first_token_streams_it_once():
     assert decode.poison_kv_block()["request_id"] == "pd"
     events = decode.run_to_completion()["pd"]
     assert tokens_of(events) == oracle("imported then poisoned", 12)
+
+
+def test_abort_of_a_waiting_request_and_resume_that_already_reached_max_tokens():
+    eng = engine(kv_budget_bytes=4 * BLOCK_BYTES)
+    eng.add_request(req("running", "r" * 40, 20))
+    eng.add_request(req("queued", "q" * 40, 20))
+    eng.step()
+    assert eng.stats().num_waiting == 1
+    eng.abort("queued")
+    assert eng.stats().num_waiting == 0
+    eng.add_request(GenerateRequest("done", tok.encode("x"), SamplingParams(max_tokens=3),
+                                    resume_token_ids=[65, 66, 67]))
+    done = eng.run_to_completion()
+    assert done["queued"][-1].finish_reason is FinishReason.ABORT
+    assert done["done"] == [done["done"][0]] and done["done"][0].token_ids == []
+    assert done["done"][0].finish_reason is FinishReason.LENGTH and done["done"][0].num_output_tokens == 3
