@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import httpx
 
