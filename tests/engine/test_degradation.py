@@ -1,0 +1,83 @@
+"""Degradation controller: triggers, one level per change, dwell, hysteresis, events."""
+
+import pytest
+
+from harness.engine.degradation import DegradationConfig, DegradationController, Signals
+from harness.errors import ConfigError
+
+
+def ctl(**kw):
+    return DegradationController(DegradationConfig(min_dwell_s=1.0, **kw))
+
+
+def run(c, signals, t0=0.0, steps=10, dt=1.0):
+    for i in range(steps):
+        c.evaluate(signals, t0 + i * dt)
+    return c.level
+
+
+def test_hbm_overload_walks_up_one_level_per_dwell_in_order():
+    c = ctl()
+    assert c.evaluate(Signals(hbm=0.92), 0.0).to_level == 1
+    assert c.evaluate(Signals(hbm=0.92), 0.5) is None  # dwell not over
+    assert c.evaluate(Signals(hbm=0.92), 1.0).to_level == 2
+    assert c.evaluate(Signals(hbm=0.92), 2.0).to_level == 3
+    assert c.evaluate(Signals(hbm=0.92), 3.0) is None  # 0.92 is below L4's 0.95
+    assert [h.to_level for h in c.history] == [1, 2, 3]
+    assert "HBM use 0.920 >= 0.850" in c.history[1].reason
+
+
+@pytest.mark.parametrize("hbm,level", [(0.70, 0), (0.80, 1), (0.86, 2), (0.90, 3), (0.96, 4), (0.99, 5)])
+def test_each_level_triggers_at_its_threshold(hbm, level):
+    assert run(ctl(), Signals(hbm=hbm)) == level
+
+
+def test_queue_depth_uses_the_article_rule_for_level_2():
+    assert run(ctl(), Signals(queue=33)) == 2   # 4.2: queue_depth > 32 turns speculation off
+    assert run(ctl(), Signals(queue=20)) == 1
+
+
+def test_health_score_triggers_admission_control():
+    assert run(ctl(), Signals(health=0.7)) == 1
+
+
+def test_steps_down_only_below_the_hysteresis_band():
+    c = ctl()
+    run(c, Signals(hbm=0.91), steps=4)
+    assert c.level == 3
+    run(c, Signals(hbm=0.87), t0=10, steps=3)   # below L3's 0.90 but inside its 0.05 band
+    assert c.level == 3
+    run(c, Signals(hbm=0.84), t0=20, steps=1)   # out of L3's band, still inside L2's
+    assert c.level == 2
+    run(c, Signals(hbm=0.0), t0=30, steps=5)
+    assert c.level == 0
+    assert [h.to_level for h in c.history] == [1, 2, 3, 2, 1, 0]
+    assert "released" in c.history[-1].reason
+
+
+def test_disabled_controller_never_moves_and_reset_returns_to_zero():
+    c = ctl(enabled=False)
+    assert run(c, Signals(hbm=1.0)) == 0
+    c = ctl()
+    seen = []
+    c.on_change = seen.append
+    run(c, Signals(hbm=1.0), steps=2)
+    assert c.reset(99.0).to_level == 0
+    assert [ch.to_level for ch in seen] == [1, 2, 0]
+
+
+def test_public_view_is_json_safe():
+    import json
+    view = ctl().public()
+    json.dumps(view, allow_nan=False)
+    assert view["thresholds"]["L3"] == {"hbm": 0.9, "queue": None, "health": None}
+
+
+def test_config_rejects_bad_thresholds():
+    with pytest.raises(ConfigError, match="5 thresholds"):
+        DegradationConfig(hbm=(0.5, 0.6))
+    with pytest.raises(ConfigError, match="rise with the level"):
+        DegradationConfig(hbm=(0.9, 0.8, 0.9, 0.95, 0.98))
+    with pytest.raises(ConfigError, match="unknown degradation"):
+        DegradationConfig.from_dict({"levels": 3})
+    assert DegradationConfig.from_dict({"queue": [1, 2, None, 4, 5]}).queue[2] == float("inf")
