@@ -1,0 +1,182 @@
+"""KV transfer receiver (decode side): accepts KV connections on the fabric and control
+addresses, verifies every frame (kv_wire.py) and hands verified layers to a KVSink; progress per
+request survives across connections, so a retry or the fallback path resends only what is missing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import threading
+from typing import Callable, Protocol
+
+import torch
+
+from harness.engine.kv_wire import (BufferPool, CorruptFrameError, Frame, FrameKind, KVLayout, TransferStats,
+                                    TruncatedFrameError, close_socket, encode_frame, read_frame, send_frame)
+
+log = logging.getLogger(__name__)
+
+
+class KVSink(Protocol):
+    """The decode engine as the receiver sees it (the worker adapts its ImportHandles to this)."""
+
+    def kv_layout(self, request_id: str) -> KVLayout | None: ...
+
+    def kv_write(self, request_id: str, layer_start: int, kv: torch.Tensor, release: Callable[[], None]) -> None:
+        """kv: [layers, 2, tokens, kv_heads, head_dim], already verified. ``kv`` views a pooled
+        receive buffer: call ``release()`` once it is copied (the buffer then takes later frames)."""
+
+    def kv_complete(self, request_id: str, first_token_id: int) -> None: ...
+
+
+class KVReceiver:
+    """Accepts KV connections on one or more addresses (fabric and control) and feeds verified
+    layers to a KVSink. Progress per request survives across connections so a retry or the
+    fallback path only resends what is missing."""
+
+    def __init__(self, sink: KVSink, stats: TransferStats, *, max_frame_bytes: int = 1 << 31,
+                 timeout_s: float = 30.0) -> None:
+        self.sink, self.stats = sink, stats
+        self.max_frame_bytes, self.timeout_s = max_frame_bytes, timeout_s
+        self._lock = threading.Lock()
+        self._have: dict[str, set[int]] = {}
+        self._completed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._listeners: list[socket.socket] = []
+        self._conns: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._pool = BufferPool()
+
+    def listen(self, host: str, port: int, path: str) -> tuple[str, int]:
+        srv = socket.create_server((host, port), reuse_port=False)
+        self._listeners.append(srv)
+        t = threading.Thread(target=self._accept, args=(srv, path), name=f"kv-accept-{path}", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return srv.getsockname()[:2]
+
+    def forget(self, request_id: str) -> None:
+        """The import was cancelled: drop progress so late frames are refused."""
+        with self._lock:
+            self._have.pop(request_id, None)
+
+    def close(self) -> None:
+        self._closed = True
+        for s in self._listeners + list(self._conns):
+            close_socket(s)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _accept(self, srv: socket.socket, path: str) -> None:
+        while not self._closed:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.settimeout(self.timeout_s)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conns.add(conn)
+            t = threading.Thread(target=self._serve, args=(conn, path), name=f"kv-recv-{path}", daemon=True)
+            t.start()
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _serve(self, conn: socket.socket, path: str) -> None:
+        try:
+            while True:
+                try:
+                    frame = read_frame(conn, self.max_frame_bytes, self._pool)
+                except CorruptFrameError as exc:
+                    self.stats.rejected(exc.reason)
+                    log.warning("rejected a KV frame on %s: %s", path, exc)
+                    if exc.in_sync:
+                        continue
+                    return
+                except TruncatedFrameError as exc:
+                    self.stats.rejected("truncated")
+                    log.info("KV stream on %s truncated: %s", path, exc)
+                    return
+                if frame is None:
+                    return
+                if frame.kind == FrameKind.DATA:
+                    self._on_data(frame, path)
+                    continue
+                if frame.buffer is not None:
+                    self._pool.give(frame.buffer)
+                if frame.kind in (FrameKind.QUERY, FrameKind.END):
+                    send_frame(conn, *encode_frame(Frame.reply(frame.request_id, self._on_control(frame))))
+        except OSError as exc:
+            log.info("KV connection on %s ended: %s", path, exc)
+        finally:
+            self._conns.discard(conn)
+            close_socket(conn)
+
+    def _on_data(self, frame: Frame, path: str) -> None:
+        released = threading.Event()
+
+        def release() -> None:
+            if frame.buffer is not None and not released.is_set():
+                released.set()
+                self._pool.give(frame.buffer)
+
+        try:
+            self._accept_data(frame, release)
+        except BaseException:
+            release()
+            raise
+
+    def _accept_data(self, frame: Frame, release: Callable[[], None]) -> None:
+        layout = self.sink.kv_layout(frame.request_id)
+        with self._lock:
+            expected = layout is not None and frame.request_id in self._have
+            if layout is not None and not expected and frame.request_id not in self._completed:
+                self._have[frame.request_id] = set()
+                expected = True
+        if not expected:
+            self.stats.rejected("unknown_request")
+            release()
+            return
+        want = (frame.layer_end - frame.layer_start, 2, layout.num_tokens, layout.num_kv_heads, layout.head_dim)
+        if (frame.dtype != layout.dtype or tuple(frame.shape) != want or frame.layer_start < 0
+                or frame.layer_end > layout.num_layers):
+            self.stats.rejected("shape")
+            log.warning("%s: frame layers %d-%d %s %s does not match the import (%s %s)", frame.request_id,
+                        frame.layer_start, frame.layer_end, frame.dtype, frame.shape, layout.dtype, want)
+            release()
+            return
+        try:
+            self.sink.kv_write(frame.request_id, frame.layer_start, frame.tensor(), release)
+        except Exception as exc:  # the import was cancelled or failed under us
+            release()
+            self.stats.rejected("sink")
+            log.info("%s: sink refused layers %d-%d: %s", frame.request_id, frame.layer_start, frame.layer_end, exc)
+            return
+        self.stats.received(len(frame.payload))
+        with self._lock:
+            if frame.request_id in self._have:
+                self._have[frame.request_id].update(range(frame.layer_start, frame.layer_end))
+
+    def _on_control(self, frame: Frame) -> dict:
+        rid = frame.request_id
+        with self._lock:
+            if rid in self._completed:
+                return {"ok": True, "missing": []}
+        layout = self.sink.kv_layout(rid)
+        if layout is None:
+            return {"ok": False, "missing": [], "fatal": f"no import pending for {rid}"}
+        with self._lock:
+            have = self._have.setdefault(rid, set())
+            missing = [i for i in range(layout.num_layers) if i not in have]
+        if frame.kind == FrameKind.QUERY or missing:
+            return {"ok": False, "missing": missing}
+        try:
+            self.sink.kv_complete(rid, frame.aux)
+        except Exception as exc:
+            return {"ok": False, "missing": [], "fatal": f"commit failed: {exc}"}
+        with self._lock:
+            self._have.pop(rid, None)
+            self._completed[rid] = None
+            while len(self._completed) > 4096:
+                self._completed.popitem(last=False)
+        return {"ok": True, "missing": []}
