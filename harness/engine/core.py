@@ -1,24 +1,22 @@
 """EngineCore: continuous batching over the paged KV cache, one synchronous ``step()`` at a time.
 
-Each step: emit first tokens of requests imported from a prefill worker, spend the prompt-token
-budget on partly prefilled requests and on admitting waiting ones (FCFS, while KV blocks allow;
-long prompts are prefilled in chunks), then run ONE packed forward pass holding those prefill
-chunks and one decode token of every running request (greedy requests go through the
-speculative decoder instead when it is on), sample, and check stop rules. A request's next token is always computed by feeding ``tokens[num_computed:]``: a fresh
-request feeds its prompt (+ resumed tokens), a running one its last token, a preempted one
-everything again (recompute), so all three paths are the same code.
+Each step: emit first tokens of requests imported from a prefill worker, let the scheduler
+(``scheduler.py``) pick prefill chunks and admissions, then run ONE packed forward pass holding
+those prefill chunks and one decode token of every running request (greedy requests go through
+the speculative decoder instead when it is on), sample, and apply the stop rules. A request's
+next token is always computed by feeding ``tokens[num_computed:]``: a fresh request feeds its
+prompt (+ resumed tokens), a running one its last token, a preempted one everything again
+(recompute), so all three paths are the same code.
 
 The engine is not thread-safe: call it from one thread (clients run it in a dedicated thread
-or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...) and migration
-(``export_request``, ``import_request``) are methods here too; see docs/engine.md.
+or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...), migration
+(``export_request``, ``import_request``) and fault hooks are methods here too; see docs/engine.md.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -30,36 +28,12 @@ from harness.engine.model import DenseKV, load_model
 from harness.engine.output import OutputTracker
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.sampling import resolve_seed, sample_token
+from harness.engine.scheduler import RequestStatus, Scheduler, Sequence
 from harness.engine.spec_decode import SpeculativeDecoder
 from harness.engine.tokenizer import ByteTokenizer
 from harness.errors import EngineError, InvalidRequestError, KVCapacityError, KVIntegrityError
 
 logger = logging.getLogger(__name__)
-
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass
-class Sequence:
-    req: GenerateRequest
-    tracker: OutputTracker
-    seed: int
-    status: RequestStatus = RequestStatus.WAITING
-    block_table: list[int] = field(default_factory=list)
-    num_computed: int = 0              # tokens whose K/V are in the cache
-    pending_token: int | None = None   # first token of a PD import, emitted by the next step
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.req.prompt_token_ids + self.tracker.output_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.req.prompt_token_ids) + len(self.tracker.output_ids)
 
 
 @dataclass
@@ -139,13 +113,12 @@ class EngineCore:
                                 cfg.head_dim, cfg.torch_dtype, self.device)
         self.spec = SpeculativeDecoder(self.model, self.pool, config.spec_draft_layers, config.spec_num_tokens)
         self.spec_enabled = config.speculative
-        self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
+        self.scheduler = Scheduler(self.pool, config.max_batch, config.max_prefill_tokens, config.context_len,
+                                   cfg.max_seq_len)
         self.requests: dict[str, Sequence] = {}
         self._events: list[TokenEvent] = []   # produced outside step(), returned by the next step()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.preemptions_total = 0
         self.held_blocks: list[int] = []  # taken out of service by an HBM-fill fault
         logger.info("engine %s: preset %s on %s, %d KV blocks of %d bytes", config.name, cfg.name,
                     self.device, config.num_blocks, self.pool.block_bytes)
@@ -161,7 +134,7 @@ class EngineCore:
             self._events.append(self._event(seq, [], ""))
             return
         self.requests[req.request_id] = seq
-        self.waiting.append(seq)
+        self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
         seq = self.requests.get(request_id)
@@ -172,19 +145,19 @@ class EngineCore:
         self._events.append(self._event(seq, [], ""))
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._events)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._events)
 
     def set_speculative(self, enabled: bool) -> None:
         self.spec_enabled = bool(enabled)
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            num_running=len(self.running), num_waiting=len(self.waiting),
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             kv_blocks_used=self.pool.num_used, kv_blocks_total=self.pool.num_blocks,
             kv_block_bytes=self.pool.block_bytes, spec_enabled=self.spec_enabled,
             spec_draft_tokens=self.spec.draft_tokens_total, spec_accepted_tokens=self.spec.accepted_tokens_total,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
-            extra={"preemptions_total": float(self.preemptions_total),
+            extra={"preemptions_total": float(self.scheduler.preemptions_total),
                    "kv_blocks_free": float(self.pool.num_free),
                    "kv_blocks_quarantined": float(len(self.pool.quarantined)),
                    "kv_blocks_held": float(len(self.held_blocks))})
@@ -193,18 +166,23 @@ class EngineCore:
 
     def step(self) -> list[TokenEvent]:
         events, self._events = self._events, []
-        for seq in [s for s in self.running if s.pending_token is not None]:
-            token, seq.pending_token = seq.pending_token, None
-            events.append(self._emit(seq, [token]))
-        prefills = self._plan_prefills(events)       # [(seq, tokens to feed this step)]
+        running = self.scheduler.running
+        for seq in [s for s in running if s.pending_token is not None]:
+            events.append(self._emit_pending(seq))
+        prefills, rejected = self.scheduler.plan_prefills()  # [(seq, tokens to feed this step)]
+        self.prompt_tokens_total += sum(n for _, n in prefills)
+        for seq, reason in rejected:
+            seq.tracker.finish_reason = FinishReason.ERROR
+            self._finish(seq)
+            events.append(self._event(seq, [], "", error=reason))
         prefilling = {id(seq) for seq, _ in prefills}
-        decodes = [s for s in self.running if id(s) not in prefilling and s.num_tokens - s.num_computed == 1]
+        decodes = [s for s in running if id(s) not in prefilling and s.num_tokens - s.num_computed == 1]
         # greedy requests take the speculative path when it is on and their blocks can hold
         # the draft tokens; the rest decode one token (preempting the newest when KV is short)
         spec = [s for s in decodes if self.spec_enabled and s.req.params.greedy
-                and self._reserve(s, self.config.spec_num_tokens + 1, preempt=False)]
+                and self.scheduler.reserve(s, self.config.spec_num_tokens + 1, preempt=False)]
         plain = [s for s in decodes if s not in spec and s.status is RequestStatus.RUNNING
-                 and self._reserve(s, 1, preempt=True)]
+                 and self.scheduler.reserve(s, 1, preempt=True)]
         # a later reservation may have preempted an earlier request, even one admitted above
         batch = [(s, n) for s, n in prefills + [(s, 1) for s in plain] if s.status is RequestStatus.RUNNING]
         spec = [s for s in spec if s.status is RequestStatus.RUNNING]
@@ -223,77 +201,6 @@ class EngineCore:
             for event in self.step():
                 events.setdefault(event.request_id, []).append(event)
         return events
-
-    def _plan_prefills(self, events: list[TokenEvent]) -> list[tuple[Sequence, int]]:
-        """Spend this step's prompt-token budget: first on running requests whose prompt is
-        partly prefilled, then on admitting waiting ones (FCFS) while the batch has room and
-        free blocks cover the whole prompt. A prompt longer than the budget is prefilled in
-        chunks over several steps, so running streams keep decoding meanwhile."""
-        budget = self.config.max_prefill_tokens
-        plan: list[tuple[Sequence, int]] = []
-        for seq in self.running:
-            remaining = seq.num_tokens - seq.num_computed
-            if remaining > 1 and budget > 0:
-                plan.append((seq, min(remaining, budget)))
-                budget -= plan[-1][1]
-        usable = self.pool.num_blocks - len(self.pool.quarantined)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch:
-            seq = self.waiting[0]
-            # the most this request can ever hold: prompt + max_tokens, capped by the context
-            peak = min(len(seq.req.prompt_token_ids) + seq.req.params.max_tokens, self.config.context_len)
-            if self.pool.blocks_for(peak) > usable:
-                self.waiting.popleft()
-                seq.tracker.finish_reason = FinishReason.ERROR
-                self._finish(seq)
-                events.append(self._event(seq, [], "", error=(
-                    f"request needs up to {self.pool.blocks_for(peak)} KV blocks ({peak} tokens) but the "
-                    f"KV cache holds {usable}; lower max_tokens or the prompt length, or raise kv_budget_bytes")))
-                continue
-            need = self.pool.blocks_for(seq.num_tokens) - len(seq.block_table)
-            if need > self.pool.num_free:
-                break  # wait for KV to free up; FCFS, so later requests wait too
-            seq.block_table += self.pool.allocate(need)
-            self.waiting.popleft()
-            seq.status = RequestStatus.RUNNING
-            self.running.append(seq)
-            plan.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
-            budget -= plan[-1][1]
-        self.prompt_tokens_total += sum(n for _, n in plan)
-        return plan
-
-    def _reserve(self, seq: Sequence, extra_tokens: int, preempt: bool) -> bool:
-        """Make seq's block table cover num_computed + extra_tokens tokens. Without ``preempt``
-        gives up when the pool is short; with it, preempts the newest running request of the
-        lowest priority (possibly seq itself, which then returns False)."""
-        need = self.pool.blocks_for(seq.num_computed + extra_tokens) - len(seq.block_table)
-        if seq.num_computed + extra_tokens > self.model_config.max_seq_len:
-            return False
-        while need > self.pool.num_free:
-            if not preempt:
-                return False
-            # the newest of the least important: high-priority KV is never given up first (4.3)
-            victim = min(reversed(self.running), key=lambda s: s.req.params.priority)
-            self._preempt(victim)
-            if victim is seq:
-                return False
-        if need > 0:
-            seq.block_table += self.pool.allocate(need)
-        return True
-
-    def _preempt(self, seq: Sequence) -> None:
-        logger.info("preempting %s (%d tokens) to free KV; it will be recomputed", seq.req.request_id,
-                    seq.num_tokens)
-        if seq.pending_token is not None:  # an imported first token: stream it before recompute
-            token, seq.pending_token = seq.pending_token, None
-            self._events.append(self._emit(seq, [token]))
-            if seq.status is RequestStatus.FINISHED:
-                return
-        self.running.remove(seq)
-        self.pool.free(seq.block_table)
-        seq.block_table, seq.num_computed = [], 0
-        seq.status = RequestStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.preemptions_total += 1
 
     def _run_batch(self, batch: list[tuple[Sequence, int]]) -> list[TokenEvent]:
         """One packed forward pass feeding n tokens of each sequence from num_computed on; a
@@ -332,15 +239,12 @@ class EngineCore:
             self._finish(seq)
         return self._event(seq, appended, text)
 
+    def _emit_pending(self, seq: Sequence) -> TokenEvent:
+        token, seq.pending_token = seq.pending_token, None
+        return self._emit(seq, [token])
+
     def _finish(self, seq: Sequence) -> None:
-        if seq.status is RequestStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq.status is RequestStatus.WAITING and seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq.block_table:
-            self.pool.free(seq.block_table)
-            seq.block_table = []
-        seq.status = RequestStatus.FINISHED
+        self.scheduler.remove(seq)
         self.requests.pop(seq.req.request_id, None)
 
     def _event(self, seq: Sequence, tokens: list[int], text: str, error: str | None = None) -> TokenEvent:
@@ -425,7 +329,7 @@ class EngineCore:
         its tokens, so that request's output stays exact. ``block=None`` picks the first block of
         the oldest running request. Returns {"block", "request_id"} (request_id None if unused)."""
         if block is None:
-            owners = [s for s in self.running if s.block_table]
+            owners = [s for s in self.scheduler.running if s.block_table]
             if not owners:
                 raise EngineError("no running request holds KV to poison",
                                   fix="poison while requests are decoding, or name a block")
@@ -435,7 +339,10 @@ class EngineCore:
         owner = next((s for s in self.requests.values() if block in s.block_table), None)
         if owner is not None and owner.status is RequestStatus.RUNNING:
             logger.warning("KV block %d is poisoned: recomputing request %s", block, owner.req.request_id)
-            self._preempt(owner)
+            if owner.pending_token is not None:  # an imported first token: stream it first
+                self._events.append(self._emit_pending(owner))
+            if owner.status is RequestStatus.RUNNING:
+                self.scheduler.preempt(owner)
         return {"block": block, "request_id": owner.req.request_id if owner else None}
 
     def restore_quarantined_blocks(self) -> int:
@@ -479,9 +386,8 @@ class EngineCore:
         self._join_running(seq)
 
     def _join_running(self, seq: Sequence) -> None:
-        seq.status = RequestStatus.RUNNING
         self.requests[seq.req.request_id] = seq
-        self.running.append(seq)
+        self.scheduler.join_running(seq)
 
 
 __all__ = ["EngineCore", "ExportedRequest", "ImportHandle", "PrefillResult", "RequestStatus",
