@@ -291,7 +291,9 @@ class EngineCore:
         blocks = self.pool.allocate(self.pool.blocks_for(num_tokens + 1))  # +1: room for the first decode
         return ImportHandle(self, req, num_tokens, blocks)
 
-    def commit_import(self, handle: ImportHandle, first_token_id: int) -> None:
+    def commit_import(self, handle: ImportHandle, first_token_id: int, *, stream_first: bool = True) -> None:
+        """Join the imported request. ``stream_first=False`` (live migration): the first token was
+        already streamed by the source, so it only becomes the next token to feed."""
         missing = set(range(self.model_config.n_layers)) - handle.layers_written
         if missing:
             self.cancel_import(handle)
@@ -301,7 +303,10 @@ class EngineCore:
         seq = self._new_sequence(handle.req, resolve_seed(handle.req.params), list(handle.req.resume_token_ids))
         seq.block_table, handle.blocks = handle.blocks, []
         seq.num_computed = handle.num_tokens
-        seq.pending_token = first_token_id
+        if stream_first:
+            seq.pending_token = first_token_id
+        else:
+            seq.tracker.output_ids.append(first_token_id)
         self._join_running(seq)
 
     def cancel_import(self, handle: ImportHandle) -> None:
@@ -317,9 +322,10 @@ class EngineCore:
         self.held_blocks += self.pool.allocate(n)
         return len(self.held_blocks)
 
-    def release_kv_blocks(self) -> int:
-        """Revert every hold; returns how many blocks went back to the pool."""
-        released, self.held_blocks = self.held_blocks, []
+    def release_kv_blocks(self, blocks: list[int] | None = None) -> int:
+        """Revert holds (all, or just ``blocks``); returns how many blocks went back to the pool."""
+        released = self.held_blocks if blocks is None else [b for b in blocks if b in self.held_blocks]
+        self.held_blocks = [b for b in self.held_blocks if b not in set(released)]
         self.pool.free(released)
         return len(released)
 
@@ -345,9 +351,24 @@ class EngineCore:
                 self.scheduler.preempt(owner)
         return {"block": block, "request_id": owner.req.request_id if owner else None}
 
-    def restore_quarantined_blocks(self) -> int:
-        """Revert poisoning: quarantined blocks that nothing references return to service, zeroed."""
-        return self.pool.restore()
+    def poison_kv_blocks(self, count: int = 0, blocks: list[int] | None = None) -> dict:
+        """Poison ``blocks``, or ``count`` blocks chosen among the running requests' KV first
+        (so the fault bites), then free ones. Returns {"blocks", "request_ids"} (affected)."""
+        if blocks is None:
+            in_use = [b for s in self.scheduler.running
+                      for b in s.block_table[:self.pool.blocks_for(s.num_computed)]]
+            candidates = list(dict.fromkeys(in_use + list(self.pool.free_blocks)))
+            if count > len(candidates):
+                raise KVCapacityError(f"cannot poison {count} KV blocks: {len(candidates)} are in service",
+                                      fix="poison fewer blocks or clear earlier poisoning")
+            blocks = candidates[:count]
+        affected = [self.poison_kv_block(b)["request_id"] for b in blocks]
+        return {"blocks": list(blocks), "request_ids": sorted({r for r in affected if r is not None})}
+
+    def restore_quarantined_blocks(self, blocks: list[int] | None = None) -> int:
+        """Revert poisoning: quarantined blocks (all, or ``blocks``) that nothing references return
+        to service, zeroed."""
+        return self.pool.restore(blocks)
 
     # ---- migration -----------------------------------------------------------------------
 
@@ -384,6 +405,45 @@ class EngineCore:
         seq = self._new_sequence(replace(req), exported.seed, list(exported.output_token_ids))
         seq.block_table, seq.num_computed, seq.pending_token = blocks, exported.num_computed, exported.pending_token
         self._join_running(seq)
+
+    def pause_request(self, request_id: str) -> list[int]:
+        """Live migration, source side: take a decoding request out of the batch but keep its
+        KV (blocks) until ``release_paused`` or ``resume_request``. Returns its tokens (prompt +
+        output); the KV of all but the last is cached."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.status is not RequestStatus.RUNNING:
+            raise EngineError(f"request {request_id!r} is not running here "
+                              f"({seq.status.value if seq else 'unknown'})",
+                              fix="migrate a request while it decodes on this worker")
+        if seq.pending_token is not None or seq.num_tokens - seq.num_computed != 1:
+            raise EngineError(f"request {request_id!r} is not decoding yet (prefill or first token pending)",
+                              fix="retry the migration after its first token")
+        self.scheduler.running.remove(seq)
+        seq.status = RequestStatus.PAUSED
+        return list(seq.tokens)
+
+    def read_kv(self, request_id: str, num_tokens: int):
+        """Yield (k, v) per layer, each [num_tokens, KVH, hd], copied out of the request's blocks."""
+        seq = self.requests[request_id]
+        assert num_tokens <= seq.num_computed, "reading KV that is not computed"
+        for layer in range(self.model_config.n_layers):
+            yield self.pool.gather(layer, seq.block_table, num_tokens)
+
+    def resume_request(self, request_id: str) -> bool:
+        """Undo ``pause_request`` (the migration failed): the request decodes here again."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.status is not RequestStatus.PAUSED:
+            return False
+        self.scheduler.join_running(seq)
+        return True
+
+    def release_paused(self, request_id: str) -> bool:
+        """The target took over: drop the paused request and free its KV, emitting no event."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.status is not RequestStatus.PAUSED:
+            return False
+        self._finish(seq)
+        return True
 
     def _join_running(self, seq: Sequence) -> None:
         self.requests[seq.req.request_id] = seq

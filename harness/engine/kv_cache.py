@@ -107,9 +107,11 @@ class KVBlockPool:
         if block in self.free_blocks:
             self.free_blocks.remove(block)
 
-    def restore(self) -> int:
-        """Return quarantined blocks that nobody references to service, zeroed; returns how many."""
-        back = [b for b in self.quarantined if self.ref_counts[b] == 0]
+    def restore(self, blocks: list[int] | None = None) -> int:
+        """Return quarantined blocks (all, or ``blocks``) that nobody references to service,
+        zeroed; returns how many."""
+        back = [b for b in (self.quarantined if blocks is None else self.quarantined & set(blocks))
+                if self.ref_counts[b] == 0]
         for b in back:
             self.storage[b].zero_()
             self.quarantined.discard(b)

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    PAUSED = "paused"      # live migration: out of the batch, KV kept until the target confirms
+    SWAPPED = "swapped"    # KV offloaded to a lower tier (offload.py), fetched back before decoding
     FINISHED = "finished"
 
 
