@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("harness.engine.config", "list model presets with their KV bytes per token"),
     "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
     "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
+    "fabric": ("harness.fabric.cli", "the emulated fabric: status, remove a dead run's leftovers, measure"),
 }
 
 
