@@ -36,6 +36,9 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, ImportHandle
 from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.router import encode_msg, read_msg
+from harness.engine.worker_faults import WorkerFaults, kv_used_ratio
+from harness.engine.worker_migration import LiveMigration
+from harness.engine.worker_stats import RecentWindow
 from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
                                      TransferConfig, TransferStats)
 from harness.errors import ConfigError, HarnessError
@@ -65,7 +68,10 @@ class PDWorker:
         self._senders: dict[str, KVSender] = {}       # prefill: transfers in flight
         self._corrupt_frames = 0                      # fault hook (admin API)
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
-        self._stats_cache: dict = asdict(self.core.stats())
+        self.faults = WorkerFaults(self.core)
+        self.migration = LiveMigration(self)
+        self.window = RecentWindow()
+        self._stats_cache: dict = self._stats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: asyncio.Queue | None = None
         self.receiver: KVReceiver | None = None
@@ -107,11 +113,21 @@ class PDWorker:
                 self._run_prefill(self._jobs.popleft())
             elif self.core.has_work():
                 for ev in self.core.step():
+                    self.window.on_tokens(ev.request_id, len(ev.token_ids), ev.finished)
                     self.publish({"type": "tokens", "rid": ev.request_id, "token_ids": ev.token_ids,
                                   "text": ev.text, "finished": ev.finished,
                                   "finish_reason": ev.finish_reason.value if ev.finish_reason else None,
                                   "num_output_tokens": ev.num_output_tokens, "error": ev.error})
-            self._stats_cache = asdict(self.core.stats())
+            self._stats_cache = self._stats()
+
+    def _stats(self) -> dict:
+        """Heartbeat stats: the engine's plus the health detector's and degradation controller's inputs."""
+        stats = asdict(self.core.stats())
+        stats.update(kv_used_ratio=kv_used_ratio(self.core), kv_blocks_poisoned=len(self.core.pool.quarantined),
+                     tpot_p99_ms=self.window.tpot_p99_ms(),
+                     queue_depth=stats["num_waiting"] + len(self._imports) + len(self._jobs) + len(self._senders),
+                     retrans_rate=self.window.retrans_rate(self.transfer_stats.snapshot()))
+        return stats
 
     def _run_prefill(self, job: dict) -> None:
         rid = job["rid"]
@@ -168,6 +184,8 @@ class PDWorker:
             release()  # the receive buffer takes later frames
 
     def _commit(self, rid: str, first_token_id: int) -> None:
+        if self.migration.commit(rid, first_token_id):
+            return
         handle = self._imports.pop(rid, None)
         if handle is None:
             return
@@ -177,6 +195,9 @@ class PDWorker:
             self.publish({"type": "import_failed", "rid": rid, "error": str(exc)})
 
     def _abort(self, rid: str) -> None:
+        for tid in self.migration.forget(rid):  # a migration into this worker that was called off
+            self._abort(tid)
+        self.window.forget(rid)
         self._jobs = deque(j for j in self._jobs if j["rid"] != rid)
         sender = self._senders.get(rid)
         if sender is not None:
@@ -202,6 +223,11 @@ class PDWorker:
         self._cmds.put(lambda: self._write(rid, layer_start, kv, release))
 
     def kv_complete(self, rid: str, first_token_id: int) -> None:
+        try:
+            self.migration.check_complete(rid, first_token_id)
+        except HarnessError:
+            self._cmds.put(lambda: self._abort(rid))
+            raise
         if self._layouts.pop(rid, None) is None:
             raise HarnessError(f"import of {rid} was cancelled")
         self._cmds.put(lambda: self._commit(rid, first_token_id))
@@ -221,6 +247,12 @@ class PDWorker:
             self._cmds.put(lambda: self._abort(msg["rid"]))
         elif kind == "set_speculative":
             self._cmds.put(lambda: self.core.set_speculative(msg["enabled"]))
+        elif kind in ("hbm_fill", "hbm_release", "ecc_poison", "ecc_clear"):
+            self._cmds.put(lambda: self.publish(self.faults.handle(msg)))
+        elif kind == "migrate_in":
+            self._cmds.put(lambda: self.migration.migrate_in(msg))
+        elif kind == "migrate_out":
+            self._cmds.put(lambda: self.migration.migrate_out(msg))
         elif kind == "fault":
             self._corrupt_frames = int(msg.get("corrupt_frames", 0))
             log.warning("fault hook armed: corrupt the next %d KV frames", self._corrupt_frames)

@@ -1,0 +1,183 @@
+"""Live KV migration of a running request between two decode workers (seed Section 3.1), worker side.
+
+Protocol (the router orchestrates; ``num_tokens`` = prompt + every output token streamed so far):
+
+1. target gets ``{"type": "migrate_in", "rid", "request", "num_tokens", "generated"}``: it reserves
+   blocks for the KV of all tokens but the last generated one and answers ``migrate_ready``.
+2. source gets ``{"type": "migrate_out", "rid", "num_tokens", "target_kv": [host, port],
+   "target_control": [host, port] (optional fallback), "target_id", "transfer": {...}}``: it pauses
+   the request (no more tokens), reads its KV out of the blocks and sends it with the PD sender
+   (checksummed frames, retries, fallback path). The END frame carries the last generated token,
+   which the target checks against its own ``generated`` before it commits, so the two sides
+   can never disagree silently about where the stream is.
+3. once the target has every layer it commits (``migrate_committed``) and decodes the next
+   token; the source then frees the request's KV and reports ``migrated`` {export_s,
+   transfer_s, bytes, path, retries, fallback}. On any failure the source resumes the request
+   and reports ``migrate_failed`` {error}: the stream continues on the source.
+
+The transfer is keyed ``{rid}@m{kv_tokens}`` so it never collides with the PD import of the
+same request, nor with an earlier migration of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from harness.engine.core import ImportHandle
+from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig
+from harness.errors import EngineError, HarnessError, KVIntegrityError
+
+if TYPE_CHECKING:
+    from harness.engine.worker import PDWorker
+
+log = logging.getLogger(__name__)
+
+
+def transfer_id(rid: str, kv_tokens: int) -> str:
+    return f"{rid}@m{kv_tokens}"
+
+
+def request_from_dict(data: dict, rid: str) -> GenerateRequest:
+    """A GenerateRequest sent as a dict (``dataclasses.asdict``) over the control connection."""
+    params = dict(data.get("params") or {})
+    params["stop"] = tuple(params.get("stop", ()))
+    return GenerateRequest(rid, list(data["prompt_token_ids"]), SamplingParams(**params),
+                           resume_token_ids=list(data.get("resume_token_ids", ())))
+
+
+@dataclass
+class _Incoming:
+    rid: str
+    handle: ImportHandle
+    last_token: int
+    started: float
+
+
+class LiveMigration:
+    def __init__(self, worker: "PDWorker") -> None:
+        self.worker = worker
+        self.core = worker.core
+        self._incoming: dict[str, _Incoming] = {}   # transfer id -> import in progress
+
+    # ---- target side (engine thread) -----------------------------------------------------
+
+    def migrate_in(self, msg: dict) -> None:
+        rid = msg["rid"]
+        try:
+            req = request_from_dict(msg["request"], rid)
+            generated = [int(t) for t in msg["generated"]]
+            if not generated:
+                raise EngineError(f"migrate_in {rid}: no generated token yet",
+                                  fix="migrate a request after its first token")
+            num_tokens = len(req.prompt_token_ids) + len(generated)
+            if int(msg.get("num_tokens", num_tokens)) != num_tokens:
+                raise EngineError(f"migrate_in {rid}: num_tokens {msg['num_tokens']} != prompt "
+                                  f"{len(req.prompt_token_ids)} + generated {len(generated)}",
+                                  fix="num_tokens counts the prompt and every output token streamed so far")
+            req.resume_token_ids = generated[:-1]
+            handle = self.core.begin_import(req, num_tokens - 1)
+        except (HarnessError, KeyError, TypeError, ValueError) as exc:
+            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "target", "error": str(exc)})
+            return
+        tid = transfer_id(rid, num_tokens - 1)
+        model = self.core.model_config
+        self._incoming[tid] = _Incoming(rid, handle, generated[-1], time.perf_counter())
+        self.worker._imports[tid] = handle
+        self.worker._layouts[tid] = KVLayout(model.n_layers, num_tokens - 1, model.n_kv_heads, model.head_dim,
+                                             self.core.pool.storage.dtype)
+        self.worker.publish({"type": "migrate_ready", "rid": rid, "num_tokens": num_tokens})
+
+    def check_complete(self, tid: str, last_token: int) -> None:
+        """Receiver thread, before the END reply: refuse a stream that ends elsewhere than expected."""
+        incoming = self._incoming.get(tid)
+        if incoming is not None and incoming.last_token != last_token:
+            raise KVIntegrityError(f"{incoming.rid}: the source's last token {last_token} differs from the "
+                                   f"router's {incoming.last_token}", fix="migrate with the router's token count")
+
+    def commit(self, tid: str, first_token_id: int) -> bool:
+        """Engine thread: join the migrated request; False if ``tid`` is not a migration."""
+        incoming = self._incoming.pop(tid, None)
+        if incoming is None:
+            return False
+        self.worker._imports.pop(tid, None)
+        try:
+            self.core.commit_import(incoming.handle, first_token_id, stream_first=False)
+        except HarnessError as exc:
+            self.worker.publish({"type": "migrate_failed", "rid": incoming.rid, "side": "target",
+                                 "error": str(exc)})
+            return True
+        self.worker.publish({"type": "migrate_committed", "rid": incoming.rid,
+                             "import_s": time.perf_counter() - incoming.started})
+        return True
+
+    def forget(self, rid: str) -> list[str]:
+        """Transfer ids of ``rid``'s pending imports (the worker cancels them on abort)."""
+        tids = [tid for tid, inc in self._incoming.items() if inc.rid == rid]
+        for tid in tids:
+            del self._incoming[tid]
+        return tids
+
+    # ---- source side ---------------------------------------------------------------------
+
+    def migrate_out(self, msg: dict) -> None:
+        """Engine thread: pause, read the KV out, hand the delivery to a finisher thread."""
+        rid, t0 = msg["rid"], time.perf_counter()
+        try:
+            if "num_tokens" not in msg:
+                raise EngineError(f"migrate_out {rid} has no num_tokens",
+                                  fix="send the same num_tokens as in the target's migrate_in")
+            tokens = self.core.pause_request(rid)
+        except HarnessError as exc:
+            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": str(exc)})
+            return
+        num_tokens = int(msg["num_tokens"])
+        if not 1 < num_tokens <= len(tokens):
+            self.core.resume_request(rid)
+            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": (
+                f"num_tokens {num_tokens} is outside (1, {len(tokens)}]: the source holds {len(tokens)} tokens")})
+            return
+        kv_tokens = num_tokens - 1
+        control = msg.get("target_control")
+        sender = KVSender(transfer_id(rid, kv_tokens), self.core.model_config.n_layers,
+                          Endpoint(*msg["target_kv"], PATH_FABRIC),
+                          Endpoint(*control, PATH_CONTROL) if control else None,
+                          TransferConfig.from_dict(msg.get("transfer")), self.worker.transfer_stats,
+                          on_event=lambda kind, **d: self.worker.publish(
+                              {"type": "transfer_event", "rid": rid, "event": kind, "detail": d}))
+        try:
+            for layer, (k, v) in enumerate(self.core.read_kv(rid, kv_tokens)):  # k, v: [kv_tokens, KVH, hd]
+                sender.send_layer(layer, k, v)
+        except Exception as exc:
+            sender.cancel()
+            self.core.resume_request(rid)
+            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": str(exc)})
+            return
+        export_s = time.perf_counter() - t0
+        self.worker._finisher.submit(self._deliver, rid, sender, tokens[kv_tokens], msg.get("target_id"), export_s)
+
+    def _deliver(self, rid: str, sender: KVSender, last_token: int, target: str | None, export_s: float) -> None:
+        """Finisher thread: wait for the target's confirmation, then free or resume on the engine thread."""
+        try:
+            res = sender.finish(last_token)
+        except HarnessError as exc:
+            log.warning("migration of %s to %s failed (%s); it continues here", rid, target, exc)
+            self.worker._cmds.put(lambda: self._resume(rid, str(exc)))
+            return
+        done = {"type": "migrated", "rid": rid, "source": self.worker.id, "target": target, "export_s": export_s,
+                "transfer_s": res.seconds, "bytes": res.bytes, "path": res.path, "retries": res.retries,
+                "fallback": res.fallback}
+        self.worker._cmds.put(lambda: self._release(rid, done))
+
+    def _release(self, rid: str, done: dict) -> None:
+        self.core.release_paused(rid)
+        self.worker.window.forget(rid)
+        self.worker.publish(done)
+
+    def _resume(self, rid: str, error: str) -> None:
+        resumed = self.core.resume_request(rid)
+        self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": error,
+                             "resumed": resumed})
