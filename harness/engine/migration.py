@@ -4,8 +4,10 @@ steps 4-6 of Section 5.3's decision flow).
 One migration of attempt ``rid`` from ``source`` to ``target``:
 
 1. reserve the request's KV blocks on the target and send it ``migrate_in`` (the request, the
-   tokens streamed so far); the target prepares an import and answers ``import_ready``;
-2. send the source ``migrate_out`` with the target's KV addresses: it pauses the request, exports
+   tokens streamed so far, ``num_tokens`` = prompt + those); the target prepares an import and
+   answers ``migrate_ready`` (harness/engine/worker_migration.py is the worker side);
+2. send the source ``migrate_out`` with the same ``num_tokens`` and the target's KV addresses: it
+   pauses the request, exports
    its blocks and state, sends them with the KV transfer sender (retries, fallback path,
    checksummed frames) and, once the target confirmed, frees them and reports ``migrated``
    (``migrate_failed`` leaves the request running on the source);
@@ -36,8 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # worker -> router messages this module consumes (never handed to the attempt's stream)
-SOURCE_REPLIES = ("migrated", "migrate_failed")
-TARGET_REPLIES = ("import_ready", "import_failed")
+MIGRATION_REPLIES = ("migrate_ready", "migrate_committed", "migrated", "migrate_failed")
 
 
 class MigrationFailed(EngineError):
@@ -52,8 +53,10 @@ class MigrationState:
     target: str
     reason: str
     started: float                                   # monotonic
-    ready: asyncio.Future = field(repr=False)        # target: import_ready / import_failed
+    num_tokens: int                                  # prompt + streamed tokens both sides agree on
+    ready: asyncio.Future = field(repr=False)        # target: migrate_ready / migrate_failed
     done: asyncio.Future = field(repr=False)         # source: migrated / migrate_failed
+    import_s: float | None = None                    # target: from migrate_in to commit
 
 
 class MigrationManager:
@@ -69,22 +72,25 @@ class MigrationManager:
     def on_message(self, worker: "Worker", msg: dict) -> bool:
         """Consume a migration reply; False when ``msg`` is not one (the stream gets it)."""
         state = self.active.get(msg.get("rid", ""))
-        if state is None:
-            return False
         kind = msg["type"]
-        if worker.id == state.target and kind in TARGET_REPLIES:
-            _resolve(state.ready, msg)
-            return True
-        if worker.id == state.source and kind in SOURCE_REPLIES:
+        if state is None:
+            return kind in MIGRATION_REPLIES  # a late reply of a finished migration: nothing to do
+        if worker.id == state.target:
+            if kind == "migrate_committed":
+                state.import_s = msg.get("import_s")
+            elif kind in ("migrate_ready", "migrate_failed"):
+                _resolve(state.ready, msg)  # a target failure after ready also fails the source's send
+            return kind in MIGRATION_REPLIES
+        if worker.id == state.source and kind in ("migrated", "migrate_failed"):
             _resolve(state.done, msg)
             return True
-        return False
+        return kind in MIGRATION_REPLIES
 
     def on_worker_lost(self, worker_id: str) -> None:
         for state in self.active.values():
             if worker_id in (state.source, state.target):
                 error = {"type": "migrate_failed", "error": f"worker {worker_id} was lost during the migration"}
-                _resolve(state.ready, error if worker_id == state.target else {"type": "import_ready"})
+                _resolve(state.ready, error)
                 _resolve(state.done, error)
 
     def cancel(self, att: "_Attempt") -> None:
@@ -92,7 +98,7 @@ class MigrationManager:
         state = self.active.get(att.id)
         if state is not None:
             error = {"type": "migrate_failed", "error": "the request ended during the migration"}
-            _resolve(state.ready, {"type": "import_failed", "error": error["error"]})
+            _resolve(state.ready, error)
             _resolve(state.done, error)
 
     # -- choosing
@@ -158,7 +164,8 @@ class MigrationManager:
         att = self._resolve_request(src, request_id)
         tgt = self._resolve_target(src, att, target)
         loop = asyncio.get_running_loop()
-        state = MigrationState(att.id, att.request.request_id, src.id, tgt.id, reason, time.monotonic(),
+        num_tokens = len(att.request.prompt_token_ids) + len(att.streamed)
+        state = MigrationState(att.id, att.request.request_id, src.id, tgt.id, reason, time.monotonic(), num_tokens,
                                loop.create_future(), loop.create_future())
         self.active[att.id] = state
         tgt.attempts.add(att.id)
@@ -168,13 +175,13 @@ class MigrationManager:
                             reason=reason, streamed_tokens=len(att.streamed))
         timeout = router.config.migration_timeout_s
         try:
-            tgt.send({"type": "migrate_in", "rid": att.id, "request": _request_dict(att),
-                      "num_tokens": len(att.request.prompt_token_ids) + len(att.streamed),
+            tgt.send({"type": "migrate_in", "rid": att.id, "request": _request_dict(att), "num_tokens": num_tokens,
                       "generated": list(att.streamed)})
             ready = await asyncio.wait_for(state.ready, timeout)
-            if ready["type"] != "import_ready":
+            if ready["type"] != "migrate_ready":
                 raise MigrationFailed(f"target {tgt.id} refused the import: {ready.get('error')}")
-            src.send({"type": "migrate_out", "rid": att.id, "target_id": tgt.id, "target_kv": list(tgt.kv_addr),
+            src.send({"type": "migrate_out", "rid": att.id, "num_tokens": num_tokens, "target_id": tgt.id,
+                      "target_kv": list(tgt.kv_addr),
                       "target_control": list(tgt.control_addr), "transfer": router.config.transfer})
             done = await asyncio.wait_for(state.done, timeout)
             if done["type"] != "migrated":
@@ -195,7 +202,9 @@ class MigrationManager:
         self.counters["completed"] += 1
         event = {"request_id": state.request_id, "source": src.id, "target": tgt.id, "reason": reason,
                  "total_s": round(time.monotonic() - state.started, 6),
-                 **{k: done.get(k) for k in ("export_s", "transfer_s", "bytes", "num_tokens") if k in done}}
+                 "num_tokens": num_tokens, "import_s": state.import_s,
+                 **{k: done.get(k) for k in ("export_s", "transfer_s", "bytes", "path", "retries", "fallback")
+                    if k in done}}
         router.record_event("migration_done", **event)
         return event
 
