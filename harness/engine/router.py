@@ -12,36 +12,25 @@
   arrived, is placed again and re-prefilled with prompt + the tokens already streamed
   (``resume_token_ids``), so the client stream continues with no duplicated or missing token;
   when no worker can take it, it ends with an explicit error event.
-- ``Router`` is the EngineClient handed to ``api.build_app``; ``admin_api`` adds
-  ``/admin/workers``, ``/admin/events`` and fault hooks. Run as a process with
-  ``python -m harness.engine.router`` (``topology.py`` does).
+- ``Router`` is the EngineClient handed to ``api.build_app``; router_server.py adds
+  ``/admin/workers``, ``/admin/events``, fault hooks and metrics, and runs it as a process
+  (``python -m harness.engine.router_server``; ``topology.py`` does).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import faulthandler
 import itertools
 import json
 import logging
 import math
-import os
-import signal
 import struct
-import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import AsyncIterator
 
-from fastapi import APIRouter, Request
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from harness.engine.config import EngineConfig
-from harness.engine.metrics import PREFIX
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.transfer import TransferConfig, config_from_dict
@@ -187,8 +176,8 @@ class Router:
         self._event_seq = itertools.count(1)
         self._attempts: dict[str, _Attempt] = {}
         self._capacity = asyncio.Condition()
-        self._waiting = 0
-        self._counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}
+        self.waiting = 0
+        self.counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}
         self._server: asyncio.AbstractServer | None = None
         self._monitor: asyncio.Task | None = None
         self._conn_tasks: set[asyncio.Task] = set()
@@ -210,9 +199,9 @@ class Router:
                 s.kv_blocks_total += w.kv_blocks_total
                 s.kv_block_bytes = int(w.stats.get("kv_block_bytes", s.kv_block_bytes))
                 s.spec_enabled = s.spec_enabled or bool(w.stats.get("spec_enabled"))
-        s.num_waiting += self._waiting
+        s.num_waiting += self.waiting
         s.extra = {"workers_healthy": sum(w.health == "healthy" for w in self.workers.values()),
-                   "admission_queue": self._waiting}
+                   "admission_queue": self.waiting}
         return s
 
     async def set_speculative(self, enabled: bool) -> None:
@@ -253,12 +242,12 @@ class Router:
                 att = await self._place(request, n, streamed, resumed)
             except _NoCapacity as exc:
                 if resumed:
-                    self._counters["reschedule_failures"] += 1
-                    self._event("reschedule_failed", request_id=request.request_id, error=str(exc))
+                    self.counters["reschedule_failures"] += 1
+                    self.record_event("reschedule_failed", request_id=request.request_id, error=str(exc))
                 yield self._error(request, streamed, str(exc))
                 return
             if resumed:
-                self._event("reschedule", request_id=request.request_id, from_worker=lost_worker,
+                self.record_event("reschedule", request_id=request.request_id, from_worker=lost_worker,
                             to_prefill=att.prefill, to_decode=att.decode, resumed_tokens=len(streamed) -
                             len(request.resume_token_ids), since_loss_s=round(time.monotonic() - lost_at, 4))
             try:
@@ -267,7 +256,7 @@ class Router:
                     streamed.extend(ev.token_ids)
                     ev.num_prompt_tokens = n_prompt
                     if resumed and first:
-                        self._event("resumed", request_id=request.request_id, worker=att.decode,
+                        self.record_event("resumed", request_id=request.request_id, worker=att.decode,
                                     since_loss_s=round(time.monotonic() - lost_at, 4))
                     first = False
                     yield ev
@@ -282,7 +271,7 @@ class Router:
                 if n >= self.config.max_reschedules:
                     yield self._error(request, streamed, f"{reason}; gave up after {n + 1} placements")
                     return
-                self._counters["reschedules"] += 1
+                self.counters["reschedules"] += 1
             finally:
                 self._release(att)
             if self.config.reschedule_delay_s:
@@ -303,7 +292,7 @@ class Router:
     async def _place(self, request: GenerateRequest, n: int, streamed: list[int], resumed: bool) -> _Attempt:
         timeout = self.config.reschedule_wait_s if resumed else self.config.admission_timeout_s
         deadline = time.monotonic() + timeout
-        self._waiting += 1
+        self.waiting += 1
         try:
             async with self._capacity:
                 while True:
@@ -313,14 +302,14 @@ class Router:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         if not resumed:
-                            self._counters["admission_timeouts"] += 1
+                            self.counters["admission_timeouts"] += 1
                         raise _NoCapacity(f"no worker could take the request within {timeout:.1f} s: {picked}")
                     try:
                         await asyncio.wait_for(self._capacity.wait(), remaining)
                     except asyncio.TimeoutError:
                         pass
         finally:
-            self._waiting -= 1
+            self.waiting -= 1
         prefill, decode, blocks = picked
         att = _Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue())
         self._attempts[att.id] = att
@@ -388,7 +377,7 @@ class Router:
                                  error=msg.get("error"))
             elif kind == "prefill_done":
                 self._kv_arrived(att)
-                self._event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
+                self.record_event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
                             mode=self.config.transfer.get("mode", "layerwise"), prefill_s=msg["prefill_s"],
                             transfer_s=msg["seconds"], bytes=msg["bytes"], path=msg["path"],
                             retries=msg["retries"], fallback=msg["fallback"])
@@ -436,7 +425,7 @@ class Router:
                             tuple(hello["control_addr"]), writer, hello["kv_blocks_total"], hello["block_size"])
             self.workers[worker.id] = worker
             writer.write(encode_msg({"type": "welcome", "heartbeat_interval_s": self.config.heartbeat_interval_s}))
-            self._event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
+            self.record_event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
                         rejoined=old is not None)
             await self._notify_capacity()
             while (msg := await read_msg(reader)) is not None:
@@ -460,7 +449,7 @@ class Router:
             w.kv_blocks_used = msg["stats"].get("kv_blocks_used", 0)
             return
         if kind == "transfer_event":
-            self._event(f"transfer_{msg['event']}", worker=w.id, request_id=msg["rid"].rsplit("#", 1)[0],
+            self.record_event(f"transfer_{msg['event']}", worker=w.id, request_id=msg["rid"].rsplit("#", 1)[0],
                         **msg.get("detail", {}))
         att = self._attempts.get(msg.get("rid", ""))
         if att is not None and kind != "transfer_event":
@@ -471,7 +460,7 @@ class Router:
             return
         now = time.monotonic()
         w.health, w.down_reason = "dead", reason
-        self._event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
+        self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
                     affected=sorted(w.attempts))
         for att_id in list(w.attempts):
             att = self._attempts.get(att_id)
@@ -487,7 +476,7 @@ class Router:
                 if w.health == "healthy" and now - w.last_heartbeat > self.config.heartbeat_timeout_s:
                     self._worker_lost(w, "heartbeat_timeout")
 
-    def _event(self, kind: str, **detail) -> None:
+    def record_event(self, kind: str, **detail) -> None:
         event = {"seq": next(self._event_seq), "type": kind, "wall_time": time.time(),
                  "monotonic": time.monotonic(), **detail}
         self.events.append(event)
@@ -502,151 +491,15 @@ class Router:
             raise InvalidRequestError(f"fault must be an object with {sorted(allowed)} as non-negative integers, "
                                       f"got {spec!r}", param="fault")
         w.send({"type": "fault", **spec})
-        self._event("fault_hook", worker=worker_id, **spec)
+        self.record_event("fault_hook", worker=worker_id, **spec)
         return {"worker": worker_id, **spec}
 
-    def collect(self):
-        """Prometheus collector: transfer counters per worker and path, liveness, scheduling."""
-        labels = ["worker", "path"]
-        fams = {f: CounterMetricFamily(f"{PREFIX}_kv_transfer_{f}", f"KV transfer {f} per sending worker and path "
-                                       "(docs/pd.md)", labels=labels)
-                for f in ("bytes", "seconds", "frames", "transfers", "retries", "failures", "fallbacks")}
-        rejected = CounterMetricFamily(f"{PREFIX}_kv_transfer_rejected_frames", "KV frames a receiver rejected "
-                                       "(crc, header, shape, truncated, unknown_request)", labels=["worker", "reason"])
-        up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while a worker is in the routing table",
-                               labels=["worker", "role"])
-        queue = GaugeMetricFamily(f"{PREFIX}_worker_queue_depth", "Requests queued or running on a worker",
-                                  labels=["worker", "role"])
-        for w in self.workers.values():
-            for path, counters in w.transfer.get("paths", {}).items():
-                for f, fam in fams.items():
-                    fam.add_metric([w.id, path], counters.get(f, 0))
-            for reason, count in w.transfer.get("rejected", {}).items():
-                rejected.add_metric([w.id, reason], count)
-            up.add_metric([w.id, w.role], 1.0 if w.health == "healthy" else 0.0)
-            queue.add_metric([w.id, w.role], w.public()["queue_depth"])
-        yield from fams.values()
-        yield from (rejected, up, queue)
-        for name, value in self._counters.items():
-            yield CounterMetricFamily(f"{PREFIX}_router_{name}", f"Router {name.replace('_', ' ')}", value=value)
-        down = CounterMetricFamily(f"{PREFIX}_router_worker_down_events", "Workers declared down", labels=["reason"])
-        for reason in ("connection_lost", "heartbeat_timeout", "protocol_error"):
-            down.add_metric([reason], sum(e["type"] == "worker_down" and e["reason"] == reason for e in self.events))
-        yield down
-        yield GaugeMetricFamily(f"{PREFIX}_router_admission_queue", "Requests waiting for a placement",
-                                value=self._waiting)
-
-
-def admin_api(router: Router) -> APIRouter:
-    api = APIRouter(prefix="/admin")
-
-    @api.get("/workers")
-    async def workers() -> list[dict]:
-        return [w.public() for w in router.workers.values()]
-
-    @api.get("/events")
-    async def events(since: int = 0, type: str | None = None) -> list[dict]:
-        return [e for e in router.events if e["seq"] > since and (type is None or e["type"] == type)]
-
-    @api.get("/config")
-    async def config() -> dict:
-        return asdict(router.config)
-
-    @api.post("/transfer")
-    async def transfer(request: Request) -> dict:
+    def set_transfer(self, spec: dict) -> dict:
         """Replace the KV transfer settings sent with every later prefill (TransferConfig fields)."""
         try:
-            spec = await request.json()
-        except ValueError:
-            raise InvalidRequestError("transfer body must be JSON, e.g. {\"mode\": \"whole\"}", param="transfer")
-        try:
-            TransferConfig.from_dict(spec if isinstance(spec, dict) else {"": spec})
+            TransferConfig.from_dict(spec)
         except ConfigError as exc:
             raise InvalidRequestError(str(exc), param="transfer") from None
-        router.config.transfer = dict(spec)
-        router._event("transfer_config", **spec)
+        self.config.transfer = dict(spec)
+        self.record_event("transfer_config", **spec)
         return dict(spec)
-
-    @api.post("/workers/{worker_id}/fault")
-    async def fault(worker_id: str, request: Request) -> dict:
-        try:
-            spec = await request.json()
-        except ValueError:
-            raise InvalidRequestError("fault body must be JSON, e.g. {\"corrupt_frames\": 1}", param="fault")
-        return router.fault(worker_id, spec if isinstance(spec, dict) else {})
-
-    return api
-
-
-# ---------------------------------------------------------------- process main
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.engine.router", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="small")
-    p.add_argument("--host", default="127.0.0.1", help="API address")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--control-host", default="127.0.0.1", help="address workers connect to")
-    p.add_argument("--control-port", type=int, default=0)
-    p.add_argument("--config-json", default="{}", help="RouterConfig fields as JSON")
-    p.add_argument("--max-model-len", type=int, default=None, help="as the workers' EngineConfig.max_model_len")
-    p.add_argument("--ready-file", type=Path, help="write {api, control, pid} here once listening")
-    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-                        format="%(asctime)s %(levelname)s router %(name)s: %(message)s")
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack to the log
-    config = RouterConfig.from_dict(json.loads(args.config_json))
-    return asyncio.run(_serve(args, config))
-
-
-async def _serve(args, config: RouterConfig) -> int:
-    import uvicorn
-
-    from harness.engine.api import build_app
-    from harness.engine.server import _bind
-
-    router = Router(args.preset, config, max_model_len=args.max_model_len)
-    registry = CollectorRegistry()
-    registry.register(router)
-    app = build_app(router, registry=registry, extra_routers=[admin_api(router)])
-    api_sock = _bind(args.host, args.port)
-    control = await router.start_control(args.control_host, args.control_port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=logging.WARNING, access_log=False,
-                                           timeout_graceful_shutdown=2))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-    if args.ready_file:
-        tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-        tmp.write_text(json.dumps({"api": list(api_sock.getsockname()[:2]), "control": list(control),
-                                   "pid": os.getpid()}))
-        tmp.replace(args.ready_file)
-
-    async def watch_parent() -> None:
-        while args.parent_pid:
-            await asyncio.sleep(1.0)
-            if os.getppid() != args.parent_pid:
-                log.warning("parent %d is gone; router exits", args.parent_pid)
-                server.should_exit = True
-                return
-
-    watcher = loop.create_task(watch_parent())
-    try:
-        await server.serve(sockets=[api_sock])
-    finally:
-        watcher.cancel()
-        await router.close()
-        api_sock.close()
-    return 0
-
-
-if __name__ == "__main__":
-    code = main()
-    # Everything was closed explicitly above. Skip interpreter finalization: its final garbage
-    # collection over torch's object graph took more than 10 s on a loaded 2-core machine.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -241,7 +241,7 @@ class Topology:
     def _start_router(self) -> None:
         ready = self.log_dir / "router.ready"
         ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "harness.engine.router", "--preset", self.preset, "--host", self.host,
+        argv = [sys.executable, "-m", "harness.engine.router_server", "--preset", self.preset, "--host", self.host,
                 "--port", str(self.port), "--control-host", self.control_host, "--control-port", "0",
                 "--config-json", json.dumps(self.router_config.__dict__), "--ready-file", str(ready),
                 "--parent-pid", str(os.getpid())] + (["-v"] if self.verbose else [])
