@@ -123,6 +123,14 @@ class EngineConfig:
     # several engines share few cores, and on a loaded 2-core machine two OpenMP threads made
     # tiny-model decode ten times slower than one (they spin-wait for each other).
     num_threads: int | None = 1
+    # KV offload tiers (seed 4.3, degradation Level 3): off until set_offload or offload=True
+    offload: bool = False
+    offload_threshold: float = 0.85          # share of the pool above which requests are swapped out
+    offload_cpu_bytes: int = 256 * 1024 * 1024
+    offload_nvme_bytes: int = 1024 * 1024 * 1024
+    offload_dir: str | None = None           # NVMe tier directory; None = a private temp dir
+    offload_protect_priority: int = 1        # requests with priority >= this are never evicted
+    offload_min_resident_steps: int = 4      # a fetched request decodes this many steps before rotating out
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
@@ -136,6 +144,16 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"EngineConfig.{f} must be a positive integer, got {value!r}",
                                   fix=f"set {f} >= 1")
+        if not 0.0 < self.offload_threshold <= 1.0:
+            raise ConfigError(f"offload_threshold must be in (0, 1], got {self.offload_threshold!r}",
+                              fix="use 0.85 (seed Section 4.3)")
+        for f in ("offload_cpu_bytes", "offload_nvme_bytes"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
+                raise ConfigError(f"EngineConfig.{f} must be an integer >= 0, got {getattr(self, f)!r}",
+                                  fix=f"set {f} in bytes (0 disables that tier)")
+        if not isinstance(self.offload_min_resident_steps, int) or self.offload_min_resident_steps < 1:
+            raise ConfigError(f"offload_min_resident_steps must be >= 1, got {self.offload_min_resident_steps!r}",
+                              fix="use 4: fewer makes requests swap in and out every step")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer or None, got {self.num_threads!r}",
                               fix="set num_threads=1 per engine process on a small machine")

@@ -25,6 +25,7 @@ from torch import Tensor
 from harness.engine.config import EngineConfig
 from harness.engine.kv_cache import KVBlockData, KVBlockPool, PagedAttention
 from harness.engine.model import DenseKV, load_model
+from harness.engine.offload import OffloadManager
 from harness.engine.output import OutputTracker
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.sampling import resolve_seed, sample_token
@@ -120,6 +121,11 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.held_blocks: list[int] = []  # taken out of service by an HBM-fill fault
+        self.offload = OffloadManager(self.pool, self.scheduler, enabled=config.offload,
+                                      threshold=config.offload_threshold, cpu_bytes=config.offload_cpu_bytes,
+                                      nvme_bytes=config.offload_nvme_bytes, nvme_dir=config.offload_dir,
+                                      protect_priority=config.offload_protect_priority,
+                                      min_resident_steps=config.offload_min_resident_steps)
         logger.info("engine %s: preset %s on %s, %d KV blocks of %d bytes", config.name, cfg.name,
                     self.device, config.num_blocks, self.pool.block_bytes)
 
@@ -145,7 +151,7 @@ class EngineCore:
         self._events.append(self._event(seq, [], ""))
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running or self._events)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._events or self.offload.swapped)
 
     def set_speculative(self, enabled: bool) -> None:
         self.spec_enabled = bool(enabled)
@@ -160,12 +166,24 @@ class EngineCore:
             extra={"preemptions_total": float(self.scheduler.preemptions_total),
                    "kv_blocks_free": float(self.pool.num_free),
                    "kv_blocks_quarantined": float(len(self.pool.quarantined)),
-                   "kv_blocks_held": float(len(self.held_blocks))})
+                   "kv_blocks_held": float(len(self.held_blocks)),
+                   **{f"offload_{tier}_bytes": float(n) for tier, n in self.offload.store.used.items()},
+                   "offload_fetch_seconds_mean": self.offload.stats()["offload_fetch_s"],
+                   "kv_requests_swapped": float(len(self.offload.swapped))})
+
+    def set_offload(self, enabled: bool, threshold: float | None = None) -> None:
+        """Level 3: swap KV to the CPU/NVMe tiers above ``threshold`` of the pool (offload.py)."""
+        self.offload.set_enabled(enabled, threshold)
+
+    def offload_stats(self) -> dict:
+        return self.offload.stats()
 
     # ---- the step ------------------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:
         events, self._events = self._events, []
+        if self.offload.enabled or self.offload.swapped:
+            self.offload.rebalance()  # swapped requests come back before their next decode
         running = self.scheduler.running
         for seq in [s for s in running if s.pending_token is not None]:
             events.append(self._emit_pending(seq))
@@ -244,6 +262,8 @@ class EngineCore:
         return self._emit(seq, [token])
 
     def _finish(self, seq: Sequence) -> None:
+        if seq.status is RequestStatus.SWAPPED:
+            self.offload.discard(seq)
         self.scheduler.remove(seq)
         self.requests.pop(seq.req.request_id, None)
 

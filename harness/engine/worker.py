@@ -126,7 +126,8 @@ class PDWorker:
         stats.update(kv_used_ratio=kv_used_ratio(self.core), kv_blocks_poisoned=len(self.core.pool.quarantined),
                      tpot_p99_ms=self.window.tpot_p99_ms(),
                      queue_depth=stats["num_waiting"] + len(self._imports) + len(self._jobs) + len(self._senders),
-                     retrans_rate=self.window.retrans_rate(self.transfer_stats.snapshot()))
+                     retrans_rate=self.window.retrans_rate(self.transfer_stats.snapshot()),
+                     **self.core.offload_stats())
         return stats
 
     def _run_prefill(self, job: dict) -> None:
@@ -249,6 +250,8 @@ class PDWorker:
             self._cmds.put(lambda: self.core.set_speculative(msg["enabled"]))
         elif kind in ("hbm_fill", "hbm_release", "ecc_poison", "ecc_clear"):
             self._cmds.put(lambda: self.publish(self.faults.handle(msg)))
+        elif kind == "set_offload":
+            self._cmds.put(lambda: self.core.set_offload(bool(msg["enabled"]), msg.get("threshold")))
         elif kind == "migrate_in":
             self._cmds.put(lambda: self.migration.migrate_in(msg))
         elif kind == "migrate_out":
