@@ -34,4 +34,12 @@ def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance):
     raw = measure_bulk(sender, receiver, port=port, duration_s=3.0)
     curve = measure_kv_curve(sender, receiver, port=port, preset=cluster.spec.bundled.preset, sizes_mib=SIZES_MIB,
                              repeats=3)  # the median of 3 damps the other processes on a shared machine
-    conformance.record(kv_bandwidth_verdict(cluster.thresholds, line, raw, curve))
+    verdict = kv_bandwidth_verdict(cluster.thresholds, line, raw, curve)
+    folder = conformance.artifact_dir("kv-bandwidth-curve")
+    rows = ["size_mib,tokens,median_gbit_per_s,line_rate_fraction,repeats_gbit_per_s"]
+    rows += [f"{p['size_mib']:g},{p['tokens']},{p['median_gbit_per_s']:.4f},{p['line_rate_fraction']:.4f},"
+             f"{' '.join(f'{g:.4f}' for g in p['gbit_per_s'])}" for p in verdict.evidence["kv_curve"]]
+    rows.append(f"raw_probe,,{raw.bps / 1e9:.4f},{raw.bps / line.bps:.4f},")
+    (folder / "kv_curve.csv").write_text("\n".join(rows) + "\n")
+    verdict.evidence["links"] = [f"artifacts/{folder.name}/kv_curve.csv"]
+    conformance.record(verdict)
