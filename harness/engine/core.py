@@ -15,6 +15,7 @@ or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...), m
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -375,8 +376,9 @@ class EngineCore:
         """Poison ``blocks``, or ``count`` blocks chosen among the running requests' KV first
         (so the fault bites), then free ones. Returns {"blocks", "request_ids"} (affected)."""
         if blocks is None:
-            in_use = [b for s in self.scheduler.running
-                      for b in s.block_table[:self.pool.blocks_for(s.num_computed)]]
+            tables = [s.block_table[:self.pool.blocks_for(s.num_computed)] for s in self.scheduler.running]
+            # round-robin over requests: the first block of each, then the second ... (bite many)
+            in_use = [b for layer in itertools.zip_longest(*tables) for b in layer if b is not None]
             candidates = list(dict.fromkeys(in_use + list(self.pool.free_blocks)))
             if count > len(candidates):
                 raise KVCapacityError(f"cannot poison {count} KV blocks: {len(candidates)} are in service",

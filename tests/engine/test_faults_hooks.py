@@ -1,0 +1,114 @@
+"""Worker fault hooks (HBM fill, ECC poisoning) on a real engine: they take effect, bite, keep
+outputs token-exact, and revert exactly (tiny preset, in-process)."""
+
+import pytest
+
+from harness.engine.config import EngineConfig
+from harness.engine.core import EngineCore
+from harness.engine.oracle import greedy_reference
+from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.worker_faults import WorkerFaults, kv_used_ratio
+
+tok = ByteTokenizer()
+BLOCK_BYTES = 16 * 2048
+PROMPTS = ["poison " * 5, "fill the pool", "abc " * 9]
+MAX_TOKENS = 24
+
+
+@pytest.fixture
+def core() -> EngineCore:
+    return EngineCore(EngineConfig(preset="tiny", kv_budget_bytes=40 * BLOCK_BYTES))
+
+
+def add_all(core: EngineCore) -> None:
+    for i, p in enumerate(PROMPTS):
+        core.add_request(GenerateRequest(f"r{i}", tok.encode(p), SamplingParams(max_tokens=MAX_TOKENS,
+                                                                                ignore_eos=True)))
+
+
+def run(core: EngineCore, on_step=None) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    while core.has_work():
+        for ev in core.step():
+            assert ev.error is None, ev.error
+            out.setdefault(ev.request_id, []).extend(ev.token_ids)
+        if on_step:
+            on_step()
+    return out
+
+
+def expected() -> dict[str, list[int]]:
+    return {f"r{i}": greedy_reference("tiny", tok.encode(p), MAX_TOKENS, ignore_eos=True)
+            for i, p in enumerate(PROMPTS)}
+
+
+def test_hbm_fill_raises_used_ratio_by_the_share_and_release_restores_it_exactly(core):
+    faults = WorkerFaults(core)
+    before = kv_used_ratio(core)
+    state = faults.handle({"type": "hbm_fill", "fault_id": "f1", "share": 0.5})
+    assert state["type"] == "fault_state" and state["kind"] == "hbm_fill" and state["active"]
+    assert state["blocks"] == 20 and state["kv_used_ratio"] == pytest.approx(before + 0.5)
+    assert faults.handle({"type": "hbm_fill", "fault_id": "f1", "share": 0.5})["blocks"] == 20  # not twice
+    assert kv_used_ratio(core) == pytest.approx(before + 0.5)
+    released = faults.handle({"type": "hbm_release", "fault_id": "f1"})
+    assert not released["active"] and released["blocks"] == 20
+    assert kv_used_ratio(core) == before and core.pool.num_free == core.pool.num_blocks
+    assert faults.handle({"type": "hbm_release", "fault_id": "f1"})["blocks"] == 0  # idempotent
+    core.pool.check_invariants()
+
+
+def test_requests_finish_token_exact_under_an_hbm_fill(core):
+    faults = WorkerFaults(core)
+    faults.handle({"type": "hbm_fill", "fault_id": "f", "share": 0.7})
+    add_all(core)
+    assert run(core) == expected()
+    faults.handle({"type": "hbm_release", "fault_id": "f"})
+    assert core.pool.num_free == core.pool.num_blocks
+
+
+@pytest.mark.parametrize("msg,words", [({"type": "hbm_fill", "fault_id": "x", "share": 1.5}, "share"),
+                                       ({"type": "hbm_fill", "share": 0.5}, "fault_id"),
+                                       ({"type": "ecc_poison", "fault_id": "x", "blocks": [999]}, "no KV block"),
+                                       ({"type": "ecc_poison", "fault_id": "x", "count": 0}, "count")])
+def test_bad_fault_commands_are_refused_with_the_reason(core, msg, words):
+    state = WorkerFaults(core).handle(msg)
+    assert state["active"] is False and words in state["error"]
+    assert core.pool.num_free == core.pool.num_blocks
+
+
+def test_ecc_poison_bites_running_requests_which_recompute_token_exact(core):
+    faults = WorkerFaults(core)
+    add_all(core)
+    early: dict[str, list[int]] = {}
+    for _ in range(3):  # everything is decoding now
+        for ev in core.step():
+            early.setdefault(ev.request_id, []).extend(ev.token_ids)
+    state = faults.handle({"type": "ecc_poison", "fault_id": "e1", "count": 2})
+    poisoned = set(state["blocks"])
+    assert state["active"] and len(poisoned) == 2 and state["affected"]
+    assert state["kv_blocks_poisoned"] == 2
+
+    def never_allocated():
+        for seq in core.requests.values():
+            assert not poisoned & set(seq.block_table), "a poisoned block was handed out again"
+
+    rest = run(core, never_allocated)
+    assert {rid: early[rid] + rest[rid] for rid in early} == expected()
+    assert set(state["affected"]) == {"r0", "r1"}
+    assert core.pool.quarantined == poisoned
+    cleared = faults.handle({"type": "ecc_clear", "fault_id": "e1"})
+    assert cleared["restored"] == 2 and not cleared["active"]
+    assert not core.pool.quarantined and core.pool.num_free == core.pool.num_blocks
+    core.pool.check_invariants()
+
+
+def test_ecc_poison_of_named_blocks_and_clear_is_per_fault(core):
+    faults = WorkerFaults(core)
+    faults.handle({"type": "ecc_poison", "fault_id": "a", "blocks": [1, 2]})
+    faults.handle({"type": "ecc_poison", "fault_id": "b", "blocks": [5]})
+    assert core.pool.quarantined == {1, 2, 5}
+    faults.handle({"type": "ecc_clear", "fault_id": "a"})
+    assert core.pool.quarantined == {5}
+    faults.handle({"type": "ecc_clear", "fault_id": "b"})
+    assert not core.pool.quarantined
