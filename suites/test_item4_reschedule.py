@@ -18,7 +18,7 @@ import pytest
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
 from harness.checks.verdict import Verdict
-from harness.errors import EngineError
+from harness.errors import EngineError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
 from harness.probes.timeline import merge_timeline
 
@@ -27,14 +27,17 @@ log = logging.getLogger(__name__)
 # timeout: a hang guard sized for the default plan with room for --kills up to about 20
 pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# Load must outlast the faults, and it must end by itself (a stopped load generator cancels the
-# requests in flight, which the nothing-lost check would rightly count as hung). These budgets
-# size the run: a kill includes restarting the worker (it loads its model), a hang its rejoin.
-LOAD_BUDGET_S = {"process_kill": 20.0, "process_hang": 8.0}
-BUSY_WAIT_S = 3.0         # wait at most this long for the target to hold requests before the fault
-SETTLE_TIMEOUT_S = 15.0   # watch the router this long for one fault's rescheduling to finish
+# Every fault must happen under load, however long a restart takes on this machine; and no load
+# run may be stopped early (that cancels its in-flight requests, which the nothing-lost check would
+# rightly count as hung). So load comes in runs that end by themselves, and a new run is started,
+# overlapping the old one, before the old one would end inside the next fault's cycle.
+CYCLE_BUDGET_S = {"process_kill": 20.0, "process_hang": 8.0}  # first guesses; then the longest seen
+LOAD_RUN_S = 60.0           # length of one load run (--load-duration overrides)
+BUSY_WAIT_S = 3.0           # wait at most this long for the target to hold requests before the fault
+SETTLE_TIMEOUT_S = 15.0     # watch the router this long for one fault's rescheduling to finish
 REJOIN_TIMEOUT_S = 60.0
-POLL_S = 0.1              # polling the admin API only observes; measurements use event timestamps
+SERVING_TIMEOUT_S = 90.0    # Locust start-up on a loaded 2-core machine
+POLL_S = 0.1                 # polling the admin API only observes; measurements use event timestamps
 
 
 def fault_plan(kills_per_role: int) -> list[tuple[str, str]]:
@@ -63,6 +66,37 @@ def _wait_busy(timeline: Any, worker_id: str) -> None:
         if any(w["id"] == worker_id and w.get("active_requests", 0) > 0 for w in timeline.workers()):
             return
         time.sleep(POLL_S)
+
+
+class ContinuousLoad:
+    """Chained load runs (see the comment on CYCLE_BUDGET_S); ``ensure(s)`` guarantees load for the
+    next ``s`` seconds, ``records()`` waits for every run to end by itself and merges their records."""
+
+    def __init__(self, start_load: Any, run_s: float) -> None:
+        self._start_load, self.run_s = start_load, run_s
+        self.runs: list[Any] = []
+        self.ends_at = 0.0  # monotonic time the newest run stops sending (conservative)
+
+    def ensure(self, needed_s: float) -> None:
+        if self.runs and self.ends_at - time.monotonic() >= needed_s:
+            return
+        run = self._start_load(duration_s=max(self.run_s, needed_s + 5.0), max_tokens=32)
+        self.runs.append(run)
+        deadline = time.monotonic() + SERVING_TIMEOUT_S
+        while not (run.records_path.exists() and run.records_path.stat().st_size > 0):  # a request completed
+            if not run.running or time.monotonic() > deadline:
+                raise ProbeError(f"load run {len(self.runs)} served no request within {SERVING_TIMEOUT_S:.0f} s",
+                                 fix=f"see the Locust log: {run.log_path}")
+            time.sleep(POLL_S)
+        # its clock started at least one request ago, so this end estimate errs early
+        self.ends_at = time.monotonic() + run.profile.duration_s - 1.0
+
+    def records(self) -> list[Any]:
+        records = [r for run in self.runs for r in run.wait()]
+        return sorted(records, key=lambda r: r.start_wall_ns())
+
+    def links(self) -> list[str]:
+        return [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}" for run in self.runs]
 
 
 def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
@@ -110,19 +144,12 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
                                    evidence={"plan": [f"{k} {r}" for k, r in plan]}))
         return
 
-    duration = harness_options.load_duration or sum(LOAD_BUDGET_S[k] for k, _ in plan) + 5.0
-    run = load(duration_s=duration, max_tokens=32)
-    load_started = time.monotonic()
+    traffic = ContinuousLoad(load, harness_options.load_duration or LOAD_RUN_S)
     seq = max([0] + [e["seq"] for e in timeline.events()])
     marks: list[FaultMark] = []
-    cycle_s = dict(LOAD_BUDGET_S)  # the longest fault cycle seen so far, per kind
-    skipped = 0
+    cycle_s = dict(CYCLE_BUDGET_S)  # the longest fault cycle seen so far, per kind
     for i, (kind, role) in enumerate(plan):
-        left = duration - (time.monotonic() - load_started)
-        if not run.running or left < cycle_s[kind]:  # a fault must not outlast the load that measures it
-            skipped = len(plan) - i
-            log.warning("load ends in %.0f s: skipping the remaining %d faults (raise --load-duration)", left, skipped)
-            break
+        traffic.ensure(cycle_s[kind])
         cycle_started = time.monotonic()
         healthy = [w for w in timeline.workers() if w["health"] == "healthy"]
         target = select_targets(healthy, role, seed=seed + i)[0]
@@ -135,18 +162,17 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
         _wait_rejoined(timeline, target["id"])
         cycle_s[kind] = max(cycle_s[kind], time.monotonic() - cycle_started)
 
-    records = run.wait()
+    records = traffic.records()
     events = timeline.events()
     samples = measure(marks, events, records)
     verdict = reschedule_verdict(samples, checklist)
-    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
-    verdict.evidence.update(links=links, planned_faults=len(plan), load_duration_s=duration,
-                            requests=len(records), skipped_faults=skipped)
-    if skipped:
-        verdict.evidence["skipped_because"] = "the load run ended first; raise --load-duration"
+    links = traffic.links()
+    verdict.evidence.update(links=links, load_runs=len(traffic.runs), requests=len(records),
+                            longest_fault_cycle_s={k: round(v, 2) for k, v in cycle_s.items()})
     conformance.record(verdict)
 
-    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
+    ignore_eos = traffic.runs[0].profile.ignore_eos
+    expected = oracle_expectation(cluster.oracle, ignore_eos=ignore_eos) if cluster.oracle else None
     lost = nothing_lost_verdict(check_history(records, expected), checklist)
     lost.evidence["links"] = links
     conformance.record(lost)
