@@ -360,6 +360,8 @@ def _chunk(call: _Call, event: TokenEvent, first: bool) -> dict[str, Any]:
         choice["token_ids"] = list(event.token_ids)
     chunk = _envelope(call, "chat.completion.chunk" if call.chat else "text_completion", [choice],
                       event.worker)
+    if event.degraded:
+        chunk["degraded"] = event.degraded
     if call.include_usage:
         chunk["usage"] = None
     return chunk
@@ -378,6 +380,8 @@ def _full_response(call: _Call, gen: _Generation) -> dict[str, Any]:
     body = _envelope(call, "chat.completion" if call.chat else "text_completion", [choice],
                      gen.workers[-1] if gen.workers else None)
     body["served_by_all"] = gen.workers  # a PD request may move between workers (resume, migration)
+    if gen.final is not None and gen.final.degraded:
+        body["degraded"] = gen.final.degraded  # the service was degraded for this request (Level 4)
     body["usage"] = _usage(call, gen)
     return body
 

@@ -83,6 +83,7 @@ class TokenEvent:
     num_output_tokens: int = 0  # cumulative, including resume_token_ids
     worker: str | None = None   # id of the worker that produced these tokens (PD mode)
     error: str | None = None    # set when finish_reason is ERROR
+    degraded: str | None = None  # what degradation Level 4 changed (capped max_tokens, cut context)
 
 
 @dataclass

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator
 
 from harness.engine.config import EngineConfig
+from harness.engine.degradation import DegradationConfig
+from harness.engine.health import HealthConfig
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.transfer import TransferConfig, config_from_dict
@@ -78,6 +80,16 @@ class RouterConfig:
     kv_headroom_factor: float = 1.2     # seed 5.3: free KV must exceed 1.2 x the request's KV
     max_events: int = 10000
     transfer: dict = field(default_factory=dict)  # TransferConfig fields, sent to prefill workers
+    # resilience (docs/pd.md); turning one off is how a suite proves it fails without the feature
+    degradation_enabled: bool = True
+    degradation: dict = field(default_factory=dict)  # DegradationConfig fields (thresholds, dwell, caps)
+    offload_enabled: bool = True        # Level 3 turns KV offload on
+    offload_threshold: float = 0.85     # seed 4.3
+    migration_enabled: bool = True      # live KV migration (admin API, drain, health decisions)
+    auto_migrate: bool = True           # health decisions (seed 5.3) migrate without an operator
+    migration_timeout_s: float = 10.0
+    health: dict = field(default_factory=dict)       # HealthConfig fields (window, weights, threshold)
+    control_interval_s: float = 0.25    # how often the degradation level and health scores are evaluated
 
     def __post_init__(self) -> None:
         positive = ("heartbeat_interval_s", "heartbeat_timeout_s", "admission_timeout_s", "kv_headroom_factor")
@@ -93,6 +105,18 @@ class RouterConfig:
             raise ConfigError("router.reschedule_delay_s, reschedule_wait_s and max_reschedules must be >= 0",
                               fix="use non-negative values")
         TransferConfig.from_dict(self.transfer)  # validate now, not at the first request
+        for name in ("migration_timeout_s", "control_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"router.{name} must be positive, got {getattr(self, name)!r}",
+                                  fix=f"set router.{name} to a positive number")
+        if not 0 < self.offload_threshold < 1:
+            raise ConfigError(f"router.offload_threshold must be in (0, 1), got {self.offload_threshold!r}",
+                              fix="use 0.85 (seed Section 4.3)")
+        DegradationConfig.from_dict(self.degradation)
+        try:
+            HealthConfig(**self.health)
+        except TypeError as exc:
+            raise ConfigError(f"router.health: {exc}", fix="use HealthConfig fields (docs/pd.md)") from None
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "RouterConfig":
@@ -138,6 +162,10 @@ class Worker:
                 "active_requests": len(self.attempts),
                 "kv_blocks_used": self.kv_blocks_used, "kv_blocks_total": self.kv_blocks_total,
                 "kv_blocks_reserved": self.reserved_blocks,
+                "kv_used_ratio": self.stats.get("kv_used_ratio"),
+                "kv_blocks_poisoned": int(self.stats.get("kv_blocks_poisoned", 0)),
+                "spec_enabled": bool(self.stats.get("spec_enabled")),
+                "offload": self.stats.get("offload") or {},
                 "num_running": int(self.stats.get("num_running", 0)),
                 "generation_tokens_total": int(self.stats.get("generation_tokens_total", 0)),
                 "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3),
@@ -151,7 +179,17 @@ class _Attempt:
     decode: str
     blocks: int
     inbox: asyncio.Queue
+    request: GenerateRequest | None = None
+    streamed: list[int] = field(default_factory=list)  # the request's stream so far (shared list)
     kv_arrived: bool = False
+    last_active: float = field(default_factory=time.monotonic)  # last token (migration victim order)
+    last_worker: str | None = None                               # who sent the last token
+    gaps: deque = field(default_factory=lambda: deque(maxlen=16))  # recent inter-token gaps, seconds
+    pending: list[dict] = field(default_factory=list)           # tokens messages not yet in order
+
+    @property
+    def priority(self) -> int:
+        return self.request.params.priority if self.request else 0
 
 
 class _Lost(Exception):
@@ -181,6 +219,13 @@ class Router:
         self._server: asyncio.AbstractServer | None = None
         self._monitor: asyncio.Task | None = None
         self._conn_tasks: set[asyncio.Task] = set()
+        from harness.engine.resilience import ResilienceControl  # it imports this module's types
+        self.resilience = ResilienceControl(self)
+
+    @property
+    def attempts(self) -> dict[str, _Attempt]:
+        """Placements in flight by attempt id (the migration manager reads them)."""
+        return self._attempts
 
     # -- EngineClient
     def tokenizer(self) -> ByteTokenizer:
@@ -216,6 +261,7 @@ class Router:
     async def close(self) -> None:
         if self._monitor:
             self._monitor.cancel()
+        self.resilience.stop()
         if self._server:
             self._server.close()
         for w in self.workers.values():
@@ -229,9 +275,10 @@ class Router:
             raise InvalidRequestError(f"prompt of {len(request.prompt_token_ids)} tokens does not fit "
                                       f"max_model_len {self.max_model_len}", param="prompt",
                                       code="context_length_exceeded")
-        return self._generate(request)
+        request, degraded = self.resilience.admit(request)  # 429/503 at Levels 1/5, capped at Level 4
+        return self._generate(request, degraded)
 
-    async def _generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+    async def _generate(self, request: GenerateRequest, degraded: str | None = None) -> AsyncIterator[TokenEvent]:
         streamed: list[int] = list(request.resume_token_ids)
         n_prompt = len(request.prompt_token_ids)
         lost_worker: str | None = None
@@ -255,6 +302,7 @@ class Router:
                 async for ev in self._run(att, request, streamed):
                     streamed.extend(ev.token_ids)
                     ev.num_prompt_tokens = n_prompt
+                    ev.degraded = degraded
                     if resumed and first:
                         self.record_event("resumed", request_id=request.request_id, worker=att.decode,
                                     since_loss_s=round(time.monotonic() - lost_at, 4))
@@ -311,7 +359,7 @@ class Router:
         finally:
             self.waiting -= 1
         prefill, decode, blocks = picked
-        att = _Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue())
+        att = _Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue(), request, streamed)
         self._attempts[att.id] = att
         prefill.attempts.add(att.id)
         decode.attempts.add(att.id)
@@ -323,7 +371,7 @@ class Router:
     def _pick(self, request: GenerateRequest, streamed: list[int]) -> tuple[Worker, Worker, int] | str:
         healthy = [w for w in self.workers.values() if w.health == "healthy"]
         prefills = [w for w in healthy if w.role == "prefill"]
-        decodes = [w for w in healthy if w.role == "decode"]
+        decodes = [w for w in healthy if w.role == "decode" and w.id not in self.resilience.migration.draining]
         if not prefills or not decodes:
             return f"{len(prefills)} healthy prefill and {len(decodes)} healthy decode workers"
         fits = []
@@ -340,6 +388,7 @@ class Router:
     def _release(self, att: _Attempt) -> None:
         if self._attempts.pop(att.id, None) is None:
             return
+        self.resilience.migration.cancel(att)
         for wid in (att.prefill, att.decode):
             w = self.workers.get(wid)
             if w is not None and att.id in w.attempts:
@@ -371,10 +420,9 @@ class Router:
                 prefill_sent = True
             elif kind == "tokens":
                 self._kv_arrived(att)
-                yield TokenEvent(request.request_id, msg["token_ids"], msg["text"], msg["finished"],
-                                 FinishReason(msg["finish_reason"]) if msg["finish_reason"] else None,
-                                 num_output_tokens=msg["num_output_tokens"], worker=att.decode,
-                                 error=msg.get("error"))
+                att.pending.append(msg)
+                while (part := self._next_in_order(att, len(streamed))) is not None:
+                    yield self._token_event(request, att, part)
             elif kind == "prefill_done":
                 self._kv_arrived(att)
                 self.record_event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
@@ -391,6 +439,42 @@ class Router:
                                  num_output_tokens=len(streamed))
                 return
 
+    def _next_in_order(self, att: _Attempt, have: int) -> dict | None:
+        """The next tokens message that continues the stream at ``have`` tokens. During a live
+        migration both the source (until it paused) and the target may send the same positions,
+        and the target's first tokens may overtake the source's last ones: duplicates are dropped,
+        overlaps trimmed, and a message that starts past ``have`` waits for the gap to fill."""
+        for m in list(att.pending):
+            end = m["num_output_tokens"]
+            start = end - len(m["token_ids"])
+            if end <= have and not (m["finished"] and start == end):
+                att.pending.remove(m)  # everything in it was streamed already
+                if m["finished"]:      # ...but the end of the stream still counts
+                    return {**m, "token_ids": [], "text": ""}
+            elif start <= have:
+                att.pending.remove(m)
+                if start < have:
+                    tokens = m["token_ids"][have - start:]
+                    m = {**m, "token_ids": tokens, "text": self._tokenizer.decode(tokens)}
+                return m
+        return None
+
+    def _token_event(self, request: GenerateRequest, att: _Attempt, msg: dict) -> TokenEvent:
+        now, worker = time.monotonic(), msg["worker"]
+        if msg["token_ids"]:
+            if att.last_worker is not None and worker != att.last_worker:
+                # the stall a migrated stream sees: last token from the source to first from the target
+                gaps = sorted(att.gaps)
+                self.record_event("migration_resumed", request_id=request.request_id, from_worker=att.last_worker,
+                                  to_worker=worker, stall_s=round(now - att.last_active, 6),
+                                  typical_gap_s=round(gaps[len(gaps) // 2], 6) if gaps else None)
+            elif att.last_worker is not None:
+                att.gaps.append(now - att.last_active)
+            att.last_active, att.last_worker = now, worker
+        return TokenEvent(request.request_id, msg["token_ids"], msg["text"], msg["finished"],
+                          FinishReason(msg["finish_reason"]) if msg["finish_reason"] else None,
+                          num_output_tokens=msg["num_output_tokens"], worker=worker, error=msg.get("error"))
+
     def _kv_arrived(self, att: _Attempt) -> None:
         if not att.kv_arrived:
             att.kv_arrived = True
@@ -406,6 +490,7 @@ class Router:
         else:
             self._server = await asyncio.start_server(self._on_connect, host, port)
         self._monitor = asyncio.get_running_loop().create_task(self._watch_heartbeats())
+        self.resilience.start()
         return self._server.sockets[0].getsockname()[:2]
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -447,7 +532,10 @@ class Router:
         if kind == "heartbeat":
             w.stats, w.transfer = msg["stats"], msg["transfer"]
             w.kv_blocks_used = msg["stats"].get("kv_blocks_used", 0)
+            self.resilience.on_heartbeat(w)
             return
+        if self.resilience.on_message(w, msg):
+            return  # a fault or migration reply, not part of a request's stream
         if kind == "transfer_event":
             self.record_event(f"transfer_{msg['event']}", worker=w.id, request_id=msg["rid"].rsplit("#", 1)[0],
                         **msg.get("detail", {}))
@@ -460,6 +548,7 @@ class Router:
             return
         now = time.monotonic()
         w.health, w.down_reason = "dead", reason
+        self.resilience.on_worker_lost(w)
         self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
                     affected=sorted(w.attempts))
         for att_id in list(w.attempts):

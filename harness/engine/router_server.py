@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from harness.engine.metrics import PREFIX
+from harness.engine.resilience_admin import ResilienceMetrics, resilience_api
 from harness.engine.router import Router, RouterConfig
 from harness.errors import InvalidRequestError
 
@@ -133,7 +134,8 @@ async def _serve(args, config: RouterConfig) -> int:
     router = Router(args.preset, config, max_model_len=args.max_model_len)
     registry = CollectorRegistry()
     registry.register(RouterMetrics(router))
-    app = build_app(router, registry=registry, extra_routers=[admin_api(router)])
+    registry.register(ResilienceMetrics(router))
+    app = build_app(router, registry=registry, extra_routers=[admin_api(router), resilience_api(router)])
     api_sock = _bind(args.host, args.port)
     control = await router.start_control(args.control_host, args.control_port)
     server = uvicorn.Server(uvicorn.Config(app, log_level=logging.WARNING, access_log=False,

@@ -1,0 +1,116 @@
+"""Live KV migration through the router: real router and worker processes, real KV transfer.
+The migrated stream must continue token-exactly (oracle), served by both workers in turn."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import httpx
+import pytest
+
+from harness.engine.oracle import greedy_reference
+from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.topology import Topology
+from harness.probes.streaming import CompletionRequest, StreamingClient
+
+pytestmark = pytest.mark.slow
+PRESET = "tiny"
+LONG = 400  # tokens: long enough to still be decoding when the migration starts
+
+
+@functools.lru_cache(maxsize=None)
+def oracle(prompt: str, max_tokens: int) -> list[int]:
+    return greedy_reference(PRESET, ByteTokenizer().encode(prompt), max_tokens, ignore_eos=True)
+
+
+def start_streams(url: str, prompts: list[str], max_tokens: int = LONG):
+    out: list = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        with StreamingClient(url, model=PRESET, read_timeout_s=120) as client:
+            out[i] = client.send(CompletionRequest(prompt=prompts[i], max_tokens=max_tokens, ignore_eos=True))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def join(threads) -> None:
+    for t in threads:
+        t.join(180)
+        assert not t.is_alive(), "a client request hung"
+
+
+def busy_decode(topo: Topology) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for w in topo.workers():
+            if w["role"] == "decode" and w["active_requests"] > 0 and w["generation_tokens_total"] > 0:
+                return w
+        time.sleep(0.05)  # polling the admin API
+    raise AssertionError("no decode worker started streaming")
+
+
+@pytest.fixture(scope="module")
+def topo():
+    with Topology(prefill=1, decode=2, preset=PRESET, router_config={"auto_migrate": False}) as t:
+        yield t
+    for p in [t._router, *t._procs.values()]:
+        assert p.popen.poll() is not None, f"{p.id} was not reaped"
+
+
+def test_admin_migration_continues_the_stream_token_exact(topo):
+    prompt = "Migrate me while I am talking:"
+    threads, recs = start_streams(topo.api_url, [prompt])
+    source = busy_decode(topo)["id"]
+    reply = httpx.post(f"{topo.api_url}/admin/migrate", json={"source": source}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    done = reply.json()
+    target = done["target"]
+    assert target != source and done["bytes"] > 0
+    join(threads)
+    rec = recs[0]
+    assert rec.status == "ok", rec.error_message
+    assert rec.token_ids == oracle(prompt, LONG)
+    assert rec.served_by == [source, target]
+    resumed = [e for e in topo.events() if e["type"] == "migration_resumed"]
+    assert resumed and resumed[-1]["from_worker"] == source and resumed[-1]["to_worker"] == target
+    assert resumed[-1]["stall_s"] > 0
+    # the source's KV was freed after the switch; nothing is left reserved anywhere
+    workers = {w["id"]: w for w in topo.workers()}
+    assert workers[source]["kv_blocks_reserved"] == 0 and workers[target]["kv_blocks_reserved"] == 0
+
+
+def test_drain_moves_every_stream_and_keeps_new_work_off_the_worker(topo):
+    prompts = [f"Rolling update, stream {i}:" for i in range(3)]
+    threads, recs = start_streams(topo.api_url, prompts)
+    source = busy_decode(topo)["id"]
+    reply = httpx.post(f"{topo.api_url}/admin/drain", json={"worker": source}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["failed"] == [] and reply.json()["left"] == []
+    fresh = StreamingClient(topo.api_url, model=PRESET).send(CompletionRequest(prompt="new", max_tokens=4,
+                                                                               ignore_eos=True))
+    assert fresh.status == "ok" and fresh.served_by and source not in fresh.served_by
+    join(threads)
+    for p, rec in zip(prompts, recs):
+        assert rec.status == "ok" and rec.token_ids == oracle(p, LONG)
+    assert httpx.delete(f"{topo.api_url}/admin/drain/{source}").json()["draining"] is False
+
+
+def test_bad_migration_requests_are_refused_with_the_reason(topo):
+    r = httpx.post(f"{topo.api_url}/admin/migrate", json={"source": "decode-404"})
+    assert r.status_code == 404 and "not a healthy decode worker" in r.json()["error"]["message"]
+    idle = next(w["id"] for w in topo.workers() if w["role"] == "decode")
+    r = httpx.post(f"{topo.api_url}/admin/migrate", json={"source": idle, "rid": "cmpl-nope"})
+    assert r.status_code == 404 and "not decoding" in r.json()["error"]["message"]
+    r = httpx.post(f"{topo.api_url}/admin/migrate", content=b"[1]")
+    assert r.status_code == 400
+
+
+def test_migration_disabled_is_refused():
+    with Topology(prefill=1, decode=2, preset=PRESET, router_config={"migration_enabled": False}) as t:
+        r = httpx.post(f"{t.api_url}/admin/migrate", json={"source": "decode-0"})
+        assert r.status_code == 409 and "migration_enabled: false" in r.json()["error"]["message"]
