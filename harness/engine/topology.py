@@ -322,8 +322,9 @@ def run(args: argparse.Namespace) -> int:
         topo.start()
         print(f"router   pid {topo.router_pid:<7} api {topo.base_url}  admin {topo.admin_url}", flush=True)
         for w in topo.workers():
-            print(f"{w['id']:<8} pid {w['pid']:<7} kv {w['addresses']['kv']}  control {w['addresses']['control']}",
-                  flush=True)
+            where = (f"kv {w['addresses']['kv']}  control {w['addresses']['control']}" if w["role"] == "decode"
+                     else "sends KV, listens on nothing")
+            print(f"{w['id']:<8} pid {w['pid']:<7} {where}", flush=True)
         print(f"logs in {topo.log_dir}; Ctrl-C stops everything", flush=True)
         while topo._router.alive():
             time.sleep(0.5)
