@@ -111,7 +111,8 @@ class ResilienceControl:
         if msg["type"] == "fault_state":
             fault_id = msg.get("fault_id", "")
             self.faults[fault_id] = {**msg, "worker": w.id}
-            self.router.record_event("fault_state", worker=w.id, **{k: v for k, v in msg.items() if k != "type"})
+            self.router.record_event("fault_state", worker=w.id, fault_kind=msg.get("kind"),
+                                     **{k: v for k, v in msg.items() if k not in ("type", "kind")})
             fut = self._replies.pop(fault_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
@@ -252,7 +253,8 @@ class ResilienceControl:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
             raise InvalidRequestError(f"share must be a number in (0, 1), got {share!r}", param="share")
         w = self._worker(worker_id)
-        self.router.record_event("fault_hook", worker=worker_id, kind="hbm_fill", share=share, fault_id=fault_id)
+        self.router.record_event("fault_hook", worker=worker_id, fault_kind="hbm_fill", share=share,
+                                 fault_id=fault_id)
         return await self._ask(w, fault_id, {"type": "hbm_fill", "fault_id": fault_id, "share": float(share)})
 
     async def ecc_poison(self, worker_id: str, count: Any, blocks: Any, fault_id: str) -> dict:
@@ -267,7 +269,7 @@ class ResilienceControl:
                 raise InvalidRequestError(f"count must be a positive integer, got {count!r}", param="count")
             msg["count"] = count
         w = self._worker(worker_id)
-        self.router.record_event("fault_hook", worker=worker_id, kind="ecc_poison", fault_id=fault_id,
+        self.router.record_event("fault_hook", worker=worker_id, fault_kind="ecc_poison", fault_id=fault_id,
                                  **{k: v for k, v in msg.items() if k in ("count", "blocks")})
         return await self._ask(w, fault_id, msg)
 
