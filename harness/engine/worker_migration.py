@@ -163,9 +163,10 @@ class LiveMigration:
         """Finisher thread: wait for the target's confirmation, then free or resume on the engine thread."""
         try:
             res = sender.finish(last_token)
-        except HarnessError as exc:
-            log.warning("migration of %s to %s failed (%s); it continues here", rid, target, exc)
-            self.worker._cmds.put(lambda: self._resume(rid, str(exc)))
+        except Exception as exc:  # whatever went wrong, the stream must go on here
+            error = str(exc)
+            log.warning("migration of %s to %s failed (%s); it continues here", rid, target, error)
+            self.worker._cmds.put(lambda: self._resume(rid, error))
             return
         done = {"type": "migrated", "rid": rid, "source": self.worker.id, "target": target, "export_s": export_s,
                 "transfer_s": res.seconds, "bytes": res.bytes, "path": res.path, "retries": res.retries,
