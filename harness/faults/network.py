@@ -96,7 +96,7 @@ class _HostLoop:
         check = f'test -e {self.pid_file} && kill -0 "$(cat {self.pid_file})" 2>/dev/null'
         return ex.run(["sh", "-c", check], timeout=COMMAND_TIMEOUT_S, check=False).rc == 0
 
-    def stop(self, ex: Executor) -> str:
+    def stop(self, ex: Executor, *, restore: bool = True) -> str:
         """Ask the loop to end, wait until it is gone (it may be a crashed run's), restore once more."""
         ex.run(["sh", "-c", f"mkdir -p {STATE_DIR} && touch {self.stop_file}"], timeout=COMMAND_TIMEOUT_S)
         limit = self.on_s + self.off_s + 10
@@ -108,10 +108,10 @@ class _HostLoop:
                 raise FaultError(f"the fault loop ({self.pid_file}) did not stop within {limit:.0f} s",
                                  fix=f"kill the process in {self.pid_file} on the host, then revert again")
             time.sleep(0.1)  # the loop finishes its current sleep, then sees the stop file
-        for argv in self.restore:
+        for argv in self.restore if restore else ():
             ex.run(list(argv), timeout=COMMAND_TIMEOUT_S)
         ex.run(["rm", "-f", self.stop_file, self.pid_file, self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
-        return "loop stopped; restored"
+        return "loop stopped; restored" if restore else "loop stopped"
 
 
 def _require_tools(ex: Executor, kind: str) -> None:
@@ -120,6 +120,12 @@ def _require_tools(ex: Executor, kind: str) -> None:
     reason = fabric_unavailable_reason() if isinstance(ex, LocalExecutor) else None
     if reason:
         raise FaultError(f"{kind}: {reason}", fix="run the harness as root on a machine with iproute2")
+
+
+def _gone(ex: Executor, device: str, netns: str | None) -> bool:
+    """The device (or its namespace) no longer exists: its fabric was torn down since the fault,
+    so there is nothing left to restore (a revert from the ledger after a crash, say)."""
+    return ex.run(_ip(netns, "link", "show", "dev", device), timeout=COMMAND_TIMEOUT_S, check=False).rc != 0
 
 
 def _ip(netns: str | None, *args: str) -> list[str]:
@@ -215,9 +221,13 @@ class NicFlap(Fault):
         return self._loop.transitions(ex)
 
     def revert(self, ex: Executor) -> str:
+        if _gone(ex, self.device, self.netns):
+            return f"{self.target}: {self._loop.stop(ex, restore=False)}; the device is gone, nothing to bring up"
         return f"{self.target}: {self._loop.stop(ex)} (link up)"
 
     def verify_reverted(self, ex: Executor) -> str:
+        if _gone(ex, self.device, self.netns):
+            return f"{self.target} no longer exists; nothing is down"
         deadline = time.monotonic() + 10
         while (state := link_state(ex, self.device, self.netns)) != "UP":
             if time.monotonic() > deadline:
@@ -288,8 +298,11 @@ class PfcStorm(Fault):
                                      int(self.saved[self._key(ns, dev)][3])) for ns, dev in self.nics]
 
     def _restore(self) -> list[list[str]]:
+        return self._restore_for(self.nics)
+
+    def _restore_for(self, nics: Sequence[Sequence[Any]]) -> list[list[str]]:
         out = []
-        for ns, dev in self.nics:
+        for ns, dev in nics:
             rate, ceil, burst, prio = self.saved[self._key(ns, dev)]
             out.append(change_class_command(dev, ns, self.classid, rate, ceil, int(burst), int(prio)))
         return out
@@ -354,10 +367,18 @@ class PfcStorm(Fault):
     def revert(self, ex: Executor) -> str:
         if self._loop is None:
             return "nothing saved, nothing was changed"
-        return f"{self.target}: {self._loop.stop(ex)} (class parameters put back)"
+        present = [(ns, dev) for ns, dev in self.nics if not _gone(ex, dev, ns)]
+        stopped = self._loop.stop(ex, restore=False)
+        for argv in self._restore_for(present):
+            ex.run(argv, timeout=COMMAND_TIMEOUT_S)
+        gone = len(self.nics) - len(present)
+        return (f"{self.target}: {stopped}; class parameters put back on {len(present)} NIC(s)"
+                + (f"; {gone} NIC(s) gone" if gone else ""))
 
     def verify_reverted(self, ex: Executor) -> str:
         for ns, dev in self.nics:
+            if _gone(ex, dev, ns):
+                continue
             c = read_classes(ex, dev, ns).get(self.classid)
             rate, ceil = self.saved[self._key(ns, dev)][:2]
             if c is None or abs(c.rate_bps - rate) > rate * 0.01 or abs(c.ceil_bps - ceil) > ceil * 0.01:

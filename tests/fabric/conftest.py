@@ -3,9 +3,11 @@ checked for leftovers, even when the test fails."""
 
 from __future__ import annotations
 
+import fcntl
+
 import pytest
 
-from harness.fabric.builder import Fabric, FabricConfig, fabric_unavailable_reason, leftovers
+from harness.fabric.builder import SLOT_DIR, Fabric, FabricConfig, fabric_unavailable_reason, leftovers
 from harness.fabric.shaping import ShapingSpec
 
 TEST_PREFIX = "pdt-"  # not the bundled cluster's "pdh-": a test never touches a running cluster's fabric
@@ -23,6 +25,10 @@ def make_fabric():
     the test fails if any namespace or link with the test prefix remains."""
     require_fabric()
     built: list[Fabric] = []
+    # two test processes on one machine share the test prefix: take turns rather than collide
+    SLOT_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(SLOT_DIR / "tests.lock", "a+")
+    fcntl.flock(lock, fcntl.LOCK_EX)
 
     def make(hosts: int = 3, **shaping) -> Fabric:
         fabric = Fabric(FabricConfig(hosts=hosts, prefix=TEST_PREFIX, shaping=ShapingSpec(**shaping),
@@ -33,6 +39,9 @@ def make_fabric():
     try:
         yield make
     finally:
-        for fabric in built:
-            fabric.teardown()
-        assert leftovers(prefix=TEST_PREFIX) == []
+        try:
+            for fabric in built:
+                fabric.teardown()
+            assert leftovers(prefix=TEST_PREFIX) == []
+        finally:
+            lock.close()

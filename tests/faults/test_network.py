@@ -117,3 +117,19 @@ def test_without_root_the_faults_say_they_need_root_and_iproute2(tmp_path, monke
             with pytest.raises(FaultError, match="skipped: needs root and iproute2"):
                 runner.inject(fault)
     assert not runner.records  # refused in prepare: nothing was recorded as injected
+
+
+@pytest.mark.slow
+def test_reverting_after_the_fabric_was_torn_down_is_not_a_failed_revert(make_fabric, tmp_path):
+    fabric = make_fabric(hosts=1)
+    host = fabric.hosts[0]
+    ledger = Ledger.for_cluster("fabric-test", tmp_path)
+    runner = FaultRunner(ledger, handle_signals=False, recover_on_enter=False)
+    storm = runner.inject(PfcStorm.on_fabric_hosts([host], pause_ms=100, resume_ms=100, bursts=3))
+    flap = runner.inject(NicFlap.on_fabric_host(host, period_s=0.2, duty=0.5, count=2))
+    flap.wait_done(LocalExecutor())
+    storm.wait_done(LocalExecutor())
+    fabric.teardown()  # e.g. the cluster went down before `harness revert` ran
+    runner.revert_all()  # no RevertError: nothing is left to restore
+    outputs = [r.output for r in runner.records if r.action.value in ("revert", "verify_reverted")]
+    assert any("gone" in o for o in outputs) and len(outputs) == 4
