@@ -1,6 +1,7 @@
 """Admin endpoints and Prometheus metrics of the router's resilience control (docs/pd.md).
 
     GET    /admin/degradation                      level, thresholds, signals, history, counters
+    POST   /admin/speculative {enabled}            speculative decoding on/off on every worker
     POST   /admin/migrate {source, rid?, target?}  live-migrate one decoding request
     POST   /admin/drain {worker}                   planned drain: migrate everything off a decode worker
     DELETE /admin/drain/{worker}                   put a drained worker back into placement
@@ -52,6 +53,16 @@ def resilience_api(router: "Router") -> APIRouter:
     @api.get("/degradation")
     async def degradation() -> dict:
         return control.public()
+
+    @api.post("/speculative")
+    async def speculative(request: Request) -> dict:
+        """Switch speculative decoding on every worker (suites turn it on to watch Level 2 turn it off)."""
+        body = await _body(request, '{"enabled": true}')
+        if not isinstance(body.get("enabled"), bool):
+            raise InvalidRequestError("'enabled' must be true or false", param="enabled")
+        await router.set_speculative(body["enabled"])
+        router.record_event("speculative", enabled=body["enabled"])
+        return {"enabled": body["enabled"]}
 
     @api.post("/migrate")
     async def migrate(request: Request) -> dict:

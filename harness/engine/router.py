@@ -166,6 +166,7 @@ class Worker:
                 "kv_blocks_poisoned": int(self.stats.get("kv_blocks_poisoned", 0)),
                 "spec_enabled": bool(self.stats.get("spec_enabled")),
                 "offload": self.stats.get("offload") or {},
+                "offload_enabled": self.stats.get("offload_enabled"),
                 "num_running": int(self.stats.get("num_running", 0)),
                 "generation_tokens_total": int(self.stats.get("generation_tokens_total", 0)),
                 "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3),
@@ -467,6 +468,7 @@ class Router:
                 gaps = sorted(att.gaps)
                 self.record_event("migration_resumed", request_id=request.request_id, from_worker=att.last_worker,
                                   to_worker=worker, stall_s=round(now - att.last_active, 6),
+                                  at_token=msg["num_output_tokens"] - len(msg["token_ids"]),
                                   typical_gap_s=round(gaps[len(gaps) // 2], 6) if gaps else None)
             elif att.last_worker is not None:
                 att.gaps.append(now - att.last_active)

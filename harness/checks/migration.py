@@ -1,0 +1,133 @@
+"""Checklist item 6.1.2, "热迁移 TTFT 增量：空载下迁移增加 < 50ms，满载下 < 200ms".
+
+What is measured, per live-migrated stream, on the CLIENT's clock: the stall it saw at the
+switch (the gap between the last token chunk from the source worker and the first from the
+target) minus that stream's typical inter-token gap (the median gap of its other chunks). That
+excess is the delay the migration added, the "TTFT delta" of a stream whose next token had to
+be produced by a new worker. The router's ``migration_resumed`` event says at which token the
+target took over (``at_token``), so the client chunk is found by token count, not by clock.
+
+Judged separately for an idle cluster (one stream at a time) and under full load (Locust), as
+p95 by nearest rank (an observed value; with fewer than 20 samples it is the worst one).
+Every migration that was refused or failed counts against ``failed_migrations``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+from harness.checks.reschedule import nearest_rank
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Verdict, judge
+from harness.probes.records import RequestRecord
+
+ITEM = "6.1.2"
+PHASES = ("idle", "loaded")
+
+
+@dataclass
+class MigrationSample:
+    phase: str
+    request_id: str
+    source: str
+    target: str
+    stall_ms: float | None = None          # client: gap at the switch
+    typical_gap_ms: float | None = None    # client: median of the stream's other gaps
+    excess_ms: float | None = None         # stall - typical gap: what the migration added
+    router_stall_ms: float | None = None   # the same gap as the router saw it
+    migration_s: float | None = None       # migrate_in .. migrated, from the router's event
+    problem: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _client_gap(rec: RequestRecord, at_token: int) -> tuple[float, float] | str:
+    """(stall ms, typical gap ms) around the chunk that starts at token ``at_token``."""
+    starts, total = [], 0
+    for n in rec.chunk_tokens:
+        starts.append(total)
+        total += n
+    j = next((i for i, s in enumerate(starts) if s >= at_token), None)
+    if j is None or j == 0:
+        return f"the client saw no chunk starting at token {at_token} (it received {total} tokens)"
+    gaps = [(rec.chunk_ns[i] - rec.chunk_ns[i - 1]) / 1e6 for i in range(1, len(rec.chunk_ns))]
+    others = [g for i, g in enumerate(gaps, start=1) if i != j]
+    if not others:
+        return "too few chunks for a typical gap"
+    return gaps[j - 1], statistics.median(others)
+
+
+def measure(events: Iterable[dict[str, Any]], records: Iterable[RequestRecord],
+            phase_of: dict[str, str]) -> list[MigrationSample]:
+    """One sample per ``migration_resumed`` event whose request id ``phase_of`` names."""
+    events = list(events)
+    by_id = {r.response_id: r for r in records if r.response_id}
+    done = {e["request_id"]: e for e in events if e["type"] == "migration_done"}
+    samples = []
+    for e in events:
+        if e["type"] != "migration_resumed" or e.get("request_id") not in phase_of:
+            continue
+        rid = e["request_id"]
+        s = MigrationSample(phase_of[rid], rid, e["from_worker"], e["to_worker"],
+                            router_stall_ms=round(1000 * e["stall_s"], 3))
+        if rid in done:
+            s.migration_s = done[rid].get("total_s")
+        rec = by_id.get(rid)
+        if rec is None:
+            s.problem = "no client record of this request"
+        elif not rec.ok:
+            s.problem = f"the request ended {rec.status}: {rec.error_message}"
+        else:
+            gap = _client_gap(rec, int(e.get("at_token", 0)))
+            if isinstance(gap, str):
+                s.problem = gap
+            else:
+                s.stall_ms, s.typical_gap_ms = round(gap[0], 3), round(gap[1], 3)
+                s.excess_ms = round(max(0.0, gap[0] - gap[1]), 3)
+        samples.append(s)
+    return samples
+
+
+def _dist(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"n": len(values), "p50": nearest_rank(values, 50), "p95": nearest_rank(values, 95),
+            "max": max(values), "min": min(values)}
+
+
+def migration_verdict(samples: Sequence[MigrationSample], failures: Sequence[str],
+                      checklist: Checklist) -> Verdict:
+    item = checklist.item(ITEM)
+    t = item.thresholds
+    excess = {p: [s.excess_ms for s in samples if s.phase == p and s.excess_ms is not None] for p in PHASES}
+    measurements = [
+        Measurement(t["ttft_delta_idle_ms"], nearest_rank(excess["idle"], 95) if excess["idle"] else None,
+                    f"p95 hot-migration TTFT delta with no load over {len(excess['idle'])} migration(s)"),
+        Measurement(t["ttft_delta_loaded_ms"], nearest_rank(excess["loaded"], 95) if excess["loaded"] else None,
+                    f"p95 hot-migration TTFT delta under full load over {len(excess['loaded'])} migration(s)"),
+        Measurement(t["failed_migrations"], len(failures) + sum(s.problem is not None for s in samples),
+                    "migrations refused, failed, or whose stream could not be measured"),
+    ]
+    short = [f"{p}: {len(excess[p])} of {int(t[f'min_migrations_{p}'].value)}" for p in PHASES
+             if len(excess[p]) < t[f"min_migrations_{p}"].value]
+    evidence = {
+        "definition": "per migrated stream, on the client's clock: the gap between the last token from the source "
+                      "and the first from the target, minus the stream's median inter-token gap",
+        "distribution_ms": {p: _dist(excess[p]) for p in PHASES},
+        "stall_ms": {p: _dist([s.stall_ms for s in samples if s.phase == p and s.stall_ms is not None])
+                     for p in PHASES},
+        "samples": [{"label": f"{s.phase} {s.source}->{s.target}", "value": s.excess_ms,
+                     "note": s.problem or f"stall {s.stall_ms} ms, typical gap {s.typical_gap_ms} ms"}
+                    for s in samples],
+        "per_migration": [s.to_dict() for s in samples],
+    }
+    if failures:
+        evidence["failed"] = list(failures)[:20]
+    return judge(item, measurements, evidence=evidence,
+                 inconclusive_because=("too few migrations measured (" + ", ".join(short) + ")") if short else None)
+
+
+__all__ = ["ITEM", "MigrationSample", "measure", "migration_verdict"]
