@@ -457,6 +457,9 @@ class EngineCore:
         if seq is None or seq.status is not RequestStatus.PAUSED:
             return False
         self.scheduler.join_running(seq)
+        if self.pool.quarantined & set(seq.block_table):  # poisoned while paused: never decode from it
+            logger.warning("request %s lost KV to poisoning while paused; recomputing it", request_id)
+            self.scheduler.preempt(seq)
         return True
 
     def release_paused(self, request_id: str) -> bool:

@@ -116,7 +116,7 @@ class LiveMigration:
 
     def forget(self, rid: str) -> list[str]:
         """Transfer ids of ``rid``'s pending imports (the worker cancels them on abort)."""
-        tids = [tid for tid, inc in self._incoming.items() if inc.rid == rid]
+        tids = [tid for tid, inc in self._incoming.items() if rid in (inc.rid, tid)]
         for tid in tids:
             del self._incoming[tid]
         return tids

@@ -112,3 +112,17 @@ def test_ecc_poison_of_named_blocks_and_clear_is_per_fault(core):
     assert core.pool.quarantined == {5}
     faults.handle({"type": "ecc_clear", "fault_id": "b"})
     assert not core.pool.quarantined
+
+
+def test_request_poisoned_while_paused_for_migration_is_recomputed_on_resume(core):
+    add_all(core)
+    early: dict[str, list[int]] = {}
+    for _ in range(3):
+        for ev in core.step():
+            early.setdefault(ev.request_id, []).extend(ev.token_ids)
+    core.pause_request("r0")  # a migration is in flight
+    block = core.requests["r0"].block_table[0]
+    WorkerFaults(core).handle({"type": "ecc_poison", "fault_id": "p", "blocks": [block]})
+    assert core.resume_request("r0")  # the migration failed: r0 continues here, from clean KV
+    rest = run(core)
+    assert {rid: early[rid] + rest.get(rid, []) for rid in early} == expected()
