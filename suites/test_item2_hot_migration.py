@@ -50,9 +50,12 @@ def _migrate(admin: str, source: str, failures: list[str]) -> dict[str, Any] | N
         return None
     if resp.status_code != 200:
         try:
-            message = resp.json()["error"]["message"]
+            error = resp.json()["error"]
+            message, code = error["message"], error.get("code")
         except (ValueError, KeyError, TypeError):
-            message = resp.text[:300]
+            message, code = resp.text[:300], None
+        if code == "nothing_to_migrate":
+            return None  # every stream there is just starting or about to end: not a migration attempt
         failures.append(f"migration from {source} refused with HTTP {resp.status_code}: {message}")
         return None
     return resp.json()

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 MIGRATION_REPLIES = ("migrate_ready", "migrate_committed", "migrated", "migrate_failed")
 
 
+MIN_TOKENS_LEFT = 16  # a request this close to its max_tokens is not worth migrating
+
+
 class MigrationFailed(EngineError):
     """A live migration did not complete; the request keeps running (or is rescheduled)."""
 
@@ -107,8 +110,10 @@ class MigrationManager:
         out = []
         for att_id in source.attempts:
             att = router.attempts.get(att_id)
-            if att is None or att.decode != source.id or not att.kv_arrived or att_id in self.active:
-                continue
+            if att is None or att.decode != source.id or att.last_worker != source.id or att_id in self.active:
+                continue  # not decoding here yet (no token streamed from this worker), or already moving
+            if att.request.params.max_tokens - len(att.streamed) < MIN_TOKENS_LEFT:
+                continue  # about to finish: moving it would cost more than it frees
             out.append(Candidate(att_id, att.priority, att.last_active, att.blocks * _block_bytes(source)))
         return out
 
