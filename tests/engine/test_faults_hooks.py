@@ -27,17 +27,6 @@ def add_all(core: EngineCore) -> None:
                                                                                 ignore_eos=True)))
 
 
-def run(core: EngineCore, on_step=None) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    while core.has_work():
-        for ev in core.step():
-            assert ev.error is None, ev.error
-            out.setdefault(ev.request_id, []).extend(ev.token_ids)
-        if on_step:
-            on_step()
-    return out
-
-
 def expected() -> dict[str, list[int]]:
     return {f"r{i}": greedy_reference("tiny", tok.encode(p), MAX_TOKENS, ignore_eos=True)
             for i, p in enumerate(PROMPTS)}
@@ -58,11 +47,11 @@ def test_hbm_fill_raises_used_ratio_by_the_share_and_release_restores_it_exactly
     core.pool.check_invariants()
 
 
-def test_requests_finish_token_exact_under_an_hbm_fill(core):
+def test_requests_finish_token_exact_under_an_hbm_fill(core, drive):
     faults = WorkerFaults(core)
     faults.handle({"type": "hbm_fill", "fault_id": "f", "share": 0.7})
     add_all(core)
-    assert run(core) == expected()
+    assert drive(core) == expected()
     faults.handle({"type": "hbm_release", "fault_id": "f"})
     assert core.pool.num_free == core.pool.num_blocks
 
@@ -77,7 +66,7 @@ def test_bad_fault_commands_are_refused_with_the_reason(core, msg, words):
     assert core.pool.num_free == core.pool.num_blocks
 
 
-def test_ecc_poison_bites_running_requests_which_recompute_token_exact(core):
+def test_ecc_poison_bites_running_requests_which_recompute_token_exact(core, drive):
     faults = WorkerFaults(core)
     add_all(core)
     early: dict[str, list[int]] = {}
@@ -89,11 +78,11 @@ def test_ecc_poison_bites_running_requests_which_recompute_token_exact(core):
     assert state["active"] and len(poisoned) == 2 and state["affected"]
     assert state["kv_blocks_poisoned"] == 2
 
-    def never_allocated():
+    def never_allocated(_core):
         for seq in core.requests.values():
             assert not poisoned & set(seq.block_table), "a poisoned block was handed out again"
 
-    rest = run(core, never_allocated)
+    rest = drive(core, never_allocated)
     assert {rid: early[rid] + rest[rid] for rid in early} == expected()
     assert set(state["affected"]) == {"r0", "r1"}
     assert core.pool.quarantined == poisoned
@@ -114,7 +103,7 @@ def test_ecc_poison_of_named_blocks_and_clear_is_per_fault(core):
     assert not core.pool.quarantined
 
 
-def test_request_poisoned_while_paused_for_migration_is_recomputed_on_resume(core):
+def test_request_poisoned_while_paused_for_migration_is_recomputed_on_resume(core, drive):
     add_all(core)
     early: dict[str, list[int]] = {}
     for _ in range(3):
@@ -124,5 +113,5 @@ def test_request_poisoned_while_paused_for_migration_is_recomputed_on_resume(cor
     block = core.requests["r0"].block_table[0]
     WorkerFaults(core).handle({"type": "ecc_poison", "fault_id": "p", "blocks": [block]})
     assert core.resume_request("r0")  # the migration failed: r0 continues here, from clean KV
-    rest = run(core)
+    rest = drive(core)
     assert {rid: early[rid] + rest.get(rid, []) for rid in early} == expected()
