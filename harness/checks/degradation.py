@@ -1,0 +1,96 @@
+"""Checklist item 6.1.3, "降级策略测试：模拟 KV Cache 超载，验证 Level 2/3 正确触发".
+
+The suite raises KV use step by step (HBM fill on every decode worker, under light load) to just
+below Level 2's threshold, between Level 2's and Level 3's, and above Level 3's, then reverts the
+fill. From the router's ``degradation_level`` events and what the workers report, this check
+judges:
+
+- Level 2 triggered at its threshold: the KV use recorded when L2 was entered is at least the
+  threshold (not early) and at most ``trigger_tolerance`` above it (not late);
+- Level 3 likewise against ``level3_trigger_utilization``, and after Level 2 (in order);
+- each level's action took effect on every decode worker: speculative decoding off at L2 (when it
+  was on before), KV offload on at L3;
+- after the revert the cluster stepped back to Level 0 within ``step_down_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Verdict, judge
+
+ITEM = "6.1.3"
+
+
+@dataclass
+class Step:
+    """One plateau of KV use the suite held."""
+
+    name: str
+    target_hbm: float                 # the KV use the fill aimed at (max over decode workers)
+    expect_level: int                 # the level this plateau should reach and not exceed
+    reached: int = 0                  # highest level seen while holding it
+    hbm_seen: float = 0.0             # highest KV-use signal the router reported meanwhile
+    actions_missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def level_entries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Upward ``degradation_level`` events, in order."""
+    return [e for e in sorted(events, key=lambda e: e["seq"])
+            if e["type"] == "degradation_level" and e["to_level"] > e["from_level"]]
+
+
+def degradation_verdict(steps: Sequence[Step], events: Iterable[dict[str, Any]], step_down_s: float | None,
+                        checklist: Checklist, *, controller_enabled: bool = True) -> Verdict:
+    item = checklist.item(ITEM)
+    t = item.thresholds
+    events = list(events)
+    ups = level_entries(events)
+    first = {}
+    for e in ups:
+        first.setdefault(e["to_level"], e)
+    l2, l3 = first.get(2), first.get(3)
+    problems = [f"Level {lv} was never entered" for lv in (2, 3) if lv not in first]
+    if l2 and l3 and l3["seq"] < l2["seq"]:
+        problems.append("Level 3 was entered before Level 2")
+    for s in steps:
+        if s.reached < s.expect_level:
+            problems.append(f"{s.name}: reached Level {s.reached}, expected Level {s.expect_level}")
+    actions = [a for s in steps for a in s.actions_missing]
+    l2_value = l2["hbm"] if l2 else None
+    measurements = [
+        Measurement(t["trigger_utilization"], l2_value, "KV use when Level 2 was entered"),
+        Measurement(t["trigger_tolerance"], None if l2_value is None else max(0.0, l2_value - t["trigger_utilization"].value),
+                    "how far past its threshold KV use was when Level 2 was entered"),
+        Measurement(t["level3_trigger_utilization"], l3["hbm"] if l3 else None, "KV use when Level 3 was entered"),
+        Measurement(t["levels_not_reached"], len(problems), "levels not reached, reached out of order or on the wrong step"),
+        Measurement(t["actions_not_applied"], len(actions), "level actions not seen on every decode worker"),
+        Measurement(t["step_down_s"], step_down_s, "time from the fill's revert until Level 0"),
+    ]
+    evidence: dict[str, Any] = {
+        "steps": [s.to_dict() for s in steps],
+        "level_changes": [{k: e.get(k) for k in ("wall_time", "from_level", "to_level", "reason", "hbm", "queue",
+                                                  "health", "actions")}
+                          for e in events if e["type"] == "degradation_level"],
+        "samples": [{"label": s.name, "value": s.reached, "note": f"aimed at KV use {s.target_hbm:.3f}, router saw "
+                     f"{s.hbm_seen:.3f}; expected Level {s.expect_level}"} for s in steps],
+    }
+    if problems:
+        evidence["problems"] = problems
+    if actions:
+        evidence["actions_missing"] = actions
+    if not controller_enabled:
+        evidence["note"] = "the cluster's degradation controller is disabled (router.degradation_enabled: false)"
+    verdict = judge(item, measurements, evidence=evidence)
+    if verdict.status.value == "inconclusive" and (problems or not controller_enabled):
+        # a level that never came is a failure of the cluster, not missing evidence
+        verdict = judge(item, [m for m in measurements if m.value is not None], evidence=evidence)
+    return verdict
+
+
+__all__ = ["ITEM", "Step", "degradation_verdict", "level_entries"]

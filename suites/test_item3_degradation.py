@@ -1,0 +1,135 @@
+"""Checklist item 6.1.3 (Section 6.1, "降级策略测试：模拟 KV Cache 超载，验证 Level 2/3 正确触发").
+
+Under light load, HBM-fill faults on every decode worker raise KV use in three plateaus: between
+Level 1's and Level 2's thresholds, between Level 2's and Level 3's, and above Level 3's (below
+Level 4's). Each plateau must reach exactly its level, in order, with the level's action applied
+(speculative decoding off at L2, KV offload on at L3); after the fills are reverted the cluster
+must step back to Level 0 (harness/checks/degradation.py). Nothing may be lost meanwhile:
+requests complete token-exactly or are refused with a clear 429/503.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from harness.checks.degradation import ITEM, Step, degradation_verdict
+from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.verdict import Verdict
+from harness.faults import HbmFill
+from harness.probes.timeline import merge_timeline
+
+log = logging.getLogger(__name__)
+
+pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(900)]
+
+LOAD_USERS = 2
+POLL_S = 0.1
+STEP_DOWN_TIMEOUT_S = 60.0
+
+
+def _degradation(admin: str) -> dict[str, Any]:
+    resp = httpx.get(f"{admin}/admin/degradation", timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def _decodes(timeline: Any) -> list[dict[str, Any]]:
+    return [w for w in timeline.workers() if w["role"] == "decode" and w["health"] == "healthy"]
+
+
+def _plateaus(state: dict[str, Any], checklist: Any) -> list[tuple[str, float, int]]:
+    """(name, KV use to aim at, expected level) between the cluster's thresholds; where the
+    cluster has none (controller off), the checklist's."""
+    t = checklist.item(ITEM).thresholds
+    th = state.get("thresholds", {})
+    l1 = th.get("L1", {}).get("hbm") or 0.75
+    l2 = th.get("L2", {}).get("hbm") or t["trigger_utilization"].value
+    l3 = th.get("L3", {}).get("hbm") or t["level3_trigger_utilization"].value
+    l4 = th.get("L4", {}).get("hbm") or min(0.99, l3 + 0.05)
+    return [("between L1 and L2", (l1 + l2) / 2, 1), ("between L2 and L3", (l2 + l3) / 2, 2),
+            ("between L3 and L4", (l3 + l4) / 2, 3)]
+
+
+def _hold(admin: str, timeline: Any, step: Step, hold_s: float, spec_was_on: bool) -> None:
+    """Watch the level for ``hold_s``; check the level's actions on every decode worker."""
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        state = _degradation(admin)
+        step.reached = max(step.reached, state["level"])
+        step.hbm_seen = max(step.hbm_seen, state["signals"]["hbm"])
+        time.sleep(POLL_S)
+    workers = _decodes(timeline)
+    if step.reached >= 2 and spec_was_on:
+        step.actions_missing += [f"{step.name}: {w['id']} still decodes speculatively at Level {step.reached}"
+                                 for w in workers if w.get("spec_enabled")]
+    if step.reached >= 3:
+        step.actions_missing += [f"{step.name}: {w['id']} has KV offload off at Level {step.reached}"
+                                 for w in workers if not w.get("offload_enabled")]
+
+
+def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, timeline, conformance,
+                                                         harness_options):
+    checklist = cluster.thresholds
+    item = checklist.item(ITEM)
+    if harness_options.dry_run:
+        conformance.record(Verdict(item=ITEM, title=item.title, status="inconclusive",
+                                   reason="dry run: no HBM was filled"))
+        return
+    admin = cluster.admin_url
+    state = _degradation(admin)
+    dwell = float(state.get("min_dwell_s") or 2.0)
+    spec = httpx.post(f"{admin}/admin/speculative", json={"enabled": True}, timeout=10)
+    spec_was_on = spec.status_code == 200  # so that Level 2's action has something to turn off
+    plateaus = _plateaus(state, checklist)
+    # each plateau climbs at most one level per dwell, then is held for two more dwells
+    hold_s = 5 * dwell + 2.0
+    duration = harness_options.load_duration or len(plateaus) * hold_s + STEP_DOWN_TIMEOUT_S / 2 + 20
+    run = load(duration_s=duration, users=LOAD_USERS, max_tokens=48)
+    deadline = time.monotonic() + 60
+    while _degradation(admin)["level"] != 0 and time.monotonic() < deadline:
+        time.sleep(POLL_S)  # a previous suite's degradation must have ended
+    time.sleep(2.0)  # let the load reach its steady KV use before measuring the baseline
+    base = max((w.get("kv_used_ratio") or 0.0) for w in _decodes(timeline))
+    steps, filled, fills = [], base, []
+    for name, target, level in plateaus:
+        step = Step(name, target, level)
+        steps.append(step)
+        share = target - filled
+        if share > 0.005:
+            for w in _decodes(timeline):
+                fills.append(faults.inject(HbmFill(admin_url=admin, worker_id=w["id"], share=round(share, 4))))
+            filled = target
+        _hold(admin, timeline, step, hold_s, spec_was_on)
+    reverted_at = time.monotonic()
+    for fault in reversed(fills):
+        faults.revert(fault)
+    step_down_s = None
+    while time.monotonic() - reverted_at < STEP_DOWN_TIMEOUT_S:
+        if _degradation(admin)["level"] == 0:
+            step_down_s = time.monotonic() - reverted_at
+            break
+        time.sleep(POLL_S)
+    if step_down_s is None:
+        step_down_s = STEP_DOWN_TIMEOUT_S  # never came back: judged as at least this long
+    records = run.wait()
+    events = timeline.events()
+    verdict = degradation_verdict(steps, events, round(step_down_s, 3), checklist,
+                                  controller_enabled=bool(state.get("enabled", True)))
+    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    verdict.evidence.update(links=links, baseline_kv_use=round(base, 4), dwell_s=dwell,
+                            speculative_turned_on_first=spec_was_on)
+    conformance.record(verdict)
+
+    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
+    lost = nothing_lost_verdict(check_history(records, expected), checklist)
+    lost.evidence["links"] = links
+    conformance.record(lost)
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records,
+                                            events=[e for e in events if e["type"] in ("degradation_level", "fault_state")],
+                                            records=records, failed_requests_only=True))
