@@ -85,7 +85,12 @@ class DeltaHealthDetector:
         if len(self.snapshots) < c.min_snapshots:
             return {"tpot": 0.0, "queue": 0.0, "hbm": 0.0, "retrans": 0.0}
         base, last = self.snapshots[0], self.snapshots[-1]
-        tpot_trend = (last.tpot_p99_ms - base.tpot_p99_ms) / max(base.tpot_p99_ms, 1.0)
+        # TPOT 0 means "no token in the worker's window" (idle), not "infinitely fast": an idle
+        # worker that starts serving would otherwise look sick. The baseline is the first
+        # snapshot that measured TPOT at all.
+        tpot_base = next((s.tpot_p99_ms for s in self.snapshots if s.tpot_p99_ms > 0), 0.0)
+        tpot_trend = ((last.tpot_p99_ms - tpot_base) / max(tpot_base, 1.0)
+                      if tpot_base > 0 and last.tpot_p99_ms > 0 else 0.0)
         queue_trend = (last.queue_depth - base.queue_depth) / max(base.queue_depth, 1)
         hbm_trend = last.hbm_used_ratio - base.hbm_used_ratio
         return {"tpot": c.w_tpot * max(0.0, tpot_trend),

@@ -97,3 +97,12 @@ def test_decide_spreads_victims_and_reports_unplaced():
     assert d.evict_count == 3
     assert [(p.request_id, p.target) for p in d.plans] == [("r0", "d1"), ("r1", "d2")]
     assert d.unplaced == ["r2"]  # both targets are down to 110 free bytes, below 1.2 x 100
+
+
+def test_idle_snapshots_are_no_tpot_baseline():
+    d = DeltaHealthDetector()
+    for i in range(3):
+        d.ingest(snap(i, tpot=0.0, queue=0))  # idle: no token in the window
+    d.ingest(snap(3, tpot=20.0, queue=0))
+    d.ingest(snap(4, tpot=22.0, queue=0))
+    assert d.components()["tpot"] == pytest.approx(0.30 * 0.1)  # 20 -> 22 ms, not 0 -> 22 ms
