@@ -1,0 +1,81 @@
+"""ECC poisoning (seed 5.1 Layer 2: "标记 Page 为 poison → 触发 KV Cache 重平衡"): poisoned KV
+pages are quarantined and never served.
+
+Per poisoning, while the fault is active the worker must keep every poisoned block out of service
+(``kv_blocks_poisoned`` never below the count poisoned, polled through the admin API), and every
+request whose KV was on those blocks must still complete token-exactly (it was recomputed) or end
+with a clear error. Poisoned bytes are NaN on the bundled engine, so a block served again would
+turn its request's output into garbage, which the oracle comparison catches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Verdict, judge
+from harness.probes.records import RequestRecord
+
+ITEM = "ecc"
+
+
+@dataclass
+class Poisoning:
+    worker: str
+    blocks: list[int]
+    affected: list[str]                       # attempt ids (``<request id>#<n>``) the worker recomputed
+    min_quarantined: int | None = None        # lowest kv_blocks_poisoned seen while active
+    outcomes: dict[str, str] = field(default_factory=dict)  # request id -> how it ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge_outcomes(poisonings: Sequence[Poisoning], records: Iterable[RequestRecord],
+                   exact: Callable[[RequestRecord], bool | None]) -> None:
+    """Fill each poisoning's ``outcomes`` from the request records (``exact``: token-exact?)."""
+    by_id = {r.response_id: r for r in records if r.response_id}
+    for p in poisonings:
+        for attempt in p.affected:
+            rid = attempt.rsplit("#", 1)[0]
+            rec = by_id.get(rid)
+            if rec is None:
+                p.outcomes[rid] = "no client record"
+            elif not rec.ok:
+                p.outcomes[rid] = f"ended {rec.status}" + (" with a clear error" if rec.error_message else " silently")
+            else:
+                verdict = exact(rec)
+                p.outcomes[rid] = {True: "completed token-exact", False: "completed WRONG",
+                                   None: "completed (no oracle)"}[verdict]
+
+
+def _recovered(outcome: str) -> bool:
+    return outcome.startswith("completed token-exact") or outcome.startswith("completed (no oracle)") \
+        or "clear error" in outcome
+
+
+def ecc_verdict(poisonings: Sequence[Poisoning], checklist: Checklist) -> Verdict:
+    item = checklist.item(ITEM)
+    t = item.thresholds
+    reused = sum(max(0, len(p.blocks) - p.min_quarantined) for p in poisonings if p.min_quarantined is not None)
+    not_recovered = [(p.worker, rid, o) for p in poisonings for rid, o in p.outcomes.items() if not _recovered(o)]
+    biting = [p for p in poisonings if p.affected]
+    measurements = [
+        Measurement(t["poisoned_blocks_reused"], reused, "poisoned blocks that left quarantine while poisoned"),
+        Measurement(t["affected_requests_not_recovered"], len(not_recovered),
+                    f"requests on poisoned blocks not recovered (of {sum(len(p.affected) for p in poisonings)})"),
+    ]
+    need = int(t["min_poisonings"].value)
+    thin = None if len(biting) >= need else (f"only {len(biting)} poisoning(s) hit a running request (need {need}): "
+                                            "raise the load or the poisoned count")
+    evidence = {"poisonings": [p.to_dict() for p in poisonings],
+                "samples": [{"label": f"{p.worker} blocks {p.blocks}", "value": len(p.affected),
+                             "note": "; ".join(f"{rid}: {o}" for rid, o in p.outcomes.items()) or "hit no request"}
+                            for p in poisonings]}
+    if not_recovered:
+        evidence["not_recovered"] = [f"{w} {rid}: {o}" for w, rid, o in not_recovered]
+    return judge(item, measurements, evidence=evidence, inconclusive_because=thin)
+
+
+__all__ = ["ITEM", "Poisoning", "ecc_verdict", "judge_outcomes"]
