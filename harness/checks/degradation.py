@@ -90,6 +90,10 @@ def degradation_verdict(steps: Sequence[Step], events: Iterable[dict[str, Any]],
     if verdict.status.value == "inconclusive" and (problems or not controller_enabled):
         # a level that never came is a failure of the cluster, not missing evidence
         verdict = judge(item, [m for m in measurements if m.value is not None], evidence=evidence)
+    if verdict.status.value == "fail" and (problems or actions):
+        verdict.reason += f" First problem: {(problems + actions)[0]}"
+        if not controller_enabled:
+            verdict.reason += " (router.degradation_enabled is false)"
     return verdict
 
 

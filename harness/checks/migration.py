@@ -130,8 +130,11 @@ def migration_verdict(samples: Sequence[MigrationSample], failures: Sequence[str
     }
     if failures:
         evidence["failed"] = list(failures)[:20]
-    return judge(item, measurements, evidence=evidence,
-                 inconclusive_because=("too few migrations measured (" + ", ".join(short) + ")") if short else None)
+    verdict = judge(item, measurements, evidence=evidence,
+                    inconclusive_because=("too few migrations measured (" + ", ".join(short) + ")") if short else None)
+    if verdict.status.value == "fail" and failures:
+        verdict.reason += f" First failure: {' '.join(failures[0].split())}"
+    return verdict
 
 
 __all__ = ["ITEM", "MigrationSample", "measure", "migration_verdict"]
