@@ -81,3 +81,54 @@ def test_config_rejects_bad_thresholds():
     with pytest.raises(ConfigError, match="unknown degradation"):
         DegradationConfig.from_dict({"levels": 3})
     assert DegradationConfig.from_dict({"queue": [1, 2, None, 4, 5]}).queue[2] == float("inf")
+
+
+# ---- end to end through a real router and decode worker ------------------------------------
+
+FAST = {"hbm": [0.1, 0.2, 0.3, 0.4, 0.9], "queue": [None] * 5, "health": [None] * 5, "min_dwell_s": 0.2}
+
+
+def _wait_level(url, level, timeout_s=30.0):
+    import time
+
+    import httpx
+    deadline = time.monotonic() + timeout_s
+    while (state := httpx.get(f"{url}/admin/degradation").json())["level"] != level:
+        assert time.monotonic() < deadline, f"level stayed {state['level']}, expected {level}: {state['signals']}"
+        time.sleep(0.05)  # polling the admin API
+    return state
+
+
+@pytest.mark.slow
+def test_levels_4_and_5_cap_and_refuse_then_recover():
+    import httpx
+
+    from harness.engine.oracle import greedy_reference
+    from harness.engine.topology import Topology
+
+    with Topology(prefill=1, decode=1, preset="tiny",
+                  router_config={"degradation": FAST, "auto_migrate": False}) as topo:
+        url = topo.api_url
+        fill = httpx.post(f"{url}/admin/faults/hbm_fill", json={"worker": "decode-0", "share": 0.45}).json()
+        state = _wait_level(url, 4)
+        assert [h["to_level"] for h in state["history"]] == [1, 2, 3, 4]
+        body = {"model": "tiny", "prompt": "Degraded but available", "max_tokens": 100, "ignore_eos": True,
+                "temperature": 0, "return_token_ids": True}
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert "max_tokens capped from 100 to 32" in r.json()["degraded"]
+        want = greedy_reference("tiny", list(b"Degraded but available"), 32, ignore_eos=True)
+        assert r.json()["choices"][0]["token_ids"] == want
+        more = httpx.post(f"{url}/admin/faults/hbm_fill", json={"worker": "decode-0", "share": 0.5}).json()
+        _wait_level(url, 5)
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert r.json()["error"]["code"] == "circuit_open" and "Level 5" in r.json()["error"]["message"]
+        for f in (more, fill):
+            assert httpx.delete(f"{url}/admin/faults/hbm_fill/{f['fault_id']}").json()["active"] is False
+        _wait_level(url, 0)
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and "degraded" not in r.json()
+        metrics = httpx.get(f"{url}/metrics").text
+        assert "pdengine_degradation_level 0.0" in metrics
+        assert 'pdengine_degradation_rejected_requests_total{status="503"} 1.0' in metrics
