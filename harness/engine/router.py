@@ -33,6 +33,7 @@ from typing import AsyncIterator
 from harness.engine.config import EngineConfig
 from harness.engine.degradation import DegradationConfig
 from harness.engine.health import HealthConfig
+from harness.engine.resilience import ResilienceControl
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.transfer import TransferConfig, config_from_dict
@@ -220,7 +221,6 @@ class Router:
         self._server: asyncio.AbstractServer | None = None
         self._monitor: asyncio.Task | None = None
         self._conn_tasks: set[asyncio.Task] = set()
-        from harness.engine.resilience import ResilienceControl  # it imports this module's types
         self.resilience = ResilienceControl(self)
 
     @property
