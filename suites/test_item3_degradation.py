@@ -82,9 +82,19 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, t
         return
     admin = cluster.admin_url
     state = _degradation(admin)
-    dwell = float(state.get("min_dwell_s") or 2.0)
+    spec_before = any(w.get("spec_enabled") for w in _decodes(timeline))
     spec = httpx.post(f"{admin}/admin/speculative", json={"enabled": True}, timeout=10)
     spec_was_on = spec.status_code == 200  # so that Level 2's action has something to turn off
+    try:
+        _run_plateaus(cluster, load, faults, timeline, conformance, harness_options, state, spec_was_on)
+    finally:  # the session's cluster goes to the next suite as this one found it
+        if spec_was_on and not spec_before:
+            httpx.post(f"{admin}/admin/speculative", json={"enabled": False}, timeout=10)
+
+
+def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options, state, spec_was_on) -> None:
+    checklist, admin = cluster.thresholds, cluster.admin_url
+    dwell = float(state.get("min_dwell_s") or 2.0)
     plateaus = _plateaus(state, checklist)
     # each plateau climbs at most one level per dwell, then is held for two more dwells
     hold_s = 5 * dwell + 2.0
