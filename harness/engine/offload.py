@@ -128,7 +128,9 @@ class OffloadManager:
         for rid in running - self._entered.keys():
             self._entered[rid] = self._step
         if self.enabled:
-            while self._over(0) and self._evict(self._victims(min_steps=0)):
+            # keep one request resident: when holds or quarantine alone pass the threshold,
+            # emptying HBM every step would only thrash
+            while self._over(0) and len(self.scheduler.running) > 1 and self._evict(self._victims(min_steps=0)):
                 pass
         while self.swapped:
             need = self.pool.blocks_for(self.swapped[0].num_computed + 1)

@@ -121,6 +121,17 @@ def test_offload_starts_only_above_the_threshold_for_example_under_an_hbm_fill(e
     assert filled.offload_stats()["offloads_total"] > 0 and max(swapped_per_step) > 0
 
 
+def test_a_fill_above_the_threshold_still_lets_requests_progress_in_turn(expected, drive):
+    eng = engine(blocks=40)
+    eng.hold_kv_blocks(32)  # 80 %: with any request resident the pool is above 85 %
+    for i in range(3):
+        eng.add_request(req(f"r{i}", PROMPTS[i]))
+    resident = []
+    assert drive(eng, lambda e: resident.append(len(e.scheduler.running))) == {
+        f"r{i}": expected[f"r{i}"] for i in range(3)}
+    assert eng.offload_stats()["offloads_total"] > 0 and resident.count(1) > len(resident) // 2  # one at a time
+
+
 def test_set_offload_switches_at_run_time_and_rejects_bad_thresholds():
     eng = engine(offload=False)
     eng.set_offload(True, 0.6)
