@@ -341,12 +341,14 @@ class EngineCore:
         """HBM fill: take n free blocks out of service as if another tenant used the memory.
         Returns how many blocks are held in all; raises KVCapacityError when fewer are free."""
         self.held_blocks += self.pool.allocate(n)
+        self.pool.num_held = len(self.held_blocks)
         return len(self.held_blocks)
 
     def release_kv_blocks(self, blocks: list[int] | None = None) -> int:
         """Revert holds (all, or just ``blocks``); returns how many blocks went back to the pool."""
         released = self.held_blocks if blocks is None else [b for b in blocks if b in self.held_blocks]
         self.held_blocks = [b for b in self.held_blocks if b not in set(released)]
+        self.pool.num_held = len(self.held_blocks)
         self.pool.free(released)
         return len(released)
 

@@ -53,6 +53,7 @@ class KVBlockPool:
         self.ref_counts = [0] * num_blocks
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.quarantined: set[int] = set()
+        self.num_held = 0  # allocated to no request (an HBM-fill fault): not usable for KV either
 
     # ---- accounting ---------------------------------------------------------------------
 

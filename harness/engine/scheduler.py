@@ -104,6 +104,8 @@ class Scheduler:
                                       "length, or raise kv_budget_bytes"))
                 continue
             need = self.pool.blocks_for(seq.num_tokens) - len(seq.block_table)
+            if self.pool.blocks_for(peak) > usable - self.pool.num_held:
+                break  # cannot finish beside an HBM fill: wait for its release, not recompute itself forever
             if need > self.pool.num_free:
                 break  # wait for KV to free up; FCFS, so later requests wait too
             seq.block_table += self.pool.allocate(need)

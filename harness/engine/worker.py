@@ -92,8 +92,9 @@ class PDWorker:
                 self._loop.call_soon_threadsafe(self._stop.set)
 
     def _engine_steps(self) -> None:
+        stalled = False  # the last step did nothing and nothing runs: only a command can change that
         while True:
-            busy = self.core.has_work() or bool(self._jobs)
+            busy = (self.core.has_work() and not stalled) or bool(self._jobs)
             try:
                 cmd = self._cmds.get_nowait() if busy else self._cmds.get(timeout=0.2)
             except queue.Empty:
@@ -112,7 +113,10 @@ class PDWorker:
             if self._jobs:
                 self._run_prefill(self._jobs.popleft())
             elif self.core.has_work():
-                for ev in self.core.step():
+                events = self.core.step()
+                # e.g. a request waiting for an HBM fill's release: idle instead of spinning a core
+                stalled = not events and not self.core.scheduler.running
+                for ev in events:
                     self.window.on_tokens(ev.request_id, len(ev.token_ids), ev.finished)
                     self.publish({"type": "tokens", "rid": ev.request_id, "token_ids": ev.token_ids,
                                   "text": ev.text, "finished": ev.finished,

@@ -115,3 +115,15 @@ def test_request_poisoned_while_paused_for_migration_is_recomputed_on_resume(cor
     assert core.resume_request("r0")  # the migration failed: r0 continues here, from clean KV
     rest = drive(core)
     assert {rid: early[rid] + rest.get(rid, []) for rid in early} == expected()
+
+
+def test_a_request_that_cannot_finish_beside_an_hbm_fill_waits_for_the_release(core, drive):
+    faults = WorkerFaults(core)
+    faults.handle({"type": "hbm_fill", "fault_id": "big", "share": 0.9})  # 36 of 40 blocks
+    prompt = tok.encode(PROMPTS[0])
+    core.add_request(GenerateRequest("long", prompt, SamplingParams(max_tokens=200, ignore_eos=True)))
+    for _ in range(20):  # its prompt would fit, its whole output not: it must not start (and recompute forever)
+        assert core.step() == []
+    assert core.stats().num_waiting == 1 and core.scheduler.preemptions_total == 0
+    faults.handle({"type": "hbm_release", "fault_id": "big"})
+    assert drive(core)["long"] == greedy_reference("tiny", prompt, 200, ignore_eos=True)
