@@ -44,6 +44,9 @@ from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayo
 from harness.errors import ConfigError, HarnessError
 
 log = logging.getLogger(__name__)
+# Heartbeats go out every second; the p99 over the TPOT window sorts thousands of samples, which
+# is too much to redo after every decode step of a small model.
+STATS_REFRESH_S = 0.1
 
 
 def _request(msg: dict) -> GenerateRequest:
@@ -72,6 +75,7 @@ class PDWorker:
         self.migration = LiveMigration(self)
         self.window = RecentWindow()
         self._stats_cache: dict = self._stats()
+        self._stats_at = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: asyncio.Queue | None = None
         self.receiver: KVReceiver | None = None
@@ -122,7 +126,8 @@ class PDWorker:
                                   "text": ev.text, "finished": ev.finished,
                                   "finish_reason": ev.finish_reason.value if ev.finish_reason else None,
                                   "num_output_tokens": ev.num_output_tokens, "error": ev.error})
-            self._stats_cache = self._stats()
+            if time.monotonic() - self._stats_at >= STATS_REFRESH_S:
+                self._stats_cache, self._stats_at = self._stats(), time.monotonic()
 
     def _stats(self) -> dict:
         """Heartbeat stats: the engine's plus the health detector's and degradation controller's inputs."""
