@@ -321,13 +321,12 @@ class EngineCore:
             raise KVIntegrityError(f"import of {handle.req.request_id} committed with layers {sorted(missing)} "
                                    "missing; its blocks were freed", fix="resend every layer, then commit")
         self.tokenizer.validate([first_token_id], "first_token_id")
-        seq = self._new_sequence(handle.req, resolve_seed(handle.req.params), list(handle.req.resume_token_ids))
+        streamed = list(handle.req.resume_token_ids) + ([] if stream_first else [first_token_id])
+        seq = self._new_sequence(handle.req, resolve_seed(handle.req.params), streamed)
         seq.block_table, handle.blocks = handle.blocks, []
         seq.num_computed = handle.num_tokens
         if stream_first:
             seq.pending_token = first_token_id
-        else:
-            seq.tracker.output_ids.append(first_token_id)
         self._join_running(seq)
 
     def cancel_import(self, handle: ImportHandle) -> None:

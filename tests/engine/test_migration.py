@@ -27,9 +27,37 @@ from harness.engine.router import encode_msg, read_msg
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
 
-pytestmark = pytest.mark.slow
 tok = ByteTokenizer()
 PROMPT, MAX_TOKENS = "migrate this stream, token for token: ", 300
+
+
+def test_engine_level_handover_keeps_tokens_and_text_exact():
+    """pause + read_kv on the source, begin/commit_import(stream_first=False) on the target."""
+    cfg = EngineConfig(preset="tiny")
+    source, target = EngineCore(cfg), EngineCore(cfg)
+    req = GenerateRequest("h", tok.encode(PROMPT), SamplingParams(max_tokens=60, ignore_eos=True))
+    source.add_request(req)
+    tokens, text = [], ""
+    while len(tokens) < 17:
+        for ev in source.step():
+            tokens += ev.token_ids
+            text += ev.text
+    all_tokens = source.pause_request("h")
+    assert all_tokens == req.prompt_token_ids + tokens
+    kv_tokens = len(all_tokens) - 1
+    moved = GenerateRequest("h", req.prompt_token_ids, req.params, resume_token_ids=tokens[:-1])
+    handle = target.begin_import(moved, kv_tokens)
+    for layer, (k, v) in enumerate(source.read_kv("h", kv_tokens)):
+        handle.write_layer(layer, k, v)
+    target.commit_import(handle, tokens[-1], stream_first=False)
+    assert source.release_paused("h") and source.pool.num_free == source.pool.num_blocks
+    for ev in target.run_to_completion()["h"]:
+        tokens += ev.token_ids
+        text += ev.text
+    expected = greedy_reference("tiny", req.prompt_token_ids, 60, ignore_eos=True)
+    assert tokens == expected
+    detok = tok.detokenizer()
+    assert text == detok.push(expected) + detok.flush()
 
 
 class FakeRouter:
@@ -145,6 +173,7 @@ def drain(router: FakeRouter, wid: str, events: list) -> None:
             events.append((wid, msg))
 
 
+@pytest.mark.slow
 def test_live_migration_continues_the_stream_token_exact_on_the_target(cluster):
     router, rid = cluster, "m1#0"
     req = start_stream(router, rid)
@@ -177,6 +206,7 @@ def test_live_migration_continues_the_stream_token_exact_on_the_target(cluster):
         assert time.monotonic() < deadline, f"the source kept the migrated request: {stats}"
 
 
+@pytest.mark.slow
 def test_failed_migration_leaves_the_stream_on_the_source(cluster):
     router, rid = cluster, "m2#0"
     req = start_stream(router, rid)
@@ -197,6 +227,7 @@ def test_failed_migration_leaves_the_stream_on_the_source(cluster):
     assert tokens == greedy_reference("tiny", req.prompt_token_ids, MAX_TOKENS, ignore_eos=True)
 
 
+@pytest.mark.slow
 def test_migrate_out_without_num_tokens_is_refused_with_the_fix(cluster):
     router, rid = cluster, "m3#0"
     start_stream(router, rid)
@@ -206,6 +237,7 @@ def test_migrate_out_without_num_tokens_is_refused_with_the_fix(cluster):
     router.send("dA", {"type": "abort", "rid": rid})
 
 
+@pytest.mark.slow
 def test_fault_commands_over_the_control_connection(cluster):
     router = cluster
     router.send("dA", {"type": "hbm_fill", "fault_id": "f1", "share": 0.4})
