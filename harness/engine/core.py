@@ -434,6 +434,9 @@ class EngineCore:
         KV (blocks) until ``release_paused`` or ``resume_request``. Returns its tokens (prompt +
         output); the KV of all but the last is cached."""
         seq = self.requests.get(request_id)
+        if seq is not None and seq.status is RequestStatus.SWAPPED and not self.offload.fetch_now(seq):
+            raise EngineError(f"request {request_id!r} is offloaded and its KV cannot come back to HBM now",
+                              fix="migrate a resident request, or retry when blocks are free")
         if seq is None or seq.status is not RequestStatus.RUNNING:
             raise EngineError(f"request {request_id!r} is not running here "
                               f"({seq.status.value if seq else 'unknown'})",

@@ -201,6 +201,15 @@ class OffloadManager:
         self.fetches_total += 1
         self._fetch_s.append(time.perf_counter() - t0)
 
+    def fetch_now(self, seq: Sequence) -> bool:
+        """Bring one swapped request back out of turn (live migration reads its KV from HBM);
+        False when the free blocks cannot hold it or its copy failed verification."""
+        if seq not in self.swapped or self.pool.blocks_for(seq.num_computed + 1) > self.pool.num_free:
+            return False
+        self.swapped.remove(seq)
+        self._fetch(seq)
+        return seq.status is RequestStatus.RUNNING
+
     def discard(self, seq: Sequence) -> None:
         """A swapped request finished or was aborted: drop its offloaded copy."""
         if seq in self.swapped:

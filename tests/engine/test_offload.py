@@ -10,7 +10,7 @@ from harness.engine.core import EngineCore
 from harness.engine.oracle import greedy_reference
 from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.tokenizer import ByteTokenizer
-from harness.errors import ConfigError
+from harness.errors import ConfigError, EngineError
 
 tok = ByteTokenizer()
 BLOCK_BYTES = 16 * 2048  # tiny: 2048 KV bytes per token, 16 tokens per block
@@ -145,3 +145,23 @@ def test_set_offload_switches_at_run_time_and_rejects_bad_thresholds():
 def test_offload_config_is_validated(field, value):
     with pytest.raises(ConfigError, match=field):
         EngineConfig(preset="tiny", **{field: value})
+
+
+def test_an_offloaded_request_can_be_paused_for_migration_when_blocks_are_free(expected, drive):
+    eng = engine()
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(req(f"r{i}", p))
+    out: dict[str, list[int]] = {}
+    while not eng.offload.swapped:
+        for ev in eng.step():
+            out.setdefault(ev.request_id, []).extend(ev.token_ids)
+    swapped = eng.offload.swapped[0].req.request_id
+    eng.hold_kv_blocks(eng.pool.num_free)  # no room: the pause is refused with the reason
+    with pytest.raises(EngineError, match="offloaded"):
+        eng.pause_request(swapped)
+    eng.release_kv_blocks()
+    tokens = eng.pause_request(swapped)      # fetched back (checksums verified), then paused
+    assert tokens[-len(out[swapped]):] == out[swapped]
+    assert eng.resume_request(swapped)       # e.g. the migration failed: it simply continues here
+    rest = drive(eng)
+    assert {rid: out.get(rid, []) + rest.get(rid, []) for rid in expected} == expected
