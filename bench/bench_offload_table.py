@@ -13,12 +13,10 @@ same run.
 
 from __future__ import annotations
 
-import argparse
 import time
 
-import torch
-
 from bench_engine import prompt, table
+from bench_speculative_table import table_args
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
 from harness.engine.protocol import GenerateRequest, SamplingParams
@@ -53,11 +51,7 @@ def run(preset: str, budget_blocks: int, n: int, offload: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = table_args(__doc__)
     budget = 40 if args.quick else 80          # blocks in the HBM tier
     c0 = budget // 4                           # 4 blocks per request
     base = run(args.preset, budget, c0, offload=False)

@@ -62,12 +62,17 @@ def max_concurrency(preset: str, speculative: bool, budget_blocks: int, most: in
     return lo
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def table_args(doc: str) -> argparse.Namespace:
+    """--preset and --quick of the seed-table benchmarks; one torch thread, like a worker."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="smaller runs")
     torch.set_num_threads(1)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = table_args(__doc__)
     steps = 10 if args.quick else 40
     budget = 96  # blocks: (64 + 64) tokens = 8 blocks per request, about 12 requests
     kv = {on: peak_kv_per_request(args.preset, on) for on in (True, False)}
