@@ -1,5 +1,7 @@
 """Degradation controller: triggers, one level per change, dwell, hysteresis, events."""
 
+import time
+
 import pytest
 
 from harness.engine.degradation import DegradationConfig, DegradationController, Signals
@@ -89,9 +91,8 @@ FAST = {"hbm": [0.1, 0.2, 0.3, 0.4, 0.9], "queue": [None] * 5, "health": [None] 
 
 
 def _wait_level(url, level, timeout_s=30.0):
-    import time
-
     import httpx
+
     deadline = time.monotonic() + timeout_s
     while (state := httpx.get(f"{url}/admin/degradation").json())["level"] != level:
         assert time.monotonic() < deadline, f"level stayed {state['level']}, expected {level}: {state['signals']}"
@@ -132,3 +133,38 @@ def test_levels_4_and_5_cap_and_refuse_then_recover():
         metrics = httpx.get(f"{url}/metrics").text
         assert "pdengine_degradation_level 0.0" in metrics
         assert 'pdengine_degradation_rejected_requests_total{status="503"} 1.0' in metrics
+
+
+@pytest.mark.slow
+def test_level_1_answers_429_with_retry_after_while_requests_wait_for_kv():
+    import threading
+
+    import httpx
+
+    from harness.engine.topology import Topology
+
+    l1_only = {"hbm": [0.1, None, None, None, None], "queue": [None] * 5, "health": [None] * 5,
+               "min_dwell_s": 0.2, "l1_queue_cap": 1, "retry_after_s": 2}
+    with Topology(prefill=1, decode=1, preset="tiny",
+                  router_config={"degradation": l1_only, "auto_migrate": False}) as topo:
+        url = topo.api_url
+        # leave less free KV than 1.2 x a 900-token request needs, so it waits for a placement
+        fill = httpx.post(f"{url}/admin/faults/hbm_fill", json={"worker": "decode-0", "share": 0.97}).json()
+        _wait_level(url, 1)
+        body = {"model": "tiny", "prompt": "wait for me", "max_tokens": 900, "ignore_eos": True, "temperature": 0}
+        waiting: dict = {}
+        t = threading.Thread(target=lambda: waiting.setdefault(
+            "r", httpx.post(f"{url}/v1/completions", json=body, timeout=120)))
+        t.start()
+        try:
+            deadline = time.monotonic() + 20
+            while httpx.get(f"{url}/admin/degradation").json()["signals"]["queue"] < 1:
+                assert time.monotonic() < deadline, "the big request never queued"
+                time.sleep(0.05)  # polling the admin API
+            r = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 4}, timeout=30)
+            assert r.status_code == 429 and r.headers["Retry-After"] == "2"
+            assert r.json()["error"]["type"] == "rate_limit_error" and "admission control" in r.json()["error"]["message"]
+        finally:
+            httpx.delete(f"{url}/admin/faults/hbm_fill/{fill['fault_id']}")
+            t.join(120)
+        assert waiting["r"].status_code == 200  # the queued request was served once KV was free
