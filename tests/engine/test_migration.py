@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -212,7 +213,9 @@ def test_failed_migration_leaves_the_stream_on_the_source(cluster):
     req = start_stream(router, rid)
     events = [("dA", router.wait("dA", "tokens", rid))]
     generated, _ = assemble(events, rid)
-    dead_port = 9  # the discard port: nothing listens on loopback
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
     router.send("dA", {"type": "migrate_out", "rid": rid, "num_tokens": len(req.prompt_token_ids) + len(generated),
                        "target_kv": ["127.0.0.1", dead_port], "target_id": "nowhere",
                        "transfer": {"max_retries": 0, "timeout_s": 1.0}})
