@@ -114,3 +114,23 @@ def test_migration_disabled_is_refused():
     with Topology(prefill=1, decode=2, preset=PRESET, router_config={"migration_enabled": False}) as t:
         r = httpx.post(f"{t.api_url}/admin/migrate", json={"source": "decode-0"})
         assert r.status_code == 409 and "migration_enabled: false" in r.json()["error"]["message"]
+
+
+def test_health_decision_migrates_off_a_sick_worker():
+    # HBM growth weighted fully (w_hbm 1.0): filling half the pool scores 1.0, well above 0.6
+    config = {"degradation_enabled": False, "health": {"w_hbm": 1.0, "window": 5, "min_snapshots": 5}}
+    with Topology(prefill=1, decode=2, preset=PRESET, router_config=config) as t:
+        prompt = "A worker is getting sick under me:"
+        threads, recs = start_streams(t.api_url, [prompt], max_tokens=900)
+        sick = busy_decode(t)["id"]
+        time.sleep(1.5)  # a few heartbeats of a steady baseline
+        fill = httpx.post(f"{t.api_url}/admin/faults/hbm_fill", json={"worker": sick, "share": 0.5}).json()
+        assert fill["active"], fill
+        join(threads)
+        rec = recs[0]
+        assert rec.status == "ok" and rec.token_ids == oracle(prompt, 900)
+        decision = next(e for e in t.events() if e["type"] == "health_decision" and e["worker"] == sick)
+        assert decision["score"] > 0.6 and decision["evict_count"] == 1 and decision["plans"]
+        done = next(e for e in t.events() if e["type"] == "migration_done")
+        assert done["source"] == sick and done["reason"].startswith("health score")
+        assert rec.served_by == [sick, done["target"]]
