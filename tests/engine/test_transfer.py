@@ -242,7 +242,7 @@ def test_truncated_connection_resends_only_missing_layers(receiver):
     stats = TransferStats()
     try:
         via_proxy = Endpoint(*proxy.getsockname()[:2], PATH_FABRIC)
-        result = deliver(KVSender("r5", LAYERS, via_proxy, control, TransferConfig(), stats), kv)
+        result = deliver(KVSender("r5", LAYERS, via_proxy, control, TransferConfig(timeout_s=20.0), stats), kv)
     finally:
         proxy.close()
         acceptor.join(5)
@@ -250,7 +250,9 @@ def test_truncated_connection_resends_only_missing_layers(receiver):
             c.close()
         for t in threads:
             t.join(5)
-    assert not result.fallback and result.retries == 1
+    # Whether the cut is seen by the streaming thread (a broken stream: the first delivery attempt
+    # reconnects and asks what is missing) or only at END (one retry) depends on scheduling.
+    assert not result.fallback and result.retries in (0, 1)
     assert rx_stats.snapshot()["rejected"].get("truncated") == 1
     assert torch.equal(sink.assembled("r5"), kv)
     assert sorted(start for _, start, _ in sink.writes) == [0, 1, 2, 3]  # layer 0 was not sent twice
