@@ -7,9 +7,9 @@ client-side TTFT in each mode, their ratio, and the transfer time left exposed a
 finished (``kv_transfer`` events: delivery time minus prefill time), which is what the seed's
 "直传延迟 / 分层传输延迟" columns compare.
 
-The presets cap context at 4096 tokens (medium) and a 32K-token prefill takes minutes on two CPU
-cores, so the default run uses the small preset at 512 / 1024 / 2000 tokens; pass
-``--preset medium --contexts 2048,4000`` for longer ones (8K and 32K are not reachable).
+The default run uses the small preset at 512 / 1024 / 2000 tokens. For the seed's 2K / 8K / 32K
+rows use the ``long`` preset (context up to 33792 tokens; a 32K-token prefill takes minutes on two
+CPU cores): ``--preset long --contexts 2048,8192,32768 --repeats 1``.
 
     .venv/bin/python bench/bench_ttft_layerwise.py
 """

@@ -100,6 +100,10 @@ PRESETS: dict[str, ModelConfig] = {
     # Bandwidth work: 64 KiB of KV per token, a 2K-token prefill still takes seconds.
     "medium": ModelConfig(name="medium", dim=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,
                           ffn_dim=1024, max_seq_len=4096, seed=3),
+    # Long contexts (Section 3.3's 2K / 8K / 32K rows): a narrow model, so a 32K-token prefill is
+    # bounded by its quadratic attention rather than by the weights, and 4 KiB of KV per token.
+    "long": ModelConfig(name="long", dim=64, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=16,
+                        ffn_dim=128, max_seq_len=33792, seed=4),
 }
 
 
