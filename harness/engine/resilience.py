@@ -216,7 +216,10 @@ class ResilienceControl:
                                  evict_count=decision.evict_count,
                                  plans=[{"request": p.request_id, "target": p.target} for p in decision.plans],
                                  unplaced=decision.unplaced)
-        det.snapshots.clear()  # act on one bad trend once; the window refills from here
+        if decision.plans or decision.evict_count:
+            det.snapshots.clear()  # act on one bad trend once; the window refills from here
+        # else: nothing could be moved right now (no running request to shed, say): keep the window,
+        # so the trend is still seen at the next heartbeat instead of being forgotten.
         if decision.plans:
             task = asyncio.get_running_loop().create_task(self._run_plans(worker_id, decision.plans))
             self._shedding[worker_id] = task

@@ -93,8 +93,9 @@ def test_outputs_are_token_exact_against_the_oracle(healthy):
     for p, rec in zip(prompts, recs):
         assert_exact(rec, p, 24)
         assert rec.served_by and rec.served_by[0].startswith("decode-")
-    metrics = httpx.get(f"{healthy.api_url}/metrics").text
-    assert 'pdengine_kv_transfer_transfers_total{path="fabric"' in metrics
+    # Workers report their transfer counters with their heartbeats (every second): wait for one.
+    metric = 'pdengine_kv_transfer_transfers_total{path="fabric"'
+    wait_for(lambda: metric in httpx.get(f"{healthy.api_url}/metrics").text, what="transfer counters in /metrics")
 
 
 def test_sigkill_decode_while_streaming_resumes_token_exact(healthy):

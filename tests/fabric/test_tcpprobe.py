@@ -10,7 +10,7 @@ from harness.checks.verdict import Status
 from harness.errors import ConfigError
 from harness.fabric.bandwidth import Station
 from harness.fabric.tcpprobe import sample_tcp_class
-from harness.fabric.verdicts import pfc_isolation_verdict
+from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict
 from harness.faults import FaultRunner, Ledger, PfcStorm
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -32,7 +32,13 @@ def _storm_run(fabric, tmp_path):
                                   lossless_ports=ports)
         runner.revert(storm)
     after = sample_tcp_class(client, server, label="after", rr_seconds=1.5, bulk_seconds=1.5, lossless_ports=ports)
-    return pfc_isolation_verdict(Checklist.load(), before, during, after, {"target": storm.target})
+    # Margin for a loaded 2-core machine: the flood in the lossless class competes with the probe for
+    # CPU, which adds a millisecond or two of jitter to sub-millisecond round trips. The shipped 1.5x
+    # stays in checklists/section6.yaml for the suite; here a broken isolation (TCP in the paused
+    # class) still fails by two orders of magnitude (round trips wait out 300 ms pauses).
+    checklist = Checklist.load().with_overrides({ITEM_PFC_ISOLATION: {"tcp_p99_latency_ratio": 5.0}},
+                                                origin="tests/fabric/test_tcpprobe.py (CPU-noise margin)")
+    return pfc_isolation_verdict(checklist, before, during, after, {"target": storm.target})
 
 
 def test_tcp_class_keeps_latency_and_throughput_through_a_storm(make_fabric, tmp_path):
