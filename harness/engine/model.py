@@ -44,14 +44,32 @@ class AttentionBackend(Protocol):
         ...
 
 
+# Score elements (heads x query rows x context) computed at once: a 32K-token prompt's full
+# score matrix would need 32 GiB in float64; query blocks keep one block near 128 MiB.
+MAX_SCORE_ELEMENTS = 1 << 24
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, start_pos: int) -> Tensor:
     """Attention of one sequence's new tokens over its context.
 
     q: [n, H, hd] new tokens at positions start_pos .. start_pos+n-1;
     k, v: [ctx, KVH, hd] with ctx == start_pos + n (positions 0 .. ctx-1); returns [n, H, hd].
     Query head h reads KV head h // (H // KVH) (grouped-query attention); the group is folded
-    into the query rows rather than copying K/V per head.
+    into the query rows rather than copying K/V per head. Long prompts go in blocks of query
+    rows, each attending only to the keys up to its last row (causal), so memory stays bounded.
     """
+    n, n_heads, _ = q.shape
+    ctx = k.shape[0]
+    assert ctx == start_pos + n, (ctx, start_pos, n)
+    rows = max(1, MAX_SCORE_ELEMENTS // (n_heads * ctx))
+    if n <= rows:
+        return _causal_block(q, k, v, start_pos)
+    out = [_causal_block(q[i:i + rows], k[:start_pos + i + rows], v[:start_pos + i + rows], start_pos + i)
+           for i in range(0, n, rows)]  # the last slice is shorter: k[:ctx]
+    return torch.cat(out)
+
+
+def _causal_block(q: Tensor, k: Tensor, v: Tensor, start_pos: int) -> Tensor:
     n, n_heads, head_dim = q.shape
     ctx, n_kv_heads, _ = k.shape
     assert ctx == start_pos + n, (ctx, start_pos, n)

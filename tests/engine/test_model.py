@@ -79,6 +79,22 @@ def test_grouped_query_attention_matches_repeated_heads():
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
+def test_long_prompts_attend_in_query_blocks_with_the_same_result(monkeypatch):
+    import harness.engine.model as model_module
+
+    q = torch.randn(50, 4, 8, dtype=torch.float64)
+    k = torch.randn(60, 2, 8, dtype=torch.float64)
+    v = torch.randn(60, 2, 8, dtype=torch.float64)
+    whole = causal_attention(q, k, v, start_pos=10)
+    seen = []
+    real = model_module._causal_block
+    monkeypatch.setattr(model_module, "_causal_block", lambda *a: seen.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(model_module, "MAX_SCORE_ELEMENTS", 4 * 60 * 7)  # 7 query rows per block
+    blocked = causal_attention(q, k, v, start_pos=10)
+    assert seen == [7] * 7 + [1]
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_other_dtypes_build_the_same_model_approximately(dtype):
     low = Transformer(ModelConfig.from_name("tiny", dtype=dtype))
