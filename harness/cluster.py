@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
@@ -28,7 +28,9 @@ ROLES = ("router", "prefill", "decode")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TOP_KEYS = {"name", "kind", "description", "bundled", "endpoints", "hosts", "thresholds", "safety", "fabric"}
 _FABRIC_KEYS = {"enabled", "line_rate_bps", "mtu", "lossless_share", "tcp_in_lossless"}
-_BUNDLED_KEYS = {"prefill", "decode", "preset", "host", "router", "ready_timeout_s"}
+_BUNDLED_KEYS = {"prefill", "decode", "preset", "host", "router", "engine", "ready_timeout_s"}
+# set by the harness per worker, not by a cluster file
+_ENGINE_RESERVED = {"preset": "bundled.preset", "name": "the worker id"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class BundledSettings:
     preset: str = "tiny"
     host: str = "127.0.0.1"
     router: dict[str, Any] = field(default_factory=dict)  # router config knobs (sabotage included)
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields of every worker
     ready_timeout_s: float = 120.0
 
 
@@ -252,7 +255,42 @@ def _parse_bundled(source: str, raw: Any) -> BundledSettings:
         decode=_positive_int(source, "bundled.decode", raw.get("decode", 2)),
         preset=_text(source, "bundled.preset", raw.get("preset", "tiny")),
         host=_text(source, "bundled.host", raw.get("host", "127.0.0.1")),
-        router=dict(router), ready_timeout_s=timeout)
+        router=dict(router), engine=_parse_engine(source, raw.get("engine"), raw.get("preset", "tiny")),
+        ready_timeout_s=timeout)
+
+
+def _parse_engine(source: str, raw: Any, preset: Any) -> dict[str, Any]:
+    """``bundled.engine``: EngineConfig fields, checked by EngineConfig's own validation one key
+    at a time (so the error names the key), then together."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise field_error(source, "bundled.engine", f"expected a mapping of engine settings, got {raw!r}",
+                          "write e.g. `engine: {ecc_handling: false}`")
+    if not raw:
+        return {}
+    from harness.engine.config import EngineConfig  # imports torch: only when a file sets engine fields
+
+    def check(where: str, **values: Any) -> None:
+        try:
+            EngineConfig(preset=preset, **values)
+        except (ConfigError, TypeError, ValueError) as exc:
+            fix = getattr(exc, "fix", None)
+            problem = str(exc).removesuffix(f" (fix: {fix})") if fix else str(exc)
+            raise field_error(source, where, problem, fix or "see EngineConfig in harness/engine/config.py") from exc
+
+    check("bundled.preset")
+    allowed = {f.name for f in fields(EngineConfig)} - set(_ENGINE_RESERVED)
+    for key, value in raw.items():
+        if key in _ENGINE_RESERVED:
+            raise field_error(source, f"bundled.engine.{key}", f"is set by the harness ({_ENGINE_RESERVED[key]})",
+                              "remove it" + ("; set bundled.preset instead" if key == "preset" else ""))
+        if key not in allowed:
+            raise field_error(source, f"bundled.engine.{key}", "unknown engine setting",
+                              f"use only {', '.join(sorted(allowed))}")
+        check(f"bundled.engine.{key}", **{key: value})
+    check("bundled.engine", **raw)
+    return dict(raw)
 
 
 def _parse_endpoints(source: str, raw: Any) -> Endpoints:
@@ -422,7 +460,8 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
     fabric, unavailable, placement = _bundled_fabric(spec, fabric_stack)
     try:
         topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
-                        router_config=dict(b.router), startup_timeout_s=b.ready_timeout_s, log_dir=log_dir,
+                        router_config=dict(b.router), engine_config=dict(b.engine),
+                        startup_timeout_s=b.ready_timeout_s, log_dir=log_dir,
                         **placement)
     except ConfigError as exc:  # the router rejected a knob: point at the cluster file, not the engine
         raise field_error(spec.path, "bundled.router", str(exc), exc.fix or "see docs/clusters.md") from exc

@@ -2,10 +2,11 @@
 
 Under load, poison KV blocks of a busy decode worker several times (blocks of running requests
 first, so each poisoning bites), through the engine's fault hook. Each fault is verified (the
-worker reports the blocks quarantined), held while the worker keeps serving, then reverted
-(the "replaced page" returns, zeroed). Judged by harness/checks/ecc.py: poisoned blocks stay
-out of service while poisoned, every request on them completes token-exactly; and the run's
-nothing-lost invariant.
+worker reports the blocks' memory poisoned), held while the worker keeps serving and its
+``kv_blocks_quarantined`` is polled, then reverted (the "replaced page" returns, zeroed). Judged
+by harness/checks/ecc.py: poisoned blocks stay out of service while poisoned, every request on
+them completes token-exactly; and the run's nothing-lost invariant. An engine that ignores the
+page-retirement signal (clusters/local-no-ecc.yaml) fails both.
 
 What this exercises, honestly: the engine's handling of a page the node agent marked bad. It
 does not make a GPU raise an ECC error (REFERENCE.md: DCGM injection only fakes monitoring).
@@ -77,7 +78,7 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
         held_until = time.monotonic() + HOLD_S
         while time.monotonic() < held_until:
             w = next((w for w in timeline.workers() if w["id"] == target["id"]), {})
-            seen = int(w.get("kv_blocks_poisoned", 0))
+            seen = int(w.get("kv_blocks_quarantined", 0))
             p.min_quarantined = seen if p.min_quarantined is None else min(p.min_quarantined, seen)
             time.sleep(POLL_S)
         faults.revert(fault)

@@ -2,7 +2,9 @@
 pages are quarantined and never served.
 
 Per poisoning, while the fault is active the worker must keep every poisoned block out of service
-(``kv_blocks_poisoned`` never below the count poisoned, polled through the admin API), and every
+(``kv_blocks_quarantined`` never below the count poisoned, polled through the admin API; the
+fault's own verify reads ``kv_blocks_poisoned``, which says the memory went bad, not that the
+engine did anything about it), and every
 request whose KV was on those blocks must still complete token-exactly (it was recomputed) or end
 with a clear error. Poisoned bytes are NaN on the bundled engine, so a block served again would
 turn its request's output into garbage, which the oracle comparison catches.
@@ -10,11 +12,12 @@ turn its request's output into garbage, which the oracle comparison catches.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from harness.checks.thresholds import Checklist
-from harness.checks.verdict import Measurement, Verdict, judge
+from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.probes.records import RequestRecord
 
 ITEM = "ecc"
@@ -25,7 +28,7 @@ class Poisoning:
     worker: str
     blocks: list[int]
     affected: list[str]                       # attempt ids (``<request id>#<n>``) the worker recomputed
-    min_quarantined: int | None = None        # lowest kv_blocks_poisoned seen while active
+    min_quarantined: int | None = None        # lowest kv_blocks_quarantined seen while active
     outcomes: dict[str, str] = field(default_factory=dict)  # request id -> how it ended
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,13 +61,21 @@ def _recovered(outcome: str) -> bool:
 def ecc_verdict(poisonings: Sequence[Poisoning], checklist: Checklist) -> Verdict:
     item = checklist.item(ITEM)
     t = item.thresholds
-    reused = sum(max(0, len(p.blocks) - p.min_quarantined) for p in poisonings if p.min_quarantined is not None)
+    escaped = {i: max(0, len(p.blocks) - p.min_quarantined) for i, p in enumerate(poisonings)
+               if p.min_quarantined is not None}
+    reused = sum(escaped.values())
+    named = "; ".join(f"{poisonings[i].worker} blocks {poisonings[i].blocks}: "
+                      f"{len(poisonings[i].blocks) - n} of {len(poisonings[i].blocks)} quarantined"
+                      for i, n in escaped.items() if n)
     not_recovered = [(p.worker, rid, o) for p in poisonings for rid, o in p.outcomes.items() if not _recovered(o)]
+    how = Counter(o for _, _, o in not_recovered)
     biting = [p for p in poisonings if p.affected]
     measurements = [
-        Measurement(t["poisoned_blocks_reused"], reused, "poisoned blocks that left quarantine while poisoned"),
+        Measurement(t["poisoned_blocks_reused"], reused, "poisoned blocks left in service while poisoned"
+                    + (f" ({named})" if named else "")),
         Measurement(t["affected_requests_not_recovered"], len(not_recovered),
-                    f"requests on poisoned blocks not recovered (of {sum(len(p.affected) for p in poisonings)})"),
+                    f"requests on poisoned blocks not recovered (of {sum(len(p.affected) for p in poisonings)})"
+                    + (f" ({', '.join(f'{n} {o}' for o, n in how.most_common())})" if how else "")),
     ]
     need = int(t["min_poisonings"].value)
     thin = None if len(biting) >= need else (f"only {len(biting)} poisoning(s) hit a running request (need {need}): "
@@ -75,7 +86,12 @@ def ecc_verdict(poisonings: Sequence[Poisoning], checklist: Checklist) -> Verdic
                             for p in poisonings]}
     if not_recovered:
         evidence["not_recovered"] = [f"{w} {rid}: {o}" for w, rid, o in not_recovered]
-    return judge(item, measurements, evidence=evidence, inconclusive_because=thin)
+    verdict = judge(item, measurements, evidence=evidence, inconclusive_because=thin)
+    # judge() words the first failing measurement; a reader should see the second one too
+    also = [m for m in measurements[1:] if m.value and not m.threshold.holds(m.value)]
+    if verdict.status is Status.FAIL and measurements[0].value and also:
+        verdict.reason += "".join(f"; also {m.what}: {m.value:.4g} {m.threshold.unit}" for m in also)
+    return verdict
 
 
 __all__ = ["ITEM", "Poisoning", "ecc_verdict", "judge_outcomes"]

@@ -135,6 +135,9 @@ class EngineConfig:
     offload_dir: str | None = None           # NVMe tier directory; None = a private temp dir
     offload_protect_priority: int = 1        # requests with priority >= this are never evicted
     offload_min_resident_steps: int = 4      # a fetched request decodes this many steps before rotating out
+    # Seed 5.1 Layer 2: act on the node agent's page-retirement signal (quarantine a poisoned KV
+    # block, recompute its request). False = an engine that ignores it (clusters/local-no-ecc.yaml).
+    ecc_handling: bool = True
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
@@ -158,6 +161,9 @@ class EngineConfig:
         if not isinstance(self.offload_min_resident_steps, int) or self.offload_min_resident_steps < 1:
             raise ConfigError(f"offload_min_resident_steps must be >= 1, got {self.offload_min_resident_steps!r}",
                               fix="use 4: fewer makes requests swap in and out every step")
+        if not isinstance(self.ecc_handling, bool):
+            raise ConfigError(f"ecc_handling must be true or false, got {self.ecc_handling!r}",
+                              fix="set ecc_handling: true (false only to prove the ECC suite can fail)")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer or None, got {self.num_threads!r}",
                               fix="set num_threads=1 per engine process on a small machine")

@@ -167,6 +167,7 @@ class EngineCore:
             extra={"preemptions_total": float(self.scheduler.preemptions_total),
                    "kv_blocks_free": float(self.pool.num_free),
                    "kv_blocks_quarantined": float(len(self.pool.quarantined)),
+                   "kv_blocks_poisoned": float(len(self.pool.poisoned)),
                    "kv_blocks_held": float(len(self.held_blocks)),
                    **{f"offload_{tier}_bytes": float(n) for tier, n in self.offload.store.used.items()},
                    "offload_fetch_seconds_mean": self.offload.stats()["offload_fetch_s"],
@@ -352,20 +353,25 @@ class EngineCore:
         return len(released)
 
     def poison_kv_block(self, block: int | None = None) -> dict:
-        """ECC poisoning: one block's memory goes bad. Its bytes are overwritten with NaN, the
-        block is quarantined, and the request whose KV it held is preempted and recomputed from
-        its tokens, so that request's output stays exact. ``block=None`` picks the first block of
-        the oldest running request. Returns {"block", "request_id"} (request_id None if unused)."""
+        """ECC poisoning: one block's memory goes bad (its bytes become NaN). With ``ecc_handling``
+        the block is quarantined and the request whose KV it held is preempted and recomputed from
+        its tokens, so that request's output stays exact; without it the block stays in service
+        and its request keeps decoding from the bad KV (its output goes wrong). ``block=None``
+        picks the first block of the oldest running request. Returns {"block", "request_id"}
+        (request_id: the request whose KV was on it, None if unused)."""
         if block is None:
             owners = [s for s in self.scheduler.running if s.block_table]
             if not owners:
                 raise EngineError("no running request holds KV to poison",
                                   fix="poison while requests are decoding, or name a block")
             block = owners[0].block_table[0]
-        self.pool.quarantine(block)
-        self.pool.storage[block] = float("nan")
+        handling = self.config.ecc_handling
+        self.pool.poison(block, quarantine=handling)
         owner = next((s for s in self.requests.values() if block in s.block_table), None)
-        if owner is not None and owner.status is RequestStatus.RUNNING:
+        if owner is not None and not handling:
+            logger.warning("KV block %d is poisoned and ECC handling is off: request %s keeps reading it",
+                           block, owner.req.request_id)
+        elif owner is not None and owner.status is RequestStatus.RUNNING:
             logger.warning("KV block %d is poisoned: recomputing request %s", block, owner.req.request_id)
             if owner.pending_token is not None:  # an imported first token: stream it first
                 self._events.append(self._emit_pending(owner))
@@ -389,8 +395,8 @@ class EngineCore:
         return {"blocks": list(blocks), "request_ids": sorted({r for r in affected if r is not None})}
 
     def restore_quarantined_blocks(self, blocks: list[int] | None = None) -> int:
-        """Revert poisoning: quarantined blocks (all, or ``blocks``) that nothing references return
-        to service, zeroed."""
+        """Revert poisoning (the page is replaced): poisoned blocks (all, or ``blocks``) get zeroed
+        memory; quarantined ones that nothing references return to service."""
         return self.pool.restore(blocks)
 
     # ---- migration -----------------------------------------------------------------------

@@ -52,7 +52,8 @@ class KVBlockPool:
                                    dtype=dtype, device=device)
         self.ref_counts = [0] * num_blocks
         self.free_blocks: deque[int] = deque(range(num_blocks))
-        self.quarantined: set[int] = set()
+        self.quarantined: set[int] = set()   # out of service: never handed out
+        self.poisoned: set[int] = set()      # memory bad now (an ECC fault), quarantined or not
         self.num_held = 0  # allocated to no request (an HBM-fill fault): not usable for KV either
 
     # ---- accounting ---------------------------------------------------------------------
@@ -99,25 +100,41 @@ class KVBlockPool:
             if self.ref_counts[b] == 0 and b not in self.quarantined:
                 self.free_blocks.append(b)
 
-    def quarantine(self, block: int) -> None:
-        """Take a block out of service (e.g. its memory is ECC-poisoned) until ``restore``."""
+    def _check_block(self, block: int) -> None:
         if not 0 <= block < self.num_blocks:
             raise KVIntegrityError(f"no KV block {block} (the pool has {self.num_blocks})",
                                    fix=f"pick a block in [0, {self.num_blocks})")
+
+    def quarantine(self, block: int) -> None:
+        """Take a block out of service (e.g. its memory is ECC-poisoned) until ``restore``."""
+        self._check_block(block)
         self.quarantined.add(block)
         if block in self.free_blocks:
             self.free_blocks.remove(block)
 
+    def poison(self, block: int, quarantine: bool = True) -> None:
+        """ECC poisoning: the block's bytes become NaN. ``quarantine=False`` leaves it in service
+        (an engine that ignores the page-retirement signal): its owner and later users read NaN."""
+        self._check_block(block)
+        self.storage[block] = float("nan")
+        self.poisoned.add(block)
+        if quarantine:
+            self.quarantine(block)
+
     def restore(self, blocks: list[int] | None = None) -> int:
-        """Return quarantined blocks (all, or ``blocks``) that nobody references to service,
-        zeroed; returns how many."""
-        back = [b for b in (self.quarantined if blocks is None else self.quarantined & set(blocks))
-                if self.ref_counts[b] == 0]
-        for b in back:
+        """The "replaced page": poisoned or quarantined blocks (all, or ``blocks``) get zeroed
+        memory; quarantined ones that nobody references return to service. A block left in
+        service while poisoned is zeroed where it is. Returns how many blocks were restored."""
+        wanted = self.quarantined | self.poisoned if blocks is None else set(blocks)
+        back = [b for b in wanted & self.quarantined if self.ref_counts[b] == 0]
+        in_place = [b for b in wanted & self.poisoned if b not in self.quarantined]
+        for b in back + in_place:
             self.storage[b].zero_()
+            self.poisoned.discard(b)
+        for b in back:
             self.quarantined.discard(b)
             self.free_blocks.append(b)
-        return len(back)
+        return len(back) + len(in_place)
 
     def check_invariants(self) -> None:
         free = set(self.free_blocks)

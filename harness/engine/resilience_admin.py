@@ -143,8 +143,8 @@ class ResilienceMetrics:
         yield score
         used = GaugeMetricFamily(f"{PREFIX}_worker_kv_used_ratio", "KV pool use incl. fill reservations",
                                  labels=["worker"])
-        poisoned = GaugeMetricFamily(f"{PREFIX}_worker_kv_blocks_poisoned", "KV blocks quarantined as poisoned",
-                                     labels=["worker"])
+        poisoned = GaugeMetricFamily(f"{PREFIX}_worker_kv_blocks_poisoned",
+                                     "KV blocks whose memory is ECC-poisoned (quarantined or not)", labels=["worker"])
         tiers = GaugeMetricFamily(f"{PREFIX}_kv_offload_bytes", "KV bytes per offload tier (seed 4.3)",
                                   labels=["worker", "tier"])
         fetch = GaugeMetricFamily(f"{PREFIX}_kv_offload_fetch_seconds", "Recent mean on-demand fetch latency",

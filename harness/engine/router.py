@@ -165,6 +165,7 @@ class Worker:
                 "kv_blocks_reserved": self.reserved_blocks,
                 "kv_used_ratio": self.stats.get("kv_used_ratio"),
                 "kv_blocks_poisoned": int(self.stats.get("kv_blocks_poisoned", 0)),
+                "kv_blocks_quarantined": int(self.stats.get("kv_blocks_quarantined", 0)),
                 "spec_enabled": bool(self.stats.get("spec_enabled")),
                 "offload": self.stats.get("offload") or {},
                 "offload_enabled": self.stats.get("offload_enabled"),

@@ -36,7 +36,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, ImportHandle
 from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.router import encode_msg, read_msg
-from harness.engine.worker_faults import WorkerFaults, kv_used_ratio
+from harness.engine.worker_faults import WorkerFaults, kv_block_faults, kv_used_ratio
 from harness.engine.worker_migration import LiveMigration
 from harness.engine.worker_stats import RecentWindow
 from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
@@ -132,7 +132,7 @@ class PDWorker:
     def _stats(self) -> dict:
         """Heartbeat stats: the engine's plus the health detector's and degradation controller's inputs."""
         stats = asdict(self.core.stats())
-        stats.update(kv_used_ratio=kv_used_ratio(self.core), kv_blocks_poisoned=len(self.core.pool.quarantined),
+        stats.update(kv_used_ratio=kv_used_ratio(self.core), **kv_block_faults(self.core),
                      tpot_p99_ms=self.window.tpot_p99_ms(),
                      queue_depth=stats["num_waiting"] + len(self._imports) + len(self._jobs) + len(self._senders),
                      retrans_rate=self.window.retrans_rate(self.transfer_stats.snapshot()),

@@ -4,7 +4,9 @@ The router sends ``hbm_fill`` / ``hbm_release`` / ``ecc_poison`` / ``ecc_clear``
 a ``fault_state`` event the harness uses to verify the fault took effect (and was undone).
 HBM fill holds a share of the KV block pool out of the free list (and, on CUDA, the same number
 of bytes of real device memory, so a real allocator sees the pressure too); ECC poisoning
-quarantines physical blocks and recomputes the requests whose KV they held (EngineCore hooks).
+ruins physical blocks and, with ``ecc_handling`` on, quarantines them and recomputes the requests
+whose KV they held (EngineCore hooks). Stats keep the two facts apart: ``kv_blocks_poisoned``
+(memory bad now, whatever the engine does about it) and ``kv_blocks_quarantined`` (out of service).
 Runs on the engine thread, like every other engine call.
 """
 
@@ -26,6 +28,11 @@ def kv_used_ratio(core: EngineCore) -> float:
     quarantined (poisoned) blocks."""
     pool = core.pool
     return (pool.num_blocks - pool.num_free) / pool.num_blocks
+
+
+def kv_block_faults(core: EngineCore) -> dict[str, int]:
+    """Heartbeat / fault-reply counts: blocks whose memory is poisoned, blocks out of service."""
+    return {"kv_blocks_poisoned": len(core.pool.poisoned), "kv_blocks_quarantined": len(core.pool.quarantined)}
 
 
 @dataclass
@@ -53,8 +60,7 @@ class WorkerFaults:
         except (HarnessError, ValueError, TypeError, KeyError) as exc:
             log.warning("fault %s %s refused: %s", kind, fault_id, exc)
             state = {"active": False, "error": str(exc)}
-        return {**base, **state, "kv_used_ratio": kv_used_ratio(self.core),
-                "kv_blocks_poisoned": len(self.core.pool.quarantined)}
+        return {**base, **state, "kv_used_ratio": kv_used_ratio(self.core), **kv_block_faults(self.core)}
 
     def hbm_fill(self, fault_id: str, msg: dict) -> dict:
         if fault_id in self.fills:  # a repeated inject is answered, not applied twice
@@ -89,8 +95,9 @@ class WorkerFaults:
         return {"active": False, "blocks": released}
 
     def ecc_poison(self, fault_id: str, msg: dict) -> dict:
+        handling = self.core.config.ecc_handling
         if fault_id in self.poisons:
-            return {"active": True, "blocks": self.poisons[fault_id], "affected": []}
+            return {"active": True, "blocks": self.poisons[fault_id], "affected": [], "ecc_handling": handling}
         if msg.get("blocks") is not None:
             result = self.core.poison_kv_blocks(blocks=[int(b) for b in msg["blocks"]])
         else:
@@ -99,9 +106,16 @@ class WorkerFaults:
                 raise ValueError(f"ecc_poison count must be >= 1, got {count}")
             result = self.core.poison_kv_blocks(count=count)
         self.poisons[fault_id] = result["blocks"]
-        log.warning("ECC poison %s: blocks %s quarantined, recomputing %s", fault_id, result["blocks"],
-                    result["request_ids"])
-        return {"active": True, "blocks": result["blocks"], "affected": result["request_ids"]}
+        if handling:
+            log.warning("ECC poison %s: blocks %s quarantined, recomputing %s", fault_id, result["blocks"],
+                        result["request_ids"])
+        else:
+            log.warning("ECC poison %s: blocks %s poisoned, ECC handling is off: left in service, %s keep "
+                        "reading them", fault_id, result["blocks"], result["request_ids"])
+        # "affected": the requests whose KV was on the blocks, recomputed or not, so the harness
+        # can judge their outputs either way
+        return {"active": True, "blocks": result["blocks"], "affected": result["request_ids"],
+                "ecc_handling": handling}
 
     def ecc_clear(self, fault_id: str, msg: dict) -> dict:
         blocks = self.poisons.pop(fault_id, [])

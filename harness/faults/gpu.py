@@ -4,8 +4,10 @@
 bytes of real device memory), as if another tenant took the HBM; it is verified by the worker's
 ``kv_used_ratio`` in ``GET /admin/workers`` reaching the share, and reverted by releasing exactly
 those blocks. ``EccPoison`` marks physical KV blocks poisoned (blocks of running requests first,
-so the fault bites): the worker quarantines them and recomputes the requests that used them; it
-is verified by ``kv_blocks_poisoned`` and reverted by returning the blocks (the "replaced page").
+so the fault bites): a worker that handles ECC quarantines them and recomputes the requests that
+used them. It is verified by ``kv_blocks_poisoned`` (the blocks' memory is bad: the injection took
+effect, whatever the engine does about it; ``kv_blocks_quarantined`` is what the ECC check judges)
+and reverted by returning the blocks (the "replaced page").
 
 What these exercise, honestly labelled (REFERENCE.md): the ENGINE's reaction to memory pressure
 and to bad pages, through the same hooks a real node agent would drive. They do not make a GPU
@@ -179,13 +181,15 @@ class EccPoison(AdminFault):
         if self.reply.get("error") or not self.reply.get("blocks"):
             raise FaultError(f"ecc_poison: {self.worker_id} refused: {self.reply.get('error') or self.reply}",
                              fix="poison while the worker decodes, or name free blocks")
-        return (f"{self.worker_id}: blocks {self.reply['blocks']} poisoned, recomputing "
+        handling = "recomputing" if self.reply.get("ecc_handling", True) else "ECC handling off, still serving"
+        return (f"{self.worker_id}: blocks {self.reply['blocks']} poisoned, {handling} "
                 f"{self.reply.get('affected') or 'no request'}")
 
     def verify(self, ex: Executor) -> str:
         n = len(self.reply.get("blocks") or [])
         w = self._wait(f"kv_blocks_poisoned >= {n}", lambda w: int(w.get("kv_blocks_poisoned", 0)) >= n)
-        return f"{self.worker_id} reports {w['kv_blocks_poisoned']} quarantined block(s) (>= {n})"
+        return (f"{self.worker_id} reports {w['kv_blocks_poisoned']} poisoned block(s) (>= {n}), "
+                f"{w.get('kv_blocks_quarantined', '?')} quarantined")
 
     def plan(self) -> list[str]:
         return self._plan({"worker": self.worker_id, "count": self.count, "fault_id": self.fault_id},
@@ -194,7 +198,8 @@ class EccPoison(AdminFault):
 
 
 def _brief(w: dict[str, Any]) -> str:
-    keys = ("role", "health", "kv_used_ratio", "kv_blocks_used", "kv_blocks_total", "kv_blocks_poisoned")
+    keys = ("role", "health", "kv_used_ratio", "kv_blocks_used", "kv_blocks_total", "kv_blocks_poisoned",
+            "kv_blocks_quarantined")
     return ", ".join(f"{k}={w.get(k)}" for k in keys if k in w)
 
 

@@ -85,3 +85,12 @@ def test_ecc_verdict_counts_wrong_outputs_and_escaped_blocks():
     v = ecc_verdict([good, bad, third], CHECKLIST)
     assert v.status.value == "fail" and v.measured == 1  # one block left quarantine early
     assert any("WRONG" in line for line in v.evidence["not_recovered"])
+    assert "decode-1 blocks [3, 4]: 1 of 2 quarantined" in v.reason  # names the escaped blocks
+    assert "also requests on poisoned blocks not recovered (of 3) (1 completed WRONG): 1 requests" in v.reason
+
+
+def test_ecc_verdict_passes_when_every_block_stays_quarantined_and_outputs_are_exact():
+    ps = [Poisoning(f"decode-{i % 2}", [2 * i, 2 * i + 1], [f"r{i}#0"], min_quarantined=2) for i in range(3)]
+    judge_outcomes(ps, [record(f"r{i}", [5.0]) for i in range(3)], lambda r: True)
+    v = ecc_verdict(ps, CHECKLIST)
+    assert v.status.value == "pass" and v.measured == 0 and "quarantined)" not in v.reason

@@ -2,6 +2,7 @@
 outputs token-exact, and revert exactly (tiny preset, in-process)."""
 
 import pytest
+import torch
 
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore
@@ -9,6 +10,7 @@ from harness.engine.oracle import greedy_reference
 from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.worker_faults import WorkerFaults, kv_used_ratio
+from harness.errors import ConfigError
 
 tok = ByteTokenizer()
 BLOCK_BYTES = 16 * 2048
@@ -127,3 +129,76 @@ def test_a_request_that_cannot_finish_beside_an_hbm_fill_waits_for_the_release(c
     assert core.stats().num_waiting == 1 and core.scheduler.preemptions_total == 0
     faults.handle({"type": "hbm_release", "fault_id": "big"})
     assert drive(core)["long"] == greedy_reference("tiny", prompt, 200, ignore_eos=True)
+
+
+@pytest.fixture
+def core_without_ecc() -> EngineCore:
+    return EngineCore(EngineConfig(preset="tiny", kv_budget_bytes=40 * BLOCK_BYTES, ecc_handling=False))
+
+
+def decode_a_little(core: EngineCore) -> dict[str, list[int]]:
+    add_all(core)
+    early: dict[str, list[int]] = {}
+    for _ in range(3):  # everything is decoding now
+        for ev in core.step():
+            early.setdefault(ev.request_id, []).extend(ev.token_ids)
+    return early
+
+
+def test_with_ecc_handling_off_a_poisoned_block_stays_in_service_and_its_request_goes_wrong(core_without_ecc,
+                                                                                          drive):
+    core = core_without_ecc
+    faults = WorkerFaults(core)
+    early = decode_a_little(core)
+    owner_blocks = {rid: list(core.requests[rid].block_table) for rid in early}
+    preemptions = core.scheduler.preemptions_total
+    state = faults.handle({"type": "ecc_poison", "fault_id": "e1", "count": 2})
+    poisoned = set(state["blocks"])
+    assert state["active"] and state["ecc_handling"] is False and len(poisoned) == 2
+    assert set(state["affected"]) == {"r0", "r1"}  # whose KV was there, though nothing is recomputed
+    assert state["kv_blocks_poisoned"] == 2 and state["kv_blocks_quarantined"] == 0
+    assert not core.pool.quarantined and core.pool.poisoned == poisoned
+    assert all(torch.isnan(core.pool.storage[b]).all() for b in poisoned)
+
+    out = {rid: early[rid] + rest for rid, rest in drive(core).items()}
+    assert core.scheduler.preemptions_total == preemptions  # nobody was recomputed
+    want = expected()
+    assert out["r0"] != want["r0"] and out["r1"] != want["r1"]  # they decoded from NaN KV
+    assert out["r2"] == want["r2"]  # its KV was not poisoned
+    assert all(len(out[rid]) == MAX_TOKENS for rid in want)  # they still ran to the end
+    assert poisoned <= set(owner_blocks["r0"]) | set(owner_blocks["r1"])
+    assert poisoned <= set(core.pool.free_blocks)  # freed into service again, still poisoned
+    assert core.stats().extra["kv_blocks_poisoned"] == 2
+
+    cleared = faults.handle({"type": "ecc_clear", "fault_id": "e1"})
+    assert cleared["restored"] == 2 and cleared["kv_blocks_poisoned"] == 0
+    assert not core.pool.poisoned and all((core.pool.storage[b] == 0).all() for b in poisoned)
+    assert core.pool.num_free == core.pool.num_blocks
+    core.pool.check_invariants()
+
+
+def test_with_ecc_handling_off_poisoned_blocks_are_handed_out_to_new_requests(core_without_ecc):
+    core = core_without_ecc
+    WorkerFaults(core).handle({"type": "ecc_poison", "fault_id": "free", "blocks": [0, 1]})
+    assert core.pool.poisoned == {0, 1} and {0, 1} <= set(core.pool.free_blocks)
+    core.add_request(GenerateRequest("new", tok.encode(PROMPTS[2]), SamplingParams(max_tokens=2, ignore_eos=True)))
+    core.step()
+    assert {0, 1} & set(core.requests["new"].block_table)  # an ignored retirement signal: memory reused
+
+
+def test_with_ecc_handling_on_the_same_poisoning_is_quarantined_and_recomputed(core, drive):
+    assert core.config.ecc_handling  # the default
+    faults = WorkerFaults(core)
+    early = decode_a_little(core)
+    preemptions = core.scheduler.preemptions_total
+    state = faults.handle({"type": "ecc_poison", "fault_id": "e1", "count": 2})
+    assert state["ecc_handling"] is True and state["kv_blocks_poisoned"] == state["kv_blocks_quarantined"] == 2
+    assert {rid: early[rid] + rest for rid, rest in drive(core).items()} == expected()
+    assert core.scheduler.preemptions_total == preemptions + 2
+    assert faults.handle({"type": "ecc_clear", "fault_id": "e1"})["kv_blocks_quarantined"] == 0
+    assert not core.pool.poisoned and not core.pool.quarantined
+
+
+def test_ecc_handling_must_be_a_bool():
+    with pytest.raises(ConfigError, match="ecc_handling must be true or false"):
+        EngineConfig(preset="tiny", ecc_handling="no")

@@ -26,6 +26,11 @@ def test_every_shipped_cluster_file_validates():
         assert load_cluster(name).name == name
 
 
+def test_no_ecc_cluster_turns_ecc_handling_off_in_every_engine():
+    assert load_cluster("local-no-ecc").bundled.engine == {"ecc_handling": False}
+    assert load_cluster("local").bundled.engine == {}
+
+
 def test_sabotaged_cluster_carries_the_router_setting():
     assert load_cluster("local-sabotaged").bundled.router["reschedule_delay_s"] > 3.0
 
@@ -78,6 +83,16 @@ def test_production_cannot_allow_all(tmp_path):
     ("kind: bundled\nthresholds: {'6.1.4': {reschedule_p100_s: slow}}\n",
      "thresholds.6.1.4.reschedule_p100_s", "plain number"),
     ("kind: bundled\nfaults: []\n", "faults", "use only"),
+    ("kind: bundled\nbundled: {engine: {ecc_handeling: false}}\n", "bundled.engine.ecc_handeling",
+     "use only block_size"),
+    ("kind: bundled\nbundled: {engine: {ecc_handling: maybe}}\n", "bundled.engine.ecc_handling",
+     "set ecc_handling: true"),
+    ("kind: bundled\nbundled: {engine: {block_size: 0}}\n", "bundled.engine.block_size", "set block_size >= 1"),
+    ("kind: bundled\nbundled: {engine: {preset: small}}\n", "bundled.engine.preset", "set bundled.preset"),
+    ("kind: bundled\nbundled: {engine: [ecc_handling]}\n", "bundled.engine", "engine: {ecc_handling: false}"),
+    ("kind: bundled\nbundled: {preset: huge, engine: {ecc_handling: false}}\n", "bundled.preset", "use one of"),
+    ("kind: bundled\nbundled: {engine: {block_size: 64, kv_budget_bytes: 65536}}\n",
+     "bundled.engine", "raise kv_budget_bytes"),
 ])
 def test_malformed_files_name_file_field_and_fix(tmp_path, body, field, fix):
     path = _write(tmp_path, body)
