@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from harness.checks.thresholds import Checklist
-from harness.checks.verdict import Measurement, Status, Verdict, judge
+from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
 
 ITEM = "ecc"
@@ -74,8 +74,8 @@ def ecc_verdict(poisonings: Sequence[Poisoning], checklist: Checklist) -> Verdic
         Measurement(t["poisoned_blocks_reused"], reused, "poisoned blocks left in service while poisoned"
                     + (f" ({named})" if named else "")),
         Measurement(t["affected_requests_not_recovered"], len(not_recovered),
-                    f"requests on poisoned blocks not recovered (of {sum(len(p.affected) for p in poisonings)})"
-                    + (f" ({', '.join(f'{n} {o}' for o, n in how.most_common())})" if how else "")),
+                    f"requests on poisoned blocks not recovered (of {sum(len(p.affected) for p in poisonings)}"
+                    + (f": {', '.join(f'{n} {o}' for o, n in how.most_common())})" if how else ")")),
     ]
     need = int(t["min_poisonings"].value)
     thin = None if len(biting) >= need else (f"only {len(biting)} poisoning(s) hit a running request (need {need}): "
@@ -87,10 +87,11 @@ def ecc_verdict(poisonings: Sequence[Poisoning], checklist: Checklist) -> Verdic
     if not_recovered:
         evidence["not_recovered"] = [f"{w} {rid}: {o}" for w, rid, o in not_recovered]
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=thin)
-    # judge() words the first failing measurement; a reader should see the second one too
-    also = [m for m in measurements[1:] if m.value and not m.threshold.holds(m.value)]
-    if verdict.status is Status.FAIL and measurements[0].value and also:
-        verdict.reason += "".join(f"; also {m.what}: {m.value:.4g} {m.threshold.unit}" for m in also)
+    # judge() words the first failing measurement only; a reader should see the others too
+    failing = [m for m in measurements if m.value is not None and not m.threshold.holds(m.value)]
+    if len(failing) > 1:
+        verdict.reason = verdict.reason.rstrip(".") + "".join(
+            f"; also {m.what}: {m.value:.4g} {m.threshold.unit}" for m in failing[1:])
     return verdict
 
 

@@ -86,7 +86,7 @@ def test_ecc_verdict_counts_wrong_outputs_and_escaped_blocks():
     assert v.status.value == "fail" and v.measured == 1  # one block left quarantine early
     assert any("WRONG" in line for line in v.evidence["not_recovered"])
     assert "decode-1 blocks [3, 4]: 1 of 2 quarantined" in v.reason  # names the escaped blocks
-    assert "also requests on poisoned blocks not recovered (of 3) (1 completed WRONG): 1 requests" in v.reason
+    assert "; also requests on poisoned blocks not recovered (of 3: 1 completed WRONG): 1 requests" in v.reason
 
 
 def test_ecc_verdict_passes_when_every_block_stays_quarantined_and_outputs_are_exact():

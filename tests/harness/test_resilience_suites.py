@@ -1,6 +1,7 @@
 """The resilience suites as users run them (a real subprocess, the real bundled cluster): each
 exits 1 with a clear reason when its feature is turned off in the cluster file (the shipped
-``clusters/local-no-*.yaml``), and the degradation suite exits 0 on a cluster that has it.
+``clusters/local-no-*.yaml``: migration, degradation, offload, ECC handling), and the degradation
+suite exits 0 on a cluster that has it.
 
 The hot-migration suite's passing run lives in the suite itself (``pytest suites/``): its
 50 ms / 200 ms thresholds are timing thresholds, which a shared, loaded 2-core CI box cannot
@@ -54,3 +55,13 @@ def test_degradation_suite_passes_on_the_bundled_cluster(tmp_path):
     changes = v["6.1.3"]["evidence"]["level_changes"]
     ups = [c["to_level"] for c in changes if c["to_level"] > c["from_level"]]
     assert ups.index(2) < ups.index(3) and changes[-1]["to_level"] == 0
+
+
+def test_ecc_handling_turned_off_exits_1_naming_escaped_blocks_and_wrong_outputs(tmp_path):
+    proc, v = run_suite(tmp_path, "test_ecc_poisoning.py", "local-no-ecc")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    ecc = v["ecc"]
+    assert ecc["status"] == "fail" and ecc["measured"] > 0, ecc["reason"]
+    assert "poisoned blocks left in service while poisoned" in ecc["reason"]
+    assert "0 of 2 quarantined" in ecc["reason"] and "completed WRONG" in ecc["reason"]
+    assert v["nothing-lost"]["status"] == "fail"  # the wrong outputs are silent (HTTP 200) corruption
