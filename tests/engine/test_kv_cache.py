@@ -53,6 +53,24 @@ def test_quarantined_block_is_never_handed_out_again():
     pool.check_invariants()
 
 
+def test_poisoned_block_is_quarantined_or_left_in_service_and_restore_zeroes_it():
+    pool = _pool(4)
+    a, b = pool.allocate(2)
+    pool.poison(a)                    # handled: out of service
+    pool.poison(b, quarantine=False)  # ignored: its owner keeps it, NaN
+    assert pool.poisoned == {a, b} and pool.quarantined == {a}
+    assert torch.isnan(pool.storage[a]).all() and torch.isnan(pool.storage[b]).all()
+    pool.free([a, b])
+    assert b in pool.free_blocks and a not in pool.free_blocks  # b goes back to service poisoned
+    [c] = pool.allocate(1)
+    assert pool.restore() == 2  # a back to service, b (reused as c or not) zeroed where it is
+    assert not pool.poisoned and not pool.quarantined
+    assert (pool.storage[a] == 0).all() and (pool.storage[b] == 0).all()
+    pool.free([c])
+    assert pool.num_free == 4
+    pool.check_invariants()
+
+
 def test_paged_attention_matches_dense_attention_over_scattered_blocks():
     """Tolerance: 1e-12 absolute in float64 (paged only gathers the same numbers)."""
     pool = _pool(8, block_size=4)
