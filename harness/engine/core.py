@@ -68,6 +68,21 @@ class ImportHandle:
         self.layers_written: set[int] = set()
         self._slots = engine.pool.slots(blocks, 0, num_tokens)
 
+    @property
+    def capacity(self) -> int:
+        """KV tokens the reserved blocks can take (one slot stays free for the first decode)."""
+        return len(self.blocks) * self.engine.pool.block_size - 1
+
+    def resize(self, num_tokens: int) -> None:
+        """Expect ``num_tokens`` tokens of KV instead (live migration: the source decoded on while
+        the import was being prepared); only before any layer is written."""
+        if self.layers_written or not 1 <= num_tokens <= self.capacity:
+            raise KVIntegrityError(f"cannot resize the import of {self.req.request_id} to {num_tokens} tokens "
+                                   f"(capacity {self.capacity}, {len(self.layers_written)} layers written)",
+                                   fix="send at most the reserved number of tokens, before any layer")
+        self.num_tokens = num_tokens
+        self._slots = self.engine.pool.slots(self.blocks, 0, num_tokens)
+
     def write_layer(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
         """k, v: [num_tokens, n_kv_heads, head_dim] of layer ``layer_idx``."""
         cfg = self.engine.model_config
@@ -302,7 +317,9 @@ class EngineCore:
 
     # ---- PD: decode side -----------------------------------------------------------------
 
-    def begin_import(self, req: GenerateRequest, num_tokens: int) -> ImportHandle:
+    def begin_import(self, req: GenerateRequest, num_tokens: int, extra_tokens: int = 0) -> ImportHandle:
+        """Reserve blocks for ``num_tokens`` of KV plus the first decode, and for up to
+        ``extra_tokens`` more when that many blocks are free (see ``ImportHandle.resize``)."""
         validate_request(self.config, req)
         if req.request_id in self.requests:
             raise InvalidRequestError(f"request id {req.request_id!r} is already in use", param="request_id")
@@ -310,7 +327,10 @@ class EngineCore:
         if num_tokens != expected:
             raise KVIntegrityError(f"import of {num_tokens} tokens for a request with {expected} prompt+resume "
                                    "tokens", fix="send the KV of exactly prompt + resume tokens")
-        blocks = self.pool.allocate(self.pool.blocks_for(num_tokens + 1))  # +1: room for the first decode
+        need = self.pool.blocks_for(num_tokens + 1)  # +1: room for the first decode
+        extra_tokens = max(0, min(extra_tokens, self.config.context_len - 1 - num_tokens))
+        more = self.pool.blocks_for(num_tokens + 1 + extra_tokens) - need
+        blocks = self.pool.allocate(need + (more if self.pool.num_free >= need + more else 0))
         return ImportHandle(self, req, num_tokens, blocks)
 
     def commit_import(self, handle: ImportHandle, first_token_id: int, *, stream_first: bool = True) -> None:

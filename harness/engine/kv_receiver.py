@@ -28,7 +28,9 @@ class KVSink(Protocol):
         """kv: [layers, 2, tokens, kv_heads, head_dim], already verified. ``kv`` views a pooled
         receive buffer: call ``release()`` once it is copied (the buffer then takes later frames)."""
 
-    def kv_complete(self, request_id: str, first_token_id: int) -> None: ...
+    def kv_complete(self, request_id: str, first_token_id: int) -> None:
+        """Every layer arrived. A live migration's END also names the output tokens behind the
+        KV (``tokens=[...]``, ending with ``first_token_id``); only then is it passed."""
 
 
 class KVReceiver:
@@ -102,10 +104,13 @@ class KVReceiver:
                 if frame.kind == FrameKind.DATA:
                     self._on_data(frame, path)
                     continue
-                if frame.buffer is not None:
-                    self._pool.give(frame.buffer)
+                try:
+                    tokens = _end_tokens(frame) if frame.kind == FrameKind.END else None
+                finally:  # read before the pooled buffer goes back
+                    if frame.buffer is not None:
+                        self._pool.give(frame.buffer)
                 if frame.kind in (FrameKind.QUERY, FrameKind.END):
-                    send_frame(conn, *encode_frame(Frame.reply(frame.request_id, self._on_control(frame))))
+                    send_frame(conn, *encode_frame(Frame.reply(frame.request_id, self._on_control(frame, tokens))))
         except OSError as exc:
             log.info("KV connection on %s ended: %s", path, exc)
         finally:
@@ -157,7 +162,7 @@ class KVReceiver:
             if frame.request_id in self._have:
                 self._have[frame.request_id].update(range(frame.layer_start, frame.layer_end))
 
-    def _on_control(self, frame: Frame) -> dict:
+    def _on_control(self, frame: Frame, tokens: list[int] | None = None) -> dict:
         rid = frame.request_id
         with self._lock:
             if rid in self._completed:
@@ -171,7 +176,10 @@ class KVReceiver:
         if frame.kind == FrameKind.QUERY or missing:
             return {"ok": False, "missing": missing}
         try:
-            self.sink.kv_complete(rid, frame.aux)
+            if tokens is None:
+                self.sink.kv_complete(rid, frame.aux)
+            else:
+                self.sink.kv_complete(rid, frame.aux, tokens=tokens)
         except Exception as exc:
             return {"ok": False, "missing": [], "fatal": f"commit failed: {exc}"}
         with self._lock:
@@ -180,3 +188,13 @@ class KVReceiver:
             while len(self._completed) > 4096:
                 self._completed.popitem(last=False)
         return {"ok": True, "missing": []}
+
+
+def _end_tokens(frame: Frame) -> list[int] | None:
+    """The token list an END frame may carry (live migration); None when it carries none."""
+    if not len(frame.payload):
+        return None
+    try:
+        return [int(t) for t in frame.body()["tokens"]]
+    except (ValueError, KeyError, TypeError):
+        return None  # checksummed, so a sender bug: the commit's own checks refuse the request

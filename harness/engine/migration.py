@@ -185,7 +185,8 @@ class MigrationManager:
             ready = await asyncio.wait_for(state.ready, timeout)
             if ready["type"] != "migrate_ready":
                 raise MigrationFailed(f"target {tgt.id} refused the import: {ready.get('error')}")
-            src.send({"type": "migrate_out", "rid": att.id, "num_tokens": num_tokens, "target_id": tgt.id,
+            src.send({"type": "migrate_out", "rid": att.id, "num_tokens": num_tokens,
+                      "max_kv_tokens": ready.get("max_kv_tokens", num_tokens - 1), "target_id": tgt.id,
                       "target_kv": list(tgt.kv_addr),
                       "target_control": list(tgt.control_addr), "transfer": router.config.transfer})
             done = await asyncio.wait_for(state.done, timeout)
@@ -208,7 +209,8 @@ class MigrationManager:
         event = {"request_id": state.request_id, "source": src.id, "target": tgt.id, "reason": reason,
                  "total_s": round(time.monotonic() - state.started, 6),
                  "num_tokens": num_tokens, "import_s": state.import_s,
-                 **{k: done.get(k) for k in ("export_s", "transfer_s", "bytes", "path", "retries", "fallback")
+                 **{k: done.get(k) for k in ("export_s", "transfer_s", "bytes", "path", "retries", "fallback",
+                                               "extra_tokens")
                     if k in done}}
         router.record_event("migration_done", **event)
         return event

@@ -15,6 +15,7 @@ is the sender and its configuration, and re-exports the rest so callers import f
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import socket
@@ -131,6 +132,7 @@ class KVSender:
         self._sent_bytes = 0
         self._frames_sent = 0
         self._t0 = time.perf_counter()
+        self._end_body: bytes | None = None
         self._thread: threading.Thread | None = None
         if config.mode == "layerwise":
             self._thread = threading.Thread(target=self._stream, name=f"kv-send-{request_id}", daemon=True)
@@ -160,7 +162,10 @@ class KVSender:
         if sock is not None:
             close_socket(sock)
 
-    def finish(self, first_token_id: int) -> TransferResult:
+    def finish(self, first_token_id: int, tokens: list[int] | None = None) -> TransferResult:
+        """``tokens`` (live migration): output tokens the receiver must learn with the KV, ending
+        with ``first_token_id``; they travel in the END frame."""
+        self._end_body = None if tokens is None else json.dumps({"tokens": [int(t) for t in tokens]}).encode()
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join()
@@ -290,8 +295,9 @@ class KVSender:
                     if self._cancelled.is_set():
                         raise KVTransferError(f"transfer of {self.request_id} cancelled")
                     self._send(sock, self._frames[start], endpoint.path)
+            body = self._end_body or b""
             send_frame(sock, *encode_frame(Frame(FrameKind.END, self.request_id, 0, self.num_layers,
-                                                 aux=first_token_id)))
+                                                 shape=(len(body),), payload=body, aux=first_token_id)))
             body = self._reply(sock)
             if not body["ok"]:
                 raise _AttemptFailed(f"receiver misses layers {body['missing']}")

@@ -222,19 +222,20 @@ class PDWorker:
 
     def _reset(self) -> None:
         """The router forgot us: drop every request so nothing stale is streamed after rejoining."""
-        for rid in {*self._imports, *self.core.requests, *self._senders, *(j["rid"] for j in self._jobs)}:
+        for rid in {*self._imports, *self.core.requests, *self._senders, *(j["rid"] for j in self._jobs),
+                    *self.migration.pending()}:
             self._abort(rid)
 
     # -- KVSink, called from receiver threads
     def kv_layout(self, rid: str) -> KVLayout | None:
-        return self._layouts.get(rid)
+        return self._layouts.get(rid) or self.migration.layout(rid)
 
     def kv_write(self, rid: str, layer_start: int, kv, release) -> None:
         self._cmds.put(lambda: self._write(rid, layer_start, kv, release))
 
-    def kv_complete(self, rid: str, first_token_id: int) -> None:
+    def kv_complete(self, rid: str, first_token_id: int, tokens: list[int] | None = None) -> None:
         try:
-            self.migration.check_complete(rid, first_token_id)
+            self.migration.check_complete(rid, first_token_id, tokens)
         except HarnessError:
             self._cmds.put(lambda: self._abort(rid))
             raise

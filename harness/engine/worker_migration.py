@@ -3,12 +3,16 @@
 Protocol (the router orchestrates; ``num_tokens`` = prompt + every output token streamed so far):
 
 1. target gets ``{"type": "migrate_in", "rid", "request", "num_tokens", "generated"}``: it reserves
-   blocks for the KV of all tokens but the last generated one and answers ``migrate_ready``.
-2. source gets ``{"type": "migrate_out", "rid", "num_tokens", "target_kv": [host, port],
-   "target_control": [host, port] (optional fallback), "target_id", "transfer": {...}}``: it pauses
-   the request (no more tokens), reads its KV out of the blocks and sends it with the PD sender
-   (checksummed frames, retries, fallback path). The END frame carries the last generated token,
-   which the target checks against its own ``generated`` before it commits, so the two sides
+   blocks for the KV of all tokens but the last generated one, plus ``EXTRA_KV_TOKENS`` more, and
+   answers ``migrate_ready`` {max_kv_tokens}.
+2. source gets ``{"type": "migrate_out", "rid", "num_tokens", "max_kv_tokens", "target_kv": [host,
+   port], "target_control": [host, port] (optional fallback), "target_id", "transfer": {...}}``: it
+   pauses the request (no more tokens), reads its KV out of the blocks and sends it with the PD
+   sender (checksummed frames, retries, fallback path). The source kept decoding while the target
+   prepared, so it holds more tokens than the router's ``num_tokens``: it sends the KV of all it
+   holds but its last token (up to ``max_kv_tokens``), so the target never recomputes tokens the
+   client already has. The END frame carries the output tokens from the router's last one on;
+   the target checks the first against its own ``generated`` before it commits, so the two sides
    can never disagree silently about where the stream is.
 3. once the target has every layer it commits (``migrate_committed``) and decodes the next
    token; the source then frees the request's KV and reports ``migrated`` {export_s,
@@ -16,12 +20,14 @@ Protocol (the router orchestrates; ``num_tokens`` = prompt + every output token 
    and reports ``migrate_failed`` {error}: the stream continues on the source.
 
 The transfer is keyed ``{rid}@m{kv_tokens}`` so it never collides with the PD import of the
-same request, nor with an earlier migration of it.
+same request, nor with an earlier migration of it; the target learns ``kv_tokens`` from that key
+when the first frame arrives.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,8 +43,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Tokens the source may decode between the router's snapshot and its pause (a few steps; more
+# with speculative decoding); beyond them the target recomputes, which the router deduplicates.
+EXTRA_KV_TOKENS = 32
+
+
 def transfer_id(rid: str, kv_tokens: int) -> str:
     return f"{rid}@m{kv_tokens}"
+
+
+def parse_transfer_id(tid: str) -> tuple[str, int] | None:
+    rid, sep, n = tid.rpartition("@m")
+    return (rid, int(n)) if sep and n.isdigit() else None
 
 
 def request_from_dict(data: dict, rid: str) -> GenerateRequest:
@@ -53,15 +69,17 @@ def request_from_dict(data: dict, rid: str) -> GenerateRequest:
 class _Incoming:
     rid: str
     handle: ImportHandle
-    last_token: int
+    generated: list[int]        # the router's view: every output token streamed so far
     started: float
+    tid: str | None = None      # bound when the source's first frame names its KV length
 
 
 class LiveMigration:
     def __init__(self, worker: "PDWorker") -> None:
         self.worker = worker
         self.core = worker.core
-        self._incoming: dict[str, _Incoming] = {}   # transfer id -> import in progress
+        self._incoming: dict[str, _Incoming] = {}   # attempt id -> import in progress
+        self._bind_lock = threading.Lock()           # receiver threads bind transfers
 
     # ---- target side (engine thread) -----------------------------------------------------
 
@@ -78,31 +96,64 @@ class LiveMigration:
                 raise EngineError(f"migrate_in {rid}: num_tokens {msg['num_tokens']} != prompt "
                                   f"{len(req.prompt_token_ids)} + generated {len(generated)}",
                                   fix="num_tokens counts the prompt and every output token streamed so far")
+            if rid in self._incoming:
+                raise EngineError(f"migrate_in {rid}: a migration of it into this worker is in progress",
+                                  fix="wait for the first migration to finish")
             req.resume_token_ids = generated[:-1]
-            handle = self.core.begin_import(req, num_tokens - 1)
+            handle = self.core.begin_import(req, num_tokens - 1, extra_tokens=EXTRA_KV_TOKENS)
         except (HarnessError, KeyError, TypeError, ValueError) as exc:
             self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "target", "error": str(exc)})
             return
-        tid = transfer_id(rid, num_tokens - 1)
-        model = self.core.model_config
-        self._incoming[tid] = _Incoming(rid, handle, generated[-1], time.perf_counter())
-        self.worker._imports[tid] = handle
-        self.worker._layouts[tid] = KVLayout(model.n_layers, num_tokens - 1, model.n_kv_heads, model.head_dim,
-                                             self.core.pool.storage.dtype)
-        self.worker.publish({"type": "migrate_ready", "rid": rid, "num_tokens": num_tokens})
+        self._incoming[rid] = _Incoming(rid, handle, generated, time.perf_counter())
+        self.worker.publish({"type": "migrate_ready", "rid": rid, "num_tokens": num_tokens,
+                             "max_kv_tokens": handle.capacity})
 
-    def check_complete(self, tid: str, last_token: int) -> None:
-        """Receiver thread, before the END reply: refuse a stream that ends elsewhere than expected."""
-        incoming = self._incoming.get(tid)
-        if incoming is not None and incoming.last_token != last_token:
-            raise KVIntegrityError(f"{incoming.rid}: the source's last token {last_token} differs from the "
-                                   f"router's {incoming.last_token}", fix="migrate with the router's token count")
+    def layout(self, tid: str) -> KVLayout | None:
+        """Receiver thread: the layout of migration transfer ``tid`` (``{rid}@m{kv_tokens}``),
+        bound to its import on first sight; None when no migration of that size is expected."""
+        parsed = parse_transfer_id(tid)
+        incoming = self._incoming.get(parsed[0]) if parsed else None
+        if incoming is None:
+            return None
+        with self._bind_lock:
+            if incoming.tid is None:
+                base = incoming.handle.num_tokens
+                if not base <= parsed[1] <= incoming.handle.capacity:
+                    log.warning("%s: the source sends %d tokens of KV; %d..%d were reserved", incoming.rid,
+                                parsed[1], base, incoming.handle.capacity)
+                    return None
+                incoming.handle.resize(parsed[1])
+                model = self.core.model_config
+                self.worker._imports[tid] = incoming.handle
+                self.worker._layouts[tid] = KVLayout(model.n_layers, parsed[1], model.n_kv_heads, model.head_dim,
+                                                     self.core.pool.storage.dtype)
+                incoming.tid = tid
+        return self.worker._layouts.get(tid) if incoming.tid == tid else None
+
+    def check_complete(self, tid: str, last_token: int, tokens: list[int] | None) -> None:
+        """Receiver thread, before the END reply: refuse a stream that ends elsewhere than expected.
+        ``tokens``: the source's output tokens from the router's last one through ``last_token``."""
+        parsed = parse_transfer_id(tid)
+        incoming = self._incoming.get(parsed[0]) if parsed else None
+        if incoming is None or incoming.tid != tid:
+            return
+        tokens = [last_token] if tokens is None else tokens
+        base = len(incoming.handle.req.prompt_token_ids) + len(incoming.generated) - 1
+        if (not tokens or tokens[0] != incoming.generated[-1] or tokens[-1] != last_token
+                or len(tokens) != parsed[1] - base + 1):
+            raise KVIntegrityError(f"{incoming.rid}: the source's tokens {tokens[:4]}... (ending {last_token}) "
+                                   f"do not continue the router's stream (last token {incoming.generated[-1]}, "
+                                   f"{parsed[1] - base} more expected)", fix="migrate with the router's token count")
+        # the tokens the source decoded while the import was prepared join the resumed ones
+        incoming.handle.req.resume_token_ids = incoming.generated[:-1] + tokens[:-1]
 
     def commit(self, tid: str, first_token_id: int) -> bool:
         """Engine thread: join the migrated request; False if ``tid`` is not a migration."""
-        incoming = self._incoming.pop(tid, None)
-        if incoming is None:
+        parsed = parse_transfer_id(tid)
+        incoming = self._incoming.get(parsed[0]) if parsed else None
+        if incoming is None or incoming.tid != tid:
             return False
+        del self._incoming[incoming.rid]
         self.worker._imports.pop(tid, None)
         try:
             self.core.commit_import(incoming.handle, first_token_id, stream_first=False)
@@ -114,12 +165,22 @@ class LiveMigration:
                              "import_s": time.perf_counter() - incoming.started})
         return True
 
+    def pending(self) -> list[str]:
+        """Attempt ids of the migrations into this worker not committed yet."""
+        return list(self._incoming)
+
     def forget(self, rid: str) -> list[str]:
-        """Transfer ids of ``rid``'s pending imports (the worker cancels them on abort)."""
-        tids = [tid for tid, inc in self._incoming.items() if rid in (inc.rid, tid)]
-        for tid in tids:
-            del self._incoming[tid]
-        return tids
+        """Engine thread: drop ``rid``'s pending import; returns the transfer ids the worker must
+        cancel (the import itself is cancelled here when no transfer was bound yet)."""
+        incoming = self._incoming.pop(rid, None)
+        if incoming is None:
+            return []
+        with self._bind_lock:
+            tid, incoming.tid = incoming.tid, ""   # "" binds nothing any more
+        if tid:
+            return [tid]
+        self.core.cancel_import(incoming.handle)
+        return []
 
     # ---- source side ---------------------------------------------------------------------
 
@@ -140,7 +201,8 @@ class LiveMigration:
             self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": (
                 f"num_tokens {num_tokens} is outside (1, {len(tokens)}]: the source holds {len(tokens)} tokens")})
             return
-        kv_tokens = num_tokens - 1
+        # everything decoded here since the router's snapshot goes along, as far as the target reserved
+        kv_tokens = max(num_tokens - 1, min(len(tokens) - 1, int(msg.get("max_kv_tokens", num_tokens - 1))))
         control = msg.get("target_control")
         sender = KVSender(transfer_id(rid, kv_tokens), self.core.model_config.n_layers,
                           Endpoint(*msg["target_kv"], PATH_FABRIC),
@@ -157,12 +219,14 @@ class LiveMigration:
             self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": str(exc)})
             return
         export_s = time.perf_counter() - t0
-        self.worker._finisher.submit(self._deliver, rid, sender, tokens[kv_tokens], msg.get("target_id"), export_s)
+        self.worker._finisher.submit(self._deliver, rid, sender, tokens[num_tokens - 1:kv_tokens + 1],
+                                     msg.get("target_id"), export_s)
 
-    def _deliver(self, rid: str, sender: KVSender, last_token: int, target: str | None, export_s: float) -> None:
-        """Finisher thread: wait for the target's confirmation, then free or resume on the engine thread."""
+    def _deliver(self, rid: str, sender: KVSender, tail: list[int], target: str | None, export_s: float) -> None:
+        """Finisher thread: wait for the target's confirmation, then free or resume on the engine thread.
+        ``tail``: output tokens from the router's last one through the target's first to feed."""
         try:
-            res = sender.finish(last_token)
+            res = sender.finish(tail[-1], tokens=tail)
         except Exception as exc:  # whatever went wrong, the stream must go on here
             error = str(exc)
             log.warning("migration of %s to %s failed (%s); it continues here", rid, target, error)
@@ -170,7 +234,7 @@ class LiveMigration:
             return
         done = {"type": "migrated", "rid": rid, "source": self.worker.id, "target": target, "export_s": export_s,
                 "transfer_s": res.seconds, "bytes": res.bytes, "path": res.path, "retries": res.retries,
-                "fallback": res.fallback}
+                "fallback": res.fallback, "extra_tokens": len(tail) - 1}
         self.worker._cmds.put(lambda: self._release(rid, done))
 
     def _release(self, rid: str, done: dict) -> None:

@@ -208,6 +208,47 @@ def test_live_migration_continues_the_stream_token_exact_on_the_target(cluster):
 
 
 @pytest.mark.slow
+def test_tokens_decoded_during_the_handshake_move_with_the_kv(cluster):
+    """The source decodes on while the target prepares: those tokens' KV travels too (up to the
+    target's max_kv_tokens), so the target's first token follows the source's last one with no
+    position decoded twice."""
+    router, rid = cluster, "m4#0"
+    req = start_stream(router, rid)
+    events: list = []
+    while sum(len(m["token_ids"]) for _, m in events if m["type"] == "tokens") < 20:
+        events.append(("dA", router.wait("dA", "tokens", rid)))
+    generated, _ = assemble(events, rid)
+    num_tokens = len(req.prompt_token_ids) + len(generated)
+    router.send("dB", {"type": "migrate_in", "rid": rid, "request": asdict(req), "num_tokens": num_tokens,
+                       "generated": generated})
+    ready = router.wait("dB", "migrate_ready", rid, sink=events)
+    assert ready["max_kv_tokens"] > num_tokens - 1
+    seen = len(generated)
+    while seen < len(generated) + 3:  # the router's snapshot is now behind the source
+        msg = router.wait("dA", "tokens", rid)
+        events.append(("dA", msg))
+        seen = msg["num_output_tokens"]
+    b = router.workers["dB"]
+    router.send("dA", {"type": "migrate_out", "rid": rid, "num_tokens": num_tokens,
+                       "max_kv_tokens": ready["max_kv_tokens"], "target_kv": b["kv_addr"],
+                       "target_control": b["control_addr"], "target_id": "dB"})
+    done = router.wait("dA", "migrated", rid, sink=events)
+    assert done["extra_tokens"] >= 3
+    while True:
+        msg = router.wait("dB", "tokens", rid)
+        events.append(("dB", msg))
+        if msg["finished"]:
+            break
+    drain(router, "dA", events)
+    source_end = max(m["num_output_tokens"] for w, m in events if w == "dA" and m["type"] == "tokens")
+    target_first = min(m["num_output_tokens"] - len(m["token_ids"]) for w, m in events
+                       if w == "dB" and m["type"] == "tokens")
+    assert target_first == source_end == len(generated) + done["extra_tokens"]
+    tokens, _ = assemble(events, rid)
+    assert tokens == greedy_reference("tiny", req.prompt_token_ids, MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.mark.slow
 def test_failed_migration_leaves_the_stream_on_the_source(cluster):
     router, rid = cluster, "m2#0"
     req = start_stream(router, rid)
