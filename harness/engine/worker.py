@@ -134,7 +134,11 @@ class PDWorker:
         stats = asdict(self.core.stats())
         stats.update(kv_used_ratio=kv_used_ratio(self.core), **kv_block_faults(self.core),
                      tpot_p99_ms=self.window.tpot_p99_ms(),
-                     queue_depth=stats["num_waiting"] + len(self._imports) + len(self._jobs) + len(self._senders),
+                     # work this worker cannot start yet: waiting (or preempted) requests, queued
+                     # prefills. KV imports in flight are not counted: every new request passes
+                     # through one, so counting them made a load ramp from idle read as a
+                     # worsening queue trend (health score) and migrated streams for nothing.
+                     queue_depth=stats["num_waiting"] + len(self._jobs),
                      retrans_rate=self.window.retrans_rate(self.transfer_stats.snapshot()),
                      **self.core.offload_stats())
         return stats

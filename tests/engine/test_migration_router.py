@@ -139,3 +139,20 @@ def test_health_decision_migrates_off_a_sick_worker():
         done = next(e for e in t.events() if e["type"] == "migration_done")
         assert done["source"] == sick and done["reason"].startswith("health score")
         assert rec.served_by == [sick, done["target"]]
+
+
+def test_a_load_ramp_from_idle_is_not_read_as_a_sick_worker():
+    """Every new request passes through a KV import on its decode worker; those are not a queue.
+    Counted as one, eight requests arriving at an idle cluster made the queue trend (0 -> 3+)
+    alone score above 0.6 and the router migrated streams off a healthy worker. TPOT is left out
+    of the score here: a CPU-starved CI machine may really slow down as the batch grows."""
+    config = {"degradation_enabled": False, "heartbeat_interval_s": 0.25,
+              "health": {"window": 5, "min_snapshots": 3, "w_tpot": 0.0}}
+    with Topology(prefill=1, decode=2, preset=PRESET, router_config=config) as t:
+        time.sleep(1.5)  # idle heartbeats fill the detectors' windows: the baseline is an empty queue
+        prompts = [f"Ramp from idle, stream {i}:" for i in range(8)]
+        threads, recs = start_streams(t.api_url, prompts, max_tokens=120)
+        join(threads)
+        assert [r.token_ids for r in recs] == [oracle(p, 120) for p in prompts]
+        decisions = [e for e in t.events() if e["type"] == "health_decision"]
+        assert not [e for e in t.events() if e["type"] == "migration_started"], decisions
