@@ -26,10 +26,12 @@ class OutputTracker:
         self.max_model_len = max_model_len
         self.output_ids: list[int] = list(resume_token_ids)
         self._detok = tokenizer.detokenizer()
-        # the resumed tokens' text already reached the client: treat it as emitted
         self._text = self._detok.push(self.output_ids)
-        self._emitted = len(self._text)
         self._max_stop = max((len(s) for s in params.stop), default=0)
+        # The resumed tokens' text reached the client except the tail the earlier worker held back
+        # as a possible start of a stop string (same rule, same text): that tail is still to be
+        # streamed, and a stop string may begin in it and end in the tokens decoded from here.
+        self._emitted = len(self._text) - self._held_back(len(self._text), 0)
         self.finish_reason: FinishReason | None = None
         self._check_limits()
 
@@ -68,12 +70,16 @@ class OutputTracker:
     def take_text(self) -> str:
         """New text that is safe to stream (all of it once finished)."""
         end = len(self._text)
-        if not self.finished and self._max_stop:
-            # hold back the longest tail that a stop string could still start with
-            for n in range(min(self._max_stop - 1, end - self._emitted), 0, -1):
-                tail = self._text[end - n:]
-                if any(s.startswith(tail) for s in self.params.stop):
-                    end -= n
-                    break
+        if not self.finished:
+            end -= self._held_back(end, self._emitted)
         new, self._emitted = self._text[self._emitted:end], max(self._emitted, end)
         return new
+
+    def _held_back(self, end: int, emitted: int) -> int:
+        """Length of the longest tail of ``_text[emitted:end]`` that a stop string could still
+        start with (it is not streamed until decided)."""
+        for n in range(min(self._max_stop - 1, end - emitted), 0, -1):
+            tail = self._text[end - n:end]
+            if any(s.startswith(tail) for s in self.params.stop):
+                return n
+        return 0
