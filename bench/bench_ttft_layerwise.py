@@ -8,8 +8,8 @@ finished (``kv_transfer`` events: delivery time minus prefill time), which is wh
 "直传延迟 / 分层传输延迟" columns compare.
 
 The default run uses the small preset at 512 / 1024 / 2000 tokens. For the seed's 2K / 8K / 32K
-rows use the ``long`` preset (context up to 33792 tokens; a 32K-token prefill takes minutes on two
-CPU cores): ``--preset long --contexts 2048,8192,32768 --repeats 1``.
+rows use the ``long`` preset (context up to 33792 tokens; a 32K-token prefill takes about 8 min on
+one CPU core, twice per size): ``--preset long --contexts 2048,8192,32768 --repeats 1 --timeout-s 3600``.
 
     .venv/bin/python bench/bench_ttft_layerwise.py
 """
@@ -33,13 +33,16 @@ def main() -> None:
     p.add_argument("--preset", default="small")
     p.add_argument("--contexts", default="512,1024,2000")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="per request; a 32K-token prefill of the long preset takes about 8 min on one core")
     args = p.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     ttft: dict[tuple[str, int], list[float]] = {}
     exposed: dict[tuple[str, int], list[float]] = {}
     with Topology(prefill=1, decode=1, preset=args.preset,
                   engine_config={"kv_budget_bytes": 512 << 20}) as topo, \
-            StreamingClient(topo.api_url, model=args.preset, timeout_s=600, read_timeout_s=600) as client:
+            StreamingClient(topo.api_url, model=args.preset, timeout_s=args.timeout_s,
+                            read_timeout_s=args.timeout_s) as client:
         client.send(CompletionRequest(prompt="warm up", max_tokens=2))
         for ctx in contexts:
             for r in range(args.repeats):

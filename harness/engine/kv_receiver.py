@@ -1,12 +1,17 @@
 """KV transfer receiver (decode side): accepts KV connections on the fabric and control
 addresses, verifies every frame (kv_wire.py) and hands verified layers to a KVSink; progress per
 request survives across connections, so a retry or the fallback path resends only what is missing.
+
+``timeout_s`` bounds a frame that stalls half-way (a network stall). Between frames a connection
+may idle longer while the request it carries is still expected: a long prompt's next layer can
+take minutes to compute on a CPU; an idle connection whose request is no longer pending closes.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import select
 import socket
 import threading
 from typing import Callable, Protocol
@@ -85,8 +90,13 @@ class KVReceiver:
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
     def _serve(self, conn: socket.socket, path: str) -> None:
+        rid = None  # the request this connection carried last
         try:
             while True:
+                if not self._wait_for_frame(conn, rid):
+                    log.info("KV connection on %s idle for %.0f s with nothing pending; closing it", path,
+                             self.timeout_s)
+                    return
                 try:
                     frame = read_frame(conn, self.max_frame_bytes, self._pool)
                 except CorruptFrameError as exc:
@@ -101,6 +111,7 @@ class KVReceiver:
                     return
                 if frame is None:
                     return
+                rid = frame.request_id
                 if frame.kind == FrameKind.DATA:
                     self._on_data(frame, path)
                     continue
@@ -116,6 +127,19 @@ class KVReceiver:
         finally:
             self._conns.discard(conn)
             close_socket(conn)
+
+    def _wait_for_frame(self, conn: socket.socket, rid: str | None) -> bool:
+        """Wait until the next frame starts; False when the connection idled ``timeout_s`` with
+        no request of it pending (or the receiver closed)."""
+        while not self._closed:
+            readable, _, _ = select.select([conn], [], [], self.timeout_s)
+            if readable:
+                return True
+            with self._lock:
+                done = rid is None or rid in self._completed
+            if done or self.sink.kv_layout(rid) is None:
+                return False
+        return False
 
     def _on_data(self, frame: Frame, path: str) -> None:
         released = threading.Event()

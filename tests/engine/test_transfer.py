@@ -256,3 +256,39 @@ def test_truncated_connection_resends_only_missing_layers(receiver):
     assert rx_stats.snapshot()["rejected"].get("truncated") == 1
     assert torch.equal(sink.assembled("r5"), kv)
     assert sorted(start for _, start, _ in sink.writes) == [0, 1, 2, 3]  # layer 0 was not sent twice
+
+
+# ---------------------------------------------------------------- idle connections
+
+
+def test_a_layer_that_takes_longer_than_the_timeout_keeps_the_stream_open():
+    """A long prompt's next layer can take minutes on a CPU: the connection idles between frames
+    while its request is pending and must not be cut (which would force a resend at the end)."""
+    sink, stats = DictSink(), TransferStats()
+    rx = KVReceiver(sink, stats, timeout_s=0.3)
+    try:
+        fabric = Endpoint(*rx.listen("127.0.0.1", 0, PATH_FABRIC), PATH_FABRIC)
+        sink.expect("slow")
+        kv = make_kv()
+        sender = KVSender("slow", LAYERS, fabric, None, TransferConfig(timeout_s=5.0), stats)
+        sender.send_layer(0, kv[0, 0], kv[0, 1])
+        threading.Event().wait(1.2)  # four receiver timeouts with nothing on the wire
+        for layer in range(1, LAYERS):
+            sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+        result = sender.finish(7)
+        assert result.retries == 0 and stats.snapshot()["paths"][PATH_FABRIC]["failures"] == 0
+        assert sink.completed == {"slow": 7} and torch.equal(sink.assembled("slow"), kv)
+        assert result.frames == LAYERS  # every layer went once, none resent
+    finally:
+        rx.close()
+
+
+def test_an_idle_connection_with_nothing_pending_is_closed():
+    sink, stats = DictSink(), TransferStats()
+    rx = KVReceiver(sink, stats, timeout_s=0.3)
+    try:
+        host, port = rx.listen("127.0.0.1", 0, PATH_FABRIC)
+        with socket.create_connection((host, port), timeout=10) as s:
+            assert s.recv(1) == b""  # the receiver hung up (recv would time out after 10 s otherwise)
+    finally:
+        rx.close()
