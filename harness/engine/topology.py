@@ -318,6 +318,9 @@ def run(args: argparse.Namespace) -> int:
     topo = Topology(prefill=args.prefill, decode=args.decode, preset=args.preset, host=args.host, port=args.port,
                     router_config=_router_config(args.router_config), engine_config=engine, log_dir=args.log_dir)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C stops everything even where SIGINT arrived ignored (a shell starts background jobs
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt handler).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         topo.start()
         print(f"router   pid {topo.router_pid:<7} api {topo.base_url}  admin {topo.admin_url}", flush=True)
@@ -335,3 +338,4 @@ def run(args: argparse.Namespace) -> int:
     finally:
         topo.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

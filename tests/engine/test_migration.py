@@ -27,6 +27,8 @@ from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.router import encode_msg, read_msg
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
+from harness.engine.worker_migration import transfer_id
+from harness.errors import KVTransferError
 
 tok = ByteTokenizer()
 PROMPT, MAX_TOKENS = "migrate this stream, token for token: ", 300
@@ -246,6 +248,36 @@ def test_tokens_decoded_during_the_handshake_move_with_the_kv(cluster):
     assert target_first == source_end == len(generated) + done["extra_tokens"]
     tokens, _ = assemble(events, rid)
     assert tokens == greedy_reference("tiny", req.prompt_token_ids, MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.mark.slow
+def test_a_source_whose_tokens_do_not_continue_the_stream_is_refused(cluster):
+    """The END frame's tokens must start at the router's last token: a source that disagrees
+    (a bug, or a stale stream) gets a clear refusal and the target frees what it reserved."""
+    router, rid = cluster, "m5#0"
+    req = start_stream(router, rid)
+    events: list = []
+    while sum(len(m["token_ids"]) for _, m in events if m["type"] == "tokens") < 10:
+        events.append(("dA", router.wait("dA", "tokens", rid)))
+    generated, _ = assemble(events, rid)
+    num_tokens = len(req.prompt_token_ids) + len(generated)
+    router.send("dB", {"type": "migrate_in", "rid": rid, "request": asdict(req), "num_tokens": num_tokens,
+                       "generated": generated})
+    router.wait("dB", "migrate_ready", rid)
+    # play a wrong source: the right KV, but an END claiming another last token
+    kv_tokens = num_tokens - 1
+    moved = GenerateRequest(rid, req.prompt_token_ids, req.params, resume_token_ids=generated[:-1])
+    b = router.workers["dB"]
+    sender = KVSender(transfer_id(rid, kv_tokens), 4, Endpoint(*b["kv_addr"], PATH_FABRIC), None,
+                      TransferConfig(max_retries=0), TransferStats())
+    EngineCore(EngineConfig(preset="tiny")).prefill_for_transfer(moved, on_layer=sender.send_layer)
+    wrong = (generated[-1] + 1) % 256
+    with pytest.raises(KVTransferError, match="do not continue the router's stream"):
+        sender.finish(wrong, tokens=[wrong])
+    router.send("dA", {"type": "abort", "rid": rid})
+    deadline = time.monotonic() + 10
+    while (stats := router.wait("dB", "heartbeat")["stats"])["kv_blocks_used"]:
+        assert time.monotonic() < deadline, f"the target kept the refused import's blocks: {stats}"
 
 
 @pytest.mark.slow

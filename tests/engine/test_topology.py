@@ -52,10 +52,13 @@ def test_bad_configuration_is_refused_with_a_fix():
 
 
 @pytest.mark.slow
-def test_up_prints_where_everything_runs_and_ctrl_c_stops_it_all():
+@pytest.mark.parametrize("started_with_sigint_ignored", [False, True])
+def test_up_prints_where_everything_runs_and_ctrl_c_stops_it_all(started_with_sigint_ignored):
+    # a shell starts background jobs (`cmd &`) with SIGINT ignored: Ctrl-C must still stop `up`
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_with_sigint_ignored else None
     proc = subprocess.Popen([sys.executable, "-m", "harness", "up", "--prefill", "1", "--decode", "1",
                              "--port", "0", "--preset", PRESET], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=ignore)
     try:
         lines = []
         for line in proc.stdout:
