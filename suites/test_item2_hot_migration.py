@@ -22,7 +22,7 @@ import pytest
 
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.migration import ITEM, measure, migration_verdict
-from harness.checks.verdict import Verdict
+from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.timeline import merge_timeline
@@ -112,13 +112,11 @@ def _loaded_phase(cluster: Any, timeline: Any, load: Any, n: int, failures: list
 def test_hot_migration_ttft_delta(cluster, load, timeline, conformance, harness_options):
     checklist = cluster.thresholds
     t = checklist.item(ITEM).thresholds
-    if harness_options.dry_run:
-        conformance.record(Verdict(item=ITEM, title=checklist.item(ITEM).title, status="inconclusive",
-                                   reason="dry run: no stream was migrated"))
+    if harness_options.dry_run:  # no fault to plan: migrations go through the admin API
+        conformance.record(inconclusive(checklist, ITEM, "dry run: no stream was migrated"))
         return
     if len(_decode_workers(timeline)) < 2:
-        conformance.record(Verdict(item=ITEM, title=checklist.item(ITEM).title, status="inconclusive",
-                                   reason="live migration needs at least two healthy decode workers"))
+        conformance.record(inconclusive(checklist, ITEM, "live migration needs at least two healthy decode workers"))
         return
     failures: list[str] = []
     phase_of: dict[str, str] = {}

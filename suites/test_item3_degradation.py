@@ -19,7 +19,7 @@ import pytest
 
 from harness.checks.degradation import ITEM, Step, degradation_verdict
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
-from harness.checks.verdict import Verdict
+from harness.checks.verdict import inconclusive
 from harness.faults import HbmFill
 from harness.probes.timeline import merge_timeline
 
@@ -75,13 +75,15 @@ def _hold(admin: str, timeline: Any, step: Step, hold_s: float, spec_was_on: boo
 def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, timeline, conformance,
                                                          harness_options):
     checklist = cluster.thresholds
-    item = checklist.item(ITEM)
-    if harness_options.dry_run:
-        conformance.record(Verdict(item=ITEM, title=item.title, status="inconclusive",
-                                   reason="dry run: no HBM was filled"))
-        return
     admin = cluster.admin_url
     state = _degradation(admin)
+    if harness_options.dry_run:  # print each fill's plan (the shares depend on the load: the first plateau's)
+        share = round(_plateaus(state, checklist)[0][1], 4)
+        for w in _decodes(timeline):
+            faults.inject(HbmFill(admin_url=admin, worker_id=w["id"], share=share))
+        faults.revert_all()
+        conformance.record(inconclusive(checklist, ITEM, "dry run: the HBM fills were planned, none injected"))
+        return
     spec_before = any(w.get("spec_enabled") for w in _decodes(timeline))
     spec = httpx.post(f"{admin}/admin/speculative", json={"enabled": True}, timeout=10)
     spec_was_on = spec.status_code == 200  # so that Level 2's action has something to turn off

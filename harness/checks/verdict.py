@@ -66,6 +66,13 @@ class Verdict:
         return cls(**data)
 
 
+def inconclusive(checklist: Any, item_id: str, reason: str, **evidence: Any) -> Verdict:
+    """The verdict of an item that was not measured (a dry run, a cluster too small for it);
+    ``checklist``: the cluster's thresholds (harness.checks.thresholds.Checklist)."""
+    return Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.INCONCLUSIVE, reason=reason,
+                   evidence=evidence)
+
+
 def exit_code_for(verdicts: Iterable[Verdict], *, harness_error: bool = False,
                   revert_failed: bool = False) -> ExitCode:
     """Precedence: revert failed (4) > harness error (3) > not conformant (1) > inconclusive (2) > 0.

@@ -132,7 +132,10 @@ class KVReceiver:
         """Wait until the next frame starts; False when the connection idled ``timeout_s`` with
         no request of it pending (or the receiver closed)."""
         while not self._closed:
-            readable, _, _ = select.select([conn], [], [], self.timeout_s)
+            try:
+                readable, _, _ = select.select([conn], [], [], self.timeout_s)
+            except (OSError, ValueError):  # closed under us (receiver shutting down)
+                return False
             if readable:
                 return True
             with self._lock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from harness.checks.thresholds import Checklist
-from harness.checks.verdict import Measurement, Verdict, judge
+from harness.checks.verdict import Measurement, Verdict, inconclusive, judge
 from harness.fabric.bandwidth import BandwidthResult
 from harness.fabric.kvbandwidth import KVCurve
 from harness.fabric.linerate import LineRate
@@ -20,9 +20,8 @@ RTT_NOISE_FLOOR_MS = 1.0
 
 
 def skipped(checklist: Checklist, item_id: str, reason: str) -> Verdict:
-    item = checklist.item(item_id)
     reason = reason if reason.startswith("skipped:") else f"skipped: {reason}"
-    return Verdict(item=item_id, title=item.title, status="inconclusive", reason=reason, evidence={"skipped": reason})
+    return inconclusive(checklist, item_id, reason, skipped=reason)
 
 
 def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str, Any] | None:

@@ -176,29 +176,41 @@ def drain(router: FakeRouter, wid: str, events: list) -> None:
             events.append((wid, msg))
 
 
-@pytest.mark.slow
-def test_live_migration_continues_the_stream_token_exact_on_the_target(cluster):
-    router, rid = cluster, "m1#0"
+def prepare_migration(router: FakeRouter, rid: str, after_tokens: int = 20):
+    """Stream ``rid`` on dA until it has ``after_tokens`` tokens, then ask dB to prepare its import
+    (as the router does). Returns (request, events so far, tokens streamed, num_tokens, migrate_ready)."""
     req = start_stream(router, rid)
     events: list = []
-    while sum(len(m["token_ids"]) for _, m in events if m["type"] == "tokens") < 20:
+    while sum(len(m["token_ids"]) for _, m in events if m["type"] == "tokens") < after_tokens:
         events.append(("dA", router.wait("dA", "tokens", rid)))
     generated, _ = assemble(events, rid)
     num_tokens = len(req.prompt_token_ids) + len(generated)
     router.send("dB", {"type": "migrate_in", "rid": rid, "request": asdict(req), "num_tokens": num_tokens,
                        "generated": generated})
-    assert router.wait("dB", "migrate_ready", rid, sink=events)["num_tokens"] == num_tokens
+    return req, events, generated, num_tokens, router.wait("dB", "migrate_ready", rid, sink=events)
+
+
+def finish_on(router: FakeRouter, wid: str, rid: str, events: list) -> None:
+    """Collect ``wid``'s token events of ``rid`` until the stream ends."""
+    while True:
+        msg = router.wait(wid, "tokens", rid)
+        events.append((wid, msg))
+        if msg["finished"]:
+            return
+
+
+@pytest.mark.slow
+def test_live_migration_continues_the_stream_token_exact_on_the_target(cluster):
+    router, rid = cluster, "m1#0"
+    req, events, generated, num_tokens, ready = prepare_migration(router, rid)
+    assert ready["num_tokens"] == num_tokens
     b = router.workers["dB"]
     router.send("dA", {"type": "migrate_out", "rid": rid, "num_tokens": num_tokens, "target_kv": b["kv_addr"],
                        "target_control": b["control_addr"], "target_id": "dB"})
     done = router.wait("dA", "migrated", rid, sink=events)
     assert done["target"] == "dB" and done["bytes"] > 0 and done["transfer_s"] >= 0
     assert router.wait("dB", "migrate_committed", rid, sink=events)
-    while True:
-        msg = router.wait("dB", "tokens", rid)
-        events.append(("dB", msg))
-        if msg["finished"]:
-            break
+    finish_on(router, "dB", rid, events)
     drain(router, "dA", events)
     tokens, per_worker = assemble(events, rid)
     assert tokens == greedy_reference("tiny", req.prompt_token_ids, MAX_TOKENS, ignore_eos=True)
@@ -215,15 +227,7 @@ def test_tokens_decoded_during_the_handshake_move_with_the_kv(cluster):
     target's max_kv_tokens), so the target's first token follows the source's last one with no
     position decoded twice."""
     router, rid = cluster, "m4#0"
-    req = start_stream(router, rid)
-    events: list = []
-    while sum(len(m["token_ids"]) for _, m in events if m["type"] == "tokens") < 20:
-        events.append(("dA", router.wait("dA", "tokens", rid)))
-    generated, _ = assemble(events, rid)
-    num_tokens = len(req.prompt_token_ids) + len(generated)
-    router.send("dB", {"type": "migrate_in", "rid": rid, "request": asdict(req), "num_tokens": num_tokens,
-                       "generated": generated})
-    ready = router.wait("dB", "migrate_ready", rid, sink=events)
+    req, events, generated, num_tokens, ready = prepare_migration(router, rid)
     assert ready["max_kv_tokens"] > num_tokens - 1
     seen = len(generated)
     while seen < len(generated) + 3:  # the router's snapshot is now behind the source
@@ -236,11 +240,7 @@ def test_tokens_decoded_during_the_handshake_move_with_the_kv(cluster):
                        "target_control": b["control_addr"], "target_id": "dB"})
     done = router.wait("dA", "migrated", rid, sink=events)
     assert done["extra_tokens"] >= 3
-    while True:
-        msg = router.wait("dB", "tokens", rid)
-        events.append(("dB", msg))
-        if msg["finished"]:
-            break
+    finish_on(router, "dB", rid, events)
     drain(router, "dA", events)
     source_end = max(m["num_output_tokens"] for w, m in events if w == "dA" and m["type"] == "tokens")
     target_first = min(m["num_output_tokens"] - len(m["token_ids"]) for w, m in events
@@ -255,15 +255,7 @@ def test_a_source_whose_tokens_do_not_continue_the_stream_is_refused(cluster):
     """The END frame's tokens must start at the router's last token: a source that disagrees
     (a bug, or a stale stream) gets a clear refusal and the target frees what it reserved."""
     router, rid = cluster, "m5#0"
-    req = start_stream(router, rid)
-    events: list = []
-    while sum(len(m["token_ids"]) for _, m in events if m["type"] == "tokens") < 10:
-        events.append(("dA", router.wait("dA", "tokens", rid)))
-    generated, _ = assemble(events, rid)
-    num_tokens = len(req.prompt_token_ids) + len(generated)
-    router.send("dB", {"type": "migrate_in", "rid": rid, "request": asdict(req), "num_tokens": num_tokens,
-                       "generated": generated})
-    router.wait("dB", "migrate_ready", rid)
+    req, _, generated, num_tokens, _ = prepare_migration(router, rid, after_tokens=10)
     # play a wrong source: the right KV, but an END claiming another last token
     kv_tokens = num_tokens - 1
     moved = GenerateRequest(rid, req.prompt_token_ids, req.params, resume_token_ids=generated[:-1])
@@ -294,11 +286,7 @@ def test_failed_migration_leaves_the_stream_on_the_source(cluster):
                        "transfer": {"max_retries": 0, "timeout_s": 1.0}})
     failed = router.wait("dA", "migrate_failed", rid, sink=events)
     assert failed["side"] == "source" and failed["resumed"] is True
-    while True:
-        msg = router.wait("dA", "tokens", rid)
-        events.append(("dA", msg))
-        if msg["finished"]:
-            break
+    finish_on(router, "dA", rid, events)
     tokens, _ = assemble(events, rid)
     assert tokens == greedy_reference("tiny", req.prompt_token_ids, MAX_TOKENS, ignore_eos=True)
 

@@ -65,3 +65,19 @@ def test_ecc_handling_turned_off_exits_1_naming_escaped_blocks_and_wrong_outputs
     assert "poisoned blocks left in service while poisoned" in ecc["reason"]
     assert "0 of 2 quarantined" in ecc["reason"] and "completed WRONG" in ecc["reason"]
     assert v["nothing-lost"]["status"] == "fail"  # the wrong outputs are silent (HTTP 200) corruption
+
+
+def test_dry_run_of_the_resilience_suites_prints_each_fault_plan_and_injects_nothing(tmp_path):
+    cmd = [sys.executable, "-m", "pytest", "suites/test_item3_degradation.py", "suites/test_ecc_poisoning.py",
+           "suites/test_item2_hot_migration.py", "-p", "no:cacheprovider", "--cluster=local-sabotaged",
+           f"--report-dir={tmp_path / 'reports'}", "--dry-run"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("[dry-run] hbm_fill") >= 2 and proc.stdout.count("[dry-run] ecc_poison") >= 2
+    data = json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
+    assert {f["status"] for f in data["faults"]} == {"dry_run"}
+    assert {f["kind"] for f in data["faults"]} >= {"hbm_fill", "ecc_poison"}
+    reasons = {v["item"]: v["reason"] for v in data["verdicts"]}
+    assert reasons == {"6.1.3": "dry run: the HBM fills were planned, none injected",
+                       "ecc": "dry run: the poisonings were planned, none injected",
+                       "6.1.2": "dry run: no stream was migrated"}
