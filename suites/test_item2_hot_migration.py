@@ -6,6 +6,14 @@ then under full Locust load, and judge what each migration added to its stream's
 delay (harness/checks/migration.py) against the checklist's 50 ms / 200 ms. Every request of the
 run must satisfy the nothing-lost invariant: migrated streams stay token-exact.
 
+Victims are the harness's own streams (harness/probes/migration.py): each is watched chunk by
+chunk, and the migration of that very request is asked for off the worker its chunks name as soon
+as it has MIGRATE_AFTER_TOKENS tokens, so the source is never guessed from a heartbeat that may
+come after a short stream ended. A stream the harness could not catch mid-decode is *unmeasured*,
+not a failed migration: the phase takes another victim (at most MAX_ATTEMPTS_FACTOR x the
+required count); each phase ends as soon as it has its required measured migrations, and the
+Locust load is then finished without cutting its requests in flight.
+
 On the bundled cluster everything shares two CPU cores: the loaded figure includes the load
 generator's and the other workers' CPU time, as a real full-load migration includes contention.
 """
@@ -13,100 +21,73 @@ generator's and the other workers' CPU time, as a real full-load migration inclu
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
-from harness.checks.migration import ITEM, measure, migration_verdict
+from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.migration import MigrationAttempt, migrate_observed_stream
+from harness.probes.records import RequestRecord
 from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(900)]
 
-IDLE_MAX_TOKENS = 400      # long enough to be mid-stream when migrated
-LOADED_MAX_TOKENS = 160
-MIGRATE_AFTER_TOKENS = 16  # migrate once a stream has this many tokens (a steady inter-token gap exists)
-LOADED_EXTRA_S = 25.0      # load duration beyond the time the migrations are expected to take
-POLL_S = 0.05              # polling the admin API only observes; measurements use event times
+MIGRATE_AFTER_TOKENS = 24  # migrate once a stream has this many tokens (a steady inter-token gap exists)
+TOKENS_AFTER = 96          # tokens the stream still decodes after the migration is asked for
+MAX_ATTEMPTS_FACTOR = 3    # victims tried per required migration before the phase gives up
+LOADED_MAX_S = 240.0       # upper bound of the load run; it is finished as soon as the phase is done
+LOADED_MAX_TOKENS = 160    # the Locust requests' length
 
 
 def _decode_workers(timeline: Any) -> list[dict[str, Any]]:
     return [w for w in timeline.workers() if w["role"] == "decode" and w["health"] == "healthy"]
 
 
-def _migrate(admin: str, source: str, failures: list[str]) -> dict[str, Any] | None:
-    try:
-        resp = httpx.post(f"{admin}/admin/migrate", json={"source": source}, timeout=60)
-    except httpx.HTTPError as exc:
-        failures.append(f"POST /admin/migrate from {source}: {exc}")
-        return None
-    if resp.status_code != 200:
-        try:
-            error = resp.json()["error"]
-            message, code = error["message"], error.get("code")
-        except (ValueError, KeyError, TypeError):
-            message, code = resp.text[:300], None
-        if code == "nothing_to_migrate":
-            return None  # every stream there is just starting or about to end: not a migration attempt
-        failures.append(f"migration from {source} refused with HTTP {resp.status_code}: {message}")
-        return None
-    return resp.json()
+class _Phase:
+    """Victims of one phase, one at a time, until ``need`` migrations are measured or refused, or too
+    many were tried."""
+
+    def __init__(self, name: str, cluster: Any, timeline: Any, need: int) -> None:
+        self.name, self.cluster, self.timeline, self.need = name, cluster, timeline, need
+        self.attempts: list[MigrationAttempt] = []
+        self.records: list[RequestRecord] = []
+
+    def run(self, still_loaded: Any = lambda: True) -> None:
+        for i in range(self.need * MAX_ATTEMPTS_FACTOR):
+            refused = sum(a.outcome == "refused" for a in self.attempts)  # certain failures: enough evidence
+            if self._measured() + refused >= self.need or not still_loaded():
+                break
+            attempt, rec = migrate_observed_stream(
+                self.cluster.api_url, self.cluster.admin_url, phase=self.name, index=i,
+                prompt=f"Hot migration, {self.name} cluster, stream {i}:",
+                max_tokens=MIGRATE_AFTER_TOKENS + TOKENS_AFTER, after_tokens=MIGRATE_AFTER_TOKENS)
+            self.attempts.append(attempt)
+            self.records.append(rec)
+            log.info("6.1.2 %s stream %d: %s %s", self.name, i, attempt.outcome, attempt.detail)
+
+    def _measured(self) -> int:
+        """Measured migrations so far: asks the router's events once per finished victim."""
+        if not any(a.outcome == "migrated" for a in self.attempts):
+            return 0
+        phase_of = {a.request_id: self.name for a in self.attempts if a.outcome == "migrated"}
+        samples = measure(self.timeline.events(type="migration_resumed"), self.records, phase_of)
+        return assess(self.attempts, samples, self.records).measured(self.name)
 
 
-def _idle_phase(cluster: Any, timeline: Any, n: int, failures: list[str], phase_of: dict[str, str]) -> list:
-    records = []
-    for i in range(n):
-        out: dict[str, Any] = {}
-        prompt = f"Hot migration on an idle cluster, stream {i}:"
-
-        def stream() -> None:
-            with StreamingClient(cluster.api_url, read_timeout_s=120) as client:
-                out["rec"] = client.send(CompletionRequest(prompt=prompt, max_tokens=IDLE_MAX_TOKENS, ignore_eos=True))
-
-        before = {w["id"]: w["generation_tokens_total"] for w in _decode_workers(timeline)}
-        t = threading.Thread(target=stream, name=f"idle-stream-{i}")
-        t.start()
-        try:
-            source, deadline = None, time.monotonic() + 60
-            while source is None and time.monotonic() < deadline:
-                for w in _decode_workers(timeline):
-                    if w["active_requests"] and w["generation_tokens_total"] - before.get(w["id"], 0) >= MIGRATE_AFTER_TOKENS:
-                        source = w["id"]
-                time.sleep(POLL_S)
-            if source is None:
-                failures.append(f"idle stream {i} never reached {MIGRATE_AFTER_TOKENS} tokens on a decode worker")
-            elif (done := _migrate(cluster.admin_url, source, failures)) is not None:
-                phase_of[done["request_id"]] = "idle"
-        finally:
-            t.join(180)
-        if "rec" not in out:
-            raise ProbeError(f"idle stream {i} did not end within 180 s", fix="see the router's log")
-        records.append(out["rec"])
-    return records
-
-
-def _loaded_phase(cluster: Any, timeline: Any, load: Any, n: int, failures: list[str],
-                  phase_of: dict[str, str], duration_s: float) -> Any:
-    run = load(duration_s=duration_s, max_tokens=LOADED_MAX_TOKENS)
-    deadline = time.monotonic() + duration_s
-    while run.running and time.monotonic() < deadline - 5 and len([p for p in phase_of.values() if p == "loaded"]) < n:
-        busy = max(_decode_workers(timeline), key=lambda w: w["active_requests"], default=None)
-        if busy is None or busy["active_requests"] < 2:
-            time.sleep(POLL_S)  # Locust is still starting its users
-            continue
-        done = _migrate(cluster.admin_url, busy["id"], failures)
-        if done is not None:
-            phase_of[done["request_id"]] = "loaded"
-        time.sleep(0.5)  # let the migrated stream settle so its typical gap is measurable
-    return run
+def _wait_for_load(timeline: Any, run: Any, timeout_s: float = 90.0) -> None:
+    """Until Locust's users keep requests in flight on the decode workers (ends as soon as they do)."""
+    deadline = time.monotonic() + timeout_s
+    while sum(w["active_requests"] for w in _decode_workers(timeline)) < 2:
+        if not run.running or time.monotonic() > deadline:
+            raise ProbeError(f"the load did not reach the decode workers within {timeout_s:.0f} s "
+                             f"(Locust log tail: {run.log_tail(500)!r})", fix="see the Locust and router logs")
+        time.sleep(0.05)
 
 
 def test_hot_migration_ttft_delta(cluster, load, timeline, conformance, harness_options):
@@ -118,19 +99,26 @@ def test_hot_migration_ttft_delta(cluster, load, timeline, conformance, harness_
     if len(_decode_workers(timeline)) < 2:
         conformance.record(inconclusive(checklist, ITEM, "live migration needs at least two healthy decode workers"))
         return
-    failures: list[str] = []
-    phase_of: dict[str, str] = {}
-    idle_records = _idle_phase(cluster, timeline, int(t["min_migrations_idle"].value), failures, phase_of)
-    duration = harness_options.load_duration or LOADED_EXTRA_S + 1.5 * t["min_migrations_loaded"].value
-    run = _loaded_phase(cluster, timeline, load, int(t["min_migrations_loaded"].value) + 2, failures, phase_of,
-                        duration)
-    load_records = run.wait()
+    idle = _Phase("idle", cluster, timeline, int(t["min_migrations_idle"].value))
+    idle.run()
+    loaded = _Phase("loaded", cluster, timeline, int(t["min_migrations_loaded"].value))
+    duration = harness_options.load_duration or LOADED_MAX_S
+    run = load(duration_s=duration, max_tokens=LOADED_MAX_TOKENS)
+    try:
+        _wait_for_load(timeline, run)
+        loaded.run(still_loaded=lambda: run.running)
+    finally:
+        load_records = run.finish() if run.running else run.wait()
     events = timeline.events()
-    records = idle_records + load_records
-    samples = measure(events, records, phase_of)
-    verdict = migration_verdict(samples, failures, checklist)
+    attempts = idle.attempts + loaded.attempts
+    victims = idle.records + loaded.records
+    records = victims + load_records
+    phase_of = {a.request_id: a.phase for a in attempts if a.outcome == "migrated" and a.request_id}
+    result = assess(attempts, measure(events, victims, phase_of), victims)
+    verdict = migration_verdict(result, checklist=checklist)
     links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
-    verdict.evidence.update(links=links, load_duration_s=duration, requests=len(records))
+    verdict.evidence.update(links=links, load_duration_limit_s=duration, requests=len(records),
+                            attempts=[a.to_dict() for a in attempts])
     conformance.record(verdict)
 
     expected = oracle_expectation(cluster.oracle, ignore_eos=True) if cluster.oracle else None

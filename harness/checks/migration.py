@@ -11,19 +11,27 @@ client's view of the same gap (found by token count, ``at_token``) is kept as ev
 
 Judged separately for an idle cluster (one stream at a time) and under full load (Locust), as
 p95 by nearest rank (an observed value; with fewer than 20 samples it is the worst one).
-Every migration that was refused or failed counts against ``failed_migrations``.
+
+Three outcomes are kept apart (:func:`assess`): a migration the engine refused or botched (the
+migrated stream failed) counts against ``failed_migrations``; a migration the harness could not
+measure (it could not catch the stream mid-decode, or no steady gap existed to compare with) is
+*unmeasured*: shown beside ``failed_migrations``, never counted as the engine's failure; when too
+few measured migrations remain the item is inconclusive, naming how many were unmeasured and why.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.checks.reschedule import nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
+
+if TYPE_CHECKING:
+    from harness.probes.migration import MigrationAttempt
 
 ITEM = "6.1.2"
 PHASES = ("idle", "loaded")
@@ -100,18 +108,75 @@ def _dist(values: Sequence[float]) -> dict[str, float] | None:
             "max": max(values), "min": min(values)}
 
 
-def migration_verdict(samples: Sequence[MigrationSample], failures: Sequence[str],
-                      checklist: Checklist) -> Verdict:
+@dataclass
+class Assessment:
+    """Every migration attempt of a run, sorted into the three outcomes."""
+
+    samples: list[MigrationSample] = field(default_factory=list)   # migrated and measured
+    failures: list[str] = field(default_factory=list)              # refused or botched by the engine
+    unmeasured: list[str] = field(default_factory=list)            # the harness could not measure it
+
+    def measured(self, phase: str) -> int:
+        return sum(s.phase == phase and s.excess_ms is not None for s in self.samples)
+
+
+# MigrationSample.problem values that say the harness could not measure (the others: the engine failed)
+_MEASUREMENT_PROBLEMS = ("the stream had no steady", "no client record")
+
+
+def assess(attempts: Iterable["MigrationAttempt"], samples: Sequence[MigrationSample],
+           records: Iterable[RequestRecord]) -> Assessment:
+    """Sort attempts (harness/probes/migration.py) into measured, failed and unmeasured, using the
+    samples :func:`measure` made from the router's events and the client records."""
+    by_request = {s.request_id: s for s in samples}
+    by_id = {r.response_id: r for r in records if r.response_id}
+    out = Assessment()
+    for a in attempts:
+        label = f"{a.phase} stream {a.index}" + (f" ({a.request_id} on {a.source})" if a.request_id else "")
+        if a.outcome == "refused":
+            out.failures.append(f"{label}: migration refused or failed: {a.detail}")
+        elif a.outcome == "unobservable":
+            out.unmeasured.append(f"{label}: {a.detail}")
+        elif (s := by_request.get(a.request_id or "")) is not None:
+            if s.problem is None:
+                out.samples.append(s)
+            elif s.problem.startswith(_MEASUREMENT_PROBLEMS):
+                out.unmeasured.append(f"{label}: migrated, not measurable: {s.problem}")
+            else:
+                out.failures.append(f"{label}: migrated, then {s.problem}")
+        else:
+            rec = by_id.get(a.request_id or "")
+            if rec is not None and not rec.ok:
+                out.failures.append(f"{label}: migrated, then the request ended {rec.status}: {rec.error_message}")
+            else:
+                out.unmeasured.append(f"{label}: migrated, but the router recorded no migration_resumed event "
+                                      "(no token after the switch to time)")
+    return out
+
+
+def migration_verdict(samples: Sequence[MigrationSample] | Assessment, failures: Sequence[str] = (),
+                      checklist: Checklist | None = None, unmeasured: Sequence[str] = ()) -> Verdict:
+    """Judge item 6.1.2 from an :class:`Assessment` (or its parts: measured samples, engine
+    failures, unmeasured attempts)."""
+    if isinstance(samples, Assessment):
+        samples, failures, unmeasured = samples.samples, samples.failures, samples.unmeasured
+    assert checklist is not None
     item = checklist.item(ITEM)
     t = item.thresholds
+    botched = [f"{s.phase} {s.request_id}: {s.problem}" for s in samples if s.problem is not None
+               and not s.problem.startswith(_MEASUREMENT_PROBLEMS)]
+    unmeasured = list(unmeasured) + [f"{s.phase} {s.request_id}: {s.problem}" for s in samples
+                                     if s.problem is not None and s.problem.startswith(_MEASUREMENT_PROBLEMS)]
+    failures = list(failures) + botched
     excess = {p: [s.excess_ms for s in samples if s.phase == p and s.excess_ms is not None] for p in PHASES}
     measurements = [
         Measurement(t["ttft_delta_idle_ms"], nearest_rank(excess["idle"], 95) if excess["idle"] else None,
                     f"p95 hot-migration TTFT delta with no load over {len(excess['idle'])} migration(s)"),
         Measurement(t["ttft_delta_loaded_ms"], nearest_rank(excess["loaded"], 95) if excess["loaded"] else None,
                     f"p95 hot-migration TTFT delta under full load over {len(excess['loaded'])} migration(s)"),
-        Measurement(t["failed_migrations"], len(failures) + sum(s.problem is not None for s in samples),
-                    "migrations refused, failed, or whose stream could not be measured"),
+        Measurement(t["failed_migrations"], len(failures),
+                    f"migrations the engine refused or failed ({len(unmeasured)} more could not be measured and are "
+                    "not counted)"),
     ]
     short = [f"{p}: {len(excess[p])} of {int(t[f'min_migrations_{p}'].value)}" for p in PHASES
              if len(excess[p]) < t[f"min_migrations_{p}"].value]
@@ -127,14 +192,24 @@ def migration_verdict(samples: Sequence[MigrationSample], failures: Sequence[str
                                           f"{s.client_stall_ms} ms"}
                     for s in samples],
         "per_migration": [s.to_dict() for s in samples],
+        "failed_migrations": len(failures),
+        "unmeasured_migrations": len(unmeasured),
     }
     if failures:
-        evidence["failed"] = list(failures)[:20]
-    verdict = judge(item, measurements, evidence=evidence,
-                    inconclusive_because=("too few migrations measured (" + ", ".join(short) + ")") if short else None)
+        evidence["failed"] = failures[:20]
+    if unmeasured:
+        evidence["unmeasured"] = unmeasured[:20]
+    because = None
+    if short:
+        because = "too few migrations measured (" + ", ".join(short) + ")"
+        if unmeasured:
+            because += f"; {len(unmeasured)} attempt(s) could not be measured, first: {unmeasured[0]}"
+    verdict = judge(item, measurements, evidence=evidence, inconclusive_because=because)
     if verdict.status.value == "fail" and failures:
         verdict.reason += f" First failure: {' '.join(failures[0].split())}"
+    elif unmeasured and verdict.status.value != "inconclusive":
+        verdict.reason += f" ({len(unmeasured)} attempt(s) unmeasured, not counted as failures)"
     return verdict
 
 
-__all__ = ["ITEM", "MigrationSample", "measure", "migration_verdict"]
+__all__ = ["ITEM", "Assessment", "MigrationSample", "assess", "measure", "migration_verdict"]

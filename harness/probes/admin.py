@@ -22,6 +22,15 @@ from harness.probes.urls import http_url
 log = logging.getLogger(__name__)
 
 
+class AdminError(ProbeError):
+    """The admin API answered a request with an error (the engine refused what was asked)."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 fix: str = "see the router's log") -> None:
+        super().__init__(f"HTTP {status}: {message}", fix=fix)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
 def _unwrap(payload: Any, key: str) -> list[dict]:
     """Accept a bare JSON list or an object holding it under ``key``."""
     items = payload.get(key) if isinstance(payload, dict) else payload
@@ -59,6 +68,24 @@ class AdminClient:
     def events(self, **params: Any) -> list[dict]:
         """The router's events, oldest first (``params`` are passed as query parameters)."""
         return _unwrap(self._get("/events", params or None), "events")
+
+    def migrate(self, source: str, *, rid: str | None = None, target: str | None = None) -> dict:
+        """``POST /admin/migrate``: live-migrate one decoding request off ``source`` (the one
+        named by ``rid``, else the engine's choice); returns the router's ``migration_done``
+        event. An engine refusal raises :class:`AdminError` with its status, code and param."""
+        body = {"source": source, **({"rid": rid} if rid else {}), **({"target": target} if target else {})}
+        try:
+            resp = self._http.post("/migrate", json=body)
+        except httpx.HTTPError as exc:
+            raise ProbeError(f"POST {self.base_url}/migrate failed: {exc}", fix="check the router is up") from exc
+        if resp.status_code != 200:
+            try:
+                err = resp.json()["error"]
+                message, code, param = str(err["message"]), err.get("code"), err.get("param")
+            except (ValueError, KeyError, TypeError):
+                message, code, param = resp.text[:300], None, None
+            raise AdminError(resp.status_code, message, code=code, param=param)
+        return resp.json()
 
     def close(self) -> None:
         self._http.close()

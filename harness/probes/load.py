@@ -87,6 +87,19 @@ class LoadRunner:
         self._reaped()
         return self.records()
 
+    def finish(self, timeout_s: float | None = None) -> list[RequestRecord]:
+        """End the run early but cleanly: no new request is sent, the ones in flight finish (within
+        the profile's ``stop_timeout_s``), then the records. For a suite whose faults are done
+        before the planned duration: nothing in flight is cut, so nothing-lost stays meaningful."""
+        proc = self._require_started()
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGUSR1)  # the master and any forked workers
+            except ProcessLookupError:
+                pass
+        timeout_s = self.profile.stop_timeout_s + _STARTUP_ALLOWANCE_S if timeout_s is None else timeout_s
+        return self.wait(timeout_s)
+
     def stop(self, grace_s: float = 15.0) -> list[RequestRecord]:
         """End the run now: SIGTERM (Locust stops users, flushes records), SIGKILL after
         ``grace_s``; always reaped. Safe to call twice."""

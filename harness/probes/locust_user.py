@@ -53,6 +53,7 @@ class LoadController:
         self.ready_users = 0
         self._starting = False
         self._taken = 0  # arrivals (open loop) or requests (closed loop) this process handed out
+        self.finish_requested = False  # LoadRunner.finish(): send nothing more, let in-flight requests end
         self._user_ids = itertools.count()
 
     def attach(self, environment: Environment) -> None:
@@ -96,24 +97,36 @@ class LoadController:
     def _stop_sending(self) -> None:
         self.sending = False
 
+    def request_finish(self, *_args: object) -> None:
+        """Signal handler (SIGUSR1, sent by ``LoadRunner.finish``): the run ends now as if its
+        duration were over, except that arrivals not yet taken are dropped, not sent late: no
+        new request starts, the ones in flight finish. Only sets a flag (safe in a handler)."""
+        self.finish_requested = True
+
+    def _sleep_run(self) -> None:
+        """Sleep out ``duration_s``, or until a finish is requested."""
+        end = time.monotonic() + self.profile.duration_s
+        while not self.finish_requested and time.monotonic() < end:
+            gevent.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
     def _finish_local(self, runner: Runner) -> None:
-        gevent.sleep(self.profile.duration_s)
-        if not self.profile.open_loop:
+        self._sleep_run()
+        if not self.profile.open_loop or self.finish_requested:
             self.sending = False
         # Open loop: arrivals that are due but not yet sent (every user was busy) are still
         # sent, late, so overload shows as latency rather than as missing requests. Then let
         # in-flight requests finish and quit; Locust kills whatever is still running: those
         # requests are recorded as cancelled, arrivals never sent as cancelled/NotSent.
         deadline = time.monotonic() + self.profile.stop_timeout_s
-        while (self.in_flight or self.arrivals_left()) and time.monotonic() < deadline:
+        while (self.in_flight or (self.sending and self.arrivals_left())) and time.monotonic() < deadline:
             gevent.sleep(0.05)
         self.sending = False
         log.info("load finished, %d requests in flight, %d arrivals not sent", self.in_flight, self.arrivals_left())
         runner.quit()
 
     def _finish_distributed(self, runner: Runner) -> None:
-        gevent.sleep(self.profile.duration_s)
-        if self.profile.open_loop:
+        self._sleep_run()
+        if self.profile.open_loop and not self.finish_requested:
             # workers start their clocks a little after this one and send late arrivals too:
             # wait until their users are done with the schedule (user counts arrive with the
             # workers' periodic reports)
@@ -139,7 +152,7 @@ class LoadController:
         """(request id, prompt index, scheduled perf_counter ns) of the next request, or None
         when the run is over. Closed loop: now. Open loop: this process's next arrival.
         The caller owns it from now on: it must send it, or record it as not sent."""
-        if not self.sending:
+        if not self.sending or self.finish_requested:
             return None
         k = self._taken
         if not self.profile.open_loop:

@@ -7,6 +7,7 @@ Started by ``harness.probes.load.LoadRunner``, which passes the profile as JSON 
 from __future__ import annotations
 
 import os
+import signal
 
 from locust import events
 from locust.env import Environment
@@ -23,6 +24,9 @@ except KeyError as exc:
                       fix="start load through harness.probes.load.LoadRunner") from exc
 
 _controller = LoadController(_profile, _output)
+# LoadRunner.finish(): end the run early without cutting requests in flight (inherited by the
+# forked worker processes of a multi-process run; the runner signals the whole process group)
+signal.signal(signal.SIGUSR1, _controller.request_finish)
 
 
 class LLMLoadUser(LLMUser):

@@ -24,6 +24,9 @@ from harness.probes.urls import http_url
 log = logging.getLogger(__name__)
 
 RecordSink = Callable[[RequestRecord], None]
+# called after each parsed SSE message with the record so far and the message (e.g. to act on a
+# stream mid-way: its id and ``served_by`` say where it runs now); must not block
+MessageHook = Callable[[RequestRecord, dict], None]
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,10 @@ class RecordBuilder:
     """Fills a RequestRecord from timestamped reads of an OpenAI SSE response; any HTTP
     client can feed it (``feed(bytes, perf_counter_ns)`` per read, then ``finish``)."""
 
-    def __init__(self, record: RequestRecord) -> None:
+    def __init__(self, record: RequestRecord, on_message: MessageHook | None = None) -> None:
         self.record = record
         self.done = False
+        self.on_message = on_message
         self._sse = SSEDecoder()
 
     def feed(self, data: bytes, t_ns: int) -> None:
@@ -112,9 +116,13 @@ class RecordBuilder:
                 self.done = True
                 continue
             try:
-                self._message(json.loads(payload), msg_ns)
+                msg = json.loads(payload)
+                self._message(msg, msg_ns)
             except (json.JSONDecodeError, TypeError, AttributeError) as exc:
                 self.fail("stream_error", "MalformedSSE", f"unparseable SSE message {payload[:200]!r}: {exc}")
+                continue
+            if self.on_message is not None:
+                self.on_message(self.record, msg)
 
     def _message(self, msg: dict, t_ns: int) -> None:
         rec = self.record
@@ -190,7 +198,7 @@ class _Exchange:
     cancellation (GreenletExit, CancelledError, KeyboardInterrupt) is recorded and re-raised."""
 
     def __init__(self, client: _ClientBase, request: CompletionRequest, request_id: str | None,
-                 scheduled_ns: int | None) -> None:
+                 scheduled_ns: int | None, on_message: MessageHook | None = None) -> None:
         anchor = process_anchor()
         now = time.perf_counter_ns()
         self.client = client
@@ -199,7 +207,7 @@ class _Exchange:
             scheduled_ns=scheduled_ns if scheduled_ns is not None else now, sent_ns=now,
             prompt=request.prompt, max_tokens=request.max_tokens,
             anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns)
-        self.builder = RecordBuilder(self.record)
+        self.builder = RecordBuilder(self.record, on_message)
         self.deadline_ns = now + int(client.timeout_s * 1e9)
         self._scheduled = scheduled_ns is not None
         self._ended = False
@@ -286,8 +294,8 @@ class StreamingClient(_ClientBase):
         return self.model
 
     def send(self, request: CompletionRequest, *, request_id: str | None = None,
-             scheduled_ns: int | None = None) -> RequestRecord:
-        with _Exchange(self, request, request_id, scheduled_ns) as ex:
+             scheduled_ns: int | None = None, on_message: MessageHook | None = None) -> RequestRecord:
+        with _Exchange(self, request, request_id, scheduled_ns, on_message) as ex:
             if self.model is None:  # a fault may have taken the server down: record, don't raise
                 self.model = self._model_from(self._http.get("/v1/models"))
             body = request.body(self.model)
@@ -332,8 +340,8 @@ class AsyncStreamingClient(_ClientBase):
         return self.model
 
     async def send(self, request: CompletionRequest, *, request_id: str | None = None,
-                   scheduled_ns: int | None = None) -> RequestRecord:
-        with _Exchange(self, request, request_id, scheduled_ns) as ex:
+                   scheduled_ns: int | None = None, on_message: MessageHook | None = None) -> RequestRecord:
+        with _Exchange(self, request, request_id, scheduled_ns, on_message) as ex:
             if self.model is None:  # a fault may have taken the server down: record, don't raise
                 self.model = self._model_from(await self._http.get("/v1/models"))
             body = request.body(self.model)

@@ -113,3 +113,29 @@ def test_overloaded_open_loop_accounts_for_every_arrival(server, tmp_path):
     assert delays[-1] > delays[0] and [r.sent_ns for r in sent] == sorted(r.sent_ns for r in sent)
     s = summarize(records)
     assert s["by_status"]["cancelled"] >= len(not_sent) and s["latency_ms"]["sent"]["ttft_ms"]["n"] == s["ok"]
+
+
+@pytest.mark.parametrize("mode", ["closed", "poisson"])
+def test_finish_ends_a_long_run_early_without_cutting_requests_in_flight(server, tmp_path, mode):
+    """finish(): no request starts after it, every one in flight runs to its end (ok, token-exact),
+    and the run is over long before its 300 s duration."""
+    profile = LoadProfile(mode=mode, users=2, rate=4.0 if mode != "closed" else None, duration_s=300.0,
+                          max_tokens=64, ignore_eos=True, stop_timeout_s=60.0, seed=5)
+    with LoadRunner(server.url, profile, output_dir=tmp_path) as runner:
+        deadline = time.monotonic() + 60
+        while not runner.records_path.exists() or runner.records_path.stat().st_size == 0:
+            assert runner.running and time.monotonic() < deadline, runner.log_tail()
+            time.sleep(0.1)
+        t_finish = time.monotonic()
+        records = runner.finish()
+        finish_s = time.monotonic() - t_finish
+    assert runner.returncode == 0, runner.log_tail()
+    assert finish_s < 60, f"finish() took {finish_s:.0f} s"
+    sent = [r for r in records if r.error_class != "NotSent"]
+    assert len(sent) >= 2 and all(r.status == "ok" and len(r.token_ids) == 64 for r in sent), \
+        [(r.request_id, r.status, r.error_class) for r in sent if r.status != "ok"]
+    prompts = make_prompts(profile)
+    tok = ByteTokenizer()
+    for r in sent:
+        assert r.prompt in prompts
+        assert r.token_ids == greedy_reference("tiny", tok.encode(r.prompt), 64, ignore_eos=True), r.request_id

@@ -1,0 +1,165 @@
+"""Live migration of one observed stream: the probe behind checklist item 6.1.2.
+
+A migration can only be measured on a stream the harness watches: its own streaming request,
+sent with ``ignore_eos`` and enough ``max_tokens`` to still be decoding when the migration is
+asked for. The stream itself says where it runs: every SSE chunk of the bundled engine carries
+the request id and ``served_by`` (the worker that produced that token), so the victim and its
+source worker are known the moment the stream has produced ``after_tokens`` tokens, without
+waiting for a heartbeat or a worker-table poll that may come after the stream ended.
+
+One :func:`migrate_observed_stream` call gives one :class:`MigrationAttempt` with one of three
+outcomes, kept apart because they mean different things:
+
+* ``migrated``: the engine moved the stream (HTTP 200); whether it could be *measured* is
+  decided later from the router's events and the client record (harness/checks/migration.py);
+* ``refused``: the engine refused or botched it (migration disabled, no target, an error):
+  a failed migration, judged against ``failed_migrations``;
+* ``unobservable``: the harness could not catch the stream mid-decode on a known worker (it
+  ended first, or left the source before the request arrived): not the engine's fault, so
+  the suite takes another victim.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.errors import ProbeError
+from harness.probes.admin import AdminClient, AdminError
+from harness.probes.records import RequestRecord
+from harness.probes.streaming import CompletionRequest, StreamingClient
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("migrated", "refused", "unobservable")
+# admin-API refusals that say the stream was not (or no longer) decoding on the source: the harness
+# asked too late (the stream ended or moved), not a migration the engine failed to do
+NOT_THERE_CODES = frozenset({"nothing_to_migrate"})
+
+
+@dataclass
+class MigrationAttempt:
+    phase: str
+    index: int
+    outcome: str                      # one of OUTCOMES
+    detail: str = ""
+    source: str | None = None         # the worker the stream ran on when the migration was asked
+    request_id: str | None = None     # the engine's id of the stream (SSE ``id``)
+    at_tokens: int | None = None      # tokens the client had when the migration was asked
+    done: dict[str, Any] | None = field(default=None, repr=False)  # the router's migration_done event
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ObservedStream:
+    """A streaming request in a thread of its own, watched chunk by chunk: ``ready`` is set once
+    it has ``after_tokens`` tokens and says which worker produced the latest one."""
+
+    def __init__(self, api_url: str, request: CompletionRequest, after_tokens: int, *,
+                 timeout_s: float = 300.0, name: str = "observed-stream") -> None:
+        self.api_url = api_url
+        self.request = request
+        self.after_tokens = after_tokens
+        self.timeout_s = timeout_s
+        self.ready = threading.Event()
+        self.worker: str | None = None          # served_by of the latest chunk
+        self.request_id: str | None = None
+        self.tokens = 0
+        self.record: RequestRecord | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> ObservedStream:
+        self._thread.start()
+        return self
+
+    def _on_message(self, rec: RequestRecord, msg: dict) -> None:
+        served = msg.get("served_by")
+        if isinstance(served, str) and served:
+            self.worker = served
+        self.request_id = rec.response_id
+        self.tokens = sum(rec.chunk_tokens)
+        if self.tokens >= self.after_tokens and self.worker and self.request_id:
+            self.ready.set()
+
+    def _run(self) -> None:
+        try:
+            with StreamingClient(self.api_url, timeout_s=self.timeout_s, read_timeout_s=min(120.0, self.timeout_s),
+                                 user="migration-probe") as client:
+                self.record = client.send(self.request, on_message=self._on_message)
+        except BaseException as exc:  # noqa: BLE001 - kept for the caller; the thread must not die silently
+            self.error = exc
+        finally:
+            self.ready.set()  # wake a waiter: the stream is over (check ``finished``)
+
+    @property
+    def finished(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True when the stream showed ``after_tokens`` tokens on a known worker and still runs."""
+        self.ready.wait(timeout_s)
+        return self.ready.is_set() and not self.finished and self.tokens >= self.after_tokens
+
+    def join(self, timeout_s: float) -> RequestRecord:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise ProbeError(f"{self._thread.name} did not end within {timeout_s:.0f} s",
+                             fix="see the router's log: a stream that never ends is a hung request")
+        if self.record is None:
+            raise ProbeError(f"{self._thread.name} failed in the client: {self.error!r}",
+                             fix="this is a harness bug; see the traceback in the log")
+        return self.record
+
+
+def migrate_observed_stream(api_url: str, admin_url: str, *, phase: str, index: int, prompt: str,
+                            max_tokens: int, after_tokens: int, ready_timeout_s: float = 60.0,
+                            stream_timeout_s: float = 300.0) -> tuple[MigrationAttempt, RequestRecord]:
+    """Send one watched stream, live-migrate it off the worker serving it once it has
+    ``after_tokens`` tokens, and return the attempt's outcome with the stream's record (the
+    stream always runs to its end: the record is part of the nothing-lost history)."""
+    if max_tokens <= after_tokens:
+        raise ProbeError(f"max_tokens ({max_tokens}) must exceed after_tokens ({after_tokens})",
+                         fix="give the stream tokens left to decode after the migration")
+    stream = ObservedStream(api_url, CompletionRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True),
+                            after_tokens, timeout_s=stream_timeout_s, name=f"{phase}-stream-{index}").start()
+    attempt = MigrationAttempt(phase, index, "unobservable")
+    try:
+        if not stream.wait_ready(ready_timeout_s):
+            attempt.detail = (f"the stream ended after {stream.tokens} token(s), before the harness saw it mid-decode"
+                              if stream.finished else
+                              f"the stream had {stream.tokens} token(s) after {ready_timeout_s:.0f} s "
+                              f"(needs {after_tokens} before migrating)")
+        else:
+            attempt.source, attempt.request_id, attempt.at_tokens = stream.worker, stream.request_id, stream.tokens
+            _ask(admin_url, attempt)
+    finally:
+        record = stream.join(stream_timeout_s + 30.0)
+    return attempt, record
+
+
+def _ask(admin_url: str, attempt: MigrationAttempt) -> None:
+    assert attempt.source is not None and attempt.request_id is not None
+    try:
+        with AdminClient(admin_url, timeout_s=60.0) as admin:
+            attempt.done = admin.migrate(attempt.source, rid=attempt.request_id)
+        attempt.outcome = "migrated"
+        attempt.detail = f"{attempt.source} -> {attempt.done.get('target')}"
+    except AdminError as exc:
+        if exc.code in NOT_THERE_CODES or (exc.status == 404 and exc.param == "rid"):
+            # the stream ended, or moved (the health detector may have moved it first), between its
+            # last chunk and the request: the harness was late, the engine did nothing wrong; an
+            # engine that refused every stream this way would leave the item inconclusive, never passed
+            attempt.outcome, attempt.detail = "unobservable", f"the stream had left {attempt.source}: {exc.message}"
+        else:
+            attempt.outcome, attempt.detail = "refused", f"HTTP {exc.status}: {exc.message}"
+    except ProbeError as exc:  # transport error: the admin API did not answer
+        attempt.outcome, attempt.detail = "refused", str(exc)
+    if attempt.outcome != "migrated":
+        log.info("migration attempt %s-%d: %s (%s)", attempt.phase, attempt.index, attempt.outcome, attempt.detail)
+
+
+__all__ = ["MigrationAttempt", "OUTCOMES", "ObservedStream", "migrate_observed_stream"]
