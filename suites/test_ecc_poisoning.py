@@ -85,7 +85,7 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
             time.sleep(POLL_S)
         faults.revert(fault)
         poisonings.append(p)
-    records = run.wait()
+    records = run.finish()  # the faults are done: no new requests, the ones in flight end
     expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
 
     def exact(rec):

@@ -128,7 +128,7 @@ def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options,
         time.sleep(POLL_S)
     if step_down_s is None:
         step_down_s = STEP_DOWN_TIMEOUT_S  # never came back: judged as at least this long
-    records = run.wait()
+    records = run.finish()  # the faults are done: no new requests, the ones in flight end
     events = timeline.events()
     verdict = degradation_verdict(steps, events, round(step_down_s, 3), checklist,
                                   controller_enabled=bool(state.get("enabled", True)))

@@ -68,7 +68,7 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
             after.append((time.time() - last_up, gbit))
             if gbit >= 0.95 * baseline or after[-1][0] > recovery_limit * 2:
                 break
-    records = run.wait()
+    records = run.finish()  # the faults are done: no new requests, the ones in flight end
     events = timeline.events()
     first_down = min((t for what, t in transitions if what == "on"), default=last_up)
     to_victim = [e for e in events if e["type"] == "kv_transfer" and e.get("decode") == victim_id
