@@ -80,8 +80,11 @@ def _engine_config(args: argparse.Namespace):
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The API's listening socket. Created with IPPROTO_TCP named: asyncio sets TCP_NODELAY only on
+    sockets whose ``proto`` says TCP, and an accepted socket inherits the listener's; with proto 0,
+    Nagle held every keep-alive client's first SSE chunk until its delayed ACK (about 40 ms)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -197,3 +197,32 @@ def test_serve_refuses_a_port_in_use_and_a_bad_port(capsys):
     assert exc.value.code == 2 and "0..65535" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="engine mode"):
         ServerProcess("tiny", engine="gpu")
+
+
+def test_accepted_api_connections_have_tcp_nodelay():
+    """asyncio (and so uvicorn) sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP; the
+    listener used to be created with proto 0, and Nagle then held each keep-alive client's first
+    SSE chunk until the client's delayed ACK (~40 ms of false TTFT)."""
+    import asyncio
+
+    from harness.engine.server import _bind
+
+    async def main() -> int:
+        seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def on_connect(reader, writer) -> None:
+            sock = writer.get_extra_info("socket")
+            seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=_bind("127.0.0.1", 0))
+        host, port = server.sockets[0].getsockname()[:2]
+        _, writer = await asyncio.open_connection(host, port)
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(main()) != 0
