@@ -201,6 +201,8 @@ class ProcessKill(ProcessFault):
     signal: str = "KILL"
     restart_cmd: list[str] | None = None    # run on self.host; stored in the ledger
     healthy_cmd: list[str] | None = None    # rc 0 means healthy; polled
+    healthy_url: str | None = None          # GET from this machine answers 200 when healthy; polled
+    supervised: bool = False                # a service manager restarts the process by itself
     healthy_timeout_s: float = 60.0
     restart_hook_name: str | None = None    # a callable's name, so a recovery can say what it cannot call
     restart: HookCallable | None = no_ledger(default=None)
@@ -215,7 +217,8 @@ class ProcessKill(ProcessFault):
                               fix="use KILL (crash) or TERM (graceful stop); use process_hang for STOP")
         if self.restart is not None:
             self.restart_hook_name = _hook_name(self.restart)
-        if (self.restart or self.restart_cmd) and (self.healthy or self.healthy_cmd) is None:
+        if (self.restart or self.restart_cmd or self.supervised) and \
+                (self.healthy or self.healthy_cmd or self.healthy_url) is None:
             log.warning("%s: restart hook without healthy hook; verify_reverted cannot prove recovery", self.target)
 
     @classmethod
@@ -256,6 +259,9 @@ class ProcessKill(ProcessFault):
             self.restart(self.worker_id or str(self.pid))
         elif self.restart_cmd:
             ex.run(self.restart_cmd, timeout=self.healthy_timeout_s)
+        elif self.supervised:
+            self._restarted = True  # nothing to run: verify_reverted waits for the service manager's restart
+            return f"{self.worker_id or self.target} is supervised: its service manager restarts it"
         elif self.restart_hook_name:
             return (f"cannot restart {self.target}: its restart hook {self.restart_hook_name} lived in the harness "
                     "process that died; restart the worker through the cluster")
@@ -267,12 +273,14 @@ class ProcessKill(ProcessFault):
     def verify_reverted(self, ex: Executor) -> str:
         if not self._restarted:
             return "nothing was restarted; nothing to check"
-        if self.healthy is None and not self.healthy_cmd:
+        if self.healthy is None and not self.healthy_cmd and not self.healthy_url:
             return "restarted; no healthy hook to confirm it"
         deadline, pause = time.monotonic() + self.healthy_timeout_s, 0.05
         while True:
             if self.healthy is not None:
                 ok = bool(self.healthy(self.worker_id or str(self.pid)))
+            elif self.healthy_url:
+                ok = _http_ok(self.healthy_url)
             else:
                 ok = ex.run(self.healthy_cmd, timeout=COMMAND_TIMEOUT_S, check=False).rc == 0  # type: ignore[arg-type]
             if ok:
@@ -294,6 +302,8 @@ class ProcessKill(ProcessFault):
                          f"({self.worker_id or self.pid!r})")
         elif self.restart_cmd:
             lines.append(self._plan_line("revert", self.restart_cmd, "only if the pid is gone"))
+        elif self.supervised:
+            lines.append("revert: nothing to run (supervised: the service manager restarts it)")
         elif self.restart_hook_name:
             lines.append(f"revert: nothing (restart hook {self.restart_hook_name} was in the harness that died)")
         else:
@@ -301,12 +311,24 @@ class ProcessKill(ProcessFault):
         if self.healthy is not None:
             lines.append(f"verify_reverted: poll healthy hook {_hook_name(self.healthy)}"
                          f"({self.worker_id or self.pid!r}) up to {self.healthy_timeout_s}s")
+        elif self.healthy_url:
+            lines.append(f"verify_reverted: poll GET {self.healthy_url} from this machine until 200, up to "
+                         f"{self.healthy_timeout_s}s")
         elif self.healthy_cmd:
             lines.append(self._plan_line("verify_reverted", self.healthy_cmd,
                                          f"poll until rc 0, up to {self.healthy_timeout_s}s"))
         else:
             lines.append("verify_reverted: nothing to check")
         return lines
+
+
+def _http_ok(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _hook_name(hook: Callable[..., Any]) -> str:
