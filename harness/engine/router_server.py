@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from harness.engine.metrics import PREFIX
 from harness.engine.resilience_admin import ResilienceMetrics, resilience_api
 from harness.engine.router import Router, RouterConfig
+from harness.engine import DEFAULT_PRESET
 from harness.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def admin_api(router: Router) -> APIRouter:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.engine.router_server", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="small")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
     p.add_argument("--host", default="127.0.0.1", help="API address")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--control-host", default="127.0.0.1", help="address workers connect to")

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import httpx
 
+from harness.engine import DEFAULT_PRESET
 from harness.errors import ConfigError, EngineError
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="tiny", help="model preset (python -m harness presets); default tiny")
+    parser.add_argument("--preset", default=DEFAULT_PRESET,
+                        help=f"model preset (python -m harness presets); default {DEFAULT_PRESET}")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="port to listen on; 0 = any free port")
     parser.add_argument("--engine", choices=ENGINE_MODES, default="inproc",

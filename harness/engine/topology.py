@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import httpx
 
 from harness.engine.router import RouterConfig
+from harness.engine import DEFAULT_PRESET
 from harness.errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class WorkerAddress:
 
 
 class Topology:
-    def __init__(self, prefill: int = 1, decode: int = 1, preset: str = "small", host: str = "127.0.0.1",
+    def __init__(self, prefill: int = 1, decode: int = 1, preset: str = DEFAULT_PRESET, host: str = "127.0.0.1",
                  port: int = 0, router_config: RouterConfig | dict | None = None,
                  engine_config: dict | None = None,
                  worker_cmd_prefix: Callable[[str], Sequence[str]] | dict[str, Sequence[str]] | None = None,
@@ -287,7 +288,8 @@ class Topology:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
     parser.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
-    parser.add_argument("--preset", default="small", help="model preset (python -m harness presets)")
+    parser.add_argument("--preset", default=DEFAULT_PRESET,
+                        help=f"model preset (python -m harness presets); default {DEFAULT_PRESET}")
     parser.add_argument("--host", default="127.0.0.1", help="API address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="API port; 0 = any free port (default 8000)")
     parser.add_argument("--kv-budget-mb", type=int, default=None, help="KV pool per worker in MiB")

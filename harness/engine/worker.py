@@ -41,6 +41,7 @@ from harness.engine.worker_migration import LiveMigration
 from harness.engine.worker_stats import RecentWindow
 from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
                                      TransferConfig, TransferStats)
+from harness.engine import DEFAULT_PRESET
 from harness.errors import ConfigError, HarnessError
 
 log = logging.getLogger(__name__)
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role", required=True, choices=("prefill", "decode"))
     p.add_argument("--id", required=True)
     p.add_argument("--router", required=True, type=_hostport, help="router control address HOST:PORT")
-    p.add_argument("--preset", default="small")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
     p.add_argument("--engine-json", default="{}", help="EngineConfig fields as JSON (kv_budget_bytes, ...)")
     p.add_argument("--kv-host", default="127.0.0.1", help="fabric address: KV data plane (primary path)")
     p.add_argument("--control-host", default="127.0.0.1", help="control address: fallback KV path")
