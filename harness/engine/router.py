@@ -552,8 +552,13 @@ class Router:
         now = time.monotonic()
         w.health, w.down_reason = "dead", reason
         self.resilience.on_worker_lost(w)
+        # affected: the requests this worker was serving (their prefill, or their decode). A request
+        # it only held a reservation for, as the target of a live migration in flight, keeps running
+        # on its source (the migration fails) and is not the worker's to reschedule
+        serving = [a for a in w.attempts if (att := self._attempts.get(a)) is None
+                   or att.decode == w.id or (att.prefill == w.id and not att.kv_arrived)]
         self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
-                    affected=sorted(w.attempts))
+                    affected=sorted(serving))
         for att_id in list(w.attempts):
             att = self._attempts.get(att_id)
             if att is not None:

@@ -156,3 +156,36 @@ def test_a_load_ramp_from_idle_is_not_read_as_a_sick_worker():
         assert [r.token_ids for r in recs] == [oracle(p, 120) for p in prompts]
         decisions = [e for e in t.events() if e["type"] == "health_decision"]
         assert not [e for e in t.events() if e["type"] == "migration_started"], decisions
+
+
+def test_the_target_of_a_migration_in_flight_dying_does_not_list_the_request_as_its_own():
+    """A request migrating from A to B is reserved on B until the switch; if B dies then, the
+    request keeps running on A (the migration fails), so B's worker_down must not list it as
+    affected: item 6.1.4 waits for every affected request to be re-placed, and this one never is
+    (it never needed to be). Seen in a main-job run: a health migration in flight to a killed worker."""
+    import signal as _signal
+
+    with Topology(prefill=1, decode=2, preset=PRESET, router_config={"auto_migrate": False}) as t:
+        prompt = "A migration whose target dies:"
+        threads, recs = start_streams(t.api_url, [prompt])
+        source = busy_decode(t)["id"]
+        target = next(w for w in t.worker_ids("decode") if w != source)
+        t.kill(target, _signal.SIGSTOP)  # it will never answer migrate_in
+        result: dict = {}
+        asker = threading.Thread(target=lambda: result.update(r=httpx.post(
+            f"{t.api_url}/admin/migrate", json={"source": source, "target": target}, timeout=60)))
+        asker.start()
+        deadline = time.monotonic() + 30
+        while not any(e["type"] == "migration_started" for e in t.events()):
+            assert time.monotonic() < deadline, "the migration never started"
+            time.sleep(0.02)  # polling the admin API
+        t.kill(target, _signal.SIGKILL)
+        asker.join(60)
+        join(threads)
+        events = t.events()
+    down = [e for e in events if e["type"] == "worker_down" and e["worker"] == target]
+    assert down and down[0]["affected"] == [], down
+    assert result["r"].status_code != 200
+    rec = recs[0]
+    assert rec.status == "ok" and rec.token_ids == oracle(prompt, LONG) and rec.served_by == [source]
+    assert not [e for e in events if e["type"] == "reschedule"]
