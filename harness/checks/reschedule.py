@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
+from harness.checks.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
@@ -129,13 +130,6 @@ def _measure_one(fault: FaultMark, events: list[dict[str, Any]],
 def _sent_and_first_token_wall(rec: RequestRecord) -> tuple[float, float]:
     anchor = rec.anchor
     return anchor.perf_to_wall(rec.sent_ns) / 1e9, anchor.perf_to_wall(rec.first_token_ns) / 1e9  # type: ignore[arg-type]
-
-
-def nearest_rank(values: Sequence[float], q: float) -> float:
-    """The q-th percentile by nearest rank: an observed value, never an interpolation (so p100
-    is the worst fault, and with few samples p95 is honest about the tail)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist) -> Verdict:
