@@ -81,7 +81,11 @@ def _engine_config(args: argparse.Namespace):
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY only on accepted sockets whose proto is
+    # IPPROTO_TCP (accepted sockets inherit it). With proto 0, Nagle held every SSE chunk after
+    # the first until the client's delayed ACK (~40 ms) on keep-alive connections: clients saw
+    # TTFT ~40 ms late and the whole stream arrive in one burst (docs/load-and-metrics.md).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -197,3 +197,32 @@ def test_serve_refuses_a_port_in_use_and_a_bad_port(capsys):
     assert exc.value.code == 2 and "0..65535" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="engine mode"):
         ServerProcess("tiny", engine="gpu")
+
+
+def test_listening_socket_gives_connections_tcp_nodelay():
+    """asyncio turns Nagle off only for sockets whose proto is TCP; without it every SSE chunk
+    after the first waited for the client's delayed ACK on keep-alive connections."""
+    import asyncio
+    import socket
+
+    from harness.engine.server import _bind
+
+    async def main() -> int:
+        seen: list[int] = []
+
+        async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        sock = _bind("127.0.0.1", 0)
+        server = await asyncio.start_server(on_conn, sock=sock)
+        async with server:
+            _, w = await asyncio.open_connection(*sock.getsockname()[:2])
+            for _ in range(100):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            w.close()
+        return seen[0]
+
+    assert asyncio.run(main()) != 0
