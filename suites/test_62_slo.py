@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(300)]
 
-LOAD_S = 20.0      # seconds of load (--load-duration overrides): a few hundred requests on this machine
+LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundred requests on this machine
 
 
 class ServerHistograms:
