@@ -80,6 +80,12 @@ class ClientRescheduleSample:
         return d
 
 
+def client_faults(marks: Iterable[Any]) -> list[ClientFault]:
+    """ClientFaults of the engine-event measurement's FaultMarks (harness.checks.reschedule)."""
+    return [ClientFault(m.wall, (m.worker,), m.role, f"{'kill' if m.kind == 'process_kill' else 'hang'} {m.worker}")
+            for m in marks]
+
+
 def _wall(rec: RequestRecord, perf_ns: int | None) -> float | None:
     return None if perf_ns is None else rec.anchor.perf_to_wall(perf_ns) / 1e9
 
