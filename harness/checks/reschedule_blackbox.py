@@ -9,11 +9,10 @@ Rescheduling time of one fault = from the fault until BOTH
 (b) every stream that was in flight on the victim at the fault has ended: resumed and completed,
     or failed with a clear error from the server.
 
-Which streams were "on the victim": for a decode victim, streams whose chunks named it
-(``served_by``); for a prefill victim, streams still waiting for their first token at the fault
-(the victim may have held them; the client cannot tell which prefill worker did). An engine that
-names no worker in its stream makes every in-flight stream count. Counting too many only makes
-the time longer, never shorter.
+Which streams were "on the victim": streams whose chunks named it (``served_by``), and streams
+still waiting for their first token at the fault (the victim may have held them in prefill, or
+been chosen to decode them; the client cannot tell). An engine that names no worker in its stream
+makes every in-flight stream count. Counting too many only makes the time longer, never shorter.
 
 A hang is judged by the stall clients see: the **stall watchdog** is the longest gap between
 consecutive events (send, each chunk, end) of any stream in flight across the fault window. A
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
+from harness.checks.reschedule import time_measurements
 from harness.checks.stats import DEFINITION, nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
@@ -42,7 +42,7 @@ class ClientFault:
 
     wall: float
     victims: tuple[str, ...]
-    role: str | None = None      # "prefill", "decode", or None (unknown: both rules apply)
+    role: str | None = None      # "prefill", "decode" or None: for the report (the measurement needs no role)
     label: str = ""
 
 
@@ -98,10 +98,10 @@ def _in_flight_at(rec: RequestRecord, t: float) -> bool:
 def _on_victim(rec: RequestRecord, fault: ClientFault) -> bool:
     if not rec.served_by:
         return True  # the engine names no worker: the client cannot rule the stream out
-    if any(v in rec.served_by for v in fault.victims) and fault.role in (None, "decode"):
+    if any(v in rec.served_by for v in fault.victims):
         return True
     first = _wall(rec, rec.first_token_ns)
-    return fault.role in (None, "prefill") and (first is None or first > fault.wall)
+    return first is None or first > fault.wall  # not streaming yet: it may have been placed on the victim
 
 
 def longest_stall(rec: RequestRecord, start: float, end: float) -> float:
@@ -199,17 +199,9 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     rescheduling times and the longest stall against the item's 3 s, and every fault completed."""
     item = checklist.item("6.1.4")
     t = item.thresholds
-    done = [s.total_s for s in samples if s.total_s is not None]
     stalls = [s.longest_stall_s for s in samples]
-    n = len(samples)
-    measurements = [
-        Measurement(t["reschedule_p100_s"], nearest_rank(done, 100) if done else None,
-                    f"p100 client-view rescheduling time over {len(done)} fault(s)"),
-        Measurement(t["reschedule_p95_s"], nearest_rank(done, 95) if done else None,
-                    f"p95 client-view rescheduling time over {len(done)} fault(s)"),
-        Measurement(t["reschedule_p100_s"], max(stalls) if stalls else None,
-                    "longest stall a client saw across a fault"),
-        Measurement(t["faults_not_rescheduled"], n - len(done), f"faults whose rescheduling never completed (of {n})"),
-    ]
-    thin = None if n else "no fault was injected"
+    measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time")
+    measurements.insert(2, Measurement(t["reschedule_p100_s"], max(stalls) if stalls else None,
+                                       "longest stall a client saw across a fault"))
+    thin = None if samples else "no fault was injected"
     return judge(item, measurements, evidence=client_view_evidence(samples), inconclusive_because=thin)

@@ -85,6 +85,8 @@ def test_prefill_victims_and_engines_that_name_no_worker():
     ]
     [s] = measure_client_view([kill("prefill-0", "prefill")], records)
     assert s.affected == ["waiting"] and s.total_s == pytest.approx(0.7)
+    [s] = measure_client_view([kill("decode-0", "decode")], records)   # a decode victim: both were on it
+    assert s.affected == ["waiting", "decoding"]
     anonymous = [stream("a", T0 - 0.5, [T0 - 0.4, T0 + 0.9], end=T0 + 0.9, served_by=()),
                  stream("new", T0 + 0.1, [T0 + 0.2], end=T0 + 0.3, served_by=())]
     [s] = measure_client_view([kill()], anonymous)
