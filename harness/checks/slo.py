@@ -34,7 +34,7 @@ TPOT_ITEM = "6.2.tpot"
 MIN_REQUESTS = 20            # fewer successful requests: a p99 is just the worst one or two (origin: harness)
 BUCKET_LIMIT_RATIO = 2.0     # a bucket wider than this ratio of upper to lower edge makes a quantile a guess
 DISAGREEMENT_RATIO = 2.0     # client and server p50 (or mean) further apart than this factor ...
-DISAGREEMENT_MIN_MS = 20.0   # ... and by more than this many ms is called a large disagreement
+DISAGREEMENT_MIN_MS = {"ttft": 20.0, "tpot": 1.0}   # ... and by more than this many ms: a large disagreement
 
 DEFINITIONS = {
     "ttft": "first output chunk carrying a non-empty token minus the scheduled send (= actual send in closed loop)",
@@ -153,18 +153,19 @@ def client_latency(records: Sequence[RequestRecord]) -> ClientLatency:
     return ClientLatency(len(df), len(ok), pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), len(tpot))
 
 
-def disagreement(client_p50_ms: float | None, server: dict[str, Any] | None) -> str | None:
+def disagreement(client_p50_ms: float | None, server: dict[str, Any] | None, min_ms: float) -> str | None:
     """A sentence when client and server p50 (the server's mean when its p50 is bucket-limited)
-    differ by more than DISAGREEMENT_RATIO and DISAGREEMENT_MIN_MS; else None."""
+    differ by more than DISAGREEMENT_RATIO and ``min_ms``; else None. (A client TPOT far below the
+    server's is the tell of streams that reach the client in one burst: see docs/load-and-metrics.md.)"""
     if client_p50_ms is None or server is None:
         return None
     use_mean = server.get("p50_bucket_limited", True) or "p50_ms" not in server
     what, value = ("mean", server["mean_ms"]) if use_mean else ("p50", server["p50_ms"])
     hi, lo = max(client_p50_ms, value), min(client_p50_ms, value)
-    if hi - lo <= DISAGREEMENT_MIN_MS or (lo > 0 and hi / lo <= DISAGREEMENT_RATIO):
+    if hi - lo <= min_ms or (lo > 0 and hi / lo <= DISAGREEMENT_RATIO):
         return None
     return (f"client p50 {client_p50_ms:.1f} ms vs server {what} {value:.1f} ms: more than "
-            f"{DISAGREEMENT_RATIO:g}x and {DISAGREEMENT_MIN_MS:g} ms apart, so time is spent outside the engine's "
+            f"{DISAGREEMENT_RATIO:g}x and {min_ms:g} ms apart, so time is spent outside the engine's "
             "own measurement (network, proxy, client) or the histogram does not cover these requests")
 
 
@@ -192,7 +193,7 @@ def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
                                     "server": srv, "server_metric": (server_families or {}).get(key)}
         if srv is None:
             evidence["server_note"] = server_note or "the server's histogram observed no request in the run"
-        elif (gap := disagreement(p50, srv)) is not None:
+        elif (gap := disagreement(p50, srv, DISAGREEMENT_MIN_MS[key])) is not None:
             evidence["client_server_disagreement"] = gap
         verdicts.append(judge(item, measurements, evidence=evidence, inconclusive_because=thin))
     return verdicts[0], verdicts[1]

@@ -109,3 +109,14 @@ def test_a_large_client_server_disagreement_is_stated_in_the_evidence():
     close = {"ttft": histogram_delta([], parse_metrics(exposition([0.14] * 30)), FAMILY)}
     ttft, _ = slo_verdicts(records, cl, server=close)
     assert "client_server_disagreement" not in ttft.evidence and ttft.evidence["server"]["observations"] == 30
+
+
+def test_streams_arriving_in_one_burst_show_as_a_tpot_disagreement():
+    from harness.checks.slo import DISAGREEMENT_MIN_MS, disagreement
+
+    # the numbers of the Nagle bug (docs/load-and-metrics.md): client 0.07 ms, server 1.8 ms per token
+    server = {"mean_ms": 2.3, "p50_ms": 1.8, "p50_bucket_limited": False}
+    assert "client p50 0.1 ms vs server p50 1.8 ms" in disagreement(0.067, server, DISAGREEMENT_MIN_MS["tpot"])
+    assert disagreement(2.0, server, DISAGREEMENT_MIN_MS["tpot"]) is None
+    coarse = {"mean_ms": 2.3, "p50_ms": 4.0, "p50_bucket_limited": True}   # a guessed p50: compare the mean
+    assert "server mean 2.3 ms" in disagreement(0.067, coarse, DISAGREEMENT_MIN_MS["tpot"])
