@@ -12,68 +12,15 @@ nothing-lost invariant. No fault is injected.
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
-import httpx
 import pytest
 
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
-from harness.checks.slo import histogram_delta, slo_verdicts
-from harness.errors import ProbeError
-from harness.probes.prometheus import ENGINE_PROFILES, PrometheusScraper, Sample, engine_of, profile_for
-
-log = logging.getLogger(__name__)
+from harness.checks.slo import ServerHistograms, slo_verdicts
+from harness.probes.prometheus import engine_of
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(300)]
 
 LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundred requests on this machine
-
-
-class ServerHistograms:
-    """Before/after scrapes of the engine's TTFT and TPOT histograms; a scrape that fails is a
-    note in the evidence (the client verdicts stand without it), never an error."""
-
-    def __init__(self, cluster: Any) -> None:
-        self.profile_name = profile_for(cluster)
-        self.note: str | None = None
-        self.families: dict[str, str] = {}
-        self._scraper: PrometheusScraper | None = None
-        if self.profile_name is None:
-            self.note = f"engine {engine_of(cluster)!r} exposes no Prometheus metrics"
-        elif not cluster.metrics_url:
-            self.note = "the cluster file names no metrics URL (endpoints.metrics)"
-        else:
-            profile = ENGINE_PROFILES[self.profile_name]
-            self.families = {"ttft": profile["ttft_seconds"]}
-            # TPOT per request when the engine has it, else its inter-token latency (per chunk)
-            self.families["tpot"] = profile.get("tpot_seconds") or profile["itl_seconds"]
-            self._scraper = PrometheusScraper(cluster.metrics_url, engine=self.profile_name)
-        self.before: list[Sample] = self._scrape("before")
-
-    def _scrape(self, when: str) -> list[Sample]:
-        if self._scraper is None:
-            return []
-        try:
-            return self._scraper.scrape_once()
-        except (httpx.HTTPError, ProbeError) as exc:
-            self.note = f"scrape of {self._scraper.url} {when} the load failed: {exc}"
-            log.warning("%s", self.note)
-            self._scraper.stop()
-            self._scraper = None
-            return []
-
-    def deltas(self) -> dict[str, Any]:
-        after = self._scrape("after")
-        if self._scraper is not None:
-            self._scraper.stop()
-        if not after or not self.before:
-            return {}
-        out = {key: histogram_delta(self.before, after, family) for key, family in self.families.items()}
-        missing = [self.families[k] for k, d in out.items() if d is None]
-        if missing:
-            self.note = f"the metrics endpoint exposes no {', '.join(missing)}"
-        return out
 
 
 def test_ttft_and_tpot_meet_the_dashboard_targets(cluster, load, conformance, harness_options):

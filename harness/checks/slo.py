@@ -18,16 +18,23 @@ network, proxies, the client itself).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
+
+import httpx
 
 from harness.checks.stats import DEFINITION, nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.analysis import requests_frame
-from harness.probes.prometheus import Sample, histogram_quantile
+from harness.errors import ProbeError
+from harness.probes.prometheus import (ENGINE_PROFILES, PrometheusScraper, Sample, engine_of, histogram_quantile,
+                                       profile_for)
 from harness.probes.records import NOT_SENT, RequestRecord
+
+log = logging.getLogger(__name__)
 
 TTFT_ITEM = "6.2.ttft"
 TPOT_ITEM = "6.2.tpot"
@@ -197,3 +204,49 @@ def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
             evidence["client_server_disagreement"] = gap
         verdicts.append(judge(item, measurements, evidence=evidence, inconclusive_because=thin))
     return verdicts[0], verdicts[1]
+
+
+class ServerHistograms:
+    """Before/after scrapes of the engine's TTFT and TPOT histograms; a scrape that fails is a
+    note in the evidence (the client verdicts stand without it), never an error."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.profile_name = profile_for(cluster)
+        self.note: str | None = None
+        self.families: dict[str, str] = {}
+        self._scraper: PrometheusScraper | None = None
+        if self.profile_name is None:
+            self.note = f"engine {engine_of(cluster)!r} exposes no Prometheus metrics"
+        elif not cluster.metrics_url:
+            self.note = "the cluster file names no metrics URL (endpoints.metrics)"
+        else:
+            profile = ENGINE_PROFILES[self.profile_name]
+            self.families = {"ttft": profile["ttft_seconds"]}
+            # TPOT per request when the engine has it, else its inter-token latency (per chunk)
+            self.families["tpot"] = profile.get("tpot_seconds") or profile["itl_seconds"]
+            self._scraper = PrometheusScraper(cluster.metrics_url, engine=self.profile_name)
+        self.before: list[Sample] = self._scrape("before")
+
+    def _scrape(self, when: str) -> list[Sample]:
+        if self._scraper is None:
+            return []
+        try:
+            return self._scraper.scrape_once()
+        except (httpx.HTTPError, ProbeError) as exc:
+            self.note = f"scrape of {self._scraper.url} {when} the load failed: {exc}"
+            log.warning("%s", self.note)
+            self._scraper.stop()
+            self._scraper = None
+            return []
+
+    def deltas(self) -> dict[str, Any]:
+        after = self._scrape("after")
+        if self._scraper is not None:
+            self._scraper.stop()
+        if not after or not self.before:
+            return {}
+        out = {key: histogram_delta(self.before, after, family) for key, family in self.families.items()}
+        missing = [self.families[k] for k, d in out.items() if d is None]
+        if missing:
+            self.note = f"the metrics endpoint exposes no {', '.join(missing)}"
+        return out

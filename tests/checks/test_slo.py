@@ -2,12 +2,15 @@
 server's histogram deltas (real exposition text written by prometheus_client)."""
 
 import math
+import threading
+from types import SimpleNamespace
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, make_wsgi_app
 
-from harness.checks.slo import (MIN_REQUESTS, HistogramDelta, client_latency, histogram_delta, server_quantile,
-                                server_summary, slo_verdicts)
+from harness.checks.slo import (DISAGREEMENT_MIN_MS, MIN_REQUESTS, HistogramDelta, ServerHistograms, client_latency,
+                                disagreement, histogram_delta, server_quantile, server_summary, slo_verdicts)
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Status
 from harness.probes.prometheus import parse_metrics
@@ -112,11 +115,49 @@ def test_a_large_client_server_disagreement_is_stated_in_the_evidence():
 
 
 def test_streams_arriving_in_one_burst_show_as_a_tpot_disagreement():
-    from harness.checks.slo import DISAGREEMENT_MIN_MS, disagreement
-
     # the numbers of the Nagle bug (docs/load-and-metrics.md): client 0.07 ms, server 1.8 ms per token
     server = {"mean_ms": 2.3, "p50_ms": 1.8, "p50_bucket_limited": False}
     assert "client p50 0.1 ms vs server p50 1.8 ms" in disagreement(0.067, server, DISAGREEMENT_MIN_MS["tpot"])
     assert disagreement(2.0, server, DISAGREEMENT_MIN_MS["tpot"]) is None
     coarse = {"mean_ms": 2.3, "p50_ms": 4.0, "p50_bucket_limited": True}   # a guessed p50: compare the mean
     assert "server mean 2.3 ms" in disagreement(0.067, coarse, DISAGREEMENT_MIN_MS["tpot"])
+
+
+def test_server_histograms_scrape_a_real_endpoint_before_and_after():
+    reg = CollectorRegistry()
+    ttft = Histogram(FAMILY, "ttft", ["model_name"], buckets=(0.01, 0.02, 0.05, 0.1), registry=reg)
+    tpot = Histogram("pdengine_request_time_per_output_token_seconds", "tpot", ["model_name"],
+                     buckets=(0.001, 0.002, 0.005), registry=reg)
+    ttft.labels("tiny").observe(0.015)   # before the run: must not count
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = make_server("127.0.0.1", 0, make_wsgi_app(reg), handler_class=Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_port}/metrics"
+        server = ServerHistograms(SimpleNamespace(metrics_url=url))   # no engine: field -> bundled profile
+        for _ in range(10):
+            ttft.labels("tiny").observe(0.04)
+            tpot.labels("tiny").observe(0.0015)
+        deltas = server.deltas()
+    finally:
+        httpd.shutdown()
+        thread.join()
+        httpd.server_close()
+    assert server.note is None and server.families["tpot"] == "pdengine_request_time_per_output_token_seconds"
+    assert deltas["ttft"].count == 10 and server_summary(deltas["ttft"])["p50_bucket_ms"] == [20.0, 50.0]
+    assert deltas["tpot"].count == 10
+
+
+def test_server_histograms_say_why_there_are_none():
+    openai = ServerHistograms(SimpleNamespace(engine="openai", metrics_url="http://127.0.0.1:1/metrics"))
+    assert openai.deltas() == {} and "'openai' exposes no Prometheus metrics" in openai.note
+    no_url = ServerHistograms(SimpleNamespace(engine="vllm", metrics_url=None))
+    assert no_url.deltas() == {} and "no metrics URL" in no_url.note
+    down = ServerHistograms(SimpleNamespace(engine="sglang", metrics_url="http://127.0.0.1:1/metrics"))
+    assert down.deltas() == {} and "before the load failed" in down.note
+    assert down.families["tpot"] == "sglang:inter_token_latency_seconds"   # SGLang has no TPOT histogram
