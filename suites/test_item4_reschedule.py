@@ -3,8 +3,10 @@
 Under load, kill prefill and decode workers several times each (SIGKILL), then hang one of each
 (SIGSTOP), and judge the distribution of rescheduling times (harness/checks/reschedule.py: from the
 fault until the worker is declared down, every affected request is re-placed and a new request
-succeeds) against the checklist's 3 s. Every request of the run must satisfy the nothing-lost
-invariant. Each fault is reverted (killed workers restarted, hung ones resumed) before the next.
+succeeds) against the checklist's 3 s; the same faults measured from the client records alone
+(harness/checks/reschedule_blackbox.py: streams on the victim ended, a new request served, the
+longest stall clients saw) go into the verdict's evidence. Every request of the run must satisfy
+the nothing-lost invariant. Each fault is reverted (killed workers restarted, hung ones resumed) before the next.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
+from harness.checks.reschedule_blackbox import client_faults, client_view_evidence, measure_client_view
 from harness.checks.verdict import Verdict
 from harness.errors import EngineError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
@@ -166,6 +169,8 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     events = timeline.events()
     samples = measure(marks, events, records)
     verdict = reschedule_verdict(samples, checklist)
+    # the same faults seen by the clients alone (the measurement a cluster without router events gets)
+    verdict.evidence["client_view"] = client_view_evidence(measure_client_view(client_faults(marks), records))
     links = traffic.links()
     verdict.evidence.update(links=links, load_runs=len(traffic.runs), requests=len(records),
                             longest_fault_cycle_s={k: round(v, 2) for k, v in cycle_s.items()})

@@ -138,6 +138,12 @@ def oracle_expectation(oracle: Callable[..., list[int]], *, ignore_eos: bool, ch
     return expected
 
 
+def failed_with_clear_error(rec: RequestRecord) -> bool:
+    """The request failed and the server said why (HTTP error body, SSE error event, finish
+    reason "error" with a message); False for an error only the client noticed."""
+    return (not rec.ok or rec.finish_reason == "error") and _clear_error(rec)
+
+
 def _clear_error(rec: RequestRecord) -> bool:
     if not (rec.error_message or "").strip():
         return False

@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
+from harness.checks.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
@@ -131,26 +132,25 @@ def _sent_and_first_token_wall(rec: RequestRecord) -> tuple[float, float]:
     return anchor.perf_to_wall(rec.sent_ns) / 1e9, anchor.perf_to_wall(rec.first_token_ns) / 1e9  # type: ignore[arg-type]
 
 
-def nearest_rank(values: Sequence[float], q: float) -> float:
-    """The q-th percentile by nearest rank: an observed value, never an interpolation (so p100
-    is the worst fault, and with few samples p95 is honest about the tail)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+def time_measurements(t: dict[str, Any], times: Sequence[float | None], what: str) -> list[Measurement]:
+    """p100 and p95 of the completed times (None: rescheduling never completed) against the item's
+    thresholds, and how many faults never completed."""
+    done = [v for v in times if v is not None]
+    return [
+        Measurement(t["reschedule_p100_s"], nearest_rank(done, 100) if done else None,
+                    f"p100 {what} over {len(done)} fault(s)"),
+        Measurement(t["reschedule_p95_s"], nearest_rank(done, 95) if done else None,
+                    f"p95 {what} over {len(done)} fault(s)"),
+        Measurement(t["faults_not_rescheduled"], len(times) - len(done),
+                    f"faults whose rescheduling never completed (of {len(times)})"),
+    ]
 
 
 def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist) -> Verdict:
     item = checklist.item(ITEM)
     t = item.thresholds
-    done = [s.total_s for s in samples if s.total_s is not None]
     incomplete = [s for s in samples if s.total_s is None]
-    n = len(samples)
-    measurements = [
-        Measurement(t["reschedule_p100_s"], nearest_rank(done, 100) if done else None,
-                    f"p100 rescheduling time over {len(done)} fault(s)"),
-        Measurement(t["reschedule_p95_s"], nearest_rank(done, 95) if done else None,
-                    f"p95 rescheduling time over {len(done)} fault(s)"),
-        Measurement(t["faults_not_rescheduled"], len(incomplete), f"faults whose rescheduling never completed (of {n})"),
-    ]
+    measurements = time_measurements(t, [s.total_s for s in samples], "rescheduling time")
     need = int(t["min_faults_per_kind"].value)
     groups: dict[str, int] = {}
     for s in samples:

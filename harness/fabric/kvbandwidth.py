@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from harness.checks.stats import nearest_rank
 from harness.errors import ConfigError, ProbeError
 from harness.fabric.bandwidth import Station
 from harness.fabric.procs import HostProcess
@@ -44,7 +44,7 @@ class KVPoint:
 
     @property
     def median_gbit_per_s(self) -> float:
-        return statistics.median(self.gbit_per_s)
+        return nearest_rank(self.gbit_per_s, 50)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "size_mib": self.size_bytes / (1 << 20), "median_gbit_per_s": self.median_gbit_per_s}

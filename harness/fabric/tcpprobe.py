@@ -15,12 +15,12 @@ import logging
 import os
 import shutil
 import socket
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from harness.checks.stats import nearest_rank
 from harness.errors import ConfigError, ProbeError
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.procs import HostProcess
@@ -47,11 +47,6 @@ class TcpClassSample:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "throughput_gbit_per_s": self.throughput_bps / 1e9}
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
 
 
 def _realtime(station: Station) -> tuple[str, ...]:
@@ -92,7 +87,7 @@ def sample_tcp_class(client: Station, server: Station, *, label: str, port: int 
     rtts = measure_round_trips(client, server, port=port, seconds=rr_seconds)
     # our own bulk ends: a stalled class then reads as 0 bit/s instead of an iperf3 control-channel error
     bulk = measure_bulk(client, server, port=port + 1, duration_s=bulk_seconds, tool="python", allow_zero=True)
-    sample = TcpClassSample(label, statistics.median(rtts), _quantile(rtts, 0.99), max(rtts), len(rtts),
+    sample = TcpClassSample(label, nearest_rank(rtts, 50), nearest_rank(rtts, 99), max(rtts), len(rtts),
                             bulk.bps, t0, time.time())
     log.info("TCP class %s: RTT p50 %.3f ms p99 %.3f ms (%d), bulk %.3f Gbit/s", label, sample.rtt_p50_ms,
              sample.rtt_p99_ms, sample.round_trips, bulk.bps / 1e9)

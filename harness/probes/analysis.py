@@ -9,7 +9,8 @@
   send, which adds the generator's own queueing delay (no coordinated omission). In closed
   loop both are equal.
 - Only ``ok`` requests enter percentiles; every other status is counted apart.
-- Percentiles interpolate linearly between order statistics (numpy's default).
+- Percentiles by nearest rank, the project's one definition (harness/checks/stats.py): always an
+  observed value, never an interpolation between two.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.checks.stats import percentile_or_nan
 from harness.errors import ProbeError
 from harness.probes.records import NOT_SENT, STATUSES, RequestRecord
 
@@ -93,7 +95,7 @@ def itl_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
 def percentiles(values: Sequence[float] | pd.Series, qs: Sequence[float] = PERCENTILES) -> dict[str, float]:
     """{"p50": .., "p90": .., "mean": .., "max": .., "n": ..} over the non-NaN values."""
     arr = np.asarray(pd.Series(values, dtype="float64").dropna())
-    out: dict[str, float] = {f"p{q:g}": (float(np.percentile(arr, q)) if arr.size else math.nan) for q in qs}
+    out: dict[str, float] = {f"p{q:g}": percentile_or_nan(arr.tolist(), q) for q in qs}
     out["mean"] = float(arr.mean()) if arr.size else math.nan
     out["max"] = float(arr.max()) if arr.size else math.nan
     out["n"] = int(arr.size)

@@ -77,8 +77,15 @@ ENGINE_PROFILES: dict[str, dict[str, str]] = {
         "preemptions": "vllm:num_preemptions",
         "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens",
         "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
-        "kv_transfer_bytes": "vllm:nixl_bytes_transferred",
+        # NIXL's byte and time series are histograms (one observation per transfer): the totals are
+        # their _sum, the number of transfers their _count, so series()/rate() read those samples
+        "kv_transfer_bytes": "vllm:nixl_bytes_transferred_sum",
+        "kv_transfers": "vllm:nixl_bytes_transferred_count",
+        "kv_transfer_seconds": "vllm:nixl_xfer_time_seconds_sum",
         "kv_transfer_failures": "vllm:nixl_num_failed_transfers",
+        # prompt tokens by where their KV came from; series("prompt_tokens_by_source",
+        # source="external_kv_transfer") shows KV that moved in from a prefill instance
+        "prompt_tokens_by_source": "vllm:prompt_tokens_by_source",
     },
     "sglang": {
         "ttft_seconds": "sglang:time_to_first_token_seconds",
@@ -99,9 +106,30 @@ ENGINE_PROFILES: dict[str, dict[str, str]] = {
         "requests_waiting": "dynamo_frontend_queued_requests",
         "requests_finished": "dynamo_frontend_requests",
         "migrations": "dynamo_frontend_model_migration",
-        "rejections": "dynamo_tasks_rejected",
+        "rejections": "dynamo_frontend_model_rejection",   # _total: requests refused as overloaded (HTTP 529/503)
+        # worker kvstats (each worker's system port, DYN_SYSTEM_PORT): KV use 0..1 and blocks
+        "kv_usage": "dynamo_component_kvstats_gpu_cache_usage_percent",
+        "kv_blocks_used": "dynamo_component_kvstats_active_blocks",
+        "kv_blocks_total": "dynamo_component_kvstats_total_blocks",
     },
 }
+
+# the cluster file's ``engine:`` -> metric profile; None: the engine exposes no Prometheus metrics
+ENGINE_PROFILE_OF = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo", "openai": None}
+
+
+def engine_of(cluster: object) -> str:
+    """The engine a cluster runs (``engine:`` of the cluster file; files without one: bundled)."""
+    return getattr(cluster, "engine", None) or "bundled"
+
+
+def profile_for(cluster: object) -> str | None:
+    """The metric profile to scrape ``cluster`` with, or None when its engine has no metrics."""
+    engine = engine_of(cluster)
+    if engine not in ENGINE_PROFILE_OF:
+        raise ProbeError(f"engine {engine!r} has no metric profile",
+                         fix=f"set engine: to one of {', '.join(ENGINE_PROFILE_OF)}")
+    return ENGINE_PROFILE_OF[engine]
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,103 @@ def test_scraper_collects_series_from_a_real_server():
     assert scraper.quantile("ttft_seconds", 0.5, end_wall_ns=mid_wall) == ttft_p50
     frame = scraper.frame()
     assert {"t_wall_ns", "t_mono_ns", "name", "labels", "value"} <= set(frame.columns) and len(frame) > 20
+
+
+# Real-shaped expositions (names, types and labels as each engine exports them; REFERENCE.md and
+# the engines' metric docs), read through each engine's profile.
+VLLM_TEXT = """\
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 40.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 600.0
+# HELP vllm:nixl_bytes_transferred Bytes transferred per NIXL KV Cache transfer.
+# TYPE vllm:nixl_bytes_transferred histogram
+vllm:nixl_bytes_transferred_bucket{engine="0",le="1048576.0",model_name="m"} 1.0
+vllm:nixl_bytes_transferred_bucket{engine="0",le="+Inf",model_name="m"} 3.0
+vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} 3.0
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 9437184.0
+# HELP vllm:nixl_xfer_time_seconds Transfer duration for NIXL KV Cache transfers.
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 3.0
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 3.0
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.012
+# HELP vllm:nixl_num_failed_transfers Number of failed NIXL KV Cache transfers.
+# TYPE vllm:nixl_num_failed_transfers counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 1.0
+"""
+
+SGLANG_TEXT = """\
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.61
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 7.0
+"""
+
+DYNAMO_TEXT = """\
+# HELP dynamo_frontend_model_rejection_total Total number of requests rejected due to resource exhaustion
+# TYPE dynamo_frontend_model_rejection_total counter
+dynamo_frontend_model_rejection_total{endpoint="chat_completions",model="m"} 4
+dynamo_frontend_model_rejection_total{endpoint="completions",model="m"} 1
+# HELP dynamo_component_kvstats_gpu_cache_usage_percent GPU cache usage as a percentage (0.0-1.0)
+# TYPE dynamo_component_kvstats_gpu_cache_usage_percent gauge
+dynamo_component_kvstats_gpu_cache_usage_percent{dp_rank="0"} 0.875
+# HELP dynamo_component_kvstats_active_blocks Number of active KV cache blocks currently in use
+# TYPE dynamo_component_kvstats_active_blocks gauge
+dynamo_component_kvstats_active_blocks{dp_rank="0"} 700
+# HELP dynamo_component_kvstats_total_blocks Total number of KV cache blocks available
+# TYPE dynamo_component_kvstats_total_blocks gauge
+dynamo_component_kvstats_total_blocks{dp_rank="0"} 800
+"""
+
+
+def _scraper_with(engine: str, text: str) -> PrometheusScraper:
+    scraper = PrometheusScraper("http://127.0.0.1:1/metrics", engine=engine)
+    scraper.samples.extend(parse_metrics(text, t_wall_ns=1))
+    scraper.stop()
+    return scraper
+
+
+def _value(scraper: PrometheusScraper, quantity: str, **labels: str) -> float:
+    [value] = scraper.series(quantity, **labels)["value"].tolist()
+    return value
+
+
+def test_vllm_profile_reads_kv_use_nixl_histogram_totals_and_kv_by_source():
+    s = _scraper_with("vllm", VLLM_TEXT)
+    assert _value(s, "kv_usage") == 0.25
+    assert _value(s, "kv_transfer_bytes") == 9437184.0 and _value(s, "kv_transfers") == 3.0
+    assert _value(s, "kv_transfer_seconds") == pytest.approx(0.012)
+    assert _value(s, "kv_transfer_failures") == 1.0
+    assert _value(s, "prompt_tokens_by_source", source="external_kv_transfer") == 600.0
+    assert _value(s, "prompt_tokens_by_source") == 640.0   # all sources summed
+
+
+def test_sglang_profile_reads_token_usage_as_kv_use():
+    s = _scraper_with("sglang", SGLANG_TEXT)
+    assert _value(s, "kv_usage") == 0.61 and _value(s, "requests_waiting") == 7.0
+
+
+def test_dynamo_profile_reads_the_frontend_rejection_counter_and_kvstats():
+    s = _scraper_with("dynamo", DYNAMO_TEXT)
+    assert _value(s, "rejections") == 5.0
+    assert _value(s, "rejections", endpoint="completions") == 1.0
+    assert _value(s, "kv_usage") == 0.875
+    assert (_value(s, "kv_blocks_used"), _value(s, "kv_blocks_total")) == (700, 800)
+
+
+def test_engine_of_a_cluster_selects_its_profile():
+    from types import SimpleNamespace
+
+    from harness.probes.prometheus import profile_for
+
+    assert profile_for(SimpleNamespace()) == "pdengine"                 # a file without engine: (bundled)
+    assert profile_for(SimpleNamespace(engine="vllm")) == "vllm"
+    assert profile_for(SimpleNamespace(engine="openai")) is None        # no metrics endpoint
+    with pytest.raises(ProbeError, match="has no metric profile"):
+        profile_for(SimpleNamespace(engine="trtllm"))

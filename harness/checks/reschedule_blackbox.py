@@ -1,0 +1,207 @@
+"""Checklist item 6.1.4 from the client's view: the same measurement on any engine, needing only
+the client's request records (every chunk's arrival, status, error, the workers named by the
+stream when the engine names any), the fault's time and the victim worker(s).
+
+Rescheduling time of one fault = from the fault until BOTH
+
+(a) a request SENT after the fault succeeded (its first token counts: from then on new work is
+    served; it must also complete ok), and
+(b) every stream that was in flight on the victim at the fault has ended: resumed and completed,
+    or failed with a clear error from the server.
+
+Which streams were "on the victim": streams whose chunks named it (``served_by``), and streams
+still waiting for their first token at the fault (the victim may have held them in prefill, or
+been chosen to decode them; the client cannot tell). An engine that names no worker in its stream
+makes every in-flight stream count. Counting too many only makes the time longer, never shorter.
+
+A hang is judged by the stall clients see: the **stall watchdog** is the longest gap between
+consecutive events (send, each chunk, end) of any stream in flight across the fault window. A
+stream that ended without a final state, or was cut with no error from the server, is a
+nothing-lost failure and is named.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from harness.checks.invariants import failed_with_clear_error
+from harness.checks.reschedule import time_measurements
+from harness.checks.stats import DEFINITION, nearest_rank
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Verdict, judge
+from harness.probes.records import NOT_SENT, RequestRecord
+
+DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
+
+
+@dataclass(frozen=True)
+class ClientFault:
+    """One fault as the client-view measurement needs it: wall time (time.time()) and victims."""
+
+    wall: float
+    victims: tuple[str, ...]
+    role: str | None = None      # "prefill", "decode" or None: for the report (the measurement needs no role)
+    label: str = ""
+
+
+@dataclass
+class ClientRescheduleSample:
+    fault: ClientFault
+    affected: list[str] = field(default_factory=list)          # request ids in flight on the victim
+    completed: list[str] = field(default_factory=list)         # affected, resumed and completed ok
+    failed_clearly: list[str] = field(default_factory=list)    # affected, failed with the server's error
+    cut_without_error: list[str] = field(default_factory=list) # nothing-lost failures
+    never_ended: list[str] = field(default_factory=list)       # timed out / cancelled / no end
+    first_new_success_s: float | None = None
+    affected_ended_s: float | None = None     # when the last affected stream ended, after the fault
+    longest_stall_s: float = 0.0
+    stall_request: str | None = None
+    total_s: float | None = None
+    problem: str | None = None
+
+    @property
+    def breakdown(self) -> str:
+        parts = [f"{len(self.affected)} stream(s) on the victim"]
+        if self.affected:
+            parts.append(f"{len(self.completed)} completed, {len(self.failed_clearly)} failed clearly"
+                         + (f", all ended by +{self.affected_ended_s:.2f} s" if self.affected_ended_s is not None
+                            and not self.never_ended and not self.cut_without_error else ""))
+        parts.append("no new request succeeded" if self.first_new_success_s is None
+                     else f"new request +{self.first_new_success_s:.2f} s")
+        parts.append(f"longest stall {self.longest_stall_s:.2f} s"
+                     + (f" ({self.stall_request})" if self.stall_request else ""))
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["breakdown"] = self.breakdown
+        return d
+
+
+def client_faults(marks: Iterable[Any]) -> list[ClientFault]:
+    """ClientFaults of the engine-event measurement's FaultMarks (harness.checks.reschedule)."""
+    return [ClientFault(m.wall, (m.worker,), m.role, f"{'kill' if m.kind == 'process_kill' else 'hang'} {m.worker}")
+            for m in marks]
+
+
+def _wall(rec: RequestRecord, perf_ns: int | None) -> float | None:
+    return None if perf_ns is None else rec.anchor.perf_to_wall(perf_ns) / 1e9
+
+
+def _in_flight_at(rec: RequestRecord, t: float) -> bool:
+    sent, end = _wall(rec, rec.sent_ns), _wall(rec, rec.end_ns)
+    return sent is not None and sent < t and (end is None or end > t)
+
+
+def _on_victim(rec: RequestRecord, fault: ClientFault) -> bool:
+    if not rec.served_by:
+        return True  # the engine names no worker: the client cannot rule the stream out
+    if any(v in rec.served_by for v in fault.victims):
+        return True
+    first = _wall(rec, rec.first_token_ns)
+    return first is None or first > fault.wall  # not streaming yet: it may have been placed on the victim
+
+
+def longest_stall(rec: RequestRecord, start: float, end: float) -> float:
+    """The longest gap between consecutive events (send, chunks, end) of ``rec`` that overlaps
+    [start, end]; a stream with no end stalls until ``end``."""
+    times = [_wall(rec, rec.sent_ns)] + [_wall(rec, t) for t in rec.chunk_ns]
+    last = _wall(rec, rec.end_ns)
+    times.append(end if last is None else last)
+    worst = 0.0
+    for a, b in zip(times, times[1:]):
+        if a is not None and b is not None and b > start and a < end:
+            worst = max(worst, b - a)
+    return worst
+
+
+def measure_client_view(faults: Sequence[ClientFault], records: Iterable[RequestRecord], *,
+                        window_s: float = DEFAULT_WINDOW_S) -> list[ClientRescheduleSample]:
+    """One sample per fault (see the module doc); a fault's window ends at the next fault."""
+    records = [r for r in records if r.error_class != NOT_SENT]
+    ordered = sorted(faults, key=lambda f: f.wall)
+    out = []
+    for i, fault in enumerate(ordered):
+        until = min(fault.wall + window_s, ordered[i + 1].wall if i + 1 < len(ordered) else math.inf)
+        out.append(_measure_one(fault, records, until))
+    return out
+
+
+def _measure_one(fault: ClientFault, records: list[RequestRecord], until: float) -> ClientRescheduleSample:
+    s = ClientRescheduleSample(fault)
+    for rec in records:  # the watchdog: every stream open at any time in the window, old or new
+        sent, end = _wall(rec, rec.sent_ns), _wall(rec, rec.end_ns)
+        if sent is not None and sent < until and (end is None or end > fault.wall):
+            stall = longest_stall(rec, fault.wall, until)
+            if stall > s.longest_stall_s:
+                s.longest_stall_s, s.stall_request = stall, rec.request_id
+    ends: list[float] = []
+    for rec in (r for r in records if _in_flight_at(r, fault.wall)):
+        if not _on_victim(rec, fault):
+            continue
+        s.affected.append(rec.request_id)
+        end = _wall(rec, rec.end_ns)
+        if rec.status in ("timeout", "cancelled") or end is None:
+            s.never_ended.append(rec.request_id)
+            continue
+        ends.append(end - fault.wall)
+        if rec.ok and rec.finish_reason != "error":
+            s.completed.append(rec.request_id)
+        elif failed_with_clear_error(rec):
+            s.failed_clearly.append(rec.request_id)
+        else:
+            s.cut_without_error.append(rec.request_id)
+    s.affected_ended_s = max(ends, default=0.0 if not s.affected else None)
+    firsts = [_wall(r, r.first_token_ns) for r in records
+              if r.ok and r.finish_reason != "error" and r.first_token_ns is not None
+              and (_wall(r, r.sent_ns) or 0.0) >= fault.wall]
+    first = min((f for f in firsts if f is not None), default=None)
+    s.first_new_success_s = None if first is None else first - fault.wall
+    if s.never_ended or s.cut_without_error:
+        s.problem = (f"{len(s.never_ended)} stream(s) on the victim never ended, {len(s.cut_without_error)} were cut "
+                     f"without an error from the server: " + ", ".join((s.never_ended + s.cut_without_error)[:10]))
+    elif s.first_new_success_s is None:
+        s.problem = "no request sent after the fault succeeded"
+    else:
+        s.total_s = max(s.first_new_success_s, s.affected_ended_s or 0.0)
+    return s
+
+
+def client_view_evidence(samples: Sequence[ClientRescheduleSample]) -> dict[str, Any]:
+    """The client-view distribution for a verdict's evidence: nearest-rank p50/p95/p100 of the
+    rescheduling times and of the stalls, each fault's breakdown, and every stream lost."""
+    done = [s.total_s for s in samples if s.total_s is not None]
+    stalls = [s.longest_stall_s for s in samples]
+
+    def dist(values: list[float]) -> dict[str, Any]:
+        if not values:
+            return {"n": 0}
+        return {"n": len(values), **{f"p{q}": round(nearest_rank(values, q), 4) for q in (50, 95, 100)}}
+
+    return {
+        "definition": "from the fault until a request sent after it has its first token (and completes ok) and "
+                      "every stream in flight on the victim has ended (completed, or failed with a clear error); "
+                      "stall: the longest gap between consecutive events of any stream in flight across the fault",
+        "percentile": DEFINITION,
+        "reschedule_s": dist(done),
+        "longest_stall_s": dist(stalls),
+        "not_rescheduled": [f"{s.fault.label}: {s.problem}" for s in samples if s.total_s is None],
+        "cut_without_error": sorted({r for s in samples for r in s.cut_without_error}),
+        "samples": [{"label": s.fault.label, "value": None if s.total_s is None else round(s.total_s, 4),
+                     "note": s.breakdown} for s in samples],
+    }
+
+
+def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Checklist) -> Verdict:
+    """6.1.4 judged from the client's view alone (a cluster without router events): the
+    rescheduling times and the longest stall against the item's 3 s, and every fault completed."""
+    item = checklist.item("6.1.4")
+    t = item.thresholds
+    stalls = [s.longest_stall_s for s in samples]
+    measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time")
+    measurements.insert(2, Measurement(t["reschedule_p100_s"], max(stalls) if stalls else None,
+                                       "longest stall a client saw across a fault"))
+    thin = None if samples else "no fault was injected"
+    return judge(item, measurements, evidence=client_view_evidence(samples), inconclusive_because=thin)

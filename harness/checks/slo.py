@@ -1,0 +1,252 @@
+"""Checklist items 6.2.ttft and 6.2.tpot (Section 6.2 dashboard, "TTFT P50/P99 (目标: <200ms/<500ms)",
+"TPOT P50/P99 (目标: <30ms/<80ms)").
+
+Judged from the CLIENT's records, the latency users see (docs/load-and-metrics.md): TTFT is the
+first chunk that carries a non-empty token minus the (scheduled) send, TPOT is (E2E - TTFT) / (n - 1)
+over requests with n >= 2 output tokens; only successful requests enter the percentiles, which
+are nearest-rank (harness/checks/stats.py).
+
+Beside them, the server's own view: the engine's TTFT and TPOT histograms (named by its metric
+profile), scraped before and after the load; the DELTA of the cumulative buckets holds exactly the
+requests of the run. Quantiles are interpolated inside the bucket that holds them, as Prometheus'
+``histogram_quantile`` does, and flagged **bucket-limited** when that bucket is wide (upper edge
+more than twice the lower one, or open-ended): the value is then a guess inside the bucket, and
+the mean from ``_sum / _count`` is the better server number. The server values are evidence only;
+a large client/server disagreement is stated in the evidence (time spent outside the engine:
+network, proxies, the client itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import httpx
+
+from harness.checks.stats import DEFINITION, nearest_rank
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Verdict, judge
+from harness.probes.analysis import requests_frame
+from harness.errors import ProbeError
+from harness.probes.prometheus import (ENGINE_PROFILES, PrometheusScraper, Sample, engine_of, histogram_quantile,
+                                       profile_for)
+from harness.probes.records import NOT_SENT, RequestRecord
+
+log = logging.getLogger(__name__)
+
+TTFT_ITEM = "6.2.ttft"
+TPOT_ITEM = "6.2.tpot"
+MIN_REQUESTS = 20            # fewer successful requests: a p99 is just the worst one or two (origin: harness)
+BUCKET_LIMIT_RATIO = 2.0     # a bucket wider than this ratio of upper to lower edge makes a quantile a guess
+DISAGREEMENT_RATIO = 2.0     # client and server p50 (or mean) further apart than this factor ...
+DISAGREEMENT_MIN_MS = {"ttft": 20.0, "tpot": 1.0}   # ... and by more than this many ms: a large disagreement
+
+DEFINITIONS = {
+    "ttft": "first output chunk carrying a non-empty token minus the scheduled send (= actual send in closed loop)",
+    "tpot": "(E2E - TTFT) / (n - 1), n = output tokens (server usage, else counted), requests with n >= 2",
+    "percentile": DEFINITION,
+    "population": "successful requests only; failed ones are counted apart (nothing-lost verdict)",
+}
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """Observations a server histogram gained between two scrapes, summed over its label sets."""
+
+    buckets: tuple[tuple[float, float], ...]   # (le, cumulative count), sorted, +Inf last
+    sum: float
+    count: float
+
+
+@dataclass(frozen=True)
+class ServerQuantile:
+    q: float
+    value_s: float
+    bucket: tuple[float, float]   # (lower, upper) edge of the bucket holding the q-th observation
+    bucket_limited: bool
+
+
+def _per_family(samples: Iterable[Sample], family: str) -> tuple[dict[float, float], float, float, bool]:
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    seen = False
+    for s in samples:
+        if s.name == family + "_bucket":
+            le = float(dict(s.labels)["le"])
+            buckets[le] = buckets.get(le, 0.0) + s.value
+            seen = True
+        elif s.name == family + "_sum":
+            total += s.value
+        elif s.name == family + "_count":
+            count += s.value
+    return buckets, total, count, seen
+
+
+def histogram_delta(before: Iterable[Sample], after: Iterable[Sample], family: str) -> HistogramDelta | None:
+    """``after - before`` of histogram ``family``; None when the family is not in ``after``. A
+    count that went down means the server restarted in between: its ``after`` counts are the delta."""
+    b_buckets, b_sum, b_count, _ = _per_family(before, family)
+    a_buckets, a_sum, a_count, seen = _per_family(after, family)
+    if not seen:
+        return None
+    if a_count < b_count or any(a_buckets.get(le, 0.0) < c for le, c in b_buckets.items()):
+        b_buckets, b_sum, b_count = {}, 0.0, 0.0
+    buckets = tuple((le, a_buckets[le] - b_buckets.get(le, 0.0)) for le in sorted(a_buckets))
+    return HistogramDelta(buckets, a_sum - b_sum, a_count - b_count)
+
+
+def server_quantile(delta: HistogramDelta, q: float) -> ServerQuantile | None:
+    """q-quantile of the delta (linear inside its bucket); None with no observations."""
+    total = delta.buckets[-1][1] if delta.buckets else 0.0
+    if total <= 0:
+        return None
+    value = histogram_quantile(q, list(delta.buckets))
+    rank = q * total
+    lower = 0.0
+    for le, count in delta.buckets:
+        if count >= rank:
+            limited = math.isinf(le) or lower <= 0 or le > BUCKET_LIMIT_RATIO * lower
+            return ServerQuantile(q, value, (lower, le), limited)
+        lower = le
+    return ServerQuantile(q, value, (lower, math.inf), True)
+
+
+def server_summary(delta: HistogramDelta | None) -> dict[str, Any] | None:
+    """JSON-able server view of one histogram in ms: p50, p99 (with their buckets and the
+    bucket-limited flag), mean from _sum/_count, observations; None when nothing was observed."""
+    if delta is None or delta.count <= 0:
+        return None
+    out: dict[str, Any] = {"observations": int(delta.count), "mean_ms": round(delta.sum / delta.count * 1e3, 3)}
+    for q in (0.5, 0.99):
+        sq = server_quantile(delta, q)
+        if sq is None:
+            continue
+        key = f"p{q * 100:g}"
+        out[f"{key}_ms"] = round(sq.value_s * 1e3, 3)
+        out[f"{key}_bucket_ms"] = [round(sq.bucket[0] * 1e3, 3), None if math.isinf(sq.bucket[1])
+                                   else round(sq.bucket[1] * 1e3, 3)]
+        out[f"{key}_bucket_limited"] = sq.bucket_limited
+    return out
+
+
+@dataclass(frozen=True)
+class ClientLatency:
+    """Client-side TTFT and TPOT percentiles (ms) over the successful requests of a run."""
+
+    requests: int           # sent requests, every status
+    ok: int
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    tpot_requests: int       # ok requests with >= 2 output tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def client_latency(records: Sequence[RequestRecord]) -> ClientLatency:
+    sent = [r for r in records if r.error_class != NOT_SENT]
+    df = requests_frame(sent)
+    ok = df.loc[df["ok"].astype(bool)] if len(df) else df
+    ttft = [v for v in ok["ttft_sched_ms"].tolist() if not math.isnan(v)] if len(ok) else []
+    tpot = [v for v in ok["tpot_ms"].tolist() if not math.isnan(v)] if len(ok) else []
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(nearest_rank(values, q), 3) if values else None
+
+    return ClientLatency(len(df), len(ok), pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), len(tpot))
+
+
+def disagreement(client_p50_ms: float | None, server: dict[str, Any] | None, min_ms: float) -> str | None:
+    """A sentence when client and server p50 (the server's mean when its p50 is bucket-limited)
+    differ by more than DISAGREEMENT_RATIO and ``min_ms``; else None. (A client TPOT far below the
+    server's is the tell of streams that reach the client in one burst: see docs/load-and-metrics.md.)"""
+    if client_p50_ms is None or server is None:
+        return None
+    use_mean = server.get("p50_bucket_limited", True) or "p50_ms" not in server
+    what, value = ("mean", server["mean_ms"]) if use_mean else ("p50", server["p50_ms"])
+    hi, lo = max(client_p50_ms, value), min(client_p50_ms, value)
+    if hi - lo <= min_ms or (lo > 0 and hi / lo <= DISAGREEMENT_RATIO):
+        return None
+    return (f"client p50 {client_p50_ms:.1f} ms vs server {what} {value:.1f} ms: more than "
+            f"{DISAGREEMENT_RATIO:g}x and {min_ms:g} ms apart, so time is spent outside the engine's "
+            "own measurement (network, proxy, client) or the histogram does not cover these requests")
+
+
+def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
+                 server: dict[str, HistogramDelta | None] | None = None,
+                 server_families: dict[str, str] | None = None,
+                 server_note: str | None = None) -> tuple[Verdict, Verdict]:
+    """The 6.2.ttft and 6.2.tpot verdicts from the client records; ``server`` maps "ttft" and
+    "tpot" to the engine's histogram deltas (evidence only), ``server_families`` to the metric
+    each came from, ``server_note`` says why there are none."""
+    c = client_latency(records)
+    thin = None
+    if c.ok < MIN_REQUESTS:
+        thin = f"only {c.ok} successful request(s) (of {c.requests}); need {MIN_REQUESTS} for a p99"
+    verdicts = []
+    for item_id, key, p50, p99, n in ((TTFT_ITEM, "ttft", c.ttft_p50_ms, c.ttft_p99_ms, c.ok),
+                                      (TPOT_ITEM, "tpot", c.tpot_p50_ms, c.tpot_p99_ms, c.tpot_requests)):
+        item = checklist.item(item_id)
+        t = item.thresholds
+        measurements = [Measurement(t[f"{key}_p50_ms"], p50, f"client {key.upper()} p50 over {n} ok request(s)"),
+                        Measurement(t[f"{key}_p99_ms"], p99, f"client {key.upper()} p99 over {n} ok request(s)")]
+        srv = server_summary((server or {}).get(key))
+        evidence: dict[str, Any] = {"client": c.to_dict(), "definition": DEFINITIONS[key],
+                                    "percentile": DEFINITIONS["percentile"], "population": DEFINITIONS["population"],
+                                    "server": srv, "server_metric": (server_families or {}).get(key)}
+        if srv is None:
+            evidence["server_note"] = server_note or "the server's histogram observed no request in the run"
+        elif (gap := disagreement(p50, srv, DISAGREEMENT_MIN_MS[key])) is not None:
+            evidence["client_server_disagreement"] = gap
+        verdicts.append(judge(item, measurements, evidence=evidence, inconclusive_because=thin))
+    return verdicts[0], verdicts[1]
+
+
+class ServerHistograms:
+    """Before/after scrapes of the engine's TTFT and TPOT histograms; a scrape that fails is a
+    note in the evidence (the client verdicts stand without it), never an error."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.profile_name = profile_for(cluster)
+        self.note: str | None = None
+        self.families: dict[str, str] = {}
+        self._scraper: PrometheusScraper | None = None
+        if self.profile_name is None:
+            self.note = f"engine {engine_of(cluster)!r} exposes no Prometheus metrics"
+        elif not cluster.metrics_url:
+            self.note = "the cluster file names no metrics URL (endpoints.metrics)"
+        else:
+            profile = ENGINE_PROFILES[self.profile_name]
+            self.families = {"ttft": profile["ttft_seconds"]}
+            # TPOT per request when the engine has it, else its inter-token latency (per chunk)
+            self.families["tpot"] = profile.get("tpot_seconds") or profile["itl_seconds"]
+            self._scraper = PrometheusScraper(cluster.metrics_url, engine=self.profile_name)
+        self.before: list[Sample] = self._scrape("before")
+
+    def _scrape(self, when: str) -> list[Sample]:
+        if self._scraper is None:
+            return []
+        try:
+            return self._scraper.scrape_once()
+        except (httpx.HTTPError, ProbeError) as exc:
+            self.note = f"scrape of {self._scraper.url} {when} the load failed: {exc}"
+            log.warning("%s", self.note)
+            self._scraper.stop()
+            self._scraper = None
+            return []
+
+    def deltas(self) -> dict[str, Any]:
+        after = self._scrape("after")
+        if self._scraper is not None:
+            self._scraper.stop()
+        if not after or not self.before:
+            return {}
+        out = {key: histogram_delta(self.before, after, family) for key, family in self.families.items()}
+        missing = [self.families[k] for k, d in out.items() if d is None]
+        if missing:
+            self.note = f"the metrics endpoint exposes no {', '.join(missing)}"
+        return out

@@ -1,0 +1,48 @@
+"""Checklist items 6.2.ttft and 6.2.tpot (Section 6.2, "监控仪表板核心指标": TTFT P50/P99 < 200/500 ms,
+TPOT P50/P99 < 30/80 ms).
+
+Drive the default load (closed loop, --load-users users; --load-rate makes it open loop) for
+LOAD_S seconds and judge TTFT and TPOT percentiles from the client records
+(harness/checks/slo.py). Beside them, the server's own histograms, scraped with the engine's
+metric profile just before and just after the load (the delta holds exactly this run's
+requests): evidence, never the verdict. An engine without a metrics endpoint (``engine: openai``,
+or no metrics URL) is still judged from the client. Every request must also satisfy the
+nothing-lost invariant. No fault is injected.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.slo import ServerHistograms, slo_verdicts
+from harness.probes.prometheus import engine_of
+
+pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(300)]
+
+LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundred requests on this machine
+
+
+def test_ttft_and_tpot_meet_the_dashboard_targets(cluster, load, conformance, harness_options):
+    checklist = cluster.thresholds
+    server = ServerHistograms(cluster)
+    run = load(duration_s=harness_options.load_duration or LOAD_S)
+    records = run.wait()
+    deltas = server.deltas()
+
+    ttft, tpot = slo_verdicts(records, checklist, server=deltas, server_families=server.families,
+                              server_note=server.note)
+    link = f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"
+    profile = run.profile
+    for verdict in (ttft, tpot):
+        verdict.evidence.update(links=[link], engine=engine_of(cluster), metric_profile=server.profile_name,
+                                load={"mode": profile.mode, "users": profile.users, "rate": profile.rate,
+                                      "duration_s": profile.duration_s, "max_tokens": profile.max_tokens,
+                                      "prompt_chars": [profile.prompt_min_chars, profile.prompt_max_chars]})
+        conformance.record(verdict)
+
+    expected = oracle_expectation(cluster.oracle, ignore_eos=profile.ignore_eos) if cluster.oracle else None
+    lost = nothing_lost_verdict(check_history(records, expected), checklist)
+    lost.evidence["links"] = [link]
+    conformance.record(lost)
+    conformance.add_latency(records)

@@ -1,0 +1,132 @@
+"""6.1.4 from the client's view: request records built here in the load generator's shape (anchor:
+perf 0 == wall 0, so perf ns are wall ns), a fault time and its victim."""
+
+import pytest
+
+from harness.checks.reschedule_blackbox import (ClientFault, client_view_evidence, client_view_verdict,
+                                                longest_stall, measure_client_view)
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Status
+from harness.probes.records import RequestRecord
+
+T0 = 1_000.0
+NS = 1_000_000_000
+
+
+def stream(rid, sent, chunks, end=None, served_by=("decode-0",), status="ok", error=None, finish="length"):
+    """A streamed request: sent at ``sent`` s, one token per chunk at the given times (s)."""
+    kw = {}
+    if error is not None:
+        kw = {"error_class": error[0], "error_message": error[1]}
+    return RequestRecord(request_id=rid, sent_ns=int(sent * NS), first_token_ns=int(chunks[0] * NS) if chunks else None,
+                         chunk_ns=[int(t * NS) for t in chunks], chunk_tokens=[1] * len(chunks),
+                         end_ns=None if end is None else int(end * NS), served_by=list(served_by), status=status,
+                         finish_reason=finish if status == "ok" else None, **kw)
+
+
+def kill(victim="decode-1", role="decode", t=T0):
+    return ClientFault(t, (victim,), role, f"kill {victim}")
+
+
+def test_time_runs_until_the_victims_streams_ended_and_a_new_request_succeeded():
+    records = [
+        # on the victim at the fault, resumed on decode-0, completed 1.2 s after the fault
+        stream("resumed", T0 - 0.5, [T0 - 0.4, T0 - 0.2, T0 + 1.1, T0 + 1.2], end=T0 + 1.2,
+               served_by=("decode-1", "decode-0")),
+        # on another worker: not affected, even though in flight
+        stream("other", T0 - 0.5, [T0 - 0.4, T0 + 0.1], end=T0 + 0.1),
+        # sent after the fault, first token at +0.4 s
+        stream("new", T0 + 0.2, [T0 + 0.4, T0 + 0.5], end=T0 + 0.5),
+        # ended before the fault: not in flight
+        stream("old", T0 - 2, [T0 - 1.9], end=T0 - 1.8, served_by=("decode-1",)),
+    ]
+    [s] = measure_client_view([kill()], records)
+    assert s.affected == ["resumed"] and s.completed == ["resumed"]
+    assert s.first_new_success_s == pytest.approx(0.4) and s.affected_ended_s == pytest.approx(1.2)
+    assert s.total_s == pytest.approx(1.2)
+    assert s.longest_stall_s == pytest.approx(1.3) and s.stall_request == "resumed"   # -0.2 -> +1.1
+
+
+def test_a_clear_error_ends_a_stream_and_a_silent_cut_is_named():
+    records = [
+        stream("clear", T0 - 0.5, [T0 - 0.4], end=T0 + 0.3, served_by=("decode-1",), status="stream_error",
+               error=("server_error", "worker decode-1 died; request could not be resumed")),
+        stream("cut", T0 - 0.5, [T0 - 0.4], end=T0 + 0.05, served_by=("decode-1",), status="stream_error",
+               error=("IncompleteStream", "stream ended without [DONE]")),
+        stream("new", T0 + 0.1, [T0 + 0.2], end=T0 + 0.3),
+    ]
+    [s] = measure_client_view([kill()], records)
+    assert s.failed_clearly == ["clear"] and s.cut_without_error == ["cut"]
+    assert s.total_s is None and "cut without an error" in s.problem and "cut" in s.problem
+    ev = client_view_evidence([s])
+    assert ev["cut_without_error"] == ["cut"] and ev["reschedule_s"] == {"n": 0}
+
+
+def test_a_hang_is_judged_by_the_stall_clients_see():
+    hang = ClientFault(T0, ("decode-1",), "decode", "hang decode-1")
+    records = [  # the worker is frozen for 8 s and nobody notices: its stream waits, then goes on
+        stream("frozen", T0 - 0.5, [T0 - 0.3, T0 + 8.0, T0 + 8.1], end=T0 + 8.1, served_by=("decode-1",)),
+        stream("new", T0 + 0.1, [T0 + 0.2], end=T0 + 0.3),
+    ]
+    [s] = measure_client_view([hang], records)
+    assert s.longest_stall_s == pytest.approx(8.3) and s.stall_request == "frozen"
+    assert s.total_s == pytest.approx(8.1)
+    v = client_view_verdict([s], Checklist.load())
+    assert v.status is Status.FAIL and v.measured == pytest.approx(8.1)
+
+
+def test_prefill_victims_and_engines_that_name_no_worker():
+    records = [
+        # waiting for its first token at the fault: may have been on the prefill victim
+        stream("waiting", T0 - 0.1, [T0 + 0.6], end=T0 + 0.7, served_by=("decode-0",)),
+        # already streaming from a decode worker: a prefill kill cannot touch it
+        stream("decoding", T0 - 0.5, [T0 - 0.4, T0 + 0.1], end=T0 + 0.1, served_by=("decode-0",)),
+        stream("new", T0 + 0.1, [T0 + 0.2], end=T0 + 0.3),
+    ]
+    [s] = measure_client_view([kill("prefill-0", "prefill")], records)
+    assert s.affected == ["waiting"] and s.total_s == pytest.approx(0.7)
+    [s] = measure_client_view([kill("decode-0", "decode")], records)   # a decode victim: both were on it
+    assert s.affected == ["waiting", "decoding"]
+    anonymous = [stream("a", T0 - 0.5, [T0 - 0.4, T0 + 0.9], end=T0 + 0.9, served_by=()),
+                 stream("new", T0 + 0.1, [T0 + 0.2], end=T0 + 0.3, served_by=())]
+    [s] = measure_client_view([kill()], anonymous)
+    assert s.affected == ["a"] and s.total_s == pytest.approx(0.9)
+
+
+def test_no_new_success_or_a_hung_stream_means_not_rescheduled():
+    records = [stream("hung", T0 - 0.5, [T0 - 0.4], end=None, served_by=("decode-1",), status="timeout"),
+               stream("new-failed", T0 + 0.1, [], end=T0 + 0.2, status="http_error",
+                      error=("overloaded", "no decode worker"))]
+    [s] = measure_client_view([kill()], records, window_s=5.0)
+    assert s.never_ended == ["hung"] and s.total_s is None
+    assert s.longest_stall_s == pytest.approx(5.4)        # the watchdog runs to the window's end
+    [s] = measure_client_view([kill()], records[1:])
+    assert s.problem == "no request sent after the fault succeeded"
+
+
+def test_each_fault_window_ends_at_the_next_fault_and_the_distribution_is_nearest_rank():
+    faults = [kill(t=T0), kill("decode-0", t=T0 + 10), kill(t=T0 + 20)]
+    records = []
+    for i, (f, took) in enumerate(zip(faults, (0.5, 1.0, 2.0))):
+        records.append(stream(f"on{i}", f.wall - 0.2, [f.wall - 0.1, f.wall + took], end=f.wall + took,
+                              served_by=f.victims))
+        records.append(stream(f"new{i}", f.wall + 0.05, [f.wall + 0.1], end=f.wall + 0.2, served_by=("x",)))
+    samples = measure_client_view(faults, records)
+    assert [s.total_s for s in samples] == pytest.approx([0.5, 1.0, 2.0])
+    ev = client_view_evidence(samples)
+    assert ev["reschedule_s"]["p50"] == pytest.approx(1.0) and ev["reschedule_s"]["p100"] == pytest.approx(2.0)
+    assert client_view_verdict(samples, Checklist.load()).status is Status.PASS
+
+
+def test_longest_stall_counts_only_gaps_that_overlap_the_window():
+    r = stream("r", T0 - 10, [T0 - 5, T0 - 4.9, T0 + 0.5], end=T0 + 0.6)
+    assert longest_stall(r, T0, T0 + 1) == pytest.approx(5.4)          # -4.9 -> +0.5 spans the fault
+    assert longest_stall(r, T0 + 0.55, T0 + 1) == pytest.approx(0.1)   # only the last gap is in the window
+
+
+def test_fault_marks_of_the_engine_measurement_convert():
+    from harness.checks.reschedule import FaultMark
+    from harness.checks.reschedule_blackbox import client_faults
+
+    [f] = client_faults([FaultMark("f1", "process_hang", "prefill-1", "prefill", T0)])
+    assert f == ClientFault(T0, ("prefill-1",), "prefill", "hang prefill-1")

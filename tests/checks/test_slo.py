@@ -1,0 +1,163 @@
+"""6.2 TTFT/TPOT verdicts from client records (built here in the load generator's shape) and the
+server's histogram deltas (real exposition text written by prometheus_client)."""
+
+import math
+import threading
+from types import SimpleNamespace
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, make_wsgi_app
+
+from harness.checks.slo import (DISAGREEMENT_MIN_MS, MIN_REQUESTS, HistogramDelta, ServerHistograms, client_latency,
+                                disagreement, histogram_delta, server_quantile, server_summary, slo_verdicts)
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Status
+from harness.probes.prometheus import parse_metrics
+from harness.probes.records import RequestRecord
+
+MS = 1_000_000
+FAMILY = "pdengine_time_to_first_token_seconds"
+
+
+def rec(i, ttft_ms, tpot_ms, n=16, status="ok"):
+    """A request sent at i seconds: first token after ttft_ms, then one token every tpot_ms."""
+    sent = i * 1000 * MS
+    first = sent + int(ttft_ms * MS)
+    chunks = [first + int(k * tpot_ms * MS) for k in range(n)]
+    if status != "ok":
+        return RequestRecord(request_id=f"r{i}", sent_ns=sent, end_ns=sent + MS, status=status, http_status=503,
+                             error_class="overloaded", error_message="busy")
+    return RequestRecord(request_id=f"r{i}", sent_ns=sent, first_token_ns=first, chunk_ns=chunks,
+                         chunk_tokens=[1] * n, end_ns=chunks[-1], completion_tokens=n, finish_reason="length")
+
+
+def exposition(observations, buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)) -> str:
+    reg = CollectorRegistry()
+    h = Histogram(FAMILY, "ttft", ["model_name"], buckets=buckets, registry=reg)
+    for v in observations:
+        h.labels("tiny").observe(v)
+    return generate_latest(reg).decode()
+
+
+def test_client_percentiles_use_successful_requests_only():
+    records = [rec(i, ttft_ms=10 + i, tpot_ms=2) for i in range(100)] + [rec(200 + i, 0, 0, status="http_error")
+                                                                         for i in range(50)]
+    c = client_latency(records)
+    assert (c.requests, c.ok, c.tpot_requests) == (150, 100, 100)
+    assert c.ttft_p50_ms == pytest.approx(59) and c.ttft_p99_ms == pytest.approx(108)   # nearest rank
+    assert c.tpot_p50_ms == pytest.approx(2, abs=0.01)
+
+
+def test_verdicts_pass_and_fail_on_the_client_values():
+    cl = Checklist.load()
+    fast = [rec(i, ttft_ms=50, tpot_ms=5) for i in range(40)]
+    ttft, tpot = slo_verdicts(fast, cl)
+    assert ttft.status is Status.PASS and tpot.status is Status.PASS
+    assert ttft.item == "6.2.ttft" and ttft.measured == pytest.approx(50)
+    # the p99 of TTFT over 40 requests is the worst one: one slow request among 40 fails p99 < 500 ms
+    slow_tail = fast[:-1] + [rec(99, ttft_ms=700, tpot_ms=5)]
+    ttft, _ = slo_verdicts(slow_tail, cl)
+    assert ttft.status is Status.FAIL and "p99" in ttft.reason and ttft.measured == pytest.approx(700)
+    slow_tokens = [rec(i, ttft_ms=50, tpot_ms=40) for i in range(40)]
+    _, tpot = slo_verdicts(slow_tokens, cl)
+    assert tpot.status is Status.FAIL and tpot.measured == pytest.approx(40, abs=0.1)
+
+
+def test_too_few_requests_or_no_server_metrics_is_said_not_hidden():
+    cl = Checklist.load()
+    ttft, tpot = slo_verdicts([rec(i, 50, 5) for i in range(MIN_REQUESTS - 1)], cl)
+    assert ttft.status is Status.INCONCLUSIVE and f"need {MIN_REQUESTS}" in ttft.reason
+    ttft, _ = slo_verdicts([rec(i, 50, 5) for i in range(30)], cl, server_note="engine 'openai' exposes no metrics")
+    assert ttft.status is Status.PASS          # the client verdict stands without the server
+    assert ttft.evidence["server"] is None and "openai" in ttft.evidence["server_note"]
+
+
+def test_histogram_delta_holds_only_the_observations_between_the_scrapes():
+    before = parse_metrics(exposition([0.015] * 10))
+    after = parse_metrics(exposition([0.015] * 10 + [0.15] * 30 + [0.7] * 10))
+    d = histogram_delta(before, after, FAMILY)
+    assert d.count == 40 and d.sum == pytest.approx(0.15 * 30 + 0.7 * 10)
+    assert dict(d.buckets)[0.02] == 0 and dict(d.buckets)[0.2] == 30 and d.buckets[-1] == (math.inf, 40)
+    assert histogram_delta(before, after, "vllm:time_to_first_token_seconds") is None
+    restarted = histogram_delta(after, before, FAMILY)   # counts went down: the server restarted in between
+    assert restarted.count == 10
+
+
+def test_server_quantiles_interpolate_and_flag_wide_buckets():
+    d = histogram_delta([], parse_metrics(exposition([0.15] * 30 + [0.7] * 10)), FAMILY)
+    p50 = server_quantile(d, 0.5)
+    assert p50.bucket == (0.1, 0.2) and not p50.bucket_limited
+    assert p50.value_s == pytest.approx(0.1 + 0.1 * 20 / 30)
+    p99 = server_quantile(d, 0.99)
+    assert p99.bucket == (0.5, 1.0) and not p99.bucket_limited      # exactly 2x: still fine
+    coarse = histogram_delta([], parse_metrics(exposition([0.3] * 10, buckets=(0.1, 1.0))), FAMILY)
+    assert server_quantile(coarse, 0.5).bucket_limited               # (0.1, 1.0]: 10x wide, a guess
+    over = histogram_delta([], parse_metrics(exposition([5.0] * 10, buckets=(0.1, 1.0))), FAMILY)
+    q = server_quantile(over, 0.5)
+    assert q.bucket_limited and q.value_s == 1.0 and math.isinf(q.bucket[1])
+    assert server_quantile(HistogramDelta(((math.inf, 0.0),), 0.0, 0.0), 0.5) is None
+    s = server_summary(coarse)
+    assert s["mean_ms"] == pytest.approx(300) and s["p50_bucket_limited"] is True and s["observations"] == 10
+
+
+def test_a_large_client_server_disagreement_is_stated_in_the_evidence():
+    cl = Checklist.load()
+    records = [rec(i, ttft_ms=150, tpot_ms=5) for i in range(30)]
+    server = {"ttft": histogram_delta([], parse_metrics(exposition([0.015] * 30)), FAMILY)}
+    ttft, tpot = slo_verdicts(records, cl, server=server, server_families={"ttft": FAMILY})
+    assert ttft.status is Status.PASS and ttft.evidence["server_metric"] == FAMILY
+    assert "client p50 150.0 ms vs server p50 15.0 ms" in ttft.evidence["client_server_disagreement"]
+    assert tpot.evidence["server"] is None   # no TPOT histogram given
+    close = {"ttft": histogram_delta([], parse_metrics(exposition([0.14] * 30)), FAMILY)}
+    ttft, _ = slo_verdicts(records, cl, server=close)
+    assert "client_server_disagreement" not in ttft.evidence and ttft.evidence["server"]["observations"] == 30
+
+
+def test_streams_arriving_in_one_burst_show_as_a_tpot_disagreement():
+    # the numbers of the Nagle bug (docs/load-and-metrics.md): client 0.07 ms, server 1.8 ms per token
+    server = {"mean_ms": 2.3, "p50_ms": 1.8, "p50_bucket_limited": False}
+    assert "client p50 0.1 ms vs server p50 1.8 ms" in disagreement(0.067, server, DISAGREEMENT_MIN_MS["tpot"])
+    assert disagreement(2.0, server, DISAGREEMENT_MIN_MS["tpot"]) is None
+    coarse = {"mean_ms": 2.3, "p50_ms": 4.0, "p50_bucket_limited": True}   # a guessed p50: compare the mean
+    assert "server mean 2.3 ms" in disagreement(0.067, coarse, DISAGREEMENT_MIN_MS["tpot"])
+
+
+def test_server_histograms_scrape_a_real_endpoint_before_and_after():
+    reg = CollectorRegistry()
+    ttft = Histogram(FAMILY, "ttft", ["model_name"], buckets=(0.01, 0.02, 0.05, 0.1), registry=reg)
+    tpot = Histogram("pdengine_request_time_per_output_token_seconds", "tpot", ["model_name"],
+                     buckets=(0.001, 0.002, 0.005), registry=reg)
+    ttft.labels("tiny").observe(0.015)   # before the run: must not count
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = make_server("127.0.0.1", 0, make_wsgi_app(reg), handler_class=Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_port}/metrics"
+        server = ServerHistograms(SimpleNamespace(metrics_url=url))   # no engine: field -> bundled profile
+        for _ in range(10):
+            ttft.labels("tiny").observe(0.04)
+            tpot.labels("tiny").observe(0.0015)
+        deltas = server.deltas()
+    finally:
+        httpd.shutdown()
+        thread.join()
+        httpd.server_close()
+    assert server.note is None and server.families["tpot"] == "pdengine_request_time_per_output_token_seconds"
+    assert deltas["ttft"].count == 10 and server_summary(deltas["ttft"])["p50_bucket_ms"] == [20.0, 50.0]
+    assert deltas["tpot"].count == 10
+
+
+def test_server_histograms_say_why_there_are_none():
+    openai = ServerHistograms(SimpleNamespace(engine="openai", metrics_url="http://127.0.0.1:1/metrics"))
+    assert openai.deltas() == {} and "'openai' exposes no Prometheus metrics" in openai.note
+    no_url = ServerHistograms(SimpleNamespace(engine="vllm", metrics_url=None))
+    assert no_url.deltas() == {} and "no metrics URL" in no_url.note
+    down = ServerHistograms(SimpleNamespace(engine="sglang", metrics_url="http://127.0.0.1:1/metrics"))
+    assert down.deltas() == {} and "before the load failed" in down.note
+    assert down.families["tpot"] == "sglang:inter_token_latency_seconds"   # SGLang has no TPOT histogram
