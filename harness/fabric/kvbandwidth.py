@@ -31,7 +31,8 @@ from harness.fabric.procs import HostProcess
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZES_MIB = (1, 8, 32, 128)
-STARTUP_TIMEOUT_S = 120.0  # the children import torch on a loaded 2-core machine
+STARTUP_TIMEOUT_S = 120.0
+BENCH_TIMEOUT_S = 10.0     # a socket operation of a bench transfer making no progress this long fails it  # the children import torch on a loaded 2-core machine
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,9 @@ class KVBench:
                  transfer: dict | None = None) -> None:
         self.sender_station, self.receiver_station, self.port, self.preset = sender, receiver, port, preset
         self.layers, self.kv_heads, self.head_dim, self.dtype, self.bytes_per_token = _layout(preset)
-        self.transfer = dict(transfer or {})
+        # the engine's 2 s no-progress timeout is for detecting a dead peer; a bandwidth bench on a
+        # shared, loaded machine must not turn a receiver starved of CPU for 2 s into a harness error
+        self.transfer = {"timeout_s": BENCH_TIMEOUT_S, **(transfer or {})}
         self._rx: HostProcess | None = None
         self._tx: HostProcess | None = None
         self._n = 0
