@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # Every fault must happen under load, however long a restart takes on this machine; and no load
-# run may be stopped early (that cancels its in-flight requests, which the nothing-lost check would
-# rightly count as hung). So load comes in runs that end by themselves, and a new run is started,
-# overlapping the old one, before the old one would end inside the next fault's cycle.
+# run may be stopped (SIGTERM cancels its in-flight requests, which the nothing-lost check would
+# rightly count as hung). So load comes in runs, a new one started, overlapping the old one, before
+# the old one would end inside the next fault's cycle; after the last fault every run is finished
+# (LoadRunner.finish: no new request, those in flight complete), not waited out.
 CYCLE_BUDGET_S = {"process_kill": 20.0, "process_hang": 8.0}  # first guesses; then the longest seen
 LOAD_RUN_S = 60.0           # length of one load run (--load-duration overrides)
 BUSY_WAIT_S = 3.0           # wait at most this long for the target to hold requests before the fault
@@ -73,7 +74,8 @@ def _wait_busy(timeline: Any, worker_id: str) -> None:
 
 class ContinuousLoad:
     """Chained load runs (see the comment on CYCLE_BUDGET_S); ``ensure(s)`` guarantees load for the
-    next ``s`` seconds, ``records()`` waits for every run to end by itself and merges their records."""
+    next ``s`` seconds, ``records()`` finishes every run (LoadRunner.finish: requests in flight end,
+    nothing new is sent) and merges their records."""
 
     def __init__(self, start_load: Any, run_s: float) -> None:
         self._start_load, self.run_s = start_load, run_s
@@ -95,7 +97,9 @@ class ContinuousLoad:
         self.ends_at = time.monotonic() + run.profile.duration_s - 1.0
 
     def records(self) -> list[Any]:
-        records = [r for run in self.runs for r in run.wait()]
+        # the faults are done: finish every run now (no new request, the ones in flight end) rather
+        # than wait out the rest of its duration
+        records = [r for run in self.runs for r in run.finish()]
         return sorted(records, key=lambda r: r.start_wall_ns())
 
     def links(self) -> list[str]:
