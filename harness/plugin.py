@@ -30,6 +30,7 @@ from harness.report import RunResult, collect_environment, new_run_id
 log = logging.getLogger(__name__)
 
 MARKER = "conformance"
+ITEM_MARKER = "item"  # pytest.mark.item("6.1.4", "nothing-lost", needs=None): the items a suite judges
 
 
 class _Invalid:
@@ -113,6 +114,9 @@ def _state(config: pytest.Config) -> HarnessState:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
+    config.addinivalue_line("markers", f"{ITEM_MARKER}(*item_ids, needs=None): the checklist items a suite judges; "
+                                       "a cluster lacking a needed capability gets them inconclusive "
+                                       "(harness/checks/capabilities.py)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
     values = {n: config.getoption(n) for n in names}
     bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
@@ -157,6 +161,37 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]cluster file error:[/] {exc}")
         pytest.exit(f"cluster file error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+    try:
+        _check_item_markers(items, state.spec.checklist())
+    except ConfigError as exc:
+        state.config_error = str(exc)
+        _print(config, f"[bold magenta]suite marker error:[/] {exc}")
+        pytest.exit(f"suite marker error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
+
+
+def _item_marker(item: pytest.Item) -> tuple[tuple[str, ...], tuple[str, ...] | None] | None:
+    """(item ids, needs override) of a suite test's ``item`` marker, or None."""
+    marker = item.get_closest_marker(ITEM_MARKER)
+    if marker is None:
+        return None
+    needs = marker.kwargs.get("needs")
+    return tuple(marker.args), None if needs is None else tuple(needs)
+
+
+def _check_item_markers(items: list[pytest.Item], checklist: Any) -> None:
+    from harness.checks.capabilities import check_capability_names
+
+    for item in items:
+        found = _item_marker(item)
+        if found is None:
+            continue
+        ids, needs = found
+        if not ids:
+            raise ConfigError(f"{item.nodeid}: pytest.mark.item() names no checklist item",
+                              fix='write e.g. pytest.mark.item("6.1.4", "nothing-lost")')
+        for item_id in ids:
+            checklist.item(item_id)  # ConfigError naming the known items
+        check_capability_names(needs or (), item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -197,6 +232,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()
     result.environment = collect_environment()
+    from harness.checks.capabilities import coverage
+
+    result.coverage = coverage(result.verdicts, _checklist_items(state))
     code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
                          revert_failed=bool(result.revert_failures))
     result.exit_code = int(code)
@@ -210,6 +248,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if code != ExitCode.REVERT_FAILED:
             result.exit_code = int(ExitCode.HARNESS_ERROR)
     session.exitstatus = result.exit_code
+
+
+def _checklist_items(state: HarnessState) -> list[str]:
+    try:
+        return list(state.spec.checklist().items) if state.spec is not None else []
+    except HarnessError:
+        return []
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -259,6 +304,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
     with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
         state.result.cluster = handle.describe()
+        state.result.capabilities = handle.capabilities().to_dict()
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
 
@@ -326,6 +372,30 @@ class Conformance:
 @pytest.fixture
 def conformance(request: pytest.FixtureRequest) -> Conformance:
     return Conformance(request.config, request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _capability_gate(request: pytest.FixtureRequest) -> None:
+    """Before a suite's body (and its other fixtures) run: if the cluster lacks a capability its
+    items need, record each item inconclusive with the reason and skip the body."""
+    found = _item_marker(request.node) if request.node.get_closest_marker(MARKER) else None
+    if found is None:
+        return
+    from harness.checks.capabilities import needs_of, not_supported
+
+    ids, override = found
+    needs = needs_of(ids, override)
+    if not needs:
+        return
+    cluster = request.getfixturevalue("cluster")
+    caps = cluster.capabilities()
+    missing = caps.missing(needs)
+    if not missing:
+        return
+    conformance = request.getfixturevalue("conformance")
+    for verdict in not_supported(cluster.thresholds, ids, caps, missing):
+        conformance.record(verdict)
+    pytest.skip(f"cluster {cluster.name} lacks {', '.join(missing)}")
 
 
 class _LiveOutput:
@@ -400,11 +470,12 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
 
     def start(**overrides: Any) -> LoadRunner:
         o = harness_options
-        base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0}
+        base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0,
+                                "model": cluster.model}
         if o.load_rate is not None:
             base.update(mode="poisson", rate=o.load_rate)
         profile = LoadProfile(**{**base, **overrides})
-        runner = LoadRunner(cluster.api_url, profile,
+        runner = LoadRunner(cluster.api_url, profile, api_key=cluster.api_key(),
                             output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
         runs.append(runner)
         runner.start()

@@ -29,7 +29,7 @@ from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.2", "nothing-lost"), pytest.mark.slow, pytest.mark.timeout(900)]
 
 IDLE_MAX_TOKENS = 400      # long enough to be mid-stream when migrated
 LOADED_MAX_TOKENS = 160

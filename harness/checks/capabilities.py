@@ -1,0 +1,157 @@
+"""Capabilities, not crashes: what a cluster provides, what each checklist item needs, and the
+inconclusive verdict of an item whose needs the cluster cannot meet.
+
+A suite declares its items with ``pytest.mark.item("6.1.4", "nothing-lost")`` on its
+``pytestmark``; before its body runs the plugin compares :data:`ITEM_NEEDS` (or the marker's own
+``needs=``) with :func:`capabilities_of` the cluster and, for a missing capability, records an
+INCONCLUSIVE verdict per item whose reason names the capability and what would provide it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from harness.checks.verdict import Status, Verdict, inconclusive
+from harness.errors import ConfigError
+
+# capability -> what would provide it (the second half of every "needs ..." reason)
+PROVIDERS: dict[str, str] = {
+    "admin_api": "the bundled engine's admin API (`kind: bundled`, or endpoints.admin of a cluster serving "
+                 "/admin/workers and /admin/events)",
+    "live_migration": "an engine that migrates a stream between decode workers on request "
+                      "(the bundled engine's POST /admin/migrate: `kind: bundled` or endpoints.admin)",
+    "fault_hooks": "the bundled engine's fault hooks (HBM fill, ECC poisoning through /admin/faults: "
+                   "`kind: bundled` or endpoints.admin)",
+    "emulated_fabric": "the emulated fabric (`kind: bundled` with fabric.enabled, root and iproute2) or SSH access "
+                       "to hosts with fabric interfaces (issue 11)",
+    "ssh_hosts": "hosts with `ssh:` settings in the cluster file",
+    "gpu": "an NVIDIA GPU the harness can read (the bundled engine on a CUDA machine, or GPU hosts over SSH)",
+    "worker_inventory": "the workers of each role: the bundled topology, endpoints.admin, or a `workers:` list "
+                        "in the cluster file",
+    "restartable_workers": "workers that come back after a kill: the bundled topology, or `restart: {command: ...}` "
+                           "or `supervised: true` on every entry of `workers:`",
+    "engine_metrics": "endpoints.metrics plus an engine with a metric profile (engine: bundled, vllm, sglang, "
+                      "dynamo)",
+}
+
+# item -> capabilities its suite needs (a suite marker's needs= overrides; absent: needs nothing)
+ITEM_NEEDS: dict[str, tuple[str, ...]] = {
+    "6.1.1": ("emulated_fabric",),
+    "6.1.2": ("admin_api", "live_migration"),
+    "6.1.3": ("admin_api", "fault_hooks"),
+    "ecc": ("admin_api", "fault_hooks"),
+    "6.1.4": ("admin_api", "worker_inventory", "restartable_workers"),
+    "6.1.5": ("emulated_fabric",),
+    "nic-flap": ("emulated_fabric", "admin_api"),
+    "6.2.ttft": (),
+    "6.2.tpot": (),
+    "nothing-lost": (),
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """``provided``: capability -> bool; ``why_not``: capability -> why this cluster lacks it."""
+
+    provided: dict[str, bool]
+    why_not: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.provided) - set(PROVIDERS)
+        if unknown:
+            raise ConfigError(f"unknown capabilities {sorted(unknown)}", fix=f"use names from {sorted(PROVIDERS)}")
+
+    def missing(self, needs: Iterable[str]) -> list[str]:
+        return [c for c in dict.fromkeys(needs) if not self.provided.get(c, False)]
+
+    def reason(self, missing: Sequence[str]) -> str:
+        """One line naming each missing capability, why it is missing here and what would provide it."""
+        parts = []
+        for cap in missing:
+            why = f" ({self.why_not[cap]})" if self.why_not.get(cap) else ""
+            parts.append(f"needs {cap}{why}: provided by {PROVIDERS[cap]}")
+        return "not judged on this cluster: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {c: {"provided": self.provided.get(c, False), "why_not": self.why_not.get(c),
+                    "provided_by": PROVIDERS[c]} for c in PROVIDERS}
+
+
+def check_capability_names(needs: Iterable[str], where: str) -> None:
+    for cap in needs:
+        if cap not in PROVIDERS:
+            raise ConfigError(f"{where}: unknown capability {cap!r}", fix=f"use one of {', '.join(PROVIDERS)}")
+
+
+def needs_of(items: Sequence[str], override: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The capabilities a suite covering ``items`` needs (``override``: the suite's own list)."""
+    if override is not None:
+        return tuple(override)
+    return tuple(dict.fromkeys(c for item in items for c in ITEM_NEEDS.get(item, ())))
+
+
+def capabilities_of(cluster: Any) -> Capabilities:
+    """What ``cluster`` (a ClusterHandle) provides, derived from its kind, engine, endpoints,
+    fabric, hosts and workers."""
+    spec = cluster.spec
+    bundled = spec.kind == "bundled"
+    admin = bool(cluster.admin_url)
+    no_admin = "no endpoints.admin in the cluster file" if not admin else None
+    workers = spec.workers
+    not_back = [w.name for w in workers if not w.restartable]
+    ssh = any(h.ssh is not None for h in spec.hosts)
+    provided = {
+        "admin_api": admin,
+        "live_migration": admin,
+        "fault_hooks": admin,
+        "emulated_fabric": cluster.fabric is not None,
+        "ssh_hosts": ssh,
+        "gpu": bundled and _local_gpu(),
+        "worker_inventory": cluster.topology is not None or admin or bool(workers),
+        "restartable_workers": cluster.topology is not None or (bool(workers) and not not_back),
+        "engine_metrics": bool(cluster.metrics_url) and spec.metric_profile is not None,
+    }
+    why = {
+        "admin_api": no_admin, "live_migration": no_admin, "fault_hooks": no_admin,
+        "emulated_fabric": cluster.fabric_unavailable or ("a real cluster's fabric is not reached yet"
+                                                          if not bundled else "the cluster has no emulated fabric"),
+        "ssh_hosts": "no host has `ssh:` settings",
+        "gpu": "no NVIDIA device on this machine" if bundled else "GPU state of remote hosts is not read",
+        "worker_inventory": "no `workers:` list and no endpoints.admin",
+        "restartable_workers": (f"no way back for {', '.join(not_back)} (no restart command, not supervised)"
+                                if not_back else "no `workers:` list"),
+        "engine_metrics": ("no endpoints.metrics" if not cluster.metrics_url
+                           else f"engine {spec.engine_name!r} has no metric profile"),
+    }
+    return Capabilities(provided, {c: w for c, w in why.items() if w and not provided[c]})
+
+
+def _local_gpu() -> bool:
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def not_supported(checklist: Any, items: Sequence[str], caps: Capabilities, missing: Sequence[str]) -> list[Verdict]:
+    """One INCONCLUSIVE verdict per item, naming the missing capabilities and their providers."""
+    reason = caps.reason(missing)
+    return [inconclusive(checklist, item, reason, missing_capabilities=list(missing),
+                         provided_by={c: PROVIDERS[c] for c in missing}) for item in items]
+
+
+def coverage(verdicts: Iterable[Verdict], checklist_items: Iterable[str] = ()) -> dict[str, Any]:
+    """Which items were judged (a pass or fail), which could not be (inconclusive or error, with
+    the reasons), and which no suite of this run reported on."""
+    by_item: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        by_item.setdefault(v.item, []).append(v)
+    judged, not_judged = {}, {}
+    for item, vs in by_item.items():
+        decided = [v for v in vs if v.status in (Status.PASS, Status.FAIL)]
+        if decided:
+            judged[item] = "fail" if any(v.status == Status.FAIL for v in decided) else "pass"
+        else:
+            not_judged[item] = sorted({v.reason for v in vs})
+    return {"judged": judged, "not_judged": not_judged,
+            "not_run": [i for i in checklist_items if i not in by_item]}
