@@ -489,23 +489,32 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
 
 
 class Timeline:
-    """Router events of the cluster under test (bundled or any engine with the admin API)."""
+    """Router events of the cluster under test (bundled or any engine with the admin API). On a
+    cluster without one the events are extra evidence that is absent (``events()`` is empty);
+    the worker table has no substitute, so ``workers()`` says what would provide it."""
 
     def __init__(self, cluster: Any) -> None:
         self._cluster = cluster
 
+    @property
+    def available(self) -> bool:
+        return bool(self._cluster.admin_url)
+
     def events(self, **params: Any) -> list[dict[str, Any]]:
         from harness.probes.admin import AdminClient
 
-        if not self._cluster.admin_url:
-            raise HarnessError(f"cluster {self._cluster.name!r} has no admin endpoint",
-                               fix="set endpoints.admin in the cluster file (needed for router events)")
+        if not self.available:
+            return []
         with AdminClient(self._cluster.admin_url) as client:
             return client.events(**params)
 
     def workers(self) -> list[dict[str, Any]]:
         from harness.probes.admin import AdminClient
 
+        if not self.available:
+            raise HarnessError(f"cluster {self._cluster.name!r} has no admin endpoint: no live worker table",
+                               fix="set endpoints.admin in the cluster file, or mark the suite with the "
+                                   "capability it needs (pytest.mark.item(..., needs=[\"admin_api\"]))")
         with AdminClient(self._cluster.admin_url) as client:
             return client.workers()
 

@@ -61,7 +61,10 @@ def parse_cluster(data: dict[str, Any], *, source: str) -> ClusterSpec:
 
 def config_error(exc: ValidationError, source: str) -> ConfigError:
     """The first of pydantic's errors as ``FILE: field `a.b`: problem (fix: ...)``."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    if err["type"] == "missing":  # a misspelt required key: the unknown key (with did-you-mean) says more
+        err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
     path, info, model, dropped = _walk(err["loc"], err["type"] == "extra_forbidden")
     kind, given = err["type"], err.get("input")
     problem_error = (err.get("ctx") or {}).get("error")
@@ -158,6 +161,7 @@ def _check_engine(source: str, raw: dict[str, Any], preset: str) -> None:
 def json_schema() -> dict[str, Any]:
     """The cluster file's JSON Schema (``python -m harness schema``)."""
     schema = ClusterFile.model_json_schema()
+    schema["required"] = [r for r in schema.get("required", []) if r != "name"]  # the loader defaults it
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "PD conformance harness cluster file"
     return schema
