@@ -19,22 +19,17 @@ from harness.errors import ConfigError
 
 # capability -> what would provide it (the second half of every "needs ..." reason)
 PROVIDERS: dict[str, str] = {
-    "admin_api": "the bundled engine's admin API (`kind: bundled`, or endpoints.admin of a cluster serving "
-                 "/admin/workers and /admin/events)",
-    "live_migration": "an engine that migrates a stream between decode workers on request "
-                      "(the bundled engine's POST /admin/migrate: `kind: bundled` or endpoints.admin)",
-    "fault_hooks": "the bundled engine's fault hooks (HBM fill, ECC poisoning through /admin/faults: "
-                   "`kind: bundled` or endpoints.admin)",
-    "emulated_fabric": "the emulated fabric (`kind: bundled` with fabric.enabled, root and iproute2) or SSH access "
+    "admin_api": "`kind: bundled`, or endpoints.admin serving the bundled engine's /admin API",
+    "live_migration": "an engine that migrates a stream on request (the bundled engine's POST /admin/migrate)",
+    "fault_hooks": "the bundled engine's /admin fault hooks (HBM fill, ECC poisoning)",
+    "emulated_fabric": "the emulated fabric (`kind: bundled`, fabric.enabled, root and iproute2) or SSH access "
                        "to hosts with fabric interfaces (issue 11)",
-    "ssh_hosts": "hosts with `ssh:` settings in the cluster file",
-    "gpu": "an NVIDIA GPU the harness can read (the bundled engine on a CUDA machine, or GPU hosts over SSH)",
-    "worker_inventory": "the workers of each role: the bundled topology, endpoints.admin, or a `workers:` list "
-                        "in the cluster file",
-    "restartable_workers": "workers that come back after a kill: the bundled topology, or `restart: {command: ...}` "
-                           "or `supervised: true` on every entry of `workers:`",
-    "engine_metrics": "endpoints.metrics plus an engine with a metric profile (engine: bundled, vllm, sglang, "
-                      "dynamo)",
+    "ssh_hosts": "`ssh:` settings on the cluster file's hosts",
+    "gpu": "an NVIDIA GPU the harness can read (bundled engine on CUDA, or GPU hosts over SSH)",
+    "worker_inventory": "a `workers:` list in the cluster file, endpoints.admin, or the bundled topology",
+    "restartable_workers": "`restart: {command: ...}` or `supervised: true` on every worker (or the bundled "
+                           "topology)",
+    "engine_metrics": "endpoints.metrics and an engine with a metric profile (bundled, vllm, sglang, dynamo)",
 }
 
 # item -> capabilities its suite needs (a suite marker's needs= overrides; absent: needs nothing)
@@ -72,7 +67,7 @@ class Capabilities:
         parts = []
         for cap in missing:
             why = f" ({self.why_not[cap]})" if self.why_not.get(cap) else ""
-            parts.append(f"needs {cap}{why}: provided by {PROVIDERS[cap]}")
+            parts.append(f"needs {cap}{why}, provided by {PROVIDERS[cap]}")
         return "not judged on this cluster: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

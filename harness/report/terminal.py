@@ -58,7 +58,7 @@ def _print_coverage(console: Console, coverage: dict) -> None:
         console.print(Text("judged: " + ", ".join(f"{i} ({s})" for i, s in judged.items()), style="bold"))
     for item, reasons in coverage.get("not_judged", {}).items():
         line = Text(f"not judged: {item}: ", style="bold yellow")
-        line.append("; ".join(reasons))
+        line.append(" | ".join(reasons))
         console.print(line, soft_wrap=True)
     if coverage.get("not_run"):
         console.print(Text("not run (no suite reported on them): " + ", ".join(coverage["not_run"]), style="dim"))
