@@ -72,6 +72,24 @@ class ClusterHandle:
         key = self.api_key()
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def streaming_client(self, **kwargs: Any) -> Any:
+        """A StreamingClient for this cluster's API with its model and API key (kwargs override)."""
+        from harness.probes.streaming import StreamingClient
+
+        return StreamingClient(self.api_url, **{"model": self.model, "api_key": self.api_key(), **kwargs})
+
+    def scraper(self, url: str | None = None, **kwargs: Any) -> Any:
+        """A PrometheusScraper of ``url`` (default: endpoints.metrics) read with this engine's metric
+        profile and API key; a ConfigError when there is no metrics URL or no profile."""
+        from harness.probes.prometheus import PrometheusScraper
+
+        url = url or self.metrics_url
+        if url is None or self.spec.metric_profile is None:
+            why = "no endpoints.metrics" if url is None else f"engine {self.engine!r} has no metric profile"
+            raise ConfigError(f"cluster {self.name!r} has no engine metrics to scrape ({why})",
+                              fix="set endpoints.metrics and engine (bundled, vllm, sglang, dynamo) in the cluster file")
+        return PrometheusScraper(url, **{"engine": self.spec.metric_profile, "api_key": self.api_key(), **kwargs})
+
     def capabilities(self) -> Any:
         """What this cluster provides (harness.checks.capabilities.Capabilities)."""
         from harness.checks.capabilities import capabilities_of

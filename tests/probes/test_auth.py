@@ -90,3 +90,19 @@ def test_locust_users_send_the_key_and_the_profile_does_not_hold_it(server, tmp_
     assert records and all(r.ok for r in records), [r.error_message for r in records][:3]
     assert KEY not in profile.to_json() and KEY not in " ".join(runner.command())
     assert all(auth == f"Bearer {KEY}" for _, auth in _KeyedServer.seen)
+
+
+def test_the_cluster_handle_builds_keyed_clients_with_the_engine_profile(server, tmp_path, monkeypatch):
+    from harness.cluster import ClusterHandle, load_cluster
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"kind: external\nengine: vllm\nmodel: m\nauth: {{api_key_env: T_KEY}}\n"
+                    f"endpoints: {{api: {server}, metrics: {server}/metrics}}\n")
+    spec = load_cluster(path)
+    handle = ClusterHandle(spec, spec.checklist(), server, f"{server}/metrics", None)
+    monkeypatch.setenv("T_KEY", KEY)
+    with handle.streaming_client() as client:
+        assert client.model == "m" and client.send(CompletionRequest(prompt="x", max_tokens=2)).ok
+    scraper = handle.scraper()
+    assert scraper.profile["kv_usage"] == "vllm:kv_cache_usage_perc" and scraper.scrape_once()
+    assert all(auth == f"Bearer {KEY}" for _, auth in _KeyedServer.seen)
