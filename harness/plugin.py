@@ -30,7 +30,6 @@ from harness.report import RunResult, collect_environment, new_run_id
 log = logging.getLogger(__name__)
 
 MARKER = "conformance"
-ITEM_MARKER = "item"  # pytest.mark.item("6.1.4", "nothing-lost", needs=None): the items a suite judges
 
 
 class _Invalid:
@@ -114,9 +113,8 @@ def _state(config: pytest.Config) -> HarnessState:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
-    config.addinivalue_line("markers", f"{ITEM_MARKER}(*item_ids, needs=None): the checklist items a suite judges; "
-                                       "a cluster lacking a needed capability gets them inconclusive "
-                                       "(harness/checks/capabilities.py)")
+    config.addinivalue_line("markers", "item(*item_ids, needs=None): the checklist items a suite judges; a cluster "
+                                       "lacking what they need gets them inconclusive (harness/checks/capabilities.py)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
     values = {n: config.getoption(n) for n in names}
     bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
@@ -152,46 +150,19 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not any(item.get_closest_marker(MARKER) for item in items) and not state.active:
         return
     state.active = True
+    from harness.checks.capabilities import check_item_markers
     from harness.cluster import load_cluster
 
+    what = "cluster file"
     try:
         state.spec = load_cluster(state.options.cluster)
+        what = "suite marker"  # pytest.mark.item naming an unknown item or capability
+        check_item_markers(items, state.spec.checklist())
     except ConfigError as exc:
         state.config_error = str(exc)
-        _print(config, f"[bold magenta]cluster file error:[/] {exc}")
-        pytest.exit(f"cluster file error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
+        _print(config, f"[bold magenta]{what} error:[/] {exc}")
+        pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
-    try:
-        _check_item_markers(items, state.spec.checklist())
-    except ConfigError as exc:
-        state.config_error = str(exc)
-        _print(config, f"[bold magenta]suite marker error:[/] {exc}")
-        pytest.exit(f"suite marker error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
-
-
-def _item_marker(item: pytest.Item) -> tuple[tuple[str, ...], tuple[str, ...] | None] | None:
-    """(item ids, needs override) of a suite test's ``item`` marker, or None."""
-    marker = item.get_closest_marker(ITEM_MARKER)
-    if marker is None:
-        return None
-    needs = marker.kwargs.get("needs")
-    return tuple(marker.args), None if needs is None else tuple(needs)
-
-
-def _check_item_markers(items: list[pytest.Item], checklist: Any) -> None:
-    from harness.checks.capabilities import check_capability_names
-
-    for item in items:
-        found = _item_marker(item)
-        if found is None:
-            continue
-        ids, needs = found
-        if not ids:
-            raise ConfigError(f"{item.nodeid}: pytest.mark.item() names no checklist item",
-                              fix='write e.g. pytest.mark.item("6.1.4", "nothing-lost")')
-        for item_id in ids:
-            checklist.item(item_id)  # ConfigError naming the known items
-        check_capability_names(needs or (), item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -234,7 +205,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     result.environment = collect_environment()
     from harness.checks.capabilities import coverage
 
-    result.coverage = coverage(result.verdicts, _checklist_items(state))
+    result.coverage = coverage(result.verdicts, list(state.spec.checklist().items) if state.spec else [])
     code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
                          revert_failed=bool(result.revert_failures))
     result.exit_code = int(code)
@@ -248,13 +219,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if code != ExitCode.REVERT_FAILED:
             result.exit_code = int(ExitCode.HARNESS_ERROR)
     session.exitstatus = result.exit_code
-
-
-def _checklist_items(state: HarnessState) -> list[str]:
-    try:
-        return list(state.spec.checklist().items) if state.spec is not None else []
-    except HarnessError:
-        return []
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -377,25 +341,14 @@ def conformance(request: pytest.FixtureRequest) -> Conformance:
 @pytest.fixture(autouse=True)
 def _capability_gate(request: pytest.FixtureRequest) -> None:
     """Before a suite's body (and its other fixtures) run: if the cluster lacks a capability its
-    items need, record each item inconclusive with the reason and skip the body."""
-    found = _item_marker(request.node) if request.node.get_closest_marker(MARKER) else None
-    if found is None:
+    items need (``pytest.mark.item``), record each item inconclusive with the reason; skip the body."""
+    if request.node.get_closest_marker(MARKER) is None:
         return
-    from harness.checks.capabilities import needs_of, not_supported
+    from harness.checks.capabilities import gate
 
-    ids, override = found
-    needs = needs_of(ids, override)
-    if not needs:
-        return
-    cluster = request.getfixturevalue("cluster")
-    caps = cluster.capabilities()
-    missing = caps.missing(needs)
-    if not missing:
-        return
-    conformance = request.getfixturevalue("conformance")
-    for verdict in not_supported(cluster.thresholds, ids, caps, missing):
-        conformance.record(verdict)
-    pytest.skip(f"cluster {cluster.name} lacks {', '.join(missing)}")
+    missing = gate(request.node, request.getfixturevalue)
+    if missing:
+        pytest.skip(f"the cluster lacks {', '.join(missing)}")
 
 
 class _LiveOutput:
@@ -489,9 +442,8 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
 
 
 class Timeline:
-    """Router events of the cluster under test (bundled or any engine with the admin API). On a
-    cluster without one the events are extra evidence that is absent (``events()`` is empty);
-    the worker table has no substitute, so ``workers()`` says what would provide it."""
+    """Router events of the cluster under test (bundled or any engine with the admin API); without
+    one, events (extra evidence) are empty and ``workers()`` says what would provide a table."""
 
     def __init__(self, cluster: Any) -> None:
         self._cluster = cluster

@@ -150,3 +150,53 @@ def coverage(verdicts: Iterable[Verdict], checklist_items: Iterable[str] = ()) -
             not_judged[item] = sorted({v.reason for v in vs})
     return {"judged": judged, "not_judged": not_judged,
             "not_run": [i for i in checklist_items if i not in by_item]}
+
+
+# -- the suite side: pytest.mark.item on a suite, checked at collection and before each test --------
+
+ITEM_MARKER = "item"
+
+
+def item_marker(node: Any) -> tuple[tuple[str, ...], tuple[str, ...] | None] | None:
+    """(item ids, needs override) of a pytest node's ``item`` marker, or None."""
+    marker = node.get_closest_marker(ITEM_MARKER)
+    if marker is None:
+        return None
+    needs = marker.kwargs.get("needs")
+    return tuple(marker.args), None if needs is None else tuple(needs)
+
+
+def check_item_markers(nodes: Iterable[Any], checklist: Any) -> None:
+    """Every marker names known checklist items and capabilities (a ConfigError, exit 3, if not)."""
+    for node in nodes:
+        found = item_marker(node)
+        if found is None:
+            continue
+        ids, needs = found
+        if not ids:
+            raise ConfigError(f"{node.nodeid}: pytest.mark.item() names no checklist item",
+                              fix='write e.g. pytest.mark.item("6.1.4", "nothing-lost")')
+        for item_id in ids:
+            checklist.item(item_id)  # ConfigError naming the known items
+        check_capability_names(needs or (), node.nodeid)
+
+
+def gate(node: Any, fixture: Any) -> list[str]:
+    """For a suite test ``node``: the capabilities its items need that the cluster lacks, after
+    recording one inconclusive verdict per item through the ``conformance`` fixture. ``fixture``:
+    pytest's ``request.getfixturevalue``. Empty: the test may run."""
+    found = item_marker(node)
+    if found is None:
+        return []
+    ids, override = found
+    needs = needs_of(ids, override)
+    if not needs:
+        return []
+    cluster = fixture("cluster")
+    caps = cluster.capabilities()
+    missing = caps.missing(needs)
+    if missing:
+        conformance = fixture("conformance")
+        for verdict in not_supported(cluster.thresholds, ids, caps, missing):
+            conformance.record(verdict)
+    return missing
