@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,24 +18,11 @@ pytestmark = pytest.mark.slow  # runs pytest as a subprocess; the last test star
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def health_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+@pytest.fixture(scope="module")
+def engine():
+    """A real single-engine server of ours (OpenAI API, /health, /metrics; no admin API)."""
+    with ServerProcess("tiny") as server:
+        yield server.url
 
 
 def _cluster_file(tmp_path, api_url, extra=""):
@@ -56,14 +41,14 @@ def _suite(tmp_path, body):
     (tmp_path / "suites" / "test_suite.py").write_text("import pytest\n" + textwrap.dedent(body))
 
 
-def test_a_missing_capability_records_inconclusive_and_skips_the_body(tmp_path, health_server):
+def test_a_missing_capability_records_inconclusive_and_skips_the_body(tmp_path, engine):
     _suite(tmp_path, """
         pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.2", "nothing-lost")]
 
         def test_migration(cluster, conformance, timeline):
             open("body-ran", "w").close()
     """)
-    proc = _pytest(tmp_path, "suites", f"--cluster={_cluster_file(tmp_path, health_server)}",
+    proc = _pytest(tmp_path, "suites", f"--cluster={_cluster_file(tmp_path, engine)}",
                    f"--report-dir={tmp_path / 'reports'}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert not (tmp_path / "body-ran").exists()
@@ -78,7 +63,7 @@ def test_a_missing_capability_records_inconclusive_and_skips_the_body(tmp_path, 
     assert "not judged: 6.1.2: not judged on this cluster: needs admin_api" in proc.stdout
 
 
-def test_a_met_need_runs_the_body(tmp_path, health_server):
+def test_a_met_need_runs_the_body(tmp_path, engine):
     _suite(tmp_path, """
         from harness.checks.verdict import inconclusive
         pytestmark = [pytest.mark.conformance, pytest.mark.item("6.2.ttft", needs=["worker_inventory"])]
@@ -88,7 +73,7 @@ def test_a_met_need_runs_the_body(tmp_path, health_server):
     """)
     extra = ("hosts: [{name: h, address: 127.0.0.1, roles: [aggregated]}]\n"
              "workers: [{name: w0, role: aggregated, host: h, api: 'http://127.0.0.1:9'}]\n")
-    proc = _pytest(tmp_path, "suites", f"--cluster={_cluster_file(tmp_path, health_server, extra)}",
+    proc = _pytest(tmp_path, "suites", f"--cluster={_cluster_file(tmp_path, engine, extra)}",
                    f"--report-dir={tmp_path / 'reports'}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
@@ -107,13 +92,11 @@ def test_an_unknown_item_in_a_marker_exits_3(tmp_path):
     assert "6.1.9" in proc.stdout + proc.stderr
 
 
-def test_every_suite_on_a_real_external_server_without_admin_api_ends_with_named_reasons(tmp_path):
-    with ServerProcess("tiny") as server:
-        cluster = tmp_path / "ext-tiny.yaml"
-        cluster.write_text(f"version: 2\nkind: external\nengine: openai\n"
-                           f"endpoints: {{api: {server.url}, metrics: {server.url}/metrics}}\n")
-        proc = _pytest(ROOT, "suites/", f"--cluster={cluster}", f"--report-dir={tmp_path / 'reports'}",
-                       timeout=1200)
+def test_every_suite_on_a_real_external_server_without_admin_api_ends_with_named_reasons(tmp_path, engine):
+    cluster = tmp_path / "ext-tiny.yaml"
+    cluster.write_text(f"version: 2\nkind: external\nengine: openai\n"
+                       f"endpoints: {{api: {engine}, metrics: {engine}/metrics}}\n")
+    proc = _pytest(ROOT, "suites/", f"--cluster={cluster}", f"--report-dir={tmp_path / 'reports'}", timeout=1200)
     assert proc.returncode in (0, 1, 2), proc.stdout[-4000:] + proc.stderr[-4000:]
     data = json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
     assert not data["harness_errors"] and data["cluster"]["engine"] == "openai"
