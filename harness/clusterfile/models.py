@@ -289,6 +289,13 @@ class ClusterFile(_Model):
             return {"bundled": None, "hosts": (), "workers": ()}.get(info.field_name, {})
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bundled_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "bundled" and data.get("bundled") is None:
+            data = {**data, "bundled": {}}  # `kind: bundled` alone means the default topology
+        return data
+
     @field_validator("description", mode="before")
     @classmethod
     def _description_text(cls, value: Any) -> Any:

@@ -150,3 +150,9 @@ def test_schema_command_prints_a_valid_json_schema_that_accepts_every_shipped_fi
         load_cluster(path)  # and the loader agrees
     assert list(validator.iter_errors({"kind": "external", "engine": "vlm"}))  # the schema rejects typos too
     assert "x-fix" in json.dumps(schema["properties"]["engine"])
+
+
+def test_bundled_kind_alone_means_the_default_topology(tmp_path):
+    spec = load_cluster(_write(tmp_path, "kind: bundled\n"))
+    assert (spec.bundled.prefill, spec.bundled.decode, spec.bundled.preset) == (2, 2, "tiny")
+    assert spec.safety.allowed_faults is None and not spec.fabric.enabled
