@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
     "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
     "fabric": ("harness.fabric.cli", "the emulated fabric: status, remove a dead run's leftovers, measure"),
+    "schema": ("harness.clusterfile.cli", "print the cluster file's JSON Schema, or --check cluster files"),
 }
 
 

@@ -113,6 +113,8 @@ def _state(config: pytest.Config) -> HarnessState:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
+    config.addinivalue_line("markers", "item(*item_ids, needs=None): the checklist items a suite judges; a cluster "
+                                       "lacking what they need gets them inconclusive (harness/checks/capabilities.py)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
     values = {n: config.getoption(n) for n in names}
     bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
@@ -148,14 +150,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not any(item.get_closest_marker(MARKER) for item in items) and not state.active:
         return
     state.active = True
+    from harness.checks.capabilities import check_item_markers
     from harness.cluster import load_cluster
 
+    what = "cluster file"
     try:
         state.spec = load_cluster(state.options.cluster)
+        what = "suite marker"  # pytest.mark.item naming an unknown item or capability
+        check_item_markers(items, state.spec.checklist())
     except ConfigError as exc:
         state.config_error = str(exc)
-        _print(config, f"[bold magenta]cluster file error:[/] {exc}")
-        pytest.exit(f"cluster file error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
+        _print(config, f"[bold magenta]{what} error:[/] {exc}")
+        pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
 
 
@@ -197,6 +203,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()
     result.environment = collect_environment()
+    from harness.checks.capabilities import coverage
+
+    result.coverage = coverage(result.verdicts, list(state.spec.checklist().items) if state.spec else [])
     code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
                          revert_failed=bool(result.revert_failures))
     result.exit_code = int(code)
@@ -259,6 +268,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
     with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
         state.result.cluster = handle.describe()
+        state.result.capabilities = handle.capabilities().to_dict()
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
 
@@ -326,6 +336,19 @@ class Conformance:
 @pytest.fixture
 def conformance(request: pytest.FixtureRequest) -> Conformance:
     return Conformance(request.config, request.node.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _capability_gate(request: pytest.FixtureRequest) -> None:
+    """Before a suite's body (and its other fixtures) run: if the cluster lacks a capability its
+    items need (``pytest.mark.item``), record each item inconclusive with the reason; skip the body."""
+    if request.node.get_closest_marker(MARKER) is None:
+        return
+    from harness.checks.capabilities import gate
+
+    missing = gate(request.node, request.getfixturevalue)
+    if missing:
+        pytest.skip(f"the cluster lacks {', '.join(missing)}")
 
 
 class _LiveOutput:
@@ -400,11 +423,12 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
 
     def start(**overrides: Any) -> LoadRunner:
         o = harness_options
-        base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0}
+        base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0,
+                                "model": cluster.model}
         if o.load_rate is not None:
             base.update(mode="poisson", rate=o.load_rate)
         profile = LoadProfile(**{**base, **overrides})
-        runner = LoadRunner(cluster.api_url, profile,
+        runner = LoadRunner(cluster.api_url, profile, api_key=cluster.api_key(),
                             output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
         runs.append(runner)
         runner.start()
@@ -418,23 +442,31 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
 
 
 class Timeline:
-    """Router events of the cluster under test (bundled or any engine with the admin API)."""
+    """Router events of the cluster under test (bundled or any engine with the admin API); without
+    one, events (extra evidence) are empty and ``workers()`` says what would provide a table."""
 
     def __init__(self, cluster: Any) -> None:
         self._cluster = cluster
 
+    @property
+    def available(self) -> bool:
+        return bool(self._cluster.admin_url)
+
     def events(self, **params: Any) -> list[dict[str, Any]]:
         from harness.probes.admin import AdminClient
 
-        if not self._cluster.admin_url:
-            raise HarnessError(f"cluster {self._cluster.name!r} has no admin endpoint",
-                               fix="set endpoints.admin in the cluster file (needed for router events)")
+        if not self.available:
+            return []
         with AdminClient(self._cluster.admin_url) as client:
             return client.events(**params)
 
     def workers(self) -> list[dict[str, Any]]:
         from harness.probes.admin import AdminClient
 
+        if not self.available:
+            raise HarnessError(f"cluster {self._cluster.name!r} has no admin endpoint: no live worker table",
+                               fix="set endpoints.admin in the cluster file, or mark the suite with the "
+                                   "capability it needs (pytest.mark.item(..., needs=[\"admin_api\"]))")
         with AdminClient(self._cluster.admin_url) as client:
             return client.workers()
 

@@ -29,7 +29,8 @@ from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("ecc", "nothing-lost"), pytest.mark.slow,
+              pytest.mark.timeout(900)]
 
 BLOCKS_PER_POISONING = 2
 HOLD_S = 2.0     # the worker keeps serving this long with the blocks poisoned

@@ -19,7 +19,7 @@ from harness.fabric.linerate import read_line_rate
 from harness.fabric.verdicts import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip
 from harness.faults import LocalExecutor
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]
 
 SIZES_MIB = (1, 8, 32, 128)
 

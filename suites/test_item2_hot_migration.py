@@ -36,7 +36,7 @@ from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.2", "nothing-lost"), pytest.mark.slow, pytest.mark.timeout(900)]
 
 MIGRATE_AFTER_TOKENS = 24  # migrate once a stream has this many tokens (a steady inter-token gap exists)
 TOKENS_AFTER = 96          # tokens the stream still decodes after the migration is asked for

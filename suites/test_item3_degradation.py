@@ -25,7 +25,8 @@ from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.3", "nothing-lost"), pytest.mark.slow,
+              pytest.mark.timeout(900)]
 
 LOAD_USERS = 2
 POLL_S = 0.1

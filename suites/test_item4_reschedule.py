@@ -28,7 +28,8 @@ from harness.probes.timeline import merge_timeline
 log = logging.getLogger(__name__)
 
 # timeout: a hang guard sized for the default plan with room for --kills up to about 20
-pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.4", "nothing-lost"), pytest.mark.slow,
+              pytest.mark.timeout(1800)]
 
 # Every fault must happen under load, however long a restart takes on this machine; and no load
 # run may be stopped (SIGTERM cancels its in-flight requests, which the nothing-lost check would

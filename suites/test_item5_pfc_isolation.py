@@ -19,7 +19,7 @@ from harness.fabric.tcpprobe import sample_tcp_class
 from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped
 from harness.faults import PfcStorm
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.slow]
 
 RR_S, BULK_S = 3.0, 3.0
 PAUSE_MS, RESUME_MS = 300.0, 100.0

@@ -25,7 +25,7 @@ from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("nic-flap", "nothing-lost"), pytest.mark.slow]
 
 PERIOD_S, DUTY, COUNT = 2.0, 0.5, 3
 PROBE_MIB, PROBE_REPEATS = 32, 2

@@ -27,6 +27,7 @@ from harness.probes.workload import LoadProfile, worker_records_path
 log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+API_KEY_ENV = "HARNESS_LOAD_API_KEY"  # the cluster's API key, read by the Locust users
 _STARTUP_ALLOWANCE_S = 30.0  # Locust import + spawning on a loaded 2-core machine
 
 
@@ -34,8 +35,10 @@ class LoadRunner:
     """One Locust run of ``profile`` against ``api_url``; records go to ``output_dir/requests.jsonl``
     (``requests.w<k>.jsonl`` per worker process when ``profile.processes > 1``)."""
 
-    def __init__(self, api_url: str, profile: LoadProfile, *, output_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, api_url: str, profile: LoadProfile, *, output_dir: str | os.PathLike | None = None,
+                 api_key: str | None = None) -> None:
         self.api_url = http_url(api_url, "API URL")
+        self._api_key = api_key  # to Locust by environment only: never in the profile JSON or the log
         self.profile = profile
         self.output_dir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="harness-load-"))
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +62,9 @@ class LoadRunner:
             old.unlink()  # writers append; a rerun must not mix in old records
         env = dict(os.environ, HARNESS_LOAD_PROFILE=self.profile.to_json(),
                    HARNESS_LOAD_OUTPUT=str(self.records_path))
+        env.pop(API_KEY_ENV, None)
+        if self._api_key:
+            env[API_KEY_ENV] = self._api_key
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self._log_fh = open(self.log_path, "wb")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 
 import gevent
@@ -218,7 +219,8 @@ class LLMUser(User):
     def on_start(self) -> None:
         prof = self.controller.profile
         self.client = StreamingClient(self.host, model=prof.model, timeout_s=prof.timeout_s,
-                                      user=self.controller.new_user_name(), on_record=self._on_record)
+                                      user=self.controller.new_user_name(), on_record=self._on_record,
+                                      api_key=os.environ.get("HARNESS_LOAD_API_KEY") or None)
         try:
             self.client.resolve_model()  # now, not in the first request's latency
         except ProbeError as exc:  # the server may be down (a fault): each request will record it

@@ -182,7 +182,8 @@ class PrometheusScraper:
     ``start()`` scrapes once synchronously and raises ProbeError if the endpoint is wrong
     (unreachable or not Prometheus text), so a misconfigured run fails before its load."""
 
-    def __init__(self, url: str, interval_s: float = 1.0, *, engine: str = "pdengine", timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, interval_s: float = 1.0, *, engine: str = "pdengine", timeout_s: float = 5.0,
+                 api_key: str | None = None) -> None:
         if interval_s <= 0:
             raise ProbeError(f"scrape interval must be > 0 s, got {interval_s!r}", fix="pass e.g. interval_s=1.0")
         if engine not in ENGINE_PROFILES:
@@ -193,7 +194,7 @@ class PrometheusScraper:
         self.samples: list[Sample] = []
         self.errors: list[tuple[int, str]] = []   # (wall ns, message) of failed scrapes
         self.scrapes = 0
-        self._http = httpx.Client(timeout=timeout_s)
+        self._http = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

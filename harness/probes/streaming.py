@@ -249,7 +249,7 @@ class _Exchange:
 
 class _ClientBase:
     def __init__(self, base_url: str, *, model: str | None, timeout_s: float, read_timeout_s: float,
-                 user: str, on_record: RecordSink | None) -> None:
+                 user: str, on_record: RecordSink | None, api_key: str | None = None) -> None:
         if timeout_s <= 0 or read_timeout_s <= 0:
             raise ProbeError("timeouts must be positive", fix="pass timeout_s > 0 and read_timeout_s > 0")
         self.base_url = http_url(base_url, "API URL")
@@ -261,6 +261,8 @@ class _ClientBase:
         # plain http never uses TLS: skip loading the CA bundle (~50 ms per client, which
         # would stall a Locust process spawning many users)
         self._verify = not self.base_url.startswith("http://")
+        # the cluster file's auth: sent on every request, never recorded
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def _model_from(self, resp: httpx.Response) -> str:
         if resp.status_code != 200:
@@ -278,10 +280,12 @@ class StreamingClient(_ClientBase):
     (GreenletExit, KeyboardInterrupt), which is recorded as ``cancelled`` and re-raised."""
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 120.0,
-                 read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None) -> None:
+                 read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None,
+                 api_key: str | None = None) -> None:
         super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
-                         user=user, on_record=on_record)
-        self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout, verify=self._verify)
+                         user=user, on_record=on_record, api_key=api_key)
+        self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout, verify=self._verify,
+                                  headers=self._headers)
 
     def resolve_model(self) -> str:
         """The model to ask for: the one given, else the first the server lists."""
@@ -324,10 +328,12 @@ class AsyncStreamingClient(_ClientBase):
     """Async twin of StreamingClient, for suites that keep many probe requests in flight."""
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 120.0,
-                 read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None) -> None:
+                 read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None,
+                 api_key: str | None = None) -> None:
         super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
-                         user=user, on_record=on_record)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, verify=self._verify)
+                         user=user, on_record=on_record, api_key=api_key)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, verify=self._verify,
+                                       headers=self._headers)
 
     async def resolve_model(self) -> str:
         """The model to ask for: the one given, else the first the server lists."""

@@ -52,6 +52,10 @@ class RunResult:
     tests: list[dict[str, Any]] = field(default_factory=list)  # {"nodeid", "outcome", "duration_s", "message"}
     harness_errors: list[str] = field(default_factory=list)
     revert_failures: list[str] = field(default_factory=list)
+    # what the cluster provides ({capability: {provided, why_not, provided_by}}) and which items
+    # were judged ({"judged": {item: status}, "not_judged": {item: [reasons]}, "not_run": [item]})
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    coverage: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_meaning(self) -> str:

@@ -38,6 +38,7 @@ def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> 
         threshold = "—" if v.threshold is None else f"{v.op} {v.threshold:g} {v.unit}"
         table.add_row(v.item, Text(v.status.value, style=_STYLE[v.status]), measured, threshold, v.reason)
     console.print(table)
+    _print_coverage(console, result.coverage)
     for message in result.revert_failures:
         console.print(Text(f"revert failed: {message}", style="bold magenta"))
     for message in result.harness_errors:
@@ -46,3 +47,18 @@ def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> 
     if run_dir is not None:
         console.print(f"report: {run_dir / 'report.html'} (also results.json, junit.xml; "
                       f"{run_dir.parent / 'latest'} links to it)")
+
+
+def _print_coverage(console: Console, coverage: dict) -> None:
+    """Which items were judged, and why the others could not be (one line each)."""
+    if not coverage:
+        return
+    judged = coverage.get("judged", {})
+    if judged:
+        console.print(Text("judged: " + ", ".join(f"{i} ({s})" for i, s in judged.items()), style="bold"))
+    for item, reasons in coverage.get("not_judged", {}).items():
+        line = Text(f"not judged: {item}: ", style="bold yellow")
+        line.append(" | ".join(reasons))
+        console.print(line, soft_wrap=True)
+    if coverage.get("not_run"):
+        console.print(Text("not run (no suite reported on them): " + ", ".join(coverage["not_run"]), style="dim"))

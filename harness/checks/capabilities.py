@@ -1,0 +1,202 @@
+"""Capabilities, not crashes: what a cluster provides, what each checklist item needs, and the
+inconclusive verdict of an item whose needs the cluster cannot meet.
+
+A suite declares its items with ``pytest.mark.item("6.1.4", "nothing-lost")`` on its
+``pytestmark``; before its body runs the plugin compares :data:`ITEM_NEEDS` (or the marker's own
+``needs=``) with :func:`capabilities_of` the cluster and, for a missing capability, records an
+INCONCLUSIVE verdict per item whose reason names the capability and what would provide it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from harness.checks.verdict import Status, Verdict, inconclusive
+from harness.errors import ConfigError
+
+# capability -> what would provide it (the second half of every "needs ..." reason)
+PROVIDERS: dict[str, str] = {
+    "admin_api": "`kind: bundled`, or endpoints.admin serving the bundled engine's /admin API",
+    "live_migration": "an engine that migrates a stream on request (the bundled engine's POST /admin/migrate)",
+    "fault_hooks": "the bundled engine's /admin fault hooks (HBM fill, ECC poisoning)",
+    "emulated_fabric": "the emulated fabric (`kind: bundled`, fabric.enabled, root and iproute2) or SSH access "
+                       "to hosts with fabric interfaces (issue 11)",
+    "ssh_hosts": "`ssh:` settings on the cluster file's hosts",
+    "gpu": "an NVIDIA GPU the harness can read (bundled engine on CUDA, or GPU hosts over SSH)",
+    "worker_inventory": "a `workers:` list in the cluster file, endpoints.admin, or the bundled topology",
+    "restartable_workers": "`restart: {command: ...}` or `supervised: true` on every worker (or the bundled "
+                           "topology)",
+    "engine_metrics": "endpoints.metrics and an engine with a metric profile (bundled, vllm, sglang, dynamo)",
+}
+
+# item -> capabilities its suite needs (a suite marker's needs= overrides; absent: needs nothing)
+ITEM_NEEDS: dict[str, tuple[str, ...]] = {
+    "6.1.1": ("emulated_fabric",),
+    "6.1.2": ("admin_api", "live_migration"),
+    "6.1.3": ("admin_api", "fault_hooks"),
+    "ecc": ("admin_api", "fault_hooks"),
+    "6.1.4": ("admin_api", "worker_inventory", "restartable_workers"),
+    "6.1.5": ("emulated_fabric",),
+    "nic-flap": ("emulated_fabric", "admin_api"),
+    "6.2.ttft": (),
+    "6.2.tpot": (),
+    "nothing-lost": (),
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """``provided``: capability -> bool; ``why_not``: capability -> why this cluster lacks it."""
+
+    provided: dict[str, bool]
+    why_not: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.provided) - set(PROVIDERS)
+        if unknown:
+            raise ConfigError(f"unknown capabilities {sorted(unknown)}", fix=f"use names from {sorted(PROVIDERS)}")
+
+    def missing(self, needs: Iterable[str]) -> list[str]:
+        return [c for c in dict.fromkeys(needs) if not self.provided.get(c, False)]
+
+    def reason(self, missing: Sequence[str]) -> str:
+        """One line naming each missing capability, why it is missing here and what would provide it."""
+        parts = []
+        for cap in missing:
+            why = f" ({self.why_not[cap]})" if self.why_not.get(cap) else ""
+            parts.append(f"needs {cap}{why}, provided by {PROVIDERS[cap]}")
+        return "not judged on this cluster: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {c: {"provided": self.provided.get(c, False), "why_not": self.why_not.get(c),
+                    "provided_by": PROVIDERS[c]} for c in PROVIDERS}
+
+
+def check_capability_names(needs: Iterable[str], where: str) -> None:
+    for cap in needs:
+        if cap not in PROVIDERS:
+            raise ConfigError(f"{where}: unknown capability {cap!r}", fix=f"use one of {', '.join(PROVIDERS)}")
+
+
+def needs_of(items: Sequence[str], override: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The capabilities a suite covering ``items`` needs (``override``: the suite's own list)."""
+    if override is not None:
+        return tuple(override)
+    return tuple(dict.fromkeys(c for item in items for c in ITEM_NEEDS.get(item, ())))
+
+
+def capabilities_of(cluster: Any) -> Capabilities:
+    """What ``cluster`` (a ClusterHandle) provides, derived from its kind, engine, endpoints,
+    fabric, hosts and workers."""
+    spec = cluster.spec
+    bundled = spec.kind == "bundled"
+    admin = bool(cluster.admin_url)
+    no_admin = "no endpoints.admin in the cluster file" if not admin else None
+    workers = spec.workers
+    not_back = [w.name for w in workers if not w.restartable]
+    ssh = any(h.ssh is not None for h in spec.hosts)
+    provided = {
+        "admin_api": admin,
+        "live_migration": admin,
+        "fault_hooks": admin,
+        "emulated_fabric": cluster.fabric is not None,
+        "ssh_hosts": ssh,
+        "gpu": bundled and _local_gpu(),
+        "worker_inventory": cluster.topology is not None or admin or bool(workers),
+        "restartable_workers": cluster.topology is not None or (bool(workers) and not not_back),
+        "engine_metrics": bool(cluster.metrics_url) and spec.metric_profile is not None,
+    }
+    why = {
+        "admin_api": no_admin, "live_migration": no_admin, "fault_hooks": no_admin,
+        "emulated_fabric": cluster.fabric_unavailable or ("a real cluster's fabric is not reached yet"
+                                                          if not bundled else "the cluster has no emulated fabric"),
+        "ssh_hosts": "no host has `ssh:` settings",
+        "gpu": "no NVIDIA device on this machine" if bundled else "GPU state of remote hosts is not read",
+        "worker_inventory": "no `workers:` list and no endpoints.admin",
+        "restartable_workers": (f"no way back for {', '.join(not_back)} (no restart command, not supervised)"
+                                if not_back else "no `workers:` list"),
+        "engine_metrics": ("no endpoints.metrics" if not cluster.metrics_url
+                           else f"engine {spec.engine_name!r} has no metric profile"),
+    }
+    return Capabilities(provided, {c: w for c, w in why.items() if w and not provided[c]})
+
+
+def _local_gpu() -> bool:
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def not_supported(checklist: Any, items: Sequence[str], caps: Capabilities, missing: Sequence[str]) -> list[Verdict]:
+    """One INCONCLUSIVE verdict per item, naming the missing capabilities and their providers."""
+    reason = caps.reason(missing)
+    return [inconclusive(checklist, item, reason, missing_capabilities=list(missing),
+                         provided_by={c: PROVIDERS[c] for c in missing}) for item in items]
+
+
+def coverage(verdicts: Iterable[Verdict], checklist_items: Iterable[str] = ()) -> dict[str, Any]:
+    """Which items were judged (a pass or fail), which could not be (inconclusive or error, with
+    the reasons), and which no suite of this run reported on."""
+    by_item: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        by_item.setdefault(v.item, []).append(v)
+    judged, not_judged = {}, {}
+    for item, vs in by_item.items():
+        decided = [v for v in vs if v.status in (Status.PASS, Status.FAIL)]
+        if decided:
+            judged[item] = "fail" if any(v.status == Status.FAIL for v in decided) else "pass"
+        else:
+            not_judged[item] = sorted({v.reason for v in vs})
+    return {"judged": judged, "not_judged": not_judged,
+            "not_run": [i for i in checklist_items if i not in by_item]}
+
+
+# -- the suite side: pytest.mark.item on a suite, checked at collection and before each test --------
+
+ITEM_MARKER = "item"
+
+
+def item_marker(node: Any) -> tuple[tuple[str, ...], tuple[str, ...] | None] | None:
+    """(item ids, needs override) of a pytest node's ``item`` marker, or None."""
+    marker = node.get_closest_marker(ITEM_MARKER)
+    if marker is None:
+        return None
+    needs = marker.kwargs.get("needs")
+    return tuple(marker.args), None if needs is None else tuple(needs)
+
+
+def check_item_markers(nodes: Iterable[Any], checklist: Any) -> None:
+    """Every marker names known checklist items and capabilities (a ConfigError, exit 3, if not)."""
+    for node in nodes:
+        found = item_marker(node)
+        if found is None:
+            continue
+        ids, needs = found
+        if not ids:
+            raise ConfigError(f"{node.nodeid}: pytest.mark.item() names no checklist item",
+                              fix='write e.g. pytest.mark.item("6.1.4", "nothing-lost")')
+        for item_id in ids:
+            checklist.item(item_id)  # ConfigError naming the known items
+        check_capability_names(needs or (), node.nodeid)
+
+
+def gate(node: Any, fixture: Any) -> list[str]:
+    """For a suite test ``node``: the capabilities its items need that the cluster lacks, after
+    recording one inconclusive verdict per item through the ``conformance`` fixture. ``fixture``:
+    pytest's ``request.getfixturevalue``. Empty: the test may run."""
+    found = item_marker(node)
+    if found is None:
+        return []
+    ids, override = found
+    needs = needs_of(ids, override)
+    if not needs:
+        return []
+    cluster = fixture("cluster")
+    caps = cluster.capabilities()
+    missing = caps.missing(needs)
+    if missing:
+        conformance = fixture("conformance")
+        for verdict in not_supported(cluster.thresholds, ids, caps, missing):
+            conformance.record(verdict)
+    return missing

@@ -1,0 +1,167 @@
+"""Find, read and validate a cluster file; turn pydantic's errors into the project's one
+config-error shape (``FILE: field `a.b`: problem (fix: ...)``, exit code 3)."""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from harness.checks.thresholds import PROJECT_ROOT, display_path, field_error, load_yaml_mapping
+from harness.clusterfile.models import NAME_PATTERN, ClusterFile, ClusterSpec, FieldProblem, did_you_mean
+from harness.errors import ConfigError
+
+CLUSTERS_DIR = PROJECT_ROOT / "clusters"
+_NAME = re.compile(NAME_PATTERN)
+# set by the harness per worker, not by a cluster file
+_ENGINE_RESERVED = {"preset": "bundled.preset", "name": "the worker id"}
+
+
+def resolve_cluster_path(name_or_path: str, clusters_dir: Path = CLUSTERS_DIR) -> Path:
+    """``local`` -> ``clusters/local.yaml``; anything with a slash or a .yaml suffix is a path."""
+    if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
+        return Path(name_or_path)
+    if not _NAME.match(name_or_path):
+        raise ConfigError(f"--cluster {name_or_path!r} is neither a cluster name nor a path",
+                          fix="pass a name from clusters/ (e.g. local) or a path to a .yaml file")
+    path = clusters_dir / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in clusters_dir.glob("*.yaml"))
+        raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} ({path} does not exist)",
+                          fix=f"use one of {', '.join(known) or '(none)'} or pass a path to a cluster file")
+    return path
+
+
+def load_cluster(name_or_path: str | Path) -> ClusterSpec:
+    """Read and validate a cluster inventory (name under ``clusters/`` or a path)."""
+    path = resolve_cluster_path(str(name_or_path))
+    data = load_yaml_mapping(path)
+    spec = parse_cluster(data, source=display_path(path))
+    spec.checklist()  # validates the threshold overrides against the checklist now, not mid-run
+    return spec
+
+
+def parse_cluster(data: dict[str, Any], *, source: str) -> ClusterSpec:
+    if "path" in data:  # a ClusterSpec field, but set by the loader
+        raise field_error(source, "path", "unknown field", f"use only {', '.join(ClusterFile.model_fields)}")
+    data = {"name": Path(source).stem, **data}
+    try:
+        spec = ClusterSpec.model_validate({**data, "path": source})
+    except ValidationError as exc:
+        raise config_error(exc, source) from None
+    if spec.bundled is not None and spec.bundled.engine:
+        _check_engine(source, spec.bundled.engine, spec.bundled.preset)
+    return spec
+
+
+def config_error(exc: ValidationError, source: str) -> ConfigError:
+    """The first of pydantic's errors as ``FILE: field `a.b`: problem (fix: ...)``."""
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    if err["type"] == "missing":  # a misspelt required key: the unknown key (with did-you-mean) says more
+        err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
+    path, info, model, dropped = _walk(err["loc"], err["type"] == "extra_forbidden")
+    kind, given = err["type"], err.get("input")
+    problem_error = (err.get("ctx") or {}).get("error")
+    if isinstance(problem_error, FieldProblem):
+        path += dropped  # the validator ran on that list entry: keep its index
+        base, sub = (_join(path) if path else ""), problem_error.field
+        field = base + sub if sub.startswith("[") else ".".join(x for x in (base, sub) if x)
+        return field_error(source, field, problem_error.problem, problem_error.fix)
+    fix = ((info.json_schema_extra or {}).get("x-fix") if info is not None else None) or "see docs/clusters.md"
+    if kind == "extra_forbidden":
+        allowed = list(model.model_fields) if model is not None else []
+        allowed = [a for a in allowed if a != "path"]
+        return field_error(source, _join(path), "unknown field",
+                           f"{did_you_mean(path[-1], allowed)}use only {', '.join(allowed)}")
+    if kind == "missing":
+        return field_error(source, _join(path), "missing", fix)
+    problem = err["msg"].replace("Input should be", "expected").replace("Value error, ", "")
+    shown = json.dumps(given) if isinstance(given, (str, int, float, bool, type(None))) else repr(given)
+    problem = f"{problem}, got {shown}"
+    if dropped:
+        problem = f"entry {dropped[0]}: {problem}"
+    return field_error(source, _join(path), problem, fix)
+
+
+def _walk(loc: tuple[Any, ...], extra: bool) -> tuple[list[Any], Any, type[BaseModel] | None, list[int]]:
+    """Follow ``loc`` through the models. Returns the path of field names and list indexes (without
+    pydantic's union-member tags, and without trailing indexes into lists of plain values, which
+    are returned apart), the deepest FieldInfo, and the model holding the last key."""
+    model: type[BaseModel] | None = ClusterSpec
+    holder, info, path = model, None, []
+    in_dict = False
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            path.append(part)
+        elif model is not None and part in model.model_fields:
+            holder, info = model, model.model_fields[part]
+            path.append(part)
+            model = _model_in(info.annotation)
+            in_dict = typing.get_origin(info.annotation) is dict
+        elif in_dict or (extra and i == len(loc) - 1):
+            holder = model or holder
+            path.append(part)  # a mapping's key, or the unknown key itself
+        # else: a union member's tag (e.g. "function-after[...]"), not a key
+    dropped = []
+    while path and isinstance(path[-1], int):
+        dropped.insert(0, path.pop())
+    return path, info, holder, dropped
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside an annotation (``X | None``, ``tuple[X, ...]``, ``Annotated[X, ...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _join(path: list[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _check_engine(source: str, raw: dict[str, Any], preset: str) -> None:
+    """``bundled.engine``: EngineConfig fields, checked by EngineConfig's own validation one key
+    at a time (so the error names the key), then together."""
+    from harness.engine.config import EngineConfig  # imports torch: only when a file sets engine fields
+
+    def check(where: str, **values: Any) -> None:
+        try:
+            EngineConfig(preset=preset, **values)
+        except (ConfigError, TypeError, ValueError) as exc:
+            fix = getattr(exc, "fix", None)
+            problem = str(exc).removesuffix(f" (fix: {fix})") if fix else str(exc)
+            raise field_error(source, where, problem, fix or "see EngineConfig in harness/engine/config.py") from exc
+
+    check("bundled.preset")
+    allowed = {f.name for f in fields(EngineConfig)} - set(_ENGINE_RESERVED)
+    for key, value in raw.items():
+        if key in _ENGINE_RESERVED:
+            raise field_error(source, f"bundled.engine.{key}", f"is set by the harness ({_ENGINE_RESERVED[key]})",
+                              "remove it" + ("; set bundled.preset instead" if key == "preset" else ""))
+        if key not in allowed:
+            raise field_error(source, f"bundled.engine.{key}", "unknown engine setting",
+                              f"{did_you_mean(key, allowed)}use only {', '.join(sorted(allowed))}")
+        check(f"bundled.engine.{key}", **{key: value})
+    check("bundled.engine", **raw)
+
+
+def json_schema() -> dict[str, Any]:
+    """The cluster file's JSON Schema (``python -m harness schema``)."""
+    schema = ClusterFile.model_json_schema()
+    schema["required"] = [r for r in schema.get("required", []) if r != "name"]  # the loader defaults it
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "PD conformance harness cluster file"
+    return schema

@@ -1,0 +1,396 @@
+"""The cluster file's schema as pydantic v2 models (``clusters/*.yaml``, docs/clusters.md).
+
+The models are the validated spec itself: ``load.load_cluster`` returns a :class:`ClusterSpec`.
+Every field carries the fix shown when it is wrong (``json_schema_extra["x-fix"]``), so a
+pydantic error's ``loc`` becomes the project's one config-error shape (file, field, fix) in
+``load.py``. Unknown keys are errors everywhere (``extra="forbid"``). Cross-field checks raise
+:class:`FieldProblem`, which names the field relative to the model that raised it.
+
+Version 1 files (no ``version:``) keep their meaning; the version 2 fields (``engine``, ``model``,
+``auth``, ``workload``, ``workers``) are optional in both.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StringConstraints, field_validator, \
+    model_validator
+
+from harness.errors import FaultError
+
+KINDS = ("bundled", "external")
+ENGINES = ("bundled", "vllm", "sglang", "dynamo", "openai")
+ROLES = ("router", "prefill", "decode", "aggregated")  # roles a host may serve
+WORKER_ROLES = ("prefill", "decode", "aggregated")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
+METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
+
+
+class FieldProblem(ValueError):
+    """Raised by a validator: ``field`` is relative to the model (or field) being validated."""
+
+    def __init__(self, problem: str, fix: str, field: str = "") -> None:
+        self.problem, self.fix, self.field = problem, fix, field
+        super().__init__(problem)
+
+
+def _fix(fix: str, description: str = "", **kwargs: Any) -> Any:
+    return Field(description=description or None, json_schema_extra={"x-fix": fix}, **kwargs)
+
+
+def _http_url(value: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise FieldProblem(f"{value!r} is not an http(s) URL", "write e.g. http://10.0.0.5:8000")
+    return value.rstrip("/")
+
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Url = Annotated[Text, AfterValidator(_http_url)]
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+
+
+class _Model(BaseModel):
+    # strict: YAML's `yes-please` is not a bool, `true` is not a count (ints still widen to floats)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SSHSettings(_Model):
+    user: Text = _fix("write `user: ops`", "SSH login", default="root")
+    port: int = _fix("use 1..65535", "SSH port", default=22, ge=1, le=65535)
+    key_file: Text = _fix("add `key_file: PATH` (the private key)", "private key file")
+    known_hosts: Text = _fix("add `known_hosts: PATH` (the file holding the host's key)",
+                             "the only host keys accepted for this host (never learned blindly)")
+    connect_timeout_s: float = _fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)
+
+
+class Host(_Model):
+    name: Text = _fix("write `name: some-host`")
+    address: Text = _fix("write `address: 10.0.0.5` (or a DNS name)")
+    roles: tuple[Literal[ROLES], ...] = _fix("write e.g. `roles: [prefill]`", "what the host serves",
+                                              min_length=1, strict=False)
+    ssh: SSHSettings | None = _fix("write `ssh: {user: ops, key_file: PATH, known_hosts: PATH}`",
+                                   "None: the host is this machine, commands run locally", default=None)
+
+
+class Safety(_Model):
+    production: bool = _fix("write `production: true` for a cluster that serves users", default=False)
+    # None: every fault kind (never for production); absent: none for production, all otherwise
+    allowed_faults: Literal["all"] | Annotated[tuple[str, ...], Strict(False)] | None = _fix(
+        "write e.g. `allowed_faults: [process_kill, process_hang]`", "`all` or a list of fault kinds",
+        default=None, validate_default=True)
+
+    @field_validator("allowed_faults")
+    @classmethod
+    def _normalise(cls, value: Any, info: Any) -> tuple[str, ...] | None:
+        production = info.data.get("production", False)
+        if value is None:
+            return () if production else None
+        if value == "all":
+            if production:
+                raise FieldProblem("a production cluster cannot allow every fault",
+                                   "list each fault kind you accept, e.g. [process_kill]")
+            return None
+        known = known_fault_kinds()
+        for i, kind in enumerate(value):
+            if not kind or (known and kind not in known):
+                raise FieldProblem(f"unknown fault kind {kind!r}", f"use one of {', '.join(sorted(known))}",
+                                   field=f"[{i}]")
+        return tuple(value)
+
+    def check_allowed(self, fault_kind: str, cluster: str) -> None:
+        """Refuse a fault the cluster does not allow, with the fix in the message."""
+        if self.allowed_faults is not None and fault_kind in self.allowed_faults:
+            return
+        if self.allowed_faults is None and not self.production:
+            return
+        if self.production:
+            raise FaultError(f"cluster {cluster!r} is marked production: fault {fault_kind!r} is refused",
+                             fix=f"list {fault_kind!r} under safety.allowed_faults in the cluster file "
+                                 "if you really mean to inject it on this cluster")
+        raise FaultError(f"fault {fault_kind!r} is not allowed on cluster {cluster!r} "
+                         f"(allowed: {', '.join(self.allowed_faults or ()) or 'none'})",
+                         fix=f"add {fault_kind!r} to safety.allowed_faults in the cluster file")
+
+
+def known_fault_kinds() -> set[str]:
+    """Fault kinds registered by harness.faults (empty if that package cannot be imported)."""
+    try:
+        import harness.faults  # noqa: F401  (importing registers the catalogue)
+        from harness.faults.base import Fault
+    except ImportError:
+        return set()
+    return set(Fault.registry)
+
+
+class BundledSettings(_Model):
+    prefill: int = _fix("write a whole number such as 2", "prefill workers", default=2, ge=1)
+    decode: int = _fix("write a whole number such as 2", "decode workers", default=2, ge=1)
+    preset: Text = _fix("write e.g. `preset: tiny` (`python -m harness presets` lists them)", default="tiny")
+    host: Text = _fix("write e.g. `host: 127.0.0.1`", default="127.0.0.1")
+    router: dict[str, Any] = _fix("write e.g. `router: {reschedule_enabled: true}`",
+                                  "router config knobs (sabotage included)", default_factory=dict)
+    engine: dict[str, Any] = _fix("write e.g. `engine: {ecc_handling: false}`",
+                                  "EngineConfig fields of every worker (checked by load.py)", default_factory=dict)
+    ready_timeout_s: float = _fix("write e.g. 120", default=120.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("router", "engine", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+class FabricSettings(_Model):
+    """The bundled cluster's emulated fabric (docs/fabric.md); needs root and iproute2."""
+
+    enabled: bool = _fix("write `enabled: true` or `enabled: false`", default=False)
+    line_rate_bps: float = _fix("write a plain number such as 5.0e+8", default=5e8, allow_inf_nan=False)
+    mtu: int = _fix("write a whole number such as 9000", default=9000, ge=1)
+    lossless_share: float = _fix("write a plain number such as 0.5", default=0.5, allow_inf_nan=False)
+    tcp_in_lossless: bool = _fix("write `tcp_in_lossless: true` or `tcp_in_lossless: false`",
+                                 "deliberately broken: TCP/IP traffic shares the paused class", default=False)
+
+    @model_validator(mode="after")
+    def _shapeable(self) -> "FabricSettings":
+        from harness.errors import ConfigError
+
+        try:
+            settings_spec(self)
+        except ConfigError as exc:
+            raise FieldProblem(str(exc).removesuffix(f" (fix: {exc.fix})"), exc.fix or "see docs/fabric.md") from None
+        return self
+
+
+def settings_spec(settings: FabricSettings) -> Any:
+    """The harness.fabric ShapingSpec of these settings (validates them)."""
+    from harness.fabric.shaping import ShapingSpec
+
+    return ShapingSpec(line_rate_bps=settings.line_rate_bps, mtu=settings.mtu,
+                       lossless_share=settings.lossless_share, tcp_in_lossless=settings.tcp_in_lossless)
+
+
+class Endpoints(_Model):
+    api: Url = _fix("write e.g. `api: http://10.0.0.5:8000`", "OpenAI-compatible API (the router)")
+    metrics: Url | None = _fix("write e.g. `metrics: http://10.0.0.5:8000/metrics`", "Prometheus text", default=None)
+    admin: Url | None = _fix("write the base URL serving /admin/workers and /admin/events, or null",
+                             "the bundled engine's admin API, if the cluster has one", default=None)
+
+    @field_validator("metrics", "admin", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+class Auth(_Model):
+    api_key_env: Annotated[str, StringConstraints(pattern=ENV_VAR_PATTERN)] = _fix(
+        "write the NAME of an environment variable, e.g. `api_key_env: MY_KEY` (never the key itself)",
+        "environment variable holding the API key (sent as `Authorization: Bearer`, never logged)")
+
+
+class RequestShape(_Model):
+    prompt_tokens: int = _fix("write a whole number of tokens such as 200", ge=1)
+    output_tokens: int = _fix("write a whole number of tokens such as 64", ge=1)
+    weight: float = _fix("write a positive number such as 1", "relative share of requests", default=1.0, gt=0,
+                         allow_inf_nan=False)
+
+
+class Workload(_Model):
+    prompt_tokens: int = _fix("write a whole number of tokens such as 200", "typical prompt length", default=200,
+                              ge=1)
+    output_tokens: int = _fix("write a whole number of tokens such as 64", "typical output length", default=64, ge=1)
+    mix: tuple[RequestShape, ...] = _fix("write e.g. `mix: [{prompt_tokens: 200, output_tokens: 64, weight: 1}]`",
+                                         "request mix (default: the typical request only)", default=(),
+                                         strict=False)
+
+
+class ProcessLocator(_Model):
+    """How to find a worker's process on its host: exactly one of the three."""
+
+    pgrep: Text | None = _fix('write e.g. `pgrep: "vllm.entrypoints.openai.api_server.*--port 8101"`', default=None)
+    pid_file: Text | None = _fix("write e.g. `pid_file: /run/vllm-0.pid`", default=None)
+    systemd_unit: Text | None = _fix("write e.g. `systemd_unit: vllm-0.service`", default=None)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "ProcessLocator":
+        given = [k for k in ("pgrep", "pid_file", "systemd_unit") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise FieldProblem(f"expected exactly one of pgrep, pid_file, systemd_unit, got {given or 'none'}",
+                               'write e.g. `process: {pgrep: "api_server.*--port 8101"}`')
+        return self
+
+    @property
+    def how(self) -> tuple[str, str]:
+        return next((k, v) for k in ("pgrep", "pid_file", "systemd_unit") if (v := getattr(self, k)) is not None)
+
+
+class Restart(_Model):
+    command: Text = _fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`',
+                         "run on the worker's host to bring it back")
+
+
+class Worker(_Model):
+    name: Name = _fix("use letters, digits, '-', '_', '.'")
+    role: Literal[WORKER_ROLES] = _fix("write `role: prefill`, `role: decode` or `role: aggregated`")
+    host: Text = _fix("write the name of an entry under `hosts:`")
+    api: Url = _fix("write e.g. `api: http://10.0.0.5:8101` (the worker's own OpenAI-compatible API)")
+    health: Url | None = _fix("write e.g. `health: http://10.0.0.5:8101/health` (GET -> 200 when healthy)",
+                              default=None)
+    metrics: Url | None = _fix("write e.g. `metrics: http://10.0.0.5:8101/metrics`", default=None)
+    process: ProcessLocator | None = _fix('write e.g. `process: {pgrep: "api_server.*--port 8101"}`', default=None)
+    restart: Restart | None = _fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`', default=None)
+    supervised: bool = _fix("write `supervised: true` when a service manager restarts it", default=False)
+
+    @model_validator(mode="after")
+    def _one_way_back(self) -> "Worker":
+        if self.restart is not None and self.supervised:
+            raise FieldProblem("a worker is either restarted by a command or by its supervisor, not both",
+                               "remove `restart:` or `supervised: true`", field="supervised")
+        return self
+
+    @property
+    def restartable(self) -> bool:
+        return self.restart is not None or self.supervised
+
+
+class ClusterFile(_Model):
+    """One cluster file (the JSON Schema printed by ``python -m harness schema``)."""
+
+    version: Literal[1, 2] | None = _fix("write `version: 2` (or leave it out for version 1)", default=None)
+    name: Name = _fix("use letters, digits, '-', '_', '.'", "default: the file name")
+    kind: Literal[KINDS] = _fix("write `kind: bundled` (reference engine here) or `kind: external` (attach)")
+    description: str = _fix("write one line of text", default="")
+    engine: Literal[ENGINES] | None = _fix(
+        f"write one of {', '.join(ENGINES)}", "selects the metric profile and the capability set "
+        "(default: bundled for kind bundled, openai for kind external)", default=None)
+    model: Text | None = _fix("write the served model name, e.g. `model: tiny-llama`",
+                              "default: the first of /v1/models", default=None)
+    auth: Auth | None = _fix("write `auth: {api_key_env: MY_KEY}`", default=None)
+    bundled: BundledSettings | None = _fix("write `bundled: {prefill: 2, decode: 2, preset: tiny}`", default=None)
+    endpoints: Endpoints | None = _fix("add `endpoints: {api: http://HOST:PORT, metrics: http://HOST:PORT/metrics}`",
+                                       default=None)
+    workload: Workload | None = _fix("write `workload: {prompt_tokens: 200, output_tokens: 64}`", default=None)
+    workers: tuple[Worker, ...] = _fix("write `workers:` followed by `- name: ...` entries", default=(),
+                                       strict=False)
+    hosts: tuple[Host, ...] = _fix("write `hosts:` followed by `- name: ...` entries", default=(), strict=False)
+    thresholds: dict[str, Any] = _fix('write `"6.1.4": {reschedule_p100_s: 3}`',
+                                      "overrides of checklists/section6.yaml values", default_factory=dict)
+    safety: Safety = _fix("write `safety: {production: false, allowed_faults: all}`", default_factory=Safety)
+    fabric: FabricSettings = _fix("write `fabric: {enabled: true}`", default_factory=FabricSettings)
+
+    @field_validator("bundled", "safety", "fabric", "thresholds", "hosts", "workers", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: Any) -> Any:
+        if value is None:  # `hosts:` with nothing under it means the default, as it always did
+            return {"bundled": None, "hosts": (), "workers": ()}.get(info.field_name, {})
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bundled_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "bundled" and data.get("bundled") is None:
+            data = {**data, "bundled": {}}  # `kind: bundled` alone means the default topology
+        return data
+
+    @field_validator("description", mode="before")
+    @classmethod
+    def _description_text(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterFile":
+        if self.kind == "bundled":
+            if self.endpoints is not None:
+                raise FieldProblem("a bundled cluster's endpoints are chosen at start-up",
+                                   "remove `endpoints:` or use `kind: external`", field="endpoints")
+            if self.engine not in (None, "bundled"):
+                raise FieldProblem(f"a bundled cluster runs the bundled engine, not {self.engine!r}",
+                                   "remove `engine:` or use `kind: external`", field="engine")
+            if self.workers:
+                raise FieldProblem("a bundled cluster's workers are started by the harness",
+                                   "remove `workers:` (set bundled.prefill / bundled.decode) or use `kind: external`",
+                                   field="workers")
+        else:
+            if self.bundled is not None:
+                raise FieldProblem("only a bundled cluster has bundled settings",
+                                   "remove `bundled:` or use `kind: bundled`", field="bundled")
+            if self.endpoints is None:
+                raise FieldProblem("an external cluster needs its endpoints",
+                                   "add `endpoints: {api: http://HOST:PORT, metrics: http://HOST:PORT/metrics}`",
+                                   field="endpoints")
+            if self.engine == "bundled":
+                raise FieldProblem("engine `bundled` is the harness's own engine, started with `kind: bundled`",
+                                   "write the engine the cluster runs (vllm, sglang, dynamo, openai)", field="engine")
+            if self.fabric.enabled:
+                raise FieldProblem("only the bundled cluster runs on the emulated fabric",
+                                   "remove `fabric:` (a real cluster brings its own fabric)", field="fabric.enabled")
+        seen: set[str] = set()
+        for i, h in enumerate(self.hosts):
+            if h.name in seen:
+                raise FieldProblem(f"duplicate host name {h.name!r}", "give each host its own name",
+                                   field=f"hosts[{i}].name")
+            seen.add(h.name)
+        names: set[str] = set()
+        for i, w in enumerate(self.workers):
+            if w.name in names:
+                raise FieldProblem(f"duplicate worker name {w.name!r}", "give each worker its own name",
+                                   field=f"workers[{i}].name")
+            names.add(w.name)
+            if w.host not in seen:
+                raise FieldProblem(f"host {w.host!r} is not listed under `hosts:`",
+                                   f"use one of {', '.join(sorted(seen)) or '(none: add a hosts: entry)'}",
+                                   field=f"workers[{i}].host")
+        return self
+
+
+class ClusterSpec(ClusterFile):
+    """A validated cluster inventory: the file plus where it came from (``path`` is not a file key)."""
+
+    path: str
+
+    @property
+    def engine_name(self) -> str:
+        """The engine, with the kind's default filled in."""
+        return self.engine or ("bundled" if self.kind == "bundled" else "openai")
+
+    @property
+    def metric_profile(self) -> str | None:
+        """Key of harness.probes.prometheus.ENGINE_PROFILES for this engine (None: no known profile)."""
+        return METRIC_PROFILES.get(self.engine_name)
+
+    @property
+    def threshold_overrides(self) -> dict[str, Any]:
+        return self.thresholds
+
+    def checklist(self, base: Any = None) -> Any:
+        """The checklist thresholds with this cluster's overrides applied."""
+        from harness.checks.thresholds import Checklist
+
+        return (base or Checklist.load()).with_overrides(self.thresholds or None, origin=self.path)
+
+    def api_key(self) -> str | None:
+        """The API key from the environment variable named by ``auth.api_key_env`` (None: no auth)."""
+        if self.auth is None:
+            return None
+        key = os.environ.get(self.auth.api_key_env, "")
+        if not key.strip():
+            from harness.errors import ConfigError
+
+            raise ConfigError(f"cluster {self.name!r}: environment variable {self.auth.api_key_env} "
+                              f"(auth.api_key_env in {self.path}) is not set",
+                              fix=f"export {self.auth.api_key_env}=<the API key> before the run")
+        return key.strip()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f"did you mean `{close[0]}`? " if close else ""
