@@ -18,7 +18,8 @@ from harness.checks.invariants import check_history, nothing_lost_verdict, oracl
 from harness.checks.slo import ServerHistograms, slo_verdicts
 from harness.probes.prometheus import engine_of
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.conformance, pytest.mark.item("6.2.ttft", "6.2.tpot", "nothing-lost"), pytest.mark.slow,
+              pytest.mark.timeout(300)]
 
 LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundred requests on this machine
 
