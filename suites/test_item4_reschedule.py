@@ -19,10 +19,12 @@ import pytest
 
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
-from harness.checks.reschedule_blackbox import client_faults, client_view_evidence, measure_client_view
-from harness.checks.verdict import Verdict
+from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
+                                                measure_client_view)
+from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import EngineError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
+from harness.probes import blackbox_faults as blackbox
 from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,9 @@ def _wait_rejoined(timeline: Any, worker_id: str) -> None:
 
 def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults, timeline, conformance,
                                                            harness_options):
+    if not cluster.admin_url:  # a foreign cluster: its inventory's processes, judged from the client
+        _blackbox(cluster, load, faults, conformance, harness_options)
+        return
     checklist = cluster.thresholds
     plan = fault_plan(harness_options.kills)
     seed = harness_options.seed
@@ -190,3 +195,58 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     conformance.add_latency(records)
     conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
                                             failed_requests_only=True))
+
+
+BLACKBOX_LOAD_MAX_S = 3600.0  # upper bound of the load run; it is finished after the last fault
+
+
+def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
+    """6.1.4 on a cluster without router events: the inventory's workers killed and hung under load
+    (harness/probes/blackbox_faults.py), judged from the client records alone
+    (harness/checks/reschedule_blackbox.py): until the streams on the victim ended and a new request
+    was served, and the longest stall clients saw (a hang the cluster does not detect shows there)."""
+    checklist = cluster.thresholds
+    steps = blackbox.plan(cluster.workers, harness_options.kills)
+    budget = checklist.threshold(ITEM, "reschedule_p100_s").value
+    observe_s = budget + 2.0  # the cluster must cope alone for longer than the budget
+    if harness_options.dry_run:
+        lines = blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s)
+        for line in lines:
+            print(f"[dry-run] {line}", flush=True)
+        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected",
+                                        plan=lines))
+        return
+    workload = cluster.workload
+    run = load(duration_s=harness_options.load_duration or BLACKBOX_LOAD_MAX_S,
+               max_tokens=workload.output_tokens if workload else 32)
+    try:
+        _wait_serving(run)
+        done = blackbox.run_faults(cluster, faults, steps, seed=harness_options.seed, observe_s=observe_s,
+                                   before_each=lambda: None if run.running else _load_ended(run))
+    finally:
+        records = run.finish() if run.running else run.wait()
+    samples = measure_client_view(done.faults, records)
+    verdict = client_view_verdict(samples, checklist)
+    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    verdict.evidence.update(links=links, requests=len(records), restart_s=done.restart_s,
+                            plan=[f"{k} {r}" for k, r in steps])
+    conformance.record(verdict)
+    lost = nothing_lost_verdict(check_history(records, None), checklist)
+    lost.evidence["links"] = links
+    conformance.record(lost)
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records, records=records, failed_requests_only=True))
+
+
+def _wait_serving(run: Any) -> None:
+    deadline = time.monotonic() + SERVING_TIMEOUT_S
+    while not (run.records_path.exists() and run.records_path.stat().st_size > 0):  # a request completed
+        if not run.running or time.monotonic() > deadline:
+            raise ProbeError(f"the load served no request within {SERVING_TIMEOUT_S:.0f} s",
+                             fix=f"check the cluster answers; see the Locust log: {run.log_path}")
+        time.sleep(POLL_S)
+
+
+def _load_ended(run: Any) -> None:
+    raise ProbeError(f"the load run ended before the faults were done (Locust log: {run.log_path})",
+                     fix="raise --load-duration, or see the Locust log for why it stopped")
