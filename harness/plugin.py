@@ -113,6 +113,9 @@ def _state(config: pytest.Config) -> HarnessState:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
+    # the suites' own marks, registered here too: outside a checkout there is no pyproject.toml to do it
+    config.addinivalue_line("markers", "slow: end-to-end tests that start processes, clusters or browsers")
+    config.addinivalue_line("markers", "root: needs root and iproute2 (network namespaces, tc)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
     values = {n: config.getoption(n) for n in names}
     bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
