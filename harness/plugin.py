@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -74,6 +75,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="kills per worker role in fault suites (default 3)")
     group.addoption("--harness-seed", default=0, type=_number(int, 0, "--harness-seed"),
                     help="seed for load prompts, arrivals and fault target selection (default 0)")
+    group.addoption("--live", default="auto", type=_live_mode,
+                    help="live progress while suites run: rich (a panel), plain (a status line every 10 s and "
+                         "at each change), off; default auto: rich on a terminal, plain otherwise")
+
+
+def _live_mode(text: str) -> Any:
+    from harness.report.live import MODES
+
+    return text if text in MODES else _Invalid(f"--live: {text!r} is not one of {', '.join(MODES)}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ class HarnessState:
     run_dir: Path | None = None
     spec: Any = None  # ClusterSpec once loaded
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
+    live: Any = None  # harness.report.live.LiveStatus once suites were collected
+    terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
 
 
 STATE = pytest.StashKey[HarnessState]()
@@ -118,7 +130,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "root: needs root and iproute2 (network namespaces, tc)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
     values = {n: config.getoption(n) for n in names}
-    bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
+    bad = [v.message for v in [*values.values(), config.getoption("live")] if isinstance(v, _Invalid)]
     if bad:
         pytest.exit("harness option error: " + "; ".join(bad) + " (fix: pass a valid value, see `pytest --help`)",
                     returncode=int(ExitCode.HARNESS_ERROR))
@@ -130,6 +142,20 @@ def pytest_configure(config: pytest.Config) -> None:
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")
+    from harness.report.live import LivePhases
+
+    config.pluginmanager.register(LivePhases(lambda: state.live, MARKER), "harness-live-phases")
+    with contextlib.suppress(OSError, ValueError):  # capture is suspended here: fd 1 is the real stdout
+        state.terminal = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        if state.live is not None:
+            state.live.close()
+        if state.terminal is not None:
+            state.terminal.close()
 
 
 class _CollectionWatcher:
@@ -160,6 +186,24 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]cluster file error:[/] {exc}")
         pytest.exit(f"cluster file error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+    _take_over_junit_xml(config)
+    if state.terminal is not None:
+        from harness.report.live import LiveStatus
+
+        state.live = LiveStatus(state.terminal, mode=config.getoption("live"))
+
+
+def _take_over_junit_xml(config: pytest.Config) -> None:
+    """``--junit-xml PATH`` of a conformance run gets the conformance JUnit (one case per checklist
+    verdict) at that stable path, instead of pytest's per-test file."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover -- pytest moved it; pytest's own file is written then
+        return
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        config.pluginmanager.unregister(xml)
+        del config.stash[xml_key]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -199,6 +243,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()
+    if state.live is not None:
+        state.live.stop()
+        result.cluster_samples = list(state.live.samples)
     result.environment = collect_environment()
     code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
                          revert_failed=bool(result.revert_failures))
@@ -207,6 +254,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     try:
         state.run_dir = write_reports(result, state.options.report_dir)
+        junit_path = session.config.getoption("xmlpath", None)
+        if junit_path:
+            from harness.report.junit import write_junit
+
+            path = Path(os.path.expanduser(os.path.expandvars(junit_path)))
+            path = path if path.is_absolute() else Path(session.config.invocation_params.dir) / path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_junit(result, path)
     except (OSError, HarnessError) as exc:
         log.error("could not write the report: %s", exc)
         result.harness_errors.append(f"could not write the report: {exc}")
@@ -235,6 +290,9 @@ def _console() -> Any:
 
 def _print(config: pytest.Config, markup: Any) -> None:
     """Print to the terminal during a test (outside pytest's output capture)."""
+    state = config.stash.get(STATE, None)
+    if state is not None and state.live is not None and state.live.print(markup):
+        return  # printed above the live panel
     capman = config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
     with ctx:
@@ -262,8 +320,17 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
     with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
         state.result.cluster = handle.describe()
+        if state.live is not None:
+            state.live.set_cluster(handle.metrics_url, _engine_profile(spec))
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
+
+
+def _engine_profile(spec: Any) -> str:
+    """The metric profile of the cluster's engine (docs/metrics.md); the bundled engine's otherwise."""
+    engine = getattr(spec, "engine", None)
+    name = getattr(engine, "profile", None) or getattr(engine, "name", None) or engine
+    return name if isinstance(name, str) else "pdengine"
 
 
 class Conformance:
@@ -282,6 +349,11 @@ class Conformance:
 
         _print(self._config, verdict_line(verdict))
         return verdict
+
+    def phase(self, name: str) -> None:
+        """Name what the test does now ("baseline", "storm", "recovery"): shown in the live display."""
+        if self._state.live is not None:
+            self._state.live.set_phase(name)
 
     def add_latency(self, records: list[Any], *, window_s: float = 2.0) -> None:
         """Percentiles over time of TTFT and TPOT (ok requests only) for the report's charts."""
@@ -381,6 +453,8 @@ def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conforman
 
     runner = make_fault_runner(cluster, dry_run=harness_options.dry_run, out=_LiveOutput(pytestconfig))
     styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
+    if (live := _state(pytestconfig).live) is not None:
+        runner.listeners.append(live.fault_event)
     runner.listeners.append(lambda rec: _print(
         pytestconfig, f"  fault {rec.action.value:<15} {rec.kind} {escape(rec.target)}: "
                       f"[{styles.get(rec.status.value, '')}]{rec.status.value}[/] ({rec.duration_s:.2f} s)"))
@@ -411,6 +485,8 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
                             output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
         runs.append(runner)
         runner.start()
+        if (live := _state(request.config).live) is not None:
+            live.add_load(runner)
         return runner
 
     try:
