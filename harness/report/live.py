@@ -119,6 +119,7 @@ class LiveStatus:
             self.phase = phase
             if test is not None:
                 self.test = test
+        self._redraw()
         self._maybe_plain(force=True)
 
     def fault_event(self, record: Any) -> None:
@@ -130,6 +131,7 @@ class LiveStatus:
                 self.faults[record.fault_id] = (f"{record.kind} {record.target}", self.clock())
             elif action == "revert":
                 self.faults.pop(record.fault_id, None)
+        self._redraw()
         self._maybe_plain(force=True)
 
     def add_load(self, runner: Any) -> None:
@@ -150,16 +152,20 @@ class LiveStatus:
         with self._lock:
             while self._recent and self._recent[0][0] < now - _WINDOW_S:
                 self._recent.popleft()
-        if self._live is not None:
-            self._live.update(self.renderable(), refresh=True)
+        self._redraw()
         self._maybe_plain()
+
+    def _redraw(self) -> None:
+        live = self._live
+        if live is not None:
+            live.update(self.renderable(), refresh=True)
 
     def _count(self, rec: dict[str, Any], now: float) -> None:
         ok = rec.get("status") == "ok"
         sent, first, end = rec.get("sent_ns"), rec.get("first_token_ns"), rec.get("end_ns")
         n = sum(rec.get("chunk_tokens") or []) or len(rec.get("token_ids") or [])
-        ttft = (first - sent) / 1e6 if ok and first and sent else None
-        tpot = (end - first) / 1e6 / (n - 1) if ok and first and end and n >= 2 else None
+        ttft = (first - sent) / 1e6 if ok and None not in (first, sent) else None
+        tpot = (end - first) / 1e6 / (n - 1) if ok and None not in (first, end) and n >= 2 else None
         with self._lock:
             if ok:
                 self.ok += 1
@@ -281,7 +287,7 @@ class LiveStatus:
 
             console = Console(file=self.stream, force_terminal=True)
             self._live = Live(self.renderable(), console=console, auto_refresh=False, transient=True)
-            self._live.start()
+            self._live.start(refresh=True)
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="harness-live", daemon=True)
         self._thread.start()
