@@ -88,6 +88,15 @@ def collect_environment() -> dict[str, Any]:
     if torch is not None:  # only if already imported: the report must not pay for a torch import
         env["torch"] = torch.__version__
         env["cuda"] = bool(torch.cuda.is_available())
+    from harness.probes.gpu import gpu_inventory
+
+    try:
+        gpus = gpu_inventory()
+    except Exception as exc:  # noqa: BLE001 -- a broken driver must not cost the report
+        log.warning("GPU inventory failed: %s", exc)
+        gpus = None
+    if gpus is not None:
+        env["gpus"] = gpus
     try:
         env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                            timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
