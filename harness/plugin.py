@@ -186,24 +186,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]cluster file error:[/] {exc}")
         pytest.exit(f"cluster file error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
-    _take_over_junit_xml(config)
+    from harness.report.junit import take_over_junit_xml
+
+    take_over_junit_xml(config)
     if state.terminal is not None:
         from harness.report.live import LiveStatus
 
         state.live = LiveStatus(state.terminal, mode=config.getoption("live"))
-
-
-def _take_over_junit_xml(config: pytest.Config) -> None:
-    """``--junit-xml PATH`` of a conformance run gets the conformance JUnit (one case per checklist
-    verdict) at that stable path, instead of pytest's per-test file."""
-    try:
-        from _pytest.junitxml import xml_key
-    except ImportError:  # pragma: no cover -- pytest moved it; pytest's own file is written then
-        return
-    xml = config.stash.get(xml_key, None)
-    if xml is not None:
-        config.pluginmanager.unregister(xml)
-        del config.stash[xml_key]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -254,14 +243,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     try:
         state.run_dir = write_reports(result, state.options.report_dir)
-        junit_path = session.config.getoption("xmlpath", None)
-        if junit_path:
-            from harness.report.junit import write_junit
+        from harness.report.junit import write_junit_option_path
 
-            path = Path(os.path.expanduser(os.path.expandvars(junit_path)))
-            path = path if path.is_absolute() else Path(session.config.invocation_params.dir) / path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_junit(result, path)
+        write_junit_option_path(result, session.config)
     except (OSError, HarnessError) as exc:
         log.error("could not write the report: %s", exc)
         result.harness_errors.append(f"could not write the report: {exc}")
@@ -321,16 +305,9 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
         state.result.cluster = handle.describe()
         if state.live is not None:
-            state.live.set_cluster(handle.metrics_url, _engine_profile(spec))
+            state.live.set_cluster(handle.metrics_url, spec)
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
-
-
-def _engine_profile(spec: Any) -> str:
-    """The metric profile of the cluster's engine (docs/metrics.md); the bundled engine's otherwise."""
-    engine = getattr(spec, "engine", None)
-    name = getattr(engine, "profile", None) or getattr(engine, "name", None) or engine
-    return name if isinstance(name, str) else "pdengine"
 
 
 class Conformance:

@@ -105,10 +105,14 @@ class LiveStatus:
 
     # -- inputs ------------------------------------------------------------------------------------
 
-    def set_cluster(self, metrics_url: str | None, engine: str = "pdengine") -> None:
+    def set_cluster(self, metrics_url: str | None, spec: Any = None) -> None:
+        """Sample ``metrics_url`` with the metric profile of the cluster's engine (docs/metrics.md;
+        the bundled engine's when the cluster file names none)."""
         from harness.probes.prometheus import ENGINE_PROFILES
 
-        profile = ENGINE_PROFILES.get(engine, ENGINE_PROFILES["pdengine"])
+        engine = getattr(spec, "engine", None)
+        name = getattr(engine, "profile", None) or getattr(engine, "name", None) or engine
+        profile = ENGINE_PROFILES.get(name if isinstance(name, str) else "pdengine", ENGINE_PROFILES["pdengine"])
         with self._lock:
             self._metrics_url = metrics_url
             self._families = {q: profile[q] for q in ("kv_usage", "degradation_level", "requests_running",
