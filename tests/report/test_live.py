@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.faults.base import Action, FaultRecord, RecordStatus as Status
 from harness.report.live import LiveStatus
 
@@ -40,6 +42,7 @@ def _captured_section(out: str) -> str:
     return out.split("Captured stdout call")[1].split("=====")[0]
 
 
+@pytest.mark.slow  # a pytest subprocess
 def test_plain_lines_when_not_a_terminal(tmp_path):
     proc = subprocess.run(_args(tmp_path), cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
                           timeout=120)
@@ -51,6 +54,7 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
     assert "output-of-the-test" in captured and "[live]" not in captured
 
 
+@pytest.mark.slow  # a pytest subprocess
 def test_rich_panel_on_a_terminal_and_off_switch(tmp_path):
     main, child = pty.openpty()
     proc = subprocess.Popen(_args(tmp_path), cwd=tmp_path, env=_env(tmp_path), stdin=subprocess.DEVNULL,
@@ -79,6 +83,7 @@ def test_rich_panel_on_a_terminal_and_off_switch(tmp_path):
     assert off.returncode == 2 and "[live]" not in off.stdout
 
 
+@pytest.mark.slow  # a pytest subprocess
 def test_bad_live_mode_is_a_harness_error(tmp_path):
     proc = subprocess.run(_args(tmp_path, "--live=fancy"), cwd=tmp_path, env=_env(tmp_path), capture_output=True,
                           text=True, timeout=120)

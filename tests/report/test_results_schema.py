@@ -8,6 +8,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from harness.report import write_reports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +63,7 @@ def test_schema_is_documented_and_shipped():
     assert '"harness.report" = ["*.j2", "*.json"]' in pyproject
 
 
+@pytest.mark.slow  # a pytest subprocess
 def test_junit_xml_option_writes_the_conformance_junit_at_a_stable_path(tmp_path):
     (tmp_path / "test_one.py").write_text(
         "import pytest\nfrom harness.checks.verdict import Verdict\npytestmark = pytest.mark.conformance\n"
