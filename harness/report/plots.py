@@ -34,10 +34,12 @@ class Axes:
     """One x/y frame. ``log_x`` draws the x axis on a log scale (transfer sizes)."""
 
     def __init__(self, name: str, title: str, xlabel: str, ylabel: str, x: tuple[float, float],
-                 y: tuple[float, float], *, log_x: bool = False, width: int = 760, height: int = 250) -> None:
+                 y: tuple[float, float], *, log_x: bool = False, width: int = 860, height: int = 250,
+                 x_tick_values: Sequence[float] | None = None) -> None:
         self.name, self.title, self.xlabel, self.ylabel, self.log_x = name, title, xlabel, ylabel, log_x
         self.w, self.h = width, height
-        self.ml, self.mr, self.mt, self.mb = 64, 150, 26, 40
+        self.ml, self.mr, self.mt, self.mb = 64, 230, 26, 40
+        self.x_tick_values = x_tick_values
         lo, hi = x
         if log_x:
             lo, hi = math.log10(max(lo, 1e-12)), math.log10(max(hi, 1e-12))
@@ -135,7 +137,9 @@ class Axes:
             p.append(f'<line x1="{self.ml}" x2="{self.ml + self.pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e7eb"/>'
                      f'<text x="{self.ml - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>')
         if x_ticks:
-            for v in _ticks(self.x0, self.x1, 6):
+            values = ([math.log10(v) if self.log_x else v for v in self.x_tick_values] if self.x_tick_values
+                      else _ticks(self.x0, self.x1, 6))
+            for v in values:
                 label = _fmt(10 ** v) if self.log_x else _fmt(v)
                 x = self.ml + (v - self.x0) / (self.x1 - self.x0) * self.pw
                 p.append(f'<text x="{x:.1f}" y="{self.mt + self.ph + 15}" text-anchor="middle" class="tick">'
@@ -190,7 +194,8 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     sizes = [p["size_mib"] for p in curve]
     ymax = max([line] + [g for p in curve for g in p.get("gbit_per_s", [])]) * 1.15
     ax = Axes("kv-bandwidth", "KV transfer bandwidth vs transfer size", "transfer size (MiB, log scale)",
-              "bandwidth (Gbit/s)", (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True)
+              "bandwidth (Gbit/s)", (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True,
+              x_tick_values=sorted(set(sizes)))
     ax.hline(line, f"line rate {line:.3g} Gbit/s", "#111", "none")
     ax.hline(need * line, f"{need:.0%} of line rate (required)", "#dc2626")
     raw = (evidence.get("raw_probe") or {}).get("bps")
@@ -264,7 +269,7 @@ def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
     return Markup(lat.render(x_ticks=False) + tput.render(x_ticks=False))
 
 
-def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], unit: str,
+def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], xlabel: str,
               thresholds: Sequence[tuple[float, str]] = ()) -> Markup | None:
     """Cumulative distribution of per-request (or per-fault) values, one step line per group."""
     groups = {k: sorted(float(v) for v in vs if v is not None) for k, vs in groups.items()}
@@ -273,7 +278,7 @@ def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], unit
         return None
     hi = max([vs[-1] for vs in groups.values()] + [t for t, _ in thresholds]) * 1.1 or 1.0
     lo = min(0.0, min(vs[0] for vs in groups.values()))
-    ax = Axes(name, title, f"value ({unit})", "fraction of samples <= value", (lo, hi), (0, 1.0))
+    ax = Axes(name, title, xlabel, "fraction of samples <= value", (lo, hi), (0, 1.0))
     for i, (label, vs) in enumerate(groups.items()):
         ax.series([(v, (j + 1) / len(vs)) for j, v in enumerate(vs)], f"{label} (n={len(vs)})",
                   _PALETTE[i % len(_PALETTE)], step=True)
@@ -290,7 +295,8 @@ def reschedule_distribution(evidence: Mapping[str, Any]) -> Markup | None:
         kind = f"{'kill' if fault.get('kind') == 'process_kill' else 'hang'} {fault.get('role', '?')}"
         groups.setdefault(kind, []).extend((f.get("replaced_s") or {}).values())
     limit = _threshold_value(evidence, "reschedule_p100_s")
-    return ecdf_plot("reschedule-requests", "Per-request re-placement time after the fault", groups, "s",
+    return ecdf_plot("reschedule-requests", "Per-request re-placement time after the fault", groups,
+                     "seconds from the fault until the request was re-placed",
                      [(limit, f"rescheduling limit {limit:g} s")] if limit is not None else [])
 
 
@@ -303,27 +309,32 @@ def migration_distribution(evidence: Mapping[str, Any]) -> Markup | None:
     marks = [(v, f"{phase} limit {v:g} ms") for phase, key in (("idle", "ttft_delta_idle_ms"),
                                                                ("loaded", "ttft_delta_loaded_ms"))
              if (v := _threshold_value(evidence, key)) is not None]
-    return ecdf_plot("migration-requests", "Per-stream hot-migration TTFT delta", groups, "ms", marks)
+    return ecdf_plot("migration-requests", "Per-stream hot-migration TTFT delta", groups,
+                     "TTFT delta added by the migration (ms)", marks)
 
 
 def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_changes: Sequence[Mapping[str, Any]],
                   triggers: Sequence[tuple[float, str]], fault_windows: Sequence[Mapping[str, Any]]) -> Markup | None:
-    """KV use (0..1, left) and the degradation level (0..5, drawn on the same axis as level/5) over
-    the run, with the level triggers as lines and fault windows shaded."""
+    """Two panels on one time axis: KV use (0..1) with the level triggers, and the degradation
+    level (0..5, sampled, plus the router's level-change events); fault windows shaded in both."""
     kv = [(s["t"] - started, s["kv_usage"]) for s in samples if s.get("kv_usage") is not None]
-    levels = [(s["t"] - started, s["degradation_level"] / 5) for s in samples if s.get("degradation_level") is not None]
-    changes = [(c["wall_time"] - started, c["to_level"] / 5) for c in level_changes
+    levels = [(s["t"] - started, s["degradation_level"]) for s in samples if s.get("degradation_level") is not None]
+    changes = [(c["wall_time"] - started, c["to_level"]) for c in level_changes
                if c.get("wall_time") is not None and c.get("to_level") is not None]
     if not (kv or levels or changes):
         return None
     xs = [x for x, _ in kv + levels + changes] + [w["end"] - started for w in fault_windows]
-    ax = Axes("kv-degradation", "KV use and degradation level over time", "seconds since run start",
-              "KV use (fraction); level / 5", (0, max(xs + [1.0]) * 1.02), (0, 1.05))
-    for w in fault_windows:
-        ax.band(w["start"] - started, w["end"] - started, "fault window")
-    for value, label in triggers:
-        ax.hline(value, label, "#dc2626")
-    ax.series(kv, "KV use (sampled)", _PALETTE[0], dots=False)
-    ax.series(levels, "degradation level / 5 (sampled)", _PALETTE[3], step=True, dots=False)
-    ax.series(changes, "level change (router event)", _PALETTE[4], line=False)
-    return ax.render()
+    x_range = (0.0, max(xs + [1.0]) * 1.02)
+    use = Axes("kv-degradation", "KV use over time", "seconds since run start", "KV use (fraction)", x_range,
+               (0, 1.05), height=220)
+    level = Axes("degradation-level", "Degradation level over time", "seconds since run start", "level (L0..L5)",
+                 x_range, (0, 5.2), height=200)
+    for ax in (use, level):
+        for w in fault_windows:
+            ax.band(w["start"] - started, w["end"] - started, "fault window")
+    for (value, label), colour in zip(triggers, ("#d97706", "#dc2626")):
+        use.hline(value, label, colour)
+    use.series(kv, "KV use, fullest worker (sampled)", _PALETTE[0], dots=len(kv) < 60)
+    level.series(levels, "level (sampled)", _PALETTE[3], step=True, dots=False)
+    level.series(changes, "level after each change (router events)", _PALETTE[4], step=True)
+    return Markup(use.render() + level.render())

@@ -73,7 +73,7 @@ def test_report_draws_kv_plot_from_samples_and_6_1_5_without_not_completed(sampl
     sample_result.cluster_samples = [{"t": t0 + i, "kv_usage": i / 20, "degradation_level": i // 6} for i in range(18)]
     html = render_html(sample_result)
     assert "not completed" not in html.split("Evidence for 6.1.5")[1]
-    assert _points(html, "kv-degradation") == 36
+    assert _points(html, "kv-degradation") == 18 and _points(html, "degradation-level") == 18
     assert "Level 2 trigger 85%" in html and "Level 3 trigger 90%" in html
 
 

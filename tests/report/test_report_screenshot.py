@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.root,
 SUITES = ["suites/test_item1_kv_bandwidth.py", "suites/test_item2_hot_migration.py",
           "suites/test_item4_reschedule.py", "suites/test_item5_pfc_isolation.py", "suites/test_nic_flap.py"]
 PLOTS = {"kv-bandwidth": "6.1.1", "migration-requests": "6.1.2", "reschedule-requests": "6.1.4",
-         "pfc-latency": "6.1.5", "pfc-throughput": "6.1.5", "nic-flap": "nic-flap", "kv-degradation": None}
+         "pfc-latency": "6.1.5", "pfc-throughput": "6.1.5", "nic-flap": "nic-flap", "kv-degradation": None,
+         "degradation-level": None}
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
