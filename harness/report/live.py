@@ -85,6 +85,7 @@ class LiveStatus:
         self.interval_s, self.plain_every_s, self.clock = interval_s, plain_every_s, clock
         self.samples: list[dict[str, Any]] = []  # cluster gauges over time, for the report
         self.test = ""
+        self.test_since = clock()
         self.phase = ""
         self.faults: dict[str, tuple[str, float]] = {}  # fault id -> (label, since)
         self.ok = self.failed = 0
@@ -121,8 +122,8 @@ class LiveStatus:
     def set_phase(self, phase: str, test: str | None = None) -> None:
         with self._lock:
             self.phase = phase
-            if test is not None:
-                self.test = test
+            if test is not None and test != self.test:
+                self.test, self.test_since = test, self.clock()
         self._redraw()
         self._maybe_plain(force=True)
 
@@ -217,7 +218,7 @@ class LiveStatus:
         now = self.clock()
         with self._lock:
             recent = list(self._recent)
-            return {"test": self.test, "phase": self.phase,
+            return {"test": self.test, "phase": self.phase, "test_age_s": now - self.test_since,
                     "faults": [(label, now - since) for label, since in self.faults.values()],
                     "ok": self.ok, "failed": self.failed, "in_flight": self.in_flight,
                     "ttft_p99_ms": _p99([t for _, t, _ in recent if t is not None]),
@@ -239,7 +240,7 @@ class LiveStatus:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold cyan")
         table.add_column()
-        table.add_row("suite", f"{s['test'] or '-'}  [dim]({s['phase'] or '-'})[/]")
+        table.add_row("suite", f"{s['test'] or '-'}  [dim]({s['phase'] or '-'}, {s['test_age_s']:.0f} s)[/]")
         table.add_row("fault", ", ".join(f"[bold red]{label}[/] for {age:.1f} s" for label, age in s["faults"])
                       or "[green]none active[/]")
         table.add_row("requests", f"ok {s['ok']}  [red]failed {s['failed']}[/]  in engine "
