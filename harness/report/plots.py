@@ -78,7 +78,7 @@ class Axes:
         self.body.append(f'<line class="threshold" x1="{self.ml}" x2="{self.ml + self.pw}" y1="{self.sy(y):.1f}" '
                          f'y2="{self.sy(y):.1f}" stroke="{colour}" stroke-dasharray="{dash}"><title>{escape(label)}'
                          f'</title></line>')
-        self.legend.append((colour, label, "dash"))
+        self.legend.append((colour, label, "line" if dash == "none" else "dash"))
 
     def vline(self, x: float, label: str, colour: str = "#111", dash: str = "5 3") -> None:
         self.body.append(f'<line class="threshold" x1="{self.sx(x):.1f}" x2="{self.sx(x):.1f}" y1="{self.mt}" '

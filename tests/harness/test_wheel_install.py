@@ -68,9 +68,12 @@ def pd_cluster(tmp_path):
 def test_wheel_in_fresh_venv_dry_runs_the_suites_against_a_cluster_file_in_cwd(tmp_path, pd_cluster):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env["HARNESS_STATE_DIR"] = str(tmp_path / "state")
-    wheels = tmp_path / "wheels"
+    wheels, src = tmp_path / "wheels", tmp_path / "src"
+    # build from a clean copy: an in-tree build/ folder could carry stale files into the wheel
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "reports", "state", "*.egg-info", "__pycache__", ".pytest_cache"))
     built = _run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-w", wheels, "-q"],
-                 cwd=ROOT, env=env, timeout=300)
+                 cwd=src, env=env, timeout=300)
     assert built.returncode == 0, built.stderr
     wheel = next(wheels.glob("harness-*.whl"))
 
