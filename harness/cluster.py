@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
-from harness.checks.thresholds import (PROJECT_ROOT, Checklist, as_number, display_path, field_error,
+from harness.checks.thresholds import (Checklist, as_number, display_path, field_error,
                                       load_yaml_mapping)
 from harness.errors import ConfigError, FaultError, ProbeError
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -15,6 +14,7 @@ from markupsafe import Markup, escape
 from harness.checks.thresholds import COMPARISONS
 from harness.report import RunResult
 from harness.report import plots
+from harness.report.plots import ticks as _ticks
 
 _TEMPLATE_DIR = Path(__file__).parent
 _SERIES_COLOURS = {"p50": "#2563eb", "p90": "#9333ea", "p95": "#0891b2", "p99": "#dc2626", "max": "#6b7280"}
@@ -97,16 +97,6 @@ def _num(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
     return str(x)
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if hi <= lo:
-        return [lo]
-    raw = (hi - lo) / n
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = (lo // step) * step
-    return [first + i * step for i in range(n + 2) if lo <= first + i * step <= hi]
 
 
 def latency_chart(result: RunResult, metric: str) -> Markup:

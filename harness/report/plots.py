@@ -16,7 +16,7 @@ from markupsafe import Markup, escape
 _PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2")
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / n
@@ -132,13 +132,13 @@ class Axes:
              f'viewBox="0 0 {self.w} {self.h}" width="{self.w}" height="{self.h}" xmlns="http://www.w3.org/2000/svg">'
              f'<title>{escape(self.title)}</title>'
              f'<text x="{self.ml}" y="15" class="axis">{escape(self.title)}</text>']
-        for v in _ticks(self.y0, self.y1, 4):
+        for v in ticks(self.y0, self.y1, 4):
             y = self.sy(v)
             p.append(f'<line x1="{self.ml}" x2="{self.ml + self.pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e7eb"/>'
                      f'<text x="{self.ml - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>')
         if x_ticks:
             values = ([math.log10(v) if self.log_x else v for v in self.x_tick_values] if self.x_tick_values
-                      else _ticks(self.x0, self.x1, 6))
+                      else ticks(self.x0, self.x1, 6))
             for v in values:
                 label = _fmt(10 ** v) if self.log_x else _fmt(v)
                 x = self.ml + (v - self.x0) / (self.x1 - self.x0) * self.pw
