@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -74,6 +75,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="kills per worker role in fault suites (default 3)")
     group.addoption("--harness-seed", default=0, type=_number(int, 0, "--harness-seed"),
                     help="seed for load prompts, arrivals and fault target selection (default 0)")
+    group.addoption("--live", default="auto", type=_live_mode,
+                    help="live progress while suites run: rich (a panel), plain (a status line every 10 s and "
+                         "at each change), off; default auto: rich on a terminal, plain otherwise")
+
+
+def _live_mode(text: str) -> Any:
+    from harness.report.live import MODES
+
+    return text if text in MODES else _Invalid(f"--live: {text!r} is not one of {', '.join(MODES)}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ class HarnessState:
     run_dir: Path | None = None
     spec: Any = None  # ClusterSpec once loaded
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
+    live: Any = None  # harness.report.live.LiveStatus once suites were collected
+    terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
 
 
 STATE = pytest.StashKey[HarnessState]()
@@ -115,9 +127,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
     config.addinivalue_line("markers", "item(*item_ids, needs=None): the checklist items a suite judges; a cluster "
                                        "lacking what they need gets them inconclusive (harness/checks/capabilities.py)")
+    # the suites' own marks, registered here too: outside a checkout there is no pyproject.toml to do it
+    config.addinivalue_line("markers", "slow: end-to-end tests that start processes, clusters or browsers")
+    config.addinivalue_line("markers", "root: needs root and iproute2 (network namespaces, tc)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
     values = {n: config.getoption(n) for n in names}
-    bad = [v.message for v in values.values() if isinstance(v, _Invalid)]
+    bad = [v.message for v in [*values.values(), config.getoption("live")] if isinstance(v, _Invalid)]
     if bad:
         pytest.exit("harness option error: " + "; ".join(bad) + " (fix: pass a valid value, see `pytest --help`)",
                     returncode=int(ExitCode.HARNESS_ERROR))
@@ -129,6 +144,20 @@ def pytest_configure(config: pytest.Config) -> None:
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")
+    from harness.report.live import LivePhases
+
+    config.pluginmanager.register(LivePhases(lambda: state.live, MARKER), "harness-live-phases")
+    with contextlib.suppress(OSError, ValueError):  # capture is suspended here: fd 1 is the real stdout
+        state.terminal = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        if state.live is not None:
+            state.live.close()
+        if state.terminal is not None:
+            state.terminal.close()
 
 
 class _CollectionWatcher:
@@ -163,6 +192,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]{what} error:[/] {exc}")
         pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+    from harness.report.junit import take_over_junit_xml
+
+    take_over_junit_xml(config)
+    if state.terminal is not None:
+        from harness.report.live import LiveStatus
+
+        state.live = LiveStatus(state.terminal, mode=config.getoption("live"))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -202,6 +238,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()
+    if state.live is not None:
+        state.live.stop()
+        result.cluster_samples = list(state.live.samples)
     result.environment = collect_environment()
     from harness.checks.capabilities import coverage
 
@@ -213,6 +252,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     try:
         state.run_dir = write_reports(result, state.options.report_dir)
+        from harness.report.junit import write_junit_option_path
+
+        write_junit_option_path(result, session.config)
     except (OSError, HarnessError) as exc:
         log.error("could not write the report: %s", exc)
         result.harness_errors.append(f"could not write the report: {exc}")
@@ -241,6 +283,9 @@ def _console() -> Any:
 
 def _print(config: pytest.Config, markup: Any) -> None:
     """Print to the terminal during a test (outside pytest's output capture)."""
+    state = config.stash.get(STATE, None)
+    if state is not None and state.live is not None and state.live.print(markup):
+        return  # printed above the live panel
     capman = config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
     with ctx:
@@ -269,6 +314,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
         state.result.cluster = handle.describe()
         state.result.capabilities = handle.capabilities().to_dict()
+        if state.live is not None:
+            state.live.set_cluster(handle.metrics_url, handle)
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
 
@@ -289,6 +336,11 @@ class Conformance:
 
         _print(self._config, verdict_line(verdict))
         return verdict
+
+    def phase(self, name: str) -> None:
+        """Name what the test does now ("baseline", "storm", "recovery"): shown in the live display."""
+        if self._state.live is not None:
+            self._state.live.set_phase(name)
 
     def add_latency(self, records: list[Any], *, window_s: float = 2.0) -> None:
         """Percentiles over time of TTFT and TPOT (ok requests only) for the report's charts."""
@@ -401,6 +453,8 @@ def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conforman
 
     runner = make_fault_runner(cluster, dry_run=harness_options.dry_run, out=_LiveOutput(pytestconfig))
     styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
+    if (live := _state(pytestconfig).live) is not None:
+        runner.listeners.append(live.fault_event)
     runner.listeners.append(lambda rec: _print(
         pytestconfig, f"  fault {rec.action.value:<15} {rec.kind} {escape(rec.target)}: "
                       f"[{styles.get(rec.status.value, '')}]{rec.status.value}[/] ({rec.duration_s:.2f} s)"))
@@ -432,6 +486,8 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
                             output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
         runs.append(runner)
         runner.start()
+        if (live := _state(request.config).live) is not None:
+            live.add_load(runner)
         return runner
 
     try:

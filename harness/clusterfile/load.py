@@ -12,29 +12,45 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from harness.checks.thresholds import PROJECT_ROOT, display_path, field_error, load_yaml_mapping
+from harness.checks.thresholds import display_path, field_error, load_yaml_mapping
 from harness.clusterfile.models import NAME_PATTERN, ClusterFile, ClusterSpec, FieldProblem, did_you_mean
 from harness.errors import ConfigError
 
-CLUSTERS_DIR = PROJECT_ROOT / "clusters"
+# the shipped examples (a link to clusters/ in a checkout); `--cluster NAME` looks in ./clusters/ first
+CLUSTERS_DIR = Path(__file__).resolve().parents[1] / "clusters"
 _NAME = re.compile(NAME_PATTERN)
 # set by the harness per worker, not by a cluster file
 _ENGINE_RESERVED = {"preset": "bundled.preset", "name": "the worker id"}
 
 
-def resolve_cluster_path(name_or_path: str, clusters_dir: Path = CLUSTERS_DIR) -> Path:
-    """``local`` -> ``clusters/local.yaml``; anything with a slash or a .yaml suffix is a path."""
+def cluster_search_path(cwd: Path | None = None) -> list[Path]:
+    """Where ``--cluster NAME`` looks, in order: the user's ``./clusters/``, then the shipped examples."""
+    dirs = [(cwd or Path.cwd()) / "clusters", CLUSTERS_DIR]
+    unique: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and all(d.resolve() != u.resolve() for u in unique):
+            unique.append(d)
+    return unique
+
+
+def resolve_cluster_path(name_or_path: str, clusters_dir: Path | None = None) -> Path:
+    """``local`` -> ``./clusters/local.yaml`` if it exists, else the shipped ``local.yaml``
+    (or only ``clusters_dir`` when given); anything with a slash or a .yaml suffix is a path."""
     if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
         return Path(name_or_path)
     if not _NAME.match(name_or_path):
         raise ConfigError(f"--cluster {name_or_path!r} is neither a cluster name nor a path",
                           fix="pass a name from clusters/ (e.g. local) or a path to a .yaml file")
-    path = clusters_dir / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in clusters_dir.glob("*.yaml"))
-        raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} ({path} does not exist)",
-                          fix=f"use one of {', '.join(known) or '(none)'} or pass a path to a cluster file")
-    return path
+    dirs = [clusters_dir] if clusters_dir is not None else cluster_search_path()
+    for d in dirs:
+        path = d / f"{name_or_path}.yaml"
+        if path.is_file():
+            return path
+    known = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+    looked = " and ".join(str(d) for d in dirs) or f"{Path.cwd() / 'clusters'} (missing)"
+    raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} (looked in {looked})",
+                      fix=f"use one of {', '.join(known) or '(none)'}, put {name_or_path}.yaml in ./clusters/ "
+                          "or pass a path to a cluster file")
 
 
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:

@@ -62,6 +62,7 @@ ENGINE_PROFILES: dict[str, dict[str, str]] = {
         "reschedule_failures": "pdengine_router_reschedule_failures",
         "admission_timeouts": "pdengine_router_admission_timeouts",
         "worker_down_events": "pdengine_router_worker_down_events",
+        "degradation_level": "pdengine_degradation_level",
     },
     "vllm": {
         "ttft_seconds": "vllm:time_to_first_token_seconds",

@@ -34,7 +34,9 @@ class RunResult:
     ``latency`` rows: ``{"t": window start, "metric": "ttft_ms", "p50": .., "p90": .., "p99": .., "n": ..}``;
     ``fault_windows``: ``{"start": t, "end": t, "label": "kill decode-0"}``;
     ``timeline``: ``{"t": t, "source": "router", "kind": "worker_down", "detail": "..."}``;
-    ``faults``: fault ledger records (``FaultRecord.to_dict()``).
+    ``faults``: fault ledger records (``FaultRecord.to_dict()``);
+    ``cluster_samples``: ``{"t": t, "kv_usage": 0.42, "degradation_level": 1, ...}`` sampled from the
+    cluster's metrics while suites ran (docs/results-schema.md).
     """
 
     run_id: str
@@ -47,6 +49,7 @@ class RunResult:
     options: dict[str, Any] = field(default_factory=dict)
     latency: list[dict[str, Any]] = field(default_factory=list)
     fault_windows: list[dict[str, Any]] = field(default_factory=list)
+    cluster_samples: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     tests: list[dict[str, Any]] = field(default_factory=list)  # {"nodeid", "outcome", "duration_s", "message"}
@@ -89,6 +92,15 @@ def collect_environment() -> dict[str, Any]:
     if torch is not None:  # only if already imported: the report must not pay for a torch import
         env["torch"] = torch.__version__
         env["cuda"] = bool(torch.cuda.is_available())
+    from harness.probes.gpu import gpu_inventory
+
+    try:
+        gpus = gpu_inventory()
+    except Exception as exc:  # noqa: BLE001 -- a broken driver must not cost the report
+        log.warning("GPU inventory failed: %s", exc)
+        gpus = None
+    if gpus is not None:
+        env["gpus"] = gpus
     try:
         env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                            timeout=5, cwd=Path(__file__).parent).stdout.strip() or None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,6 +13,8 @@ from markupsafe import Markup, escape
 
 from harness.checks.thresholds import COMPARISONS
 from harness.report import RunResult
+from harness.report import plots
+from harness.report.plots import ticks as _ticks
 
 _TEMPLATE_DIR = Path(__file__).parent
 _SERIES_COLOURS = {"p50": "#2563eb", "p90": "#9333ea", "p95": "#0891b2", "p99": "#dc2626", "max": "#6b7280"}
@@ -30,12 +31,58 @@ def render_html(result: RunResult) -> str:
     metrics = sorted({row["metric"] for row in result.latency})
     charts = [(m, latency_chart(result, m)) for m in metrics]
     # one entry per verdict, in order (an item may have several verdicts, from different tests)
-    distributions = [samples_chart(v.evidence["samples"], v.threshold, v.op, v.unit) if v.evidence.get("samples")
+    distributions = [samples_chart(v.evidence["samples"], v.threshold, v.op, v.unit)
+                     if any(s.get("value") is not None or s.get("note") for s in v.evidence.get("samples") or [])
                      else None for v in result.verdicts]
+    evidence_plots = [[p for p in (build(v.evidence) for build in _EVIDENCE_PLOTS.get(v.item, ())) if p]
+                      for v in result.verdicts]
     counts = {s: sum(1 for v in result.verdicts if v.status.value == s)
               for s in ("pass", "fail", "inconclusive", "error")}
     return env.get_template("report.html.j2").render(r=result, charts=charts, distributions=distributions,
-                                                     counts=counts)
+                                                     evidence_plots=evidence_plots, kv_plot=kv_level_chart(result),
+                                                     event_kinds=event_summary(result.timeline), counts=counts)
+
+
+# checklist item -> plots drawn from its verdict's evidence (a verdict without the data draws none)
+_EVIDENCE_PLOTS = {
+    "6.1.1": (plots.kv_bandwidth_plot,),
+    "6.1.2": (plots.migration_distribution,),
+    "6.1.4": (plots.reschedule_distribution,),
+    "6.1.5": (plots.pfc_samples_plot,),
+    "nic-flap": (plots.flap_recovery_plot,),
+}
+
+
+def kv_level_chart(result: RunResult) -> Markup | None:
+    """KV use and degradation level over the run: the sampled gauges, the 6.1.3 verdict's level
+    changes, and its triggers (the checklist's when no 6.1.3 verdict carries them)."""
+    item3 = [v for v in result.verdicts if v.item == "6.1.3"]
+    changes = [c for v in item3 for c in v.evidence.get("level_changes", [])]
+    triggers = {m["key"]: m["threshold"] for v in item3 for m in v.evidence.get("measurements", [])
+                if m.get("key") in ("trigger_utilization", "level3_trigger_utilization")}
+    if not triggers and (result.cluster_samples or changes):
+        from harness.checks.thresholds import Checklist
+        try:
+            t = Checklist.load().item("6.1.3").thresholds
+            triggers = {k: t[k].value for k in ("trigger_utilization", "level3_trigger_utilization")}
+        except Exception:  # noqa: BLE001 -- a report still renders without the trigger lines
+            triggers = {}
+    lines = [(v, f"Level {2 if k == 'trigger_utilization' else 3} trigger {v:.0%}") for k, v in triggers.items()]
+    return plots.kv_level_plot(result.cluster_samples, result.started, changes, lines, result.fault_windows)
+
+
+def event_summary(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Events grouped by kind (most frequent first), each with its raw events for a folded list."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for e in sorted(timeline, key=lambda e: e["t"]):
+        k = kinds.setdefault(e["kind"], {"kind": e["kind"], "sources": set(), "events": []})
+        k["sources"].add(e["source"])
+        k["events"].append(e)
+    out = sorted(kinds.values(), key=lambda k: (-len(k["events"]), k["kind"]))
+    for k in out:
+        k["sources"] = ", ".join(sorted(k["sources"]))
+        k["first"], k["last"] = k["events"][0]["t"], k["events"][-1]["t"]
+    return out
 
 
 def _clock(t: float | None) -> str:
@@ -50,16 +97,6 @@ def _num(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
     return str(x)
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if hi <= lo:
-        return [lo]
-    raw = (hi - lo) / n
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = (lo // step) * step
-    return [first + i * step for i in range(n + 2) if lo <= first + i * step <= hi]
 
 
 def latency_chart(result: RunResult, metric: str) -> Markup:

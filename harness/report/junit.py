@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
 
 from harness.checks.verdict import Status
 from harness.report import RunResult
@@ -59,3 +61,28 @@ def write_junit(result: RunResult, path: str | os.PathLike) -> None:
 def _iso(t: float) -> str:
     import datetime
     return datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def take_over_junit_xml(config: Any) -> None:
+    """In a conformance run, pytest's ``--junit-xml PATH`` gets the conformance JUnit (one case per
+    checklist verdict, see :func:`write_junit_option_path`) instead of pytest's per-test file."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover -- pytest moved it; pytest's own file is written then
+        return
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        config.pluginmanager.unregister(xml)
+        del config.stash[xml_key]
+
+
+def write_junit_option_path(result: RunResult, config: Any) -> Path | None:
+    """Write the JUnit file to ``--junit-xml PATH`` (a stable path for CI uploaders), if given."""
+    option = config.getoption("xmlpath", None)
+    if not option:
+        return None
+    path = Path(os.path.expanduser(os.path.expandvars(option)))
+    path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_junit(result, path)
+    return path

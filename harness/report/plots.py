@@ -1,0 +1,340 @@
+"""Inline SVG plots for the report's evidence: each plot answers one checklist question, with axes,
+units, and its threshold drawn as a line. Built from verdict evidence (and the run's sampled
+cluster gauges), so a report re-rendered from ``results.json`` draws the same plots.
+
+Every plot is ``<svg class="plot" data-plot=NAME data-points=N>``: N is how many measured points
+it draws, so a test (or a reader) can tell a drawn plot from an empty frame.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+from markupsafe import Markup, escape
+
+_PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2")
+
+
+def ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / n
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    return [round(first + i * step, 12) for i in range(n + 3) if first + i * step <= hi + 1e-9]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+class Axes:
+    """One x/y frame. ``log_x`` draws the x axis on a log scale (transfer sizes)."""
+
+    def __init__(self, name: str, title: str, xlabel: str, ylabel: str, x: tuple[float, float],
+                 y: tuple[float, float], *, log_x: bool = False, width: int = 860, height: int = 250,
+                 x_tick_values: Sequence[float] | None = None) -> None:
+        self.name, self.title, self.xlabel, self.ylabel, self.log_x = name, title, xlabel, ylabel, log_x
+        self.w, self.h = width, height
+        self.ml, self.mr, self.mt, self.mb = 64, 230, 26, 40
+        self.x_tick_values = x_tick_values
+        lo, hi = x
+        if log_x:
+            lo, hi = math.log10(max(lo, 1e-12)), math.log10(max(hi, 1e-12))
+        self.x0, self.x1 = (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+        self.y0, self.y1 = (y[0], y[1]) if y[1] > y[0] else (y[0], y[0] + 1.0)
+        self.body: list[str] = []
+        self.legend: list[tuple[str, str, str]] = []  # (colour, label, "line"|"dash"|"band")
+        self.points = 0
+
+    @property
+    def pw(self) -> float:
+        return self.w - self.ml - self.mr
+
+    @property
+    def ph(self) -> float:
+        return self.h - self.mt - self.mb
+
+    def sx(self, v: float) -> float:
+        if self.log_x:
+            v = math.log10(max(v, 1e-12))
+        return self.ml + (v - self.x0) / (self.x1 - self.x0) * self.pw
+
+    def sy(self, v: float) -> float:
+        return self.mt + self.ph - (v - self.y0) / (self.y1 - self.y0) * self.ph
+
+    def band(self, a: float, b: float, label: str, colour: str = "#f97316") -> None:
+        xa, xb = self.sx(a), self.sx(max(a, b))
+        self.body.append(f'<rect class="window" x="{xa:.1f}" y="{self.mt}" width="{max(xb - xa, 2):.1f}" '
+                         f'height="{self.ph}" fill="{colour}" fill-opacity="0.18"><title>{escape(label)}</title></rect>')
+        if (colour, label, "band") not in self.legend:
+            self.legend.append((colour, label, "band"))
+
+    def hline(self, y: float, label: str, colour: str = "#111", dash: str = "5 3") -> None:
+        if not self.y0 <= y <= self.y1:
+            return
+        self.body.append(f'<line class="threshold" x1="{self.ml}" x2="{self.ml + self.pw}" y1="{self.sy(y):.1f}" '
+                         f'y2="{self.sy(y):.1f}" stroke="{colour}" stroke-dasharray="{dash}"><title>{escape(label)}'
+                         f'</title></line>')
+        self.legend.append((colour, label, "line" if dash == "none" else "dash"))
+
+    def vline(self, x: float, label: str, colour: str = "#111", dash: str = "5 3") -> None:
+        self.body.append(f'<line class="threshold" x1="{self.sx(x):.1f}" x2="{self.sx(x):.1f}" y1="{self.mt}" '
+                         f'y2="{self.mt + self.ph}" stroke="{colour}" stroke-dasharray="{dash}"><title>'
+                         f'{escape(label)}</title></line>')
+        self.legend.append((colour, label, "dash"))
+
+    def series(self, pts: Sequence[tuple[float, float]], label: str, colour: str, *, step: bool = False,
+               dots: bool = True, line: bool = True) -> None:
+        pts = [(x, y) for x, y in pts if x is not None and y is not None]
+        if not pts:
+            return
+        self.points += len(pts)
+        xy = [(self.sx(x), self.sy(y)) for x, y in pts]
+        if step:
+            stepped = [xy[0]]
+            for (_, py), (x, y) in zip(xy, xy[1:]):
+                stepped += [(x, py), (x, y)]
+            xy_line = stepped
+        else:
+            xy_line = xy
+        if line and len(xy_line) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy_line)
+            self.body.append(f'<polyline class="series" data-series="{escape(label)}" points="{path}" fill="none" '
+                             f'stroke="{colour}" stroke-width="1.8"/>')
+        if dots:
+            self.body.extend(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="{colour}">'
+                             f'<title>{escape(label)}: {_fmt(v)}</title></circle>' for (x, y), (_, v) in zip(xy, pts))
+        self.legend.append((colour, label, "line"))
+
+    def bars(self, items: Sequence[tuple[str, float | None]], colour: str) -> None:
+        """Vertical bars at x = 0, 1, 2... (the x range must be (-0.5, n - 0.5)); None draws "not measured"."""
+        width = self.pw / max(len(items), 1) * 0.5
+        for i, (label, v) in enumerate(items):
+            cx = self.sx(i)
+            self.body.append(f'<text x="{cx:.1f}" y="{self.mt + self.ph + 15}" text-anchor="middle" class="tick">'
+                             f'{escape(label)}</text>')
+            if v is None:
+                self.body.append(f'<text x="{cx:.1f}" y="{self.mt + self.ph - 6}" text-anchor="middle" '
+                                 f'class="tick">not measured</text>')
+                continue
+            self.points += 1
+            top = self.sy(min(v, self.y1))
+            self.body.append(f'<rect class="bar" data-label="{escape(label)}" x="{cx - width / 2:.1f}" y="{top:.1f}" '
+                             f'width="{width:.1f}" height="{max(self.mt + self.ph - top, 1):.1f}" fill="{colour}">'
+                             f'<title>{escape(label)}: {_fmt(v)}</title></rect>'
+                             f'<text x="{cx:.1f}" y="{top - 4:.1f}" text-anchor="middle" class="tick">{_fmt(v)}</text>')
+
+    def render(self, *, x_ticks: bool = True) -> Markup:
+        p = [f'<svg class="plot" data-plot="{escape(self.name)}" data-points="{self.points}" role="img" '
+             f'viewBox="0 0 {self.w} {self.h}" width="{self.w}" height="{self.h}" xmlns="http://www.w3.org/2000/svg">'
+             f'<title>{escape(self.title)}</title>'
+             f'<text x="{self.ml}" y="15" class="axis">{escape(self.title)}</text>']
+        for v in ticks(self.y0, self.y1, 4):
+            y = self.sy(v)
+            p.append(f'<line x1="{self.ml}" x2="{self.ml + self.pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e7eb"/>'
+                     f'<text x="{self.ml - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>')
+        if x_ticks:
+            values = ([math.log10(v) if self.log_x else v for v in self.x_tick_values] if self.x_tick_values
+                      else ticks(self.x0, self.x1, 6))
+            for v in values:
+                label = _fmt(10 ** v) if self.log_x else _fmt(v)
+                x = self.ml + (v - self.x0) / (self.x1 - self.x0) * self.pw
+                p.append(f'<text x="{x:.1f}" y="{self.mt + self.ph + 15}" text-anchor="middle" class="tick">'
+                         f'{label}</text>')
+        p.append(f'<line x1="{self.ml}" x2="{self.ml}" y1="{self.mt}" y2="{self.mt + self.ph}" stroke="#9ca3af"/>'
+                 f'<line x1="{self.ml}" x2="{self.ml + self.pw}" y1="{self.mt + self.ph}" y2="{self.mt + self.ph}" '
+                 f'stroke="#9ca3af"/>'
+                 f'<text x="{self.ml + self.pw / 2:.1f}" y="{self.h - 6}" text-anchor="middle" class="axis">'
+                 f'{escape(self.xlabel)}</text>'
+                 f'<text transform="translate(14 {self.mt + self.ph / 2:.1f}) rotate(-90)" text-anchor="middle" '
+                 f'class="axis">{escape(self.ylabel)}</text>')
+        p.extend(self.body)
+        if self.points == 0:
+            p.append(f'<text x="{self.ml + self.pw / 2:.1f}" y="{self.mt + self.ph / 2:.1f}" text-anchor="middle" '
+                     f'class="axis">no samples</text>')
+        lx = self.ml + self.pw + 12
+        for i, (colour, label, style) in enumerate(self.legend):
+            y = self.mt + 4 + 16 * i
+            if style == "band":
+                p.append(f'<rect x="{lx}" y="{y - 8}" width="14" height="10" fill="{colour}" fill-opacity="0.3"/>')
+            else:
+                dash = ' stroke-dasharray="4 2"' if style == "dash" else ""
+                p.append(f'<line x1="{lx}" x2="{lx + 14}" y1="{y - 3}" y2="{y - 3}" stroke="{colour}" '
+                         f'stroke-width="2"{dash}/>')
+            p.append(f'<text x="{lx + 18}" y="{y}" class="tick">{escape(label)}</text>')
+        p.append("</svg>")
+        return Markup("".join(p))
+
+
+def _threshold(evidence: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """The measurement (Measurement.to_dict) judged against the threshold named ``key``."""
+    for m in evidence.get("measurements", []):
+        if m.get("key") == key:
+            return m
+    return None
+
+
+def _threshold_value(evidence: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
+    m = _threshold(evidence, key)
+    return float(m["threshold"]) if m and m.get("threshold") is not None else default
+
+
+def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.1: median KV bandwidth per transfer size (each repeat as a dot), the line rate, the
+    required fraction of it and the raw TCP probe."""
+    curve = evidence.get("kv_curve") or []
+    line_bps = (evidence.get("line_rate") or {}).get("bps")
+    if not curve or not line_bps:
+        return None
+    line = line_bps / 1e9
+    need = _threshold_value(evidence, "line_rate_fraction", 0.8)
+    sizes = [p["size_mib"] for p in curve]
+    ymax = max([line] + [g for p in curve for g in p.get("gbit_per_s", [])]) * 1.15
+    ax = Axes("kv-bandwidth", "KV transfer bandwidth vs transfer size", "transfer size (MiB, log scale)",
+              "bandwidth (Gbit/s)", (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True,
+              x_tick_values=sorted(set(sizes)))
+    ax.hline(line, f"line rate {line:.3g} Gbit/s", "#111", "none")
+    ax.hline(need * line, f"{need:.0%} of line rate (required)", "#dc2626")
+    raw = (evidence.get("raw_probe") or {}).get("bps")
+    if raw:
+        ax.hline(raw / 1e9, f"raw TCP probe {raw / 1e9:.3g}", "#6b7280", "2 2")
+    ax.series([(p["size_mib"], p["median_gbit_per_s"]) for p in curve], "median KV bandwidth", _PALETTE[0])
+    repeats = [(p["size_mib"], g) for p in curve for g in p.get("gbit_per_s", [])]
+    ax.series(repeats, "each repeat", "#93c5fd", line=False)
+    return ax.render()
+
+
+def flap_recovery_plot(evidence: Mapping[str, Any]) -> Markup | None:
+    """NIC flap: KV bandwidth before (baseline) and after the flaps over time, the flaps shaded,
+    the required recovered fraction as a line."""
+    flaps = evidence.get("flaps") or {}
+    transitions = sorted(flaps.get("transitions") or [], key=lambda t: t["t_wall"])
+    after = evidence.get("after") or []
+    baseline = evidence.get("baseline_gbit_per_s")
+    if not transitions or baseline is None:
+        return None
+    t0 = transitions[0]["t_wall"]
+    last_up = max((t["t_wall"] for t in transitions if t["state"] == "up"), default=transitions[-1]["t_wall"])
+    pts = [(last_up - t0 + a["t_s"], a["gbit_per_s"]) for a in after]
+    need = _threshold_value(evidence, "kv_bandwidth_recovered_fraction", 0.95)
+    xmax = max([last_up - t0] + [x for x, _ in pts]) + 1.0
+    ymax = max([baseline] + [g for _, g in pts]) * 1.2
+    ax = Axes("nic-flap", f"KV bandwidth to {flaps.get('target', 'the flapped host')} around the NIC flaps",
+              "seconds since the first flap", "KV bandwidth (Gbit/s)", (-2.0, xmax), (0, ymax))
+    down = None
+    for t in transitions:
+        if t["state"] == "down":
+            down = t["t_wall"]
+        elif down is not None:
+            ax.band(down - t0, t["t_wall"] - t0, "NIC down")
+            down = None
+    ax.hline(baseline, f"before the flaps {baseline:.3g} Gbit/s", "#111", "none")
+    ax.hline(need * baseline, f"{need:.0%} of before (required)", "#dc2626")
+    ax.series([(-1.0, baseline)], "baseline probe", "#111", line=False)
+    ax.series(pts, "after the last flap", _PALETTE[0])
+    return ax.render()
+
+
+def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.5: the TCP class's p99 round trip and bulk throughput before, during and after the
+    storm; the allowed latency and required throughput (ratios of the sample before) as lines."""
+    samples = evidence.get("samples") or []
+    if not samples or "rtt_p99_ms" not in samples[0]:
+        return None
+    labels = [s["label"] for s in samples]
+    floor = float(evidence.get("rtt_noise_floor_ms") or 0.0)
+    base = next((s for s in samples if s["label"] == "before"), samples[0])
+    rtts = [s.get("rtt_p99_ms") for s in samples]
+    tputs = [None if s.get("throughput_bps") is None else s["throughput_bps"] / 1e9 for s in samples]
+    lat_ratio = _threshold_value(evidence, "tcp_p99_latency_ratio")
+    tput_ratio = _threshold_value(evidence, "tcp_throughput_ratio")
+    lat_limit = None if lat_ratio is None else lat_ratio * max(base["rtt_p99_ms"], floor)
+    tput_need = None if tput_ratio is None else tput_ratio * base["throughput_bps"] / 1e9
+    rmax = max([v for v in rtts if v is not None] + [lat_limit or 0, 1e-6]) * 1.2
+    tmax = max([v for v in tputs if v is not None] + [tput_need or 0, 1e-6]) * 1.2
+    n = len(samples)
+    lat = Axes("pfc-latency", "TCP class p99 round trip around the PFC storm", "sample", "p99 round trip (ms)",
+               (-0.5, n - 0.5), (0, rmax), width=520)
+    lat.bars(list(zip(labels, rtts)), _PALETTE[0])
+    if lat_limit is not None:
+        lat.hline(lat_limit, f"allowed {lat_limit:.3g} ms", "#dc2626")
+    tput = Axes("pfc-throughput", "TCP class bulk throughput around the PFC storm", "sample",
+                "throughput (Gbit/s)", (-0.5, n - 0.5), (0, tmax), width=520)
+    tput.bars(list(zip(labels, tputs)), _PALETTE[2])
+    if tput_need is not None:
+        tput.hline(tput_need, f"required {tput_need:.3g} Gbit/s", "#dc2626")
+    return Markup(lat.render(x_ticks=False) + tput.render(x_ticks=False))
+
+
+def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], xlabel: str,
+              thresholds: Sequence[tuple[float, str]] = ()) -> Markup | None:
+    """Cumulative distribution of per-request (or per-fault) values, one step line per group."""
+    groups = {k: sorted(float(v) for v in vs if v is not None) for k, vs in groups.items()}
+    groups = {k: vs for k, vs in groups.items() if vs}
+    if not groups:
+        return None
+    hi = max([vs[-1] for vs in groups.values()] + [t for t, _ in thresholds]) * 1.1 or 1.0
+    lo = min(0.0, min(vs[0] for vs in groups.values()))
+    ax = Axes(name, title, xlabel, "fraction of samples <= value", (lo, hi), (0, 1.0))
+    for i, (label, vs) in enumerate(groups.items()):
+        ax.series([(v, (j + 1) / len(vs)) for j, v in enumerate(vs)], f"{label} (n={len(vs)})",
+                  _PALETTE[i % len(_PALETTE)], step=True)
+    for value, label in thresholds:
+        ax.vline(value, label, "#dc2626")
+    return ax.render()
+
+
+def reschedule_distribution(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.4: when each affected request was re-placed, after its fault, per fault kind."""
+    groups: dict[str, list[float]] = {}
+    for f in evidence.get("per_fault") or []:
+        fault = f.get("fault") or {}
+        kind = f"{'kill' if fault.get('kind') == 'process_kill' else 'hang'} {fault.get('role', '?')}"
+        groups.setdefault(kind, []).extend((f.get("replaced_s") or {}).values())
+    limit = _threshold_value(evidence, "reschedule_p100_s")
+    return ecdf_plot("reschedule-requests", "Per-request re-placement time after the fault", groups,
+                     "seconds from the fault until the request was re-placed",
+                     [(limit, f"rescheduling limit {limit:g} s")] if limit is not None else [])
+
+
+def migration_distribution(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.2: the TTFT delta each migrated stream saw, idle and under load, with both limits."""
+    groups: dict[str, list[float]] = {}
+    for m in evidence.get("per_migration") or []:
+        if m.get("excess_ms") is not None:
+            groups.setdefault(str(m.get("phase", "?")), []).append(m["excess_ms"])
+    marks = [(v, f"{phase} limit {v:g} ms") for phase, key in (("idle", "ttft_delta_idle_ms"),
+                                                               ("loaded", "ttft_delta_loaded_ms"))
+             if (v := _threshold_value(evidence, key)) is not None]
+    return ecdf_plot("migration-requests", "Per-stream hot-migration TTFT delta", groups,
+                     "TTFT delta added by the migration (ms)", marks)
+
+
+def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_changes: Sequence[Mapping[str, Any]],
+                  triggers: Sequence[tuple[float, str]], fault_windows: Sequence[Mapping[str, Any]]) -> Markup | None:
+    """Two panels on one time axis: KV use (0..1) with the level triggers, and the degradation
+    level (0..5, sampled, plus the router's level-change events); fault windows shaded in both."""
+    kv = [(s["t"] - started, s["kv_usage"]) for s in samples if s.get("kv_usage") is not None]
+    levels = [(s["t"] - started, s["degradation_level"]) for s in samples if s.get("degradation_level") is not None]
+    changes = [(c["wall_time"] - started, c["to_level"]) for c in level_changes
+               if c.get("wall_time") is not None and c.get("to_level") is not None]
+    if not (kv or levels or changes):
+        return None
+    xs = [x for x, _ in kv + levels + changes] + [w["end"] - started for w in fault_windows]
+    x_range = (0.0, max(xs + [1.0]) * 1.02)
+    use = Axes("kv-degradation", "KV use over time", "seconds since run start", "KV use (fraction)", x_range,
+               (0, 1.05), height=220)
+    level = Axes("degradation-level", "Degradation level over time", "seconds since run start", "level (L0..L5)",
+                 x_range, (0, 5.2), height=200)
+    for ax in (use, level):
+        for w in fault_windows:
+            ax.band(w["start"] - started, w["end"] - started, "fault window")
+    for (value, label), colour in zip(triggers, ("#d97706", "#dc2626")):
+        use.hline(value, label, colour)
+    use.series(kv, "KV use, fullest worker (sampled)", _PALETTE[0], dots=len(kv) < 60)
+    level.series(levels, "level (sampled)", _PALETTE[3], step=True, dots=False)
+    level.series(changes, "level after each change (router events)", _PALETTE[4], step=True)
+    return Markup(use.render() + level.render())

@@ -1,0 +1,88 @@
+"""Evidence plots: each is drawn from a verdict's evidence as the suites record it, with its
+threshold line; a verdict without the data draws nothing (never an empty frame)."""
+
+import re
+
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, judge
+from harness.report import RunResult
+from harness.report.html import event_summary, render_html
+from harness.report import plots
+
+
+def _points(svg: str, name: str) -> int:
+    return int(re.search(rf'data-plot="{name}" data-points="(\d+)"', svg).group(1))
+
+
+def test_kv_bandwidth_plot_has_curve_line_rate_and_required_fraction():
+    evidence = {"line_rate": {"bps": 5e8}, "raw_probe": {"bps": 4.7e8},
+                "measurements": [{"key": "line_rate_fraction", "threshold": 0.8}],
+                "kv_curve": [{"size_mib": s, "median_gbit_per_s": g, "gbit_per_s": [g, g * 0.9]}
+                             for s, g in ((1, 0.1), (8, 0.3), (128, 0.45))]}
+    svg = str(plots.kv_bandwidth_plot(evidence))
+    assert _points(svg, "kv-bandwidth") == 9  # 3 medians + 6 repeats
+    assert "line rate 0.5 Gbit/s" in svg and "80% of line rate (required)" in svg and "raw TCP probe" in svg
+    assert plots.kv_bandwidth_plot({"kv_curve": []}) is None
+
+
+def test_flap_plot_shades_each_down_window_and_draws_recovery():
+    t0 = 1000.0
+    evidence = {"baseline_gbit_per_s": 0.4, "measurements": [{"key": "kv_bandwidth_recovered_fraction", "threshold": 0.95}],
+                "after": [{"t_s": 0.5, "gbit_per_s": 0.2}, {"t_s": 1.5, "gbit_per_s": 0.39}],
+                "flaps": {"target": "decode-0 fab0", "transitions": [
+                    {"state": s, "t_wall": t0 + i} for i, s in enumerate(["down", "up"] * 3)]}}
+    svg = str(plots.flap_recovery_plot(evidence))
+    assert svg.count('class="window"') == 3
+    assert _points(svg, "nic-flap") == 3 and "95% of before (required)" in svg
+
+
+def test_pfc_plot_draws_all_three_samples_with_limits():
+    samples = [{"label": lb, "rtt_p99_ms": r, "throughput_bps": t} for lb, r, t in
+               (("before", 0.4, 2e8), ("during", 0.5, 1.9e8), ("after", 0.4, 2e8))]
+    evidence = {"samples": samples, "rtt_noise_floor_ms": 0.5,
+                "measurements": [{"key": "tcp_p99_latency_ratio", "threshold": 2.0},
+                                 {"key": "tcp_throughput_ratio", "threshold": 0.8}]}
+    svg = str(plots.pfc_samples_plot(evidence))
+    assert _points(svg, "pfc-latency") == 3 and _points(svg, "pfc-throughput") == 3
+    assert {m for m in re.findall(r'class="bar" data-label="(\w+)"', svg)} == {"before", "during", "after"}
+    assert "allowed 1 ms" in svg and "required 0.16 Gbit/s" in svg
+
+
+def test_distributions_per_request_and_per_stream():
+    per_fault = [{"fault": {"kind": "process_kill", "role": "decode"}, "replaced_s": {"a": 0.2, "b": 0.3}},
+                 {"fault": {"kind": "process_hang", "role": "prefill"}, "replaced_s": {"c": 2.1}}]
+    svg = str(plots.reschedule_distribution({"per_fault": per_fault,
+                                             "measurements": [{"key": "reschedule_p100_s", "threshold": 3.0}]}))
+    assert _points(svg, "reschedule-requests") == 3 and "kill decode (n=2)" in svg and "limit 3 s" in svg
+    per_migration = [{"phase": "idle", "excess_ms": 12.0}, {"phase": "loaded", "excess_ms": 80.0},
+                     {"phase": "loaded", "excess_ms": None}]
+    svg = str(plots.migration_distribution({"per_migration": per_migration}))
+    assert _points(svg, "migration-requests") == 2
+    assert plots.migration_distribution({"per_migration": []}) is None
+
+
+def test_report_draws_kv_plot_from_samples_and_6_1_5_without_not_completed(sample_result):
+    cl = Checklist.load()
+    item5 = cl.item("6.1.5")
+    samples = [{"label": lb, "rtt_p99_ms": 0.4, "throughput_bps": 2e8, "rtt_p50_ms": 0.2} for lb in ("before", "during", "after")]
+    v = judge(item5, [Measurement(item5.thresholds["tcp_p99_latency_ratio"], 1.0, "ratio"),
+                      Measurement(item5.thresholds["tcp_throughput_ratio"], 1.0, "ratio")],
+              evidence={"samples": samples, "rtt_noise_floor_ms": 0.5})
+    sample_result.verdicts.append(v)
+    t0 = sample_result.started
+    sample_result.cluster_samples = [{"t": t0 + i, "kv_usage": i / 20, "degradation_level": i // 6} for i in range(18)]
+    html = render_html(sample_result)
+    assert "not completed" not in html.split("Evidence for 6.1.5")[1]
+    assert _points(html, "kv-degradation") == 18 and _points(html, "degradation-level") == 18
+    assert "Level 2 trigger 85%" in html and "Level 3 trigger 90%" in html
+
+
+def test_event_summary_groups_by_kind_most_frequent_first():
+    events = [{"t": float(i), "source": "router", "kind": "kv_transfer", "detail": ""} for i in range(5)]
+    events.append({"t": 2.5, "source": "faults", "kind": "inject", "detail": "kill"})
+    kinds = event_summary(events)
+    assert [(k["kind"], len(k["events"])) for k in kinds] == [("kv_transfer", 5), ("inject", 1)]
+    assert kinds[0]["first"] == 0.0 and kinds[0]["last"] == 4.0
+    result = RunResult(run_id="x", started=0.0, finished=10.0, exit_code=0, timeline=events)
+    html = render_html(result)
+    assert html.count('<details class="event-group"') == 2 and "<script" not in html
