@@ -1,0 +1,64 @@
+"""Two aggregated vLLM instances behind vllm-router, supervised (clusters/vllm-agg.yaml): the proof target
+of the black-box 6.2 and 6.1.4 suites. Slow: each vLLM start takes about a minute on 2 cores."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.realengine.conftest import pgrep, scrape, stream_chat
+
+pytestmark = pytest.mark.slow
+VLLM_MODE = "agg"
+
+
+def test_router_streams_completions(vllm_cluster):
+    pieces = stream_chat(vllm_cluster.api, vllm_cluster.spec["model"], "hello there, how are you?", 16)
+    assert len(pieces) >= 2, pieces  # token by token, not one blob
+
+
+def test_each_worker_exports_vllm_metrics_and_the_router_its_own(vllm_cluster):
+    for worker in vllm_cluster.spec["workers"]:
+        samples = scrape(worker["metrics"])
+        assert any(k.startswith("vllm:kv_cache_usage_perc") for k in samples), worker["name"]
+        assert any(k.startswith("vllm:time_to_first_token_seconds_bucket") for k in samples), worker["name"]
+    router = scrape(vllm_cluster.spec["endpoints"]["metrics"])
+    assert router.get("vllm_router_active_workers") == 2.0, router
+
+
+def test_each_process_pattern_names_exactly_one_engine_core(vllm_cluster):
+    for worker in vllm_cluster.spec["workers"]:
+        pids = pgrep(worker["process"]["pgrep"])
+        assert pids == [vllm_cluster.ready["instances"][worker["name"]]["engine_pid"]], (worker, pids)
+
+
+def _successes(metrics_url: str) -> float:
+    return sum(v for k, v in scrape(metrics_url).items() if k.startswith("vllm:request_success_total{"))
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vllm_cluster):
+    worker = vllm_cluster.worker("vllm-0")
+    [engine] = pgrep(worker["process"]["pgrep"])
+    subprocess.run(["kill", "-KILL", str(engine)], check=True)
+    # The router keeps serving meanwhile: it retries the dead instance's share on the other one.
+    for _ in range(4):
+        assert stream_chat(vllm_cluster.api, vllm_cluster.spec["model"], "while one is down", 4)
+    deadline = time.monotonic() + 600
+    while not (pgrep(worker["process"]["pgrep"]) not in ([], [engine]) and _healthy(worker["health"])):
+        assert time.monotonic() < deadline, "vllm-0 did not come back:\n" + vllm_cluster.launcher_log()[-3000:]
+        time.sleep(2)
+    assert "vllm-0 (pid" in vllm_cluster.launcher_log() and "exited with code 0" in vllm_cluster.launcher_log()
+    before = _successes(worker["metrics"])
+    for _ in range(4):  # round robin: the restarted instance gets its share again
+        assert stream_chat(vllm_cluster.api, vllm_cluster.spec["model"], "after the restart", 4)
+    assert _successes(worker["metrics"]) > before
