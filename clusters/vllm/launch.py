@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the clean-up short
                 signal.signal(sig, signal.SIG_IGN)
             supervisor.stop()
+        shutil.rmtree(run_dir / "kv-store", ignore_errors=True)  # the file connector's KV: ~1 KB per token
+        for pid_file in run_dir.glob("*.pid"):  # stale pids could name unrelated processes later
+            pid_file.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

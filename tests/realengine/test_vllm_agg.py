@@ -3,6 +3,8 @@ of the black-box 6.2 and 6.1.4 suites. Slow: each vLLM start takes about a minut
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 
@@ -33,6 +35,23 @@ def test_each_process_pattern_names_exactly_one_engine_core(vllm_cluster):
     for worker in vllm_cluster.spec["workers"]:
         pids = pgrep(worker["process"]["pgrep"])
         assert pids == [vllm_cluster.ready["instances"][worker["name"]]["engine_pid"]], (worker, pids)
+
+
+def test_a_stopped_engine_core_keeps_health_200_while_its_requests_stall(vllm_cluster):
+    """Why 6.1.4 judges a hang by the stall clients see: vLLM's /health does not notice a stopped engine."""
+    worker = vllm_cluster.worker("vllm-1")
+    [engine] = pgrep(worker["process"]["pgrep"])
+    body = {"model": vllm_cluster.spec["model"], "prompt": "stalled", "max_tokens": 4}
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        with httpx.Client(timeout=httpx.Timeout(10, read=3)) as client:
+            with pytest.raises(httpx.ReadTimeout):  # cannot answer at all while its engine is stopped
+                client.post(f"{worker['api']}/v1/completions", json=body)
+            assert client.get(worker["health"]).status_code == 200
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    done = httpx.post(f"{worker['api']}/v1/completions", json=body, timeout=60)
+    assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
 
 
 def _successes(metrics_url: str) -> float:
