@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -164,6 +165,18 @@ def healthy(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Fail fast (not after a minute of vLLM start-up) when a fixed port is taken, e.g. by another launcher."""
+    for what, port in ports.items():
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is fine
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise LaunchError(f"port {port} ({what}) is not free ({exc.strerror}): is a launcher already "
+                                  f"running? Stop it, or find the owner with: ss -ltnp 'sport = :{port}'") from None
+
+
 def ensure_model(python: Path, model_dir: Path) -> None:
     if (model_dir / "made-by.json").exists():
         return
@@ -301,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)  # even when started with SIGINT ignored (a background job)
     try:
         instances, router = build(args.mode, venv, model_dir, run_dir)
+        ports = PORTS[args.mode]
+        check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
+                          **ports["instances"]})
         ensure_model(venv / "bin" / "python", model_dir)
         supervisor = Supervisor(instances, router, args.startup_timeout)
         supervisor.start()

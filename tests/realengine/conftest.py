@@ -116,19 +116,29 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> list[str]:
-    """One streamed chat completion; returns the content pieces, failing on an error or a cut stream."""
+def stream_chat_outcome(api: str, model: str, content: str, max_tokens: int = 16) -> tuple[list[str], str | None]:
+    """One streamed chat completion: (content pieces, error message or None). A stream that ends without
+    [DONE] and without an error event (cut silently) fails the test: nothing may be lost silently."""
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "stream": True, "temperature": 0}
-    pieces, done = [], False
+    pieces, done, error = [], False, None
     with httpx.stream("POST", f"{api}/v1/chat/completions", json=body, timeout=120) as resp:
-        assert resp.status_code == 200, resp.read()
+        if resp.status_code != 200:
+            return [], f"HTTP {resp.status_code}: {resp.read()[:300]!r}"
         for line in resp.iter_lines():
             if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
                 event = json.loads(line[6:])
-                assert "error" not in event, event
-                pieces += [c["delta"].get("content") or "" for c in event["choices"]]
-    assert done, "the stream ended without [DONE]"
-    return [p for p in pieces if p]
+                if "error" in event:
+                    error = str(event["error"])
+                pieces += [c["delta"].get("content") or "" for c in event.get("choices", [])]
+    assert done or error, f"the stream was cut with no error event after {len(pieces)} pieces"
+    return [p for p in pieces if p], error
+
+
+def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> list[str]:
+    """One streamed chat completion that must succeed; returns its content pieces."""
+    pieces, error = stream_chat_outcome(api, model, content, max_tokens)
+    assert error is None, error
+    return pieces

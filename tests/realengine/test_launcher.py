@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+
+from clusters.vllm.launch import LaunchError, check_ports_free
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,3 +76,13 @@ def test_launcher_rejects_an_unknown_mode():
     out = subprocess.run([sys.executable, "-m", "clusters.vllm.launch", "disagg"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "invalid choice: 'disagg'" in out.stderr
+
+
+def test_a_taken_port_is_named_before_any_vllm_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"port {port} \\(vllm-0\\) is not free"):
+            check_ports_free({"vllm-0": port})
+    check_ports_free({"vllm-0": port})  # free again: no error
