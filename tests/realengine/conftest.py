@@ -116,15 +116,22 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def stream_chat_outcome(api: str, model: str, content: str, max_tokens: int = 16) -> tuple[list[str], str | None]:
-    """One streamed chat completion: (content pieces, error message or None). A stream that ends without
-    [DONE] and without an error event (cut silently) fails the test: nothing may be lost silently."""
+@dataclass
+class StreamOutcome:
+    pieces: list[str]  # non-empty content deltas (vLLM may merge several tokens into one when busy)
+    error: str | None  # the error event's or HTTP error's text
+    completion_tokens: int | None  # from the final usage chunk
+
+
+def stream_chat_outcome(api: str, model: str, content: str, max_tokens: int = 16) -> StreamOutcome:
+    """One streamed chat completion. A stream that ends without [DONE] and without an error event (cut
+    silently) fails the test: nothing may be lost silently."""
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "stream": True, "temperature": 0}
-    pieces, done, error = [], False, None
+            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+    pieces, done, error, tokens = [], False, None, None
     with httpx.stream("POST", f"{api}/v1/chat/completions", json=body, timeout=120) as resp:
         if resp.status_code != 200:
-            return [], f"HTTP {resp.status_code}: {resp.read()[:300]!r}"
+            return StreamOutcome([], f"HTTP {resp.status_code}: {resp.read()[:300]!r}", None)
         for line in resp.iter_lines():
             if line == "data: [DONE]":
                 done = True
@@ -133,12 +140,15 @@ def stream_chat_outcome(api: str, model: str, content: str, max_tokens: int = 16
                 if "error" in event:
                     error = str(event["error"])
                 pieces += [c["delta"].get("content") or "" for c in event.get("choices", [])]
+                tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
     assert done or error, f"the stream was cut with no error event after {len(pieces)} pieces"
-    return [p for p in pieces if p], error
+    return StreamOutcome([p for p in pieces if p], error, tokens)
 
 
-def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> list[str]:
-    """One streamed chat completion that must succeed; returns its content pieces."""
-    pieces, error = stream_chat_outcome(api, model, content, max_tokens)
-    assert error is None, error
-    return pieces
+def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> StreamOutcome:
+    """One streamed chat completion that must succeed with all ``max_tokens`` tokens (the model never
+    picks end-of-sequence: clusters/vllm/make_model.py)."""
+    outcome = stream_chat_outcome(api, model, content, max_tokens)
+    assert outcome.error is None, outcome.error
+    assert outcome.pieces and outcome.completion_tokens == max_tokens, outcome
+    return outcome
