@@ -177,11 +177,12 @@ def check_ports_free(ports: dict[str, int]) -> None:
                                   f"running? Stop it, or find the owner with: ss -ltnp 'sport = :{port}'") from None
 
 
-def ensure_model(python: Path, model_dir: Path) -> None:
+def ensure_model(python: Path, model_dir: Path, preset: str) -> None:
     if (model_dir / "made-by.json").exists():
         return
-    log(f"making the tiny model in {model_dir}")
-    subprocess.run([str(python), "-m", "clusters.vllm.make_model", str(model_dir)], cwd=REPO, check=True)
+    log(f"making the {preset} model in {model_dir}")
+    subprocess.run([str(python), "-m", "clusters.vllm.make_model", str(model_dir), "--preset", preset],
+                   cwd=REPO, check=True)
 
 
 def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str]) -> list[str]:
@@ -287,14 +288,18 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=sorted(PORTS), help="agg: 2 aggregated + router; pd: 1P1D + router")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm", help="made by clusters/vllm/setup.sh")
-    parser.add_argument("--model-dir", type=Path, default=REPO / ".vllm-model" / "tiny-llama")
+    parser.add_argument("--model-preset", choices=("tiny", "slow"), default="tiny",
+                        help="tiny: ~2 ms per token; slow: ~30 ms per token, so a killed engine cuts streams "
+                             "in flight (clusters/vllm/make_model.py); both are served as " + SERVED_NAME)
+    parser.add_argument("--model-dir", type=Path, help="default .vllm-model/PRESET-llama (made when missing)")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="pid files, logs, KV store (default /tmp/harness-vllm-MODE, as the cluster files say)")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds per start (default 600)")
     parser.add_argument("--ready-file", type=Path, help="written (JSON with URLs and pids) once all are healthy")
     args = parser.parse_args(argv)
     run_dir = (args.run_dir or Path(f"/tmp/harness-vllm-{args.mode}")).resolve()
-    venv, model_dir = args.venv.absolute(), args.model_dir.resolve()
+    venv = args.venv.absolute()
+    model_dir = (args.model_dir or REPO / ".vllm-model" / f"{args.model_preset}-llama").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run_dir / "kv-store", ignore_errors=True)
     for stale in [*run_dir.glob("*.pid"), *(args.ready_file and [args.ready_file] or [])]:
@@ -317,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = PORTS[args.mode]
         check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
                           **ports["instances"]})
-        ensure_model(venv / "bin" / "python", model_dir)
+        ensure_model(venv / "bin" / "python", model_dir, args.model_preset)
         supervisor = Supervisor(instances, router, args.startup_timeout)
         supervisor.start()
         ready = {"mode": args.mode, "model": SERVED_NAME, "api": f"http://127.0.0.1:{PORTS[args.mode]['router']}",

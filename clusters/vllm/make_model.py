@@ -17,6 +17,15 @@ import sys
 from pathlib import Path
 
 DEFAULT_DIR = Path(".vllm-model/tiny-llama")
+# Sizes: "tiny" decodes a token in about 2 ms on one CPU thread, so a 64-token answer is generated before
+# the API server has streamed much of it and a killed engine rarely cuts a stream; "slow" (about 150 M
+# parameters) takes tens of ms per token, like a real model on real hardware relative to its streaming.
+PRESETS = {
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=64),
+    "slow": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                 num_key_value_heads=4, head_dim=64),
+}
 SERVED_NAME = "tiny-llama"
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>"]
@@ -65,15 +74,14 @@ def train_tokenizer(out: Path):
     return fast
 
 
-def make_model(out: Path, seed: int = 0) -> Path:
+def make_model(out: Path, seed: int = 0, preset: str = "tiny") -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(out)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+        vocab_size=len(tokenizer), **PRESETS[preset], max_position_embeddings=4096,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, torch_dtype="bfloat16")
     torch.manual_seed(seed)
@@ -81,7 +89,7 @@ def make_model(out: Path, seed: int = 0) -> Path:
     with torch.no_grad():
         model.lm_head.weight[tokenizer.eos_token_id].zero_()  # never the greedy choice (module doc)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    (out / MARKER).write_text(json.dumps({"served_name": SERVED_NAME, "seed": seed,
+    (out / MARKER).write_text(json.dumps({"served_name": SERVED_NAME, "seed": seed, "preset": preset,
                                           "vocab_size": len(tokenizer)}) + "\n")
     return out
 
@@ -90,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusters.vllm.make_model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size (default tiny)")
     parser.add_argument("--force", action="store_true", help="remake even when DIR is complete")
     args = parser.parse_args(argv)
     if (args.dir / MARKER).exists() and not args.force:
         print(f"[make_model] {args.dir} already holds the model (--force remakes it)")
         return 0
-    make_model(args.dir)
+    make_model(args.dir, preset=args.preset)
     print(f"[make_model] wrote {args.dir} (served as {SERVED_NAME!r})")
     return 0
 
