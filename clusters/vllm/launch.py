@@ -289,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=sorted(PORTS), help="agg: 2 aggregated + router; pd: 1P1D + router")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm", help="made by clusters/vllm/setup.sh")
     parser.add_argument("--model-preset", choices=("tiny", "slow"), default="tiny",
-                        help="tiny: ~2 ms per token; slow: ~30 ms per token, so a killed engine cuts streams "
-                             "in flight (clusters/vllm/make_model.py); both are served as " + SERVED_NAME)
+                        help="tiny: ~2 ms per token; slow: ~30 ms per token, so streams are in flight when "
+                             "a worker dies (clusters/vllm/make_model.py); both are served as " + SERVED_NAME)
     parser.add_argument("--model-dir", type=Path, help="default .vllm-model/PRESET-llama (made when missing)")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="pid files, logs, KV store (default /tmp/harness-vllm-MODE, as the cluster files say)")

@@ -57,12 +57,13 @@ class VllmCluster:
         return self.log_path.read_text(errors="replace")
 
 
-def _start(mode: str, venv: Path, tmp: Path) -> VllmCluster:
+def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny") -> VllmCluster:
     ready_file, log_path = tmp / "ready.json", tmp / "launcher.log"
     with open(log_path, "wb") as out:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "clusters.vllm.launch", mode, "--venv", str(venv), "--ready-file",
-             str(ready_file)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+             str(ready_file), "--model-preset", model_preset],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not ready_file.exists():
         if launcher.poll() is not None:
@@ -89,8 +90,9 @@ def _stop(launcher: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_cluster(request, require_vllm, tmp_path_factory):
-    """Module-scoped: the mode comes from the module's ``VLLM_MODE``."""
-    cluster = _start(request.module.VLLM_MODE, require_vllm, tmp_path_factory.mktemp("vllm"))
+    """Module-scoped: the mode comes from the module's ``VLLM_MODE`` (and ``VLLM_MODEL_PRESET``, default tiny)."""
+    cluster = _start(request.module.VLLM_MODE, require_vllm, tmp_path_factory.mktemp("vllm"),
+                     getattr(request.module, "VLLM_MODEL_PRESET", "tiny"))
     try:
         yield cluster
     finally:

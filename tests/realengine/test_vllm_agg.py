@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import httpx
@@ -15,6 +16,7 @@ from tests.realengine.conftest import pgrep, scrape, stream_chat, stream_chat_ou
 
 pytestmark = pytest.mark.slow
 VLLM_MODE = "agg"
+VLLM_MODEL_PRESET = "slow"  # ~30 ms per token: a stream is still in flight when its engine is killed
 
 
 def test_router_streams_completions(vllm_cluster):
@@ -65,10 +67,32 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _running(metrics_url: str) -> float:
+    return sum(v for k, v in scrape(metrics_url).items() if k.startswith("vllm:num_requests_running{"))
+
+
 def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vllm_cluster):
     worker = vllm_cluster.worker("vllm-0")
     [engine] = pgrep(worker["process"]["pgrep"])
+    in_flight: list = []
+
+    def stream() -> None:
+        try:
+            in_flight.append(stream_chat_outcome(worker["api"], vllm_cluster.spec["model"], "in flight", 300))
+        except AssertionError as cut:  # cut with no error event
+            in_flight.append(cut)
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    deadline = time.monotonic() + 60
+    while not _running(worker["metrics"]):  # the request is on the engine: prefilling or decoding
+        assert streamer.is_alive() and time.monotonic() < deadline, f"never ran: {in_flight}"
+        time.sleep(0.05)
     subprocess.run(["kill", "-KILL", str(engine)], check=True)
+    streamer.join(120)
+    # What vLLM does to a stream whose engine dies: an error event and [DONE], not a silent cut.
+    [victim] = in_flight
+    assert not isinstance(victim, AssertionError), victim
+    assert victim.error and "EngineCore" in victim.error and victim.completion_tokens is None, victim
     # Meanwhile the router serves from the other instance. For a few seconds the victim's API server still
     # accepts streams and ends them with an error event ("EngineCore encountered an issue"): a clear error,
     # never a silent cut (stream_chat_outcome fails on that) and never a hang.
