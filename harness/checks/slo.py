@@ -214,39 +214,49 @@ class ServerHistograms:
         self.profile_name = profile_for(cluster)
         self.note: str | None = None
         self.families: dict[str, str] = {}
-        self._scraper: PrometheusScraper | None = None
+        self._scrapers: dict[str, PrometheusScraper] = {}
+        # the cluster's metrics URL and every worker's own (behind a router such as vllm-router the
+        # engine's histograms live on the workers); a histogram is summed over all of them
+        urls = list(dict.fromkeys(u for u in [cluster.metrics_url, *(
+            str(w.metrics) for w in getattr(cluster, "workers", ()) or () if getattr(w, "metrics", None))] if u))
         if self.profile_name is None:
             self.note = f"engine {engine_of(cluster)!r} exposes no Prometheus metrics"
-        elif not cluster.metrics_url:
-            self.note = "the cluster file names no metrics URL (endpoints.metrics)"
+        elif not urls:
+            self.note = "the cluster file names no metrics URL (endpoints.metrics, workers[].metrics)"
         else:
             profile = ENGINE_PROFILES[self.profile_name]
             self.families = {"ttft": profile["ttft_seconds"]}
             # TPOT per request when the engine has it, else its inter-token latency (per chunk)
             self.families["tpot"] = profile.get("tpot_seconds") or profile["itl_seconds"]
-            self._scraper = PrometheusScraper(cluster.metrics_url, engine=self.profile_name)
-        self.before: list[Sample] = self._scrape("before")
+            key = cluster.api_key() if hasattr(cluster, "api_key") else None
+            for url in urls:
+                self._scrapers[url] = PrometheusScraper(url, engine=self.profile_name, api_key=key)
+        self.urls = urls
+        self.before: dict[str, list[Sample]] = self._scrape("before")
 
-    def _scrape(self, when: str) -> list[Sample]:
-        if self._scraper is None:
-            return []
-        try:
-            return self._scraper.scrape_once()
-        except (httpx.HTTPError, ProbeError) as exc:
-            self.note = f"scrape of {self._scraper.url} {when} the load failed: {exc}"
-            log.warning("%s", self.note)
-            self._scraper.stop()
-            self._scraper = None
-            return []
+    def _scrape(self, when: str) -> dict[str, list[Sample]]:
+        out: dict[str, list[Sample]] = {}
+        for url, scraper in list(self._scrapers.items()):
+            try:
+                out[url] = scraper.scrape_once()
+            except (httpx.HTTPError, ProbeError) as exc:
+                self.note = f"scrape of {url} {when} the load failed: {exc}"
+                log.warning("%s", self.note)
+                scraper.stop()
+                del self._scrapers[url]
+        return out
 
     def deltas(self) -> dict[str, Any]:
         after = self._scrape("after")
-        if self._scraper is not None:
-            self._scraper.stop()
-        if not after or not self.before:
+        for scraper in self._scrapers.values():
+            scraper.stop()
+        both = [u for u in self.before if u in after]
+        if not both:
             return {}
-        out = {key: histogram_delta(self.before, after, family) for key, family in self.families.items()}
+        before_all = [smp for u in both for smp in self.before[u]]
+        after_all = [smp for u in both for smp in after[u]]
+        out = {key: histogram_delta(before_all, after_all, family) for key, family in self.families.items()}
         missing = [self.families[k] for k, d in out.items() if d is None]
         if missing:
-            self.note = f"the metrics endpoint exposes no {', '.join(missing)}"
+            self.note = f"no metrics endpoint ({', '.join(both)}) exposes {', '.join(missing)}"
         return out

@@ -161,3 +161,39 @@ def test_server_histograms_say_why_there_are_none():
     down = ServerHistograms(SimpleNamespace(engine="sglang", metrics_url="http://127.0.0.1:1/metrics"))
     assert down.deltas() == {} and "before the load failed" in down.note
     assert down.families["tpot"] == "sglang:inter_token_latency_seconds"   # SGLang has no TPOT histogram
+
+
+def test_server_histograms_are_summed_over_the_router_and_every_worker():
+    """Behind a router such as vllm-router the engine's histograms live on the workers' own metrics
+    URLs: the router's endpoint has none, each worker has its share, the delta is their sum."""
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    servers, urls, hists = [], [], []
+    for with_histograms in (False, True, True):
+        reg = CollectorRegistry()
+        if with_histograms:
+            hists.append((Histogram("vllm:time_to_first_token_seconds", "ttft", ["model_name"],
+                                    buckets=(0.01, 0.05, 0.1), registry=reg),
+                          Histogram("vllm:request_time_per_output_token_seconds", "tpot", ["model_name"],
+                                    buckets=(0.001, 0.01), registry=reg)))
+        httpd = make_server("127.0.0.1", 0, make_wsgi_app(reg), handler_class=Quiet)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        urls.append(f"http://127.0.0.1:{httpd.server_port}/metrics")
+    try:
+        cluster = SimpleNamespace(engine="vllm", metrics_url=urls[0],
+                                  workers=[SimpleNamespace(metrics=urls[1]), SimpleNamespace(metrics=urls[2])])
+        server = ServerHistograms(cluster)
+        for (ttft, tpot), n in zip(hists, (4, 6)):
+            for _ in range(n):
+                ttft.labels("m").observe(0.03)
+                tpot.labels("m").observe(0.005)
+        deltas = server.deltas()
+    finally:
+        for httpd in servers:
+            httpd.shutdown()
+            httpd.server_close()
+    assert server.urls == urls and server.note is None
+    assert deltas["ttft"].count == 10 and deltas["tpot"].count == 10
