@@ -213,6 +213,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         if bad:  # the test ran to its end and the cluster did not conform: a failed test, not a crash
             report.outcome = "failed"
             report.longrepr = "\n".join(f"{v.item} {v.status.value}: {v.reason}" for v in bad)
+        elif not verdicts:  # a conformance test that judged nothing proves nothing: a harness bug
+            message = (f"{item.nodeid} recorded no verdict (fix: a conformance test must record a verdict, "
+                       "inconclusive with its reason when it cannot measure)")
+            report.outcome, report.longrepr = "failed", message
+            state.result.harness_errors.append(message)
     if report.failed and call.excinfo is not None:
         message = f"{item.nodeid} ({report.when}): {call.excinfo.typename}: {call.excinfo.value}"
         if call.excinfo.errisinstance(RevertError):

@@ -95,6 +95,20 @@ def test_an_exception_outside_a_verdict_exits_3_even_with_a_failure(tmp_path):
     assert len(errors) == 1 and "RuntimeError: load generator vanished" in errors[0]
 
 
+def test_a_conformance_test_that_records_no_verdict_exits_3_naming_it(tmp_path):
+    proc = run_suite(tmp_path, """
+        def test_measures_nothing(conformance):
+            pass
+
+        def test_ok(conformance):
+            conformance.record(verdict(1.0))
+    """)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    errors = results(tmp_path)["harness_errors"]
+    assert len(errors) == 1 and "test_measures_nothing recorded no verdict" in errors[0]
+    assert "1 failed, 1 passed" in proc.stdout
+
+
 def test_a_failed_revert_exits_4(tmp_path):
     proc = run_suite(tmp_path, """
         @pytest.fixture
