@@ -315,6 +315,7 @@ class Router:
             except _Lost as exc:
                 lost_worker, lost_at = exc.args[1], exc.args[2]
                 reason = exc.args[0]
+                log.warning("%s lost on %s: %s", att.id, lost_worker, reason)  # why a request was re-placed
                 if not self.config.reschedule_enabled:
                     yield self._error(request, streamed, f"{reason}; rescheduling is disabled")
                     return
