@@ -90,12 +90,7 @@ class ContinuousLoad:
             return
         run = self._start_load(duration_s=max(self.run_s, needed_s + 5.0), max_tokens=32)
         self.runs.append(run)
-        deadline = time.monotonic() + SERVING_TIMEOUT_S
-        while not (run.records_path.exists() and run.records_path.stat().st_size > 0):  # a request completed
-            if not run.running or time.monotonic() > deadline:
-                raise ProbeError(f"load run {len(self.runs)} served no request within {SERVING_TIMEOUT_S:.0f} s",
-                                 fix=f"see the Locust log: {run.log_path}")
-            time.sleep(POLL_S)
+        _wait_serving(run, f"load run {len(self.runs)}")
         # its clock started at least one request ago, so this end estimate errs early
         self.ends_at = time.monotonic() + run.profile.duration_s - 1.0
 
@@ -238,11 +233,12 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
     conformance.add_timeline(merge_timeline(faults=faults.records, records=records, failed_requests_only=True))
 
 
-def _wait_serving(run: Any) -> None:
+def _wait_serving(run: Any, what: str = "the load") -> None:
+    """Until ``run`` completed a request (its records file has a line)."""
     deadline = time.monotonic() + SERVING_TIMEOUT_S
-    while not (run.records_path.exists() and run.records_path.stat().st_size > 0):  # a request completed
+    while not (run.records_path.exists() and run.records_path.stat().st_size > 0):
         if not run.running or time.monotonic() > deadline:
-            raise ProbeError(f"the load served no request within {SERVING_TIMEOUT_S:.0f} s",
+            raise ProbeError(f"{what} served no request within {SERVING_TIMEOUT_S:.0f} s",
                              fix=f"check the cluster answers; see the Locust log: {run.log_path}")
         time.sleep(POLL_S)
 
