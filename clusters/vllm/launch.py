@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -301,6 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     venv = args.venv.absolute()
     model_dir = (args.model_dir or REPO / ".vllm-model" / f"{args.model_preset}-llama").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    # One launcher per run dir (and so per set of fixed ports): a second one would take over the first's
+    # ports as they come up and delete its pid files. Held until this process exits.
+    lock = open(run_dir / "launcher.lock", "a+")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        log(f"error: another launcher (pid {lock.read().strip() or '?'}) already runs in {run_dir}: stop it "
+            f"first (its ports are {PORTS[args.mode]}), or give this one another --run-dir and ports")
+        return 3
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
     shutil.rmtree(run_dir / "kv-store", ignore_errors=True)
     for stale in [*run_dir.glob("*.pid"), *(args.ready_file and [args.ready_file] or [])]:
         stale.unlink(missing_ok=True)

@@ -103,6 +103,13 @@ def vllm_cluster(request, require_vllm, tmp_path_factory):
         assert not left, f"the launcher left processes behind after SIGTERM: {left}"
 
 
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def pgrep(pattern: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 import subprocess
@@ -86,3 +87,18 @@ def test_a_taken_port_is_named_before_any_vllm_starts():
         with pytest.raises(LaunchError, match=f"port {port} \\(vllm-0\\) is not free"):
             check_ports_free({"vllm-0": port})
     check_ports_free({"vllm-0": port})  # free again: no error
+
+
+def test_a_second_launcher_in_the_same_run_dir_is_refused(tmp_path):
+    """Two launchers on the same fixed ports would serve from each other's processes (seen on a shared host)."""
+    with open(tmp_path / "launcher.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        (tmp_path / "vllm-0.pid").write_text("4243\n")
+        out = subprocess.run([sys.executable, "-m", "clusters.vllm.launch", "agg", "--run-dir", str(tmp_path),
+                              "--venv", str(tmp_path / "none")], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "another launcher (pid 4242) already runs" in out.stdout
+    assert (tmp_path / "vllm-0.pid").read_text() == "4243\n"  # the running launcher's files are left alone

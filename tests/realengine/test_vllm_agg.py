@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.realengine.conftest import pgrep, scrape, stream_chat, stream_chat_outcome
+from tests.realengine.conftest import healthy, pgrep, scrape, stream_chat, stream_chat_outcome
 
 pytestmark = pytest.mark.slow
 VLLM_MODE = "agg"
@@ -60,13 +60,6 @@ def _successes(metrics_url: str) -> float:
     return sum(v for k, v in scrape(metrics_url).items() if k.startswith("vllm:request_success_total{"))
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _running(metrics_url: str) -> float:
     return sum(v for k, v in scrape(metrics_url).items() if k.startswith("vllm:num_requests_running{"))
 
@@ -101,7 +94,7 @@ def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vl
     assert all(o.completion_tokens == 4 or o.error for o in outcomes), outcomes
     assert any(o.error is None for o in outcomes), outcomes  # the healthy instance kept serving
     deadline = time.monotonic() + 600
-    while not (pgrep(worker["process"]["pgrep"]) not in ([], [engine]) and _healthy(worker["health"])):
+    while not (pgrep(worker["process"]["pgrep"]) not in ([], [engine]) and healthy(worker["health"])):
         assert time.monotonic() < deadline, "vllm-0 did not come back:\n" + vllm_cluster.launcher_log()[-3000:]
         time.sleep(2)
     assert "vllm-0 (pid" in vllm_cluster.launcher_log() and "exited with code 0" in vllm_cluster.launcher_log()

@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import pytest
 
-from tests.realengine.conftest import scrape, stream_chat
+from tests.realengine.conftest import healthy, pgrep, scrape, stream_chat, stream_chat_outcome
 
 pytestmark = pytest.mark.slow
 VLLM_MODE = "pd"
@@ -37,3 +40,21 @@ def test_both_instances_export_vllm_metrics(vllm_cluster):
     for worker in vllm_cluster.spec["workers"]:
         samples = scrape(worker["metrics"])
         assert any(k.startswith("vllm:kv_cache_usage_perc") for k in samples), worker["name"]
+
+
+def test_a_killed_decode_instance_fails_requests_clearly_then_comes_back_and_kv_moves_again(vllm_cluster):
+    decode = vllm_cluster.worker("decode-0")
+    [engine] = pgrep(decode["process"]["pgrep"])
+    subprocess.run(["kill", "-KILL", str(engine)], check=True)
+    # With the only decode down, the router answers every request with an error (HTTP 500 naming the
+    # decode URL once its API server is gone, or an error event before): none hangs, none is cut.
+    deadline = time.monotonic() + 600
+    while not (pgrep(decode["process"]["pgrep"]) not in ([], [engine]) and healthy(decode["health"])):
+        outcome = stream_chat_outcome(vllm_cluster.api, vllm_cluster.spec["model"], "decode is down", 4)
+        assert outcome.error or outcome.completion_tokens == 4, outcome
+        assert time.monotonic() < deadline, "decode-0 did not come back:\n" + vllm_cluster.launcher_log()[-3000:]
+        time.sleep(2)
+    moved_before = _by_source(decode["metrics"], "external_kv_transfer")  # a new process: counters restart
+    prompt = "after the restart: " + " ".join(f"alpha beta gamma {j}" for j in range(40))
+    stream_chat(vllm_cluster.api, vllm_cluster.spec["model"], prompt, 8)
+    assert _by_source(decode["metrics"], "external_kv_transfer") - moved_before >= 32 * 5
