@@ -241,7 +241,12 @@ class Worker(_Model):
     health: Url | None = _fix("write e.g. `health: http://10.0.0.5:8101/health` (GET -> 200 when healthy)",
                               default=None)
     metrics: Url | None = _fix("write e.g. `metrics: http://10.0.0.5:8101/metrics`", default=None)
-    process: ProcessLocator | None = _fix('write e.g. `process: {pgrep: "api_server.*--port 8101"}`', default=None)
+    process: ProcessLocator | None = _fix('write e.g. `process: {pgrep: "api_server.*--port 8101"}`',
+                                          "the worker's process: what a kill ends", default=None)
+    hang_process: ProcessLocator | None = _fix('write e.g. `hang_process: {pgrep: "^vllm-0::EngineCore"}`',
+                                               "the process a hang stops (default: process), e.g. the engine "
+                                               "loop behind an API server that keeps answering /health",
+                                               default=None)
     restart: Restart | None = _fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`', default=None)
     supervised: bool = _fix("write `supervised: true` when a service manager restarts it", default=False)
 

@@ -62,12 +62,13 @@ def describe_plan(workers: Sequence[Any], steps: Sequence[tuple[str, str]], hang
                              for w in names if w.restartable)
             lines.append(f"kill -s KILL <pid> of one {role} worker ({how}); hold {observe_s:.0f} s; back: {back}")
         else:
+            how = "; ".join(f"{w.name} on {w.host}: {_locator(w, 'hang_process')}" for w in names)
             lines.append(f"kill -s STOP <pid> of one {role} worker ({how}); hold {hang_s:.0f} s; kill -s CONT <pid>")
     return lines
 
 
-def _locator(w: Any) -> str:
-    p = w.process
+def _locator(w: Any, which: str = "process") -> str:
+    p = (w.hang_process if which == "hang_process" else None) or w.process
     if p is None:
         return "no process: entry"
     return (f"pgrep -f {p.pgrep!r}" if p.pgrep else f"cat {p.pid_file}" if p.pid_file
@@ -85,7 +86,8 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
         specs = [w for w in cluster.workers if str(w.role) == role
                  and (kind == "process_hang" or w.restartable)]
         spec = random.Random(seed + i).choice(specs)
-        target: InventoryWorker = resolve([spec], executor_for)[0]
+        target: InventoryWorker = resolve([spec], executor_for,
+                                          which="process" if kind == "process_kill" else "hang_process")[0]
         fault_role = role if role in ("prefill", "decode") else None
         if kind == "process_kill":
             fault = ProcessKill.from_worker(target.as_target(), restart_cmd=target.restart_cmd,

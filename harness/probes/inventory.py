@@ -53,10 +53,11 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
 
 
-def locate_pid(worker: Any, ex: Executor) -> int:
-    """The pid of ``worker``'s process on its host, found as its ``process:`` entry says."""
+def locate_pid(worker: Any, ex: Executor, *, which: str = "process") -> int:
+    """The pid of ``worker``'s process on its host, found as its ``process:`` entry says
+    (``which="hang_process"``: the process a hang stops, that entry when given, else ``process:``)."""
     name = _field(worker, "name")
-    proc = _field(worker, "process")
+    proc = (_field(worker, "hang_process") if which == "hang_process" else None) or _field(worker, "process")
     if proc is None:
         raise ConfigError(f"worker {name!r} has no `process:` entry, so its process cannot be found",
                           fix=f"add `process: {{pgrep: PATTERN}}` (or pid_file / systemd_unit) to worker {name!r}")
@@ -105,8 +106,10 @@ def is_healthy(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def resolve(workers: Iterable[Any], executor_for: Callable[[str | None], Executor]) -> list[InventoryWorker]:
-    """Every inventory worker with its current pid (raises naming the worker that cannot be found)."""
+def resolve(workers: Iterable[Any], executor_for: Callable[[str | None], Executor], *,
+            which: str = "process") -> list[InventoryWorker]:
+    """Every inventory worker with its current pid (raises naming the worker that cannot be found);
+    ``which="hang_process"``: the pid a hang stops."""
     out = []
     for w in workers:
         host = str(_field(w, "host") or "localhost")
@@ -114,7 +117,7 @@ def resolve(workers: Iterable[Any], executor_for: Callable[[str | None], Executo
         command = _field(restart, "command") if restart is not None else None
         out.append(InventoryWorker(
             id=str(_field(w, "name")), role=str(_field(w, "role")), host=host,
-            pid=locate_pid(w, executor_for(host)), api=str(_field(w, "api")), health_url=health_url(w),
+            pid=locate_pid(w, executor_for(host), which=which), api=str(_field(w, "api")), health_url=health_url(w),
             supervised=bool(_field(w, "supervised", False)),
             restart_cmd=("sh", "-c", str(command)) if command else None))
     return out

@@ -27,3 +27,13 @@ def test_the_dry_run_says_how_each_worker_is_found_held_and_brought_back():
     assert "pgrep -f '^vllm-0::EngineCore'" in lines[0] and "hold 5 s" in lines[0]
     assert "vllm-0: supervised" in lines[0] and "vllm-1: run `systemctl restart vllm-1`" in lines[0]
     assert lines[1].startswith("kill -s STOP <pid>") and "hold 8 s; kill -s CONT <pid>" in lines[1]
+
+
+def test_a_hang_stops_the_hang_process_when_the_worker_names_one():
+    """vLLM: a kill ends the API server (pid file), a hang stops the EngineCore behind it (whose
+    /health the API server keeps answering)."""
+    w = worker("vllm-0", "aggregated", supervised=True, process={"pid_file": "/tmp/vllm-0.pid"},
+               hang_process={"pgrep": "^vllm-0::EngineCore"})
+    kill, hang = describe_plan([w], plan([w], 1), hang_s=8.0, observe_s=5.0)
+    assert "cat /tmp/vllm-0.pid" in kill and "EngineCore" not in kill
+    assert "pgrep -f '^vllm-0::EngineCore'" in hang

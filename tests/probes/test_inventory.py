@@ -99,3 +99,13 @@ def test_a_supervised_worker_killed_comes_back_healthy(tmp_path):
     finally:
         os.killpg(supervisor.pid, signal.SIGKILL)  # the loop and the server it runs now
         supervisor.wait()
+
+
+def test_hang_process_is_found_by_its_own_locator_else_by_process(sleepers, tmp_path):
+    api, engine = f"api-{uuid.uuid4().hex}", f"engine-{uuid.uuid4().hex}"
+    p_api, p_engine = sleepers(api), sleepers(engine)
+    ex = LocalExecutor()
+    both = {"name": "w0", "process": {"pgrep": api}, "hang_process": {"pgrep": engine}}
+    assert locate_pid(both, ex) == p_api.pid
+    assert locate_pid(both, ex, which="hang_process") == p_engine.pid
+    assert locate_pid({"name": "w0", "process": {"pgrep": api}}, ex, which="hang_process") == p_api.pid

@@ -35,14 +35,14 @@ def test_each_worker_exports_vllm_metrics_and_the_router_its_own(vllm_cluster):
 
 def test_each_process_pattern_names_exactly_one_engine_core(vllm_cluster):
     for worker in vllm_cluster.spec["workers"]:
-        pids = pgrep(worker["process"]["pgrep"])
+        pids = pgrep(worker["hang_process"]["pgrep"])
         assert pids == [vllm_cluster.ready["instances"][worker["name"]]["engine_pid"]], (worker, pids)
 
 
 def test_a_stopped_engine_core_keeps_health_200_while_its_requests_stall(vllm_cluster):
     """Why 6.1.4 judges a hang by the stall clients see: vLLM's /health does not notice a stopped engine."""
     worker = vllm_cluster.worker("vllm-1")
-    [engine] = pgrep(worker["process"]["pgrep"])
+    [engine] = pgrep(worker["hang_process"]["pgrep"])
     body = {"model": vllm_cluster.spec["model"], "prompt": "stalled", "max_tokens": 4}
     os.kill(engine, signal.SIGSTOP)
     try:
@@ -66,7 +66,7 @@ def _running(metrics_url: str) -> float:
 
 def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vllm_cluster):
     worker = vllm_cluster.worker("vllm-0")
-    [engine] = pgrep(worker["process"]["pgrep"])
+    [engine] = pgrep(worker["hang_process"]["pgrep"])
     in_flight: list = []
 
     def stream() -> None:
@@ -94,7 +94,7 @@ def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vl
     assert all(o.completion_tokens == 4 or o.error for o in outcomes), outcomes
     assert any(o.error is None for o in outcomes), outcomes  # the healthy instance kept serving
     deadline = time.monotonic() + 600
-    while not (pgrep(worker["process"]["pgrep"]) not in ([], [engine]) and healthy(worker["health"])):
+    while not (pgrep(worker["hang_process"]["pgrep"]) not in ([], [engine]) and healthy(worker["health"])):
         assert time.monotonic() < deadline, "vllm-0 did not come back:\n" + vllm_cluster.launcher_log()[-3000:]
         time.sleep(2)
     assert "vllm-0 (pid" in vllm_cluster.launcher_log() and "exited with code 0" in vllm_cluster.launcher_log()
