@@ -48,6 +48,10 @@ class MigrationFailed(EngineError):
     """A live migration did not complete; the request keeps running (or is rescheduled)."""
 
 
+class _Finished(Exception):
+    """The request finished on its source while the migration was being set up."""
+
+
 @dataclass
 class MigrationState:
     attempt_id: str
@@ -96,11 +100,13 @@ class MigrationManager:
                 _resolve(state.ready, error)
                 _resolve(state.done, error)
 
-    def cancel(self, att: "_Attempt") -> None:
-        """The attempt ends (finished, aborted, lost) while migrating: fail the migration."""
+    def cancel(self, att: "_Attempt", how: str = "ended") -> None:
+        """The attempt ends while migrating (``how``: finished, was lost: ..., ended): the migration
+        is called off. A request that *finished* was moot to move, not a failed migration."""
         state = self.active.get(att.id)
         if state is not None:
-            error = {"type": "migrate_failed", "error": "the request ended during the migration"}
+            error = {"type": "migrate_failed", "error": f"the request {how} during the migration",
+                     "finished": how == "finished"}
             _resolve(state.ready, error)
             _resolve(state.done, error)
 
@@ -183,6 +189,8 @@ class MigrationManager:
             tgt.send({"type": "migrate_in", "rid": att.id, "request": _request_dict(att), "num_tokens": num_tokens,
                       "generated": list(att.streamed)})
             ready = await asyncio.wait_for(state.ready, timeout)
+            if ready.get("finished"):
+                raise _Finished(ready["error"])
             if ready["type"] != "migrate_ready":
                 raise MigrationFailed(f"target {tgt.id} refused the import: {ready.get('error')}")
             src.send({"type": "migrate_out", "rid": att.id, "num_tokens": num_tokens,
@@ -190,6 +198,8 @@ class MigrationManager:
                       "target_kv": list(tgt.kv_addr),
                       "target_control": list(tgt.control_addr), "transfer": router.config.transfer})
             done = await asyncio.wait_for(state.done, timeout)
+            if done.get("finished"):
+                raise _Finished(done["error"])
             if done["type"] != "migrated":
                 raise MigrationFailed(f"source {src.id} could not migrate {att.id}: {done.get('error')}")
         except asyncio.TimeoutError:
@@ -199,6 +209,15 @@ class MigrationManager:
             att.inbox.put_nowait({"type": "worker_lost", "worker": src.id, "at": time.monotonic(),
                                   "reason": f"migration to {tgt.id} timed out after {timeout:.0f} s"})
             raise self._failed(state, f"no answer within {timeout:.1f} s; the request is rescheduled") from None
+        except _Finished as exc:
+            # the source decoded the request to its end before the handshake was done: nothing left
+            # to move, and nothing failed (the caller asked too late)
+            self._undo_target(att, tgt)
+            self.counters["moot"] = self.counters.get("moot", 0) + 1
+            router.record_event("migration_moot", request_id=state.request_id, source=src.id, target=tgt.id,
+                                reason=reason, total_s=round(time.monotonic() - state.started, 6))
+            raise InvalidRequestError(f"{state.request_id} finished on {src.id} before it could be migrated "
+                                      f"({exc})", param="rid", status=409, code="request_finished") from None
         except MigrationFailed as exc:
             self._undo_target(att, tgt)
             raise self._failed(state, str(exc)) from None

@@ -299,6 +299,7 @@ class Router:
                 self.record_event("reschedule", request_id=request.request_id, from_worker=lost_worker,
                             to_prefill=att.prefill, to_decode=att.decode, resumed_tokens=len(streamed) -
                             len(request.resume_token_ids), since_loss_s=round(time.monotonic() - lost_at, 4))
+            how = "ended"  # how the attempt ended, for a migration in flight (finished / was lost / ended)
             try:
                 first = True
                 async for ev in self._run(att, request, streamed):
@@ -309,12 +310,16 @@ class Router:
                         self.record_event("resumed", request_id=request.request_id, worker=att.decode,
                                     since_loss_s=round(time.monotonic() - lost_at, 4))
                     first = False
-                    yield ev
                     if ev.finished:
+                        how = "finished"
+                        self._release(att, how)  # before the last event leaves: a migration in flight is moot
+                        yield ev
                         return
+                    yield ev
             except _Lost as exc:
                 lost_worker, lost_at = exc.args[1], exc.args[2]
                 reason = exc.args[0]
+                how = f"was lost ({reason})"
                 log.warning("%s lost on %s: %s", att.id, lost_worker, reason)  # why a request was re-placed
                 if not self.config.reschedule_enabled:
                     yield self._error(request, streamed, f"{reason}; rescheduling is disabled")
@@ -324,7 +329,7 @@ class Router:
                     return
                 self.counters["reschedules"] += 1
             finally:
-                self._release(att)
+                self._release(att, how)
             if self.config.reschedule_delay_s:
                 await asyncio.sleep(self.config.reschedule_delay_s)  # sabotage knob, see docs/pd.md
 
@@ -388,10 +393,10 @@ class Router:
         prefill = min(prefills, key=lambda w: (w.queue_depth, w.id))
         return prefill, decode, need
 
-    def _release(self, att: _Attempt) -> None:
+    def _release(self, att: _Attempt, how: str = "ended") -> None:
         if self._attempts.pop(att.id, None) is None:
             return
-        self.resilience.migration.cancel(att)
+        self.resilience.migration.cancel(att, how)
         for wid in (att.prefill, att.decode):
             w = self.workers.get(wid)
             if w is not None and att.id in w.attempts:

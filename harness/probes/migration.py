@@ -15,8 +15,9 @@ outcomes, kept apart because they mean different things:
 * ``refused``: the engine refused or botched it (migration disabled, no target, an error):
   a failed migration, judged against ``failed_migrations``;
 * ``unobservable``: the harness could not catch the stream mid-decode on a known worker (it
-  ended first, or left the source before the request arrived): not the engine's fault, so
-  the suite takes another victim.
+  ended first, or left the source before the request arrived, or finished on the source while
+  the migration was being set up: 409 ``request_finished``): not the engine's fault, so the
+  suite takes another victim.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 OUTCOMES = ("migrated", "refused", "unobservable")
 # admin-API refusals that say the stream was not (or no longer) decoding on the source: the harness
 # asked too late (the stream ended or moved), not a migration the engine failed to do
-NOT_THERE_CODES = frozenset({"nothing_to_migrate"})
+NOT_THERE_CODES = frozenset({"nothing_to_migrate", "request_finished"})
 
 
 @dataclass

@@ -13,6 +13,7 @@ import pytest
 from harness.engine.oracle import greedy_reference
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.topology import Topology
+from harness.probes.migration import ObservedStream
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 pytestmark = pytest.mark.slow
@@ -158,6 +159,15 @@ def test_a_load_ramp_from_idle_is_not_read_as_a_sick_worker():
         assert not [e for e in t.events() if e["type"] == "migration_started"], decisions
 
 
+def _observed(t: Topology, prompt: str, max_tokens: int) -> ObservedStream:
+    """A stream whose chunks name its decode worker (no heartbeat to wait for: a short stream can end
+    within one)."""
+    stream = ObservedStream(t.api_url, CompletionRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True),
+                            after_tokens=8).start()
+    assert stream.wait_ready(60), f"the stream never showed 8 tokens ({stream.tokens})"
+    return stream
+
+
 def test_the_target_of_a_migration_in_flight_dying_does_not_list_the_request_as_its_own():
     """A request migrating from A to B is reserved on B until the switch; if B dies then, the
     request keeps running on A (the migration fails), so B's worker_down must not list it as
@@ -167,8 +177,8 @@ def test_the_target_of_a_migration_in_flight_dying_does_not_list_the_request_as_
 
     with Topology(prefill=1, decode=2, preset=PRESET, router_config={"auto_migrate": False}) as t:
         prompt = "A migration whose target dies:"
-        threads, recs = start_streams(t.api_url, [prompt])
-        source = busy_decode(t)["id"]
+        stream = _observed(t, prompt, 900)
+        source = stream.worker
         target = next(w for w in t.worker_ids("decode") if w != source)
         t.kill(target, _signal.SIGSTOP)  # it will never answer migrate_in
         result: dict = {}
@@ -178,14 +188,40 @@ def test_the_target_of_a_migration_in_flight_dying_does_not_list_the_request_as_
         deadline = time.monotonic() + 30
         while not any(e["type"] == "migration_started" for e in t.events()):
             assert time.monotonic() < deadline, "the migration never started"
-            time.sleep(0.02)  # polling the admin API
+            time.sleep(0.01)  # polling the admin API
         t.kill(target, _signal.SIGKILL)
         asker.join(60)
-        join(threads)
+        rec = stream.join(180)
         events = t.events()
     down = [e for e in events if e["type"] == "worker_down" and e["worker"] == target]
     assert down and down[0]["affected"] == [], down
     assert result["r"].status_code != 200
-    rec = recs[0]
-    assert rec.status == "ok" and rec.token_ids == oracle(prompt, LONG) and rec.served_by == [source]
+    assert rec.status == "ok" and rec.token_ids == oracle(prompt, 900) and rec.served_by == [source]
     assert not [e for e in events if e["type"] == "reschedule"]
+
+
+def test_a_request_that_finishes_while_its_migration_is_set_up_is_moot_not_failed():
+    """Seen under load: the router took long to set a migration up, the source decoded the request
+    to its end meanwhile, and the migration failed with HTTP 500 ("the request ended during the
+    migration"), which item 6.1.2 counted as the engine's failure. Finishing is not failing: 409
+    request_finished, a migration_moot event, and the stream is complete and token-exact."""
+    import signal as _signal
+
+    with Topology(prefill=1, decode=2, preset=PRESET,
+                  router_config={"auto_migrate": False, "heartbeat_timeout_s": 30.0}) as t:
+        prompt = "Finish before you move:"
+        stream = _observed(t, prompt, 60)
+        source = stream.worker
+        target = next(w for w in t.worker_ids("decode") if w != source)
+        t.kill(target, _signal.SIGSTOP)  # migrate_in waits for it while the source decodes to the end
+        try:
+            r = httpx.post(f"{t.api_url}/admin/migrate", json={"source": source, "rid": stream.request_id,
+                                                               "target": target}, timeout=60)
+        finally:
+            t.kill(target, _signal.SIGCONT)
+        rec = stream.join(180)
+        events = t.events()
+    assert r.status_code == 409 and r.json()["error"]["code"] == "request_finished", r.text
+    assert [e for e in events if e["type"] == "migration_moot"] and not [e for e in events
+                                                                       if e["type"] == "migration_failed"]
+    assert rec.status == "ok" and rec.token_ids == oracle(prompt, 60) and rec.served_by == [source]
