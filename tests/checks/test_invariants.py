@@ -63,10 +63,24 @@ def test_failures_need_a_clear_server_error(kw, clear):
     assert (check.failed_clear, len(check.failures_without_error)) == ((1, 0) if clear else (0, 1))
 
 
-def test_no_oracle_or_no_requests_is_inconclusive():
+def test_no_requests_or_an_oracle_that_cannot_check_a_completion_is_inconclusive():
     cl = Checklist.load()
-    assert nothing_lost_verdict(check_history([rec("a")], None), cl).status is Status.INCONCLUSIVE
     assert nothing_lost_verdict(check_history([], fixed_oracle), cl).status is Status.INCONCLUSIVE
+    unknown = nothing_lost_verdict(check_history([rec("a")], lambda r: None), cl)  # e.g. a chat prompt
+    assert unknown.status is Status.INCONCLUSIVE and "no oracle" in unknown.reason
+
+
+def test_an_engine_without_an_oracle_is_judged_on_consistency_and_says_so():
+    """A foreign engine (vLLM...) has no oracle: nothing-lost is still judged (hung requests, silent
+    cuts, completions whose stream disagrees with the server's usage), and the verdict says that
+    wrong tokens with HTTP 200 cannot be seen there."""
+    cl = Checklist.load()
+    ok = nothing_lost_verdict(check_history([rec("a"), rec("b")], None), cl)
+    assert ok.status is Status.PASS and "not checked token by token" in ok.reason
+    assert "cannot be seen" in ok.evidence["oracle"]
+    cut = rec("c", status="stream_error", error_class="IncompleteStream", error_message="no [DONE]")
+    bad = nothing_lost_verdict(check_history([rec("a"), cut], None), cl)
+    assert bad.status is Status.FAIL and bad.evidence["failures_without_error"][0]["request_id"] == "c"
 
 
 def test_oracle_expectation_uses_the_reference_model_and_caches():
