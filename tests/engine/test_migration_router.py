@@ -26,12 +26,30 @@ def oracle(prompt: str, max_tokens: int) -> list[int]:
     return greedy_reference(PRESET, ByteTokenizer().encode(prompt), max_tokens, ignore_eos=True)
 
 
+# worker -> tokens it has streamed so far, per running test stream, from the streams' own chunks
+# (``served_by``): a heartbeat-fed worker table can show a short stream only after it ended
+_STREAMING: dict[int, tuple[str, int]] = {}
+_STREAMING_LOCK = threading.Lock()
+
+
 def start_streams(url: str, prompts: list[str], max_tokens: int = LONG):
     out: list = [None] * len(prompts)
 
     def one(i: int) -> None:
-        with StreamingClient(url, model=PRESET, read_timeout_s=120) as client:
-            out[i] = client.send(CompletionRequest(prompt=prompts[i], max_tokens=max_tokens, ignore_eos=True))
+        key = id(out) * 1000 + i
+
+        def seen(rec, msg) -> None:
+            if isinstance(msg.get("served_by"), str) and rec.chunk_tokens:
+                with _STREAMING_LOCK:
+                    _STREAMING[key] = (msg["served_by"], sum(rec.chunk_tokens))
+
+        try:
+            with StreamingClient(url, model=PRESET, read_timeout_s=120) as client:
+                out[i] = client.send(CompletionRequest(prompt=prompts[i], max_tokens=max_tokens, ignore_eos=True),
+                                     on_message=seen)
+        finally:
+            with _STREAMING_LOCK:
+                _STREAMING.pop(key, None)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -45,13 +63,15 @@ def join(threads) -> None:
         assert not t.is_alive(), "a client request hung"
 
 
-def busy_decode(topo: Topology) -> dict:
-    deadline = time.monotonic() + 30
+def busy_decode(topo: Topology, min_tokens: int = 8) -> dict:
+    """A decode worker streaming one of this test's streams (it has ``min_tokens`` tokens from it)."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        for w in topo.workers():
-            if w["role"] == "decode" and w["active_requests"] > 0 and w["generation_tokens_total"] > 0:
-                return w
-        time.sleep(0.05)  # polling the admin API
+        with _STREAMING_LOCK:
+            busy = [w for w, n in _STREAMING.values() if n >= min_tokens and w.startswith("decode")]
+        if busy:
+            return {"id": busy[0]}
+        time.sleep(0.005)  # the streams' threads fill _STREAMING
     raise AssertionError("no decode worker started streaming")
 
 
