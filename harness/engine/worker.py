@@ -2,7 +2,9 @@
 
 One EngineCore runs in a dedicated engine thread (the core is single-threaded); the main thread
 runs asyncio for the control connection to the router (register, heartbeats every second,
-commands down, tokens and transfer reports up). A decode worker also listens for KV on its
+commands down, tokens and transfer reports up, and a small progress beat every
+``progress_interval_s`` carrying the engine's step counter: the router declares a worker that
+serves requests and goes silent ``no_progress``, which catches a SIGSTOP within a second). A decode worker also listens for KV on its
 fabric address (primary path) and on its control address (fallback path); the receiver's
 threads hand verified layers to the engine thread through its command queue. A prefill worker
 runs ``prefill_for_transfer`` for one queued request at a time and streams each layer to the
@@ -83,6 +85,7 @@ class PDWorker:
         self._thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
         self._stop: asyncio.Event | None = None
         self.engine_failed = False
+        self.steps = 0  # engine steps and prefill layers done (progress beats carry it)
 
     # -- engine thread
     def _engine_loop(self) -> None:
@@ -119,6 +122,7 @@ class PDWorker:
                 self._run_prefill(self._jobs.popleft())
             elif self.core.has_work():
                 events = self.core.step()
+                self.steps += 1
                 # e.g. a request waiting for an HBM fill's release: idle instead of spinning a core
                 stalled = not events and not self.core.scheduler.running
                 for ev in events:
@@ -156,7 +160,7 @@ class PDWorker:
         self._senders[rid] = sender
         t0 = time.perf_counter()
         try:
-            result = self.core.prefill_for_transfer(_request(job), on_layer=sender.send_layer)
+            result = self.core.prefill_for_transfer(_request(job), on_layer=lambda *a: self._layer_done(sender, *a))
         except Exception as exc:
             sender.cancel()
             self._senders.pop(rid, None)
@@ -164,6 +168,10 @@ class PDWorker:
             return
         self._finisher.submit(self._finish_transfer, rid, sender, result.first_token_id,
                               time.perf_counter() - t0)
+
+    def _layer_done(self, sender: KVSender, *layer) -> None:
+        self.steps += 1
+        sender.send_layer(*layer)
 
     def _finish_transfer(self, rid: str, sender: KVSender, first_token_id: int, prefill_s: float) -> None:
         try:
@@ -339,6 +347,7 @@ class PDWorker:
             await asyncio.sleep(0.5)
             return
         interval = float(welcome["heartbeat_interval_s"])
+        progress_interval = float(welcome.get("progress_interval_s", 0))
         log.info("registered with the router as %s", self.id)
 
         async def heartbeats() -> None:
@@ -347,6 +356,13 @@ class PDWorker:
                                          "transfer": self.transfer_stats.snapshot(),
                                          "queue_depth": len(self._jobs) + len(self._senders)}))
                 await asyncio.sleep(interval)
+
+        async def progress() -> None:
+            # From this event loop, not the engine thread: it runs while the engine is deep in a
+            # long step, so only a stopped (or wedged) process goes silent.
+            while progress_interval:
+                writer.write(encode_msg({"type": "progress", "steps": self.steps}))
+                await asyncio.sleep(progress_interval)
 
         async def pump_outbox() -> None:
             while True:
@@ -357,9 +373,9 @@ class PDWorker:
             while (msg := await read_msg(reader)) is not None:
                 self._on_command(msg)
 
-        tasks = [asyncio.ensure_future(t) for t in (heartbeats(), pump_outbox(), commands())]
+        tasks = [asyncio.ensure_future(t) for t in (commands(), heartbeats(), pump_outbox(), progress())]
         try:
-            await asyncio.wait([tasks[2], stopper], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([tasks[0], stopper], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in tasks:
                 t.cancel()

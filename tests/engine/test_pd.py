@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from harness.engine.oracle import greedy_reference
+from harness.engine.router import RouterConfig
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.topology import Topology
 from harness.probes.streaming import CompletionRequest, StreamingClient
@@ -123,20 +124,21 @@ def test_sigkill_decode_while_streaming_resumes_token_exact(healthy):
     assert {e["type"] for e in events} >= {"reschedule", "resumed"}
 
 
-def test_sigkill_prefill_sends_its_queued_requests_elsewhere(healthy):
-    healthy.kill("prefill-0", signal.SIGSTOP)  # its queue can only grow until it is killed
-    prompts = [f"Queued prompt {i} " * 20 for i in range(6)]
-    threads, recs = send_all(healthy.api_url, [request(p, 8) for p in prompts])
-    wait_for(lambda: worker(healthy, "prefill-0")["queue_depth"] >= 1, what="requests queued on prefill-0")
+def test_hung_prefill_sends_its_queued_requests_elsewhere(healthy):
     since = max((e["seq"] for e in healthy.events()), default=0)
-    healthy.kill("prefill-0", signal.SIGKILL)
-    join(threads)
+    healthy.kill("prefill-0", signal.SIGSTOP)  # its queue can only grow until it is declared hung
+    try:
+        prompts = [f"Queued prompt {i} " * 20 for i in range(6)]
+        threads, recs = send_all(healthy.api_url, [request(p, 8) for p in prompts])
+        join(threads)
+    finally:
+        healthy.kill("prefill-0", signal.SIGKILL)
     for p, rec in zip(prompts, recs):
         assert_exact(rec, p, 8)
     events = healthy.events(since)
     down = next(e for e in events if e["type"] == "worker_down" and e["worker"] == "prefill-0")
     moved = [e for e in events if e["type"] == "reschedule" and e["from_worker"] == "prefill-0"]
-    assert down["affected"] and len(moved) == len(down["affected"])
+    assert down["reason"] == "no_progress" and down["affected"] and len(moved) == len(down["affected"])
     assert all(e["to_prefill"] == "prefill-1" for e in moved)
 
 
@@ -146,11 +148,14 @@ def test_sigstop_is_detected_routed_around_and_rejoins_after_sigcont(healthy):
                     what="a decode worker streaming")
     victim = busy[0]["id"]
     since = max((e["seq"] for e in healthy.events()), default=0)
+    stopped_at = time.monotonic()  # the router shares this clock
     healthy.kill(victim, signal.SIGSTOP)
     try:
         down = wait_for(lambda: [e for e in healthy.events(since) if e["type"] == "worker_down"],
                         what="the hang to be detected")[0]
-        assert (down["worker"], down["reason"]) == (victim, "heartbeat_timeout")
+        # progress beats stopped: declared hung before the heartbeat timeout would have noticed
+        assert (down["worker"], down["reason"]) == (victim, "no_progress")
+        assert down["monotonic"] - stopped_at < RouterConfig().heartbeat_timeout_s
         rec = StreamingClient(healthy.api_url, model=PRESET).send(request("routed around", 6))
         assert_exact(rec, "routed around", 6)
         assert rec.served_by != [victim]
