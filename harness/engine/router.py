@@ -38,7 +38,7 @@ from harness.engine.health import HealthConfig
 from harness.engine.resilience import ResilienceControl
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.transfer import TransferConfig, config_from_dict
+from harness.engine.transfer_config import TransferConfig, config_from_dict
 from harness.errors import ConfigError, EngineError, InvalidRequestError
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -255,3 +257,15 @@ def test_router_config_validation():
         RouterConfig(reschedule_delay_s=-1)
     with pytest.raises(Exception, match="hang_timeout_s"):
         RouterConfig(progress_interval_s=0.5, hang_timeout_s=0.8)
+
+
+def test_router_process_does_not_import_torch():
+    """The router only routes: importing torch cost it seconds of start-up and ~200 MiB it never used."""
+    code = ("import sys, harness.engine.router_server as rs\n"
+            "from harness.engine.api import build_app\n"
+            "from harness.engine.router import Router, RouterConfig\n"
+            "router = Router('tiny', RouterConfig.from_dict({'transfer': {'mode': 'whole'}}))\n"
+            "build_app(router, extra_routers=[rs.admin_api(router)])\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
