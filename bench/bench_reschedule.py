@@ -178,7 +178,7 @@ def main() -> None:
         table(f"{len(hangs)} hangs (SIGSTOP)", hangs, base)
     if args.quiet_s > 0:
         print(f"\nfalse alarms: {len(false_alarms)} worker_down in {args.quiet_s:.0f} s of load with "
-              f"{args.burners} CPU burners and no fault {[(e['worker'], e['reason']) for e in false_alarms]}")
+              f"{args.burners} CPU burners and no fault {false_alarms}")
     print(f"streams completed {outcomes['ok']}, failed {outcomes['failed']}")
 
 

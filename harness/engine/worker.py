@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import gc
 import json
 import logging
 import os
@@ -412,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = json.loads(args.engine_json)
     config = EngineConfig(preset=args.preset, name=args.id, **overrides)
     worker = PDWorker(args.id, args.role, config)
+    # torch and the model are a large object graph that lives as long as the process: out of the
+    # collector's sight, a full collection no longer walks it (one stalled a loaded worker's
+    # progress beats long enough to be declared hung)
+    gc.freeze()
     return asyncio.run(worker.serve(args.router, args.kv_host, args.control_host, grace_s=args.router_grace_s,
                                     parent_pid=args.parent_pid, kv_port=args.kv_port))
 
