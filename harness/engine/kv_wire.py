@@ -75,7 +75,9 @@ class Frame:
     layer_end: int = 0
     dtype: torch.dtype = torch.uint8
     shape: tuple[int, ...] = (0,)
-    payload: bytes | bytearray | memoryview = b""  # raw (uncompressed) bytes
+    # raw (uncompressed) bytes, or a list of parts sent back to back (scatter-gather: the sender
+    # hands each layer's K and V tensors' own memory, with no staging copy)
+    payload: bytes | bytearray | memoryview | list = b""
     aux: int = 0
     buffer: torch.Tensor | None = None  # pooled memory under ``payload``, given back when consumed
 
@@ -142,18 +144,31 @@ def host_buffer(shape: tuple[int, ...], dtype: torch.dtype,
 
 
 def encode_frame(frame: Frame, compressor: zstandard.ZstdCompressor | None = None) -> tuple[bytes, bytes]:
-    """Return (header, wire payload); the header ends with the crc32c of itself."""
+    """Return (header, wire payload); the header ends with the crc32c of itself. A payload given
+    as a list of parts stays a list (``send_frame`` sends them in order) unless compressed."""
     raw = frame.payload
     wire, flags = raw, 0
-    if compressor is not None and raw:
-        wire, flags = compressor.compress(raw), FLAG_ZSTD
+    if compressor is not None and payload_len(raw):
+        wire, flags = compressor.compress(b"".join(raw) if isinstance(raw, list) else raw), FLAG_ZSTD
     rid = frame.request_id.encode()
     if len(rid) > _MAX_RID_BYTES:
         raise KVIntegrityError(f"request id is {len(rid)} bytes; at most {_MAX_RID_BYTES} fit in a frame")
     head = _FIXED.pack(MAGIC, VERSION, int(frame.kind), flags, _DTYPE_CODES[frame.dtype], len(frame.shape), 0,
-                       frame.layer_start, frame.layer_end, len(rid), len(wire), len(raw), frame.aux)
+                       frame.layer_start, frame.layer_end, len(rid), payload_len(wire), payload_len(raw), frame.aux)
     head += struct.pack(f"!{len(frame.shape)}I", *frame.shape) + rid
     return head + _U32.pack(crc32c.crc32c(head)), wire
+
+
+def payload_len(payload) -> int:
+    return sum(map(len, payload)) if isinstance(payload, list) else len(payload)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a CPU tensor, without a copy when it is contiguous (any dtype, bfloat16 too)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def _recv_exact(sock: socket.socket, n: int, *, at_boundary: bool = False) -> bytearray | None:
@@ -246,18 +261,37 @@ def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_c
     return Frame(kind, rid, ls, le, dtype, shape, payload, aux, buffer)
 
 
-def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memoryview,
+def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memoryview | list,
                crc: int | None = None) -> int:
-    """Send header, payload and the payload's crc32c trailer, checksumming each slice just before
-    it is sent (one pass over memory); ``crc`` overrides the trailer (the corruption fault hook)."""
-    sock.sendall(head)
-    view, running = memoryview(wire), 0
-    for off in range(0, len(view), _SEND_SLICE):
-        piece = view[off:off + _SEND_SLICE]
+    """Send header, payload (one buffer or a list of parts) and the payload's crc32c trailer,
+    checksumming each slice just before it is sent (one pass over memory, no copy); ``crc``
+    overrides the trailer (the corruption fault hook). Header and trailer ride with the first
+    and last slice in one ``sendmsg`` each, so a small frame costs one or two system calls."""
+    parts = wire if isinstance(wire, list) else [wire]
+    slices = [v[off:off + _SEND_SLICE] for v in map(memoryview, parts) for off in range(0, len(v), _SEND_SLICE)]
+    running = 0
+    pending: list = [head]
+    for piece in slices:
         running = crc32c.crc32c(piece, running)
-        sock.sendall(piece)
-    sock.sendall(_U32.pack(running if crc is None else crc))
-    return len(head) + len(wire) + _U32.size
+        pending.append(piece)
+        if len(pending) > 1 and sum(map(len, pending)) >= _SEND_SLICE:
+            _sendmsg_all(sock, pending)
+            pending = []
+    pending.append(_U32.pack(running if crc is None else crc))
+    _sendmsg_all(sock, pending)
+    return len(head) + payload_len(parts) + _U32.size
+
+
+def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
+    """``sendall`` for a list of buffers (gather write): resumes after a partial send."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 class TransferStats:
