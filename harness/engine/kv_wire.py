@@ -23,6 +23,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import crc32c
 import torch
@@ -80,6 +81,7 @@ class Frame:
     payload: bytes | bytearray | memoryview | list = b""
     aux: int = 0
     buffer: torch.Tensor | None = None  # pooled memory under ``payload``, given back when consumed
+    landed: bool = False  # DATA whose verified payload went straight to its destination (``read_frame``)
 
     @classmethod
     def from_tensor(cls, request_id: str, layer_start: int, kv: torch.Tensor) -> "Frame":
@@ -200,9 +202,13 @@ def _recv_payload(sock: socket.socket, n: int, buf: torch.Tensor | None) -> tupl
     return view, crc
 
 
-def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: BufferPool | None = None) -> Frame | None:
+def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: BufferPool | None = None,
+               into: Callable | None = None) -> Frame | None:
     """Read and verify one frame; None on a clean end of stream between frames. With ``pool``,
-    the payload lands in a pooled buffer (``frame.buffer``) that the caller gives back."""
+    the payload lands in a pooled buffer (``frame.buffer``) that the caller gives back. With
+    ``into``, an uncompressed DATA frame asks ``into(rid, layer_start, layer_end, dtype, shape,
+    nbytes)`` for its destination once the header verified: (views, done) receives the payload
+    straight into the views, in order, and calls ``done(crc_ok)``; the frame returns ``landed``."""
     fixed = _recv_exact(sock, _FIXED.size, at_boundary=True)
     if fixed is None:
         return None
@@ -220,6 +226,11 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
                                 reason="too_large", in_sync=False)
     shape = struct.unpack(f"!{ndim}I", bytes(var[:4 * ndim]))
     rid = bytes(var[4 * ndim:4 * ndim + rid_len]).decode(errors="replace")
+    if into is not None and kind == FrameKind.DATA and not flags & FLAG_ZSTD and dtype_code in _DTYPES \
+            and wire_len == raw_len:
+        landing = into(rid, ls, le, _DTYPES[dtype_code], shape, raw_len)
+        if landing is not None:
+            return _land(sock, landing, rid, ls, le, _DTYPES[dtype_code], shape, wire_len, aux)
     buffer = pool.take(wire_len) if pool is not None else None
     try:
         payload, crc = _recv_payload(sock, wire_len, buffer)
@@ -237,6 +248,37 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
     if buffer is not None and frame.buffer is None:
         pool.give(buffer)
     return frame
+
+
+def _land(sock: socket.socket, landing: tuple[list[memoryview], Callable[[bool], None]], rid: str, ls: int,
+          le: int, dtype: torch.dtype, shape: tuple[int, ...], n: int, aux: int) -> Frame:
+    views, done = landing
+    ok = False
+    try:
+        crc, i, off, left = 0, 0, 0, n
+        # about 256 KiB of views per call: one read rarely returns more, and a longer list is
+        # rebuilt for nothing on every call
+        batch = max(1, min(256, (256 << 10) // max(1, len(views[0]))))
+        while left:
+            got = sock.recvmsg_into([views[i][off:], *views[i + 1:i + batch]])[0]
+            if got == 0:
+                raise TruncatedFrameError(f"connection closed after {n - left} of {n} payload bytes")
+            left -= got
+            while got:  # checksum what landed, view by view, while it is still in cache
+                take = min(got, len(views[i]) - off)
+                crc = crc32c.crc32c(views[i][off:off + take], crc)
+                got -= take
+                off += take
+                if off == len(views[i]):
+                    i, off = i + 1, 0
+        (payload_crc,) = _U32.unpack(_recv_exact(sock, _U32.size))
+        ok = crc == payload_crc
+    finally:
+        done(ok)
+    if not ok:
+        raise CorruptFrameError(f"payload crc32c mismatch in DATA frame of {rid} layers {ls}-{le}",
+                                reason="crc", in_sync=True)
+    return Frame(FrameKind.DATA, rid, ls, le, dtype, shape, b"", aux, landed=True)
 
 
 def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_crc, raw_len, aux, buffer) -> Frame:

@@ -39,6 +39,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, ImportHandle
 from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.router import encode_msg, read_msg
+from harness.engine.kv_landing import ImportLanding
 from harness.engine.worker_faults import WorkerFaults, kv_block_faults, kv_used_ratio
 from harness.engine.worker_migration import LiveMigration
 from harness.engine.worker_stats import RecentWindow
@@ -76,6 +77,7 @@ class PDWorker:
         self._corrupt_frames = 0                      # fault hook (admin API)
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
         self.faults = WorkerFaults(self.core)
+        self.landing = ImportLanding(self.core, self._cmds.put)  # KV frames land in the import's blocks
         self.migration = LiveMigration(self)
         self.window = RecentWindow()
         self._stats_cache: dict = self._stats()
@@ -194,6 +196,7 @@ class PDWorker:
             self.publish({"type": "import_failed", "rid": req.request_id, "error": str(exc)})
             return
         self._imports[req.request_id] = handle
+        self.landing.register(req.request_id, handle)
         self._layouts[req.request_id] = KVLayout(self.model.n_layers, n, self.model.n_kv_heads, self.model.head_dim,
                                                  self.core.pool.storage.dtype)
         self.publish({"type": "import_ready", "rid": req.request_id})
@@ -213,6 +216,7 @@ class PDWorker:
         handle = self._imports.pop(rid, None)
         if handle is None:
             return
+        self.landing.release(rid, handle)  # kv_complete waited until nothing lands in it
         try:
             self.core.commit_import(handle, first_token_id)
         except HarnessError as exc:
@@ -231,7 +235,8 @@ class PDWorker:
             self._layouts.pop(rid, None)
             if self.receiver:
                 self.receiver.forget(rid)
-            self.core.cancel_import(handle)
+            if self.landing.release(rid, handle):  # else the landing in flight frees it when done
+                self.core.cancel_import(handle)
         self.core.abort(rid)
 
     def _reset(self) -> None:
@@ -247,7 +252,11 @@ class PDWorker:
     def kv_write(self, rid: str, layer_start: int, kv, release) -> None:
         self._cmds.put(lambda: self._write(rid, layer_start, kv, release))
 
+    def kv_recv_into(self, rid: str, layer_start: int, layer_end: int, nbytes: int):
+        return self.landing.take(rid, layer_start, layer_end, nbytes)
+
     def kv_complete(self, rid: str, first_token_id: int, tokens: list[int] | None = None) -> None:
+        self.landing.wait_idle(rid)  # a duplicate frame may still be landing on another connection
         try:
             self.migration.check_complete(rid, first_token_id, tokens)
         except HarnessError:
