@@ -148,8 +148,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"use one of {sorted(DTYPES)}")
+        if self.dtype is not None and self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"use one of {sorted(DTYPE_BYTES)}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"unknown device {self.device!r}", fix="use auto, cpu or cuda[:N]")
         for f in ("kv_budget_bytes", "block_size", "max_batch", "max_prefill_tokens", "spec_num_tokens",
