@@ -2,8 +2,9 @@
 
 For each size (tokens of context) this builds the KV of one request with the shape of a model
 preset ([layers, 2, tokens, kv_heads, head_dim]), sends it with KVSender to a KVReceiver whose
-sink copies every verified layer into a preallocated cache tensor, and times it from the first
-layer handed over to the receiver's commit. The baseline in the same run: one ``sendall`` of
+sink is a decode worker's block pool: frames land straight in the request's reserved blocks
+(kv_landing.py, as a worker does), and times it from the first layer handed over to the
+receiver's commit. The sender reuses its connection across transfers, as a prefill worker does. The baseline in the same run: one ``sendall`` of
 the same number of bytes over a fresh TCP connection to a ``recv_into`` loop, timed to the
 receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
 
@@ -22,34 +23,49 @@ import time
 import torch
 
 from harness.engine.config import ModelConfig
+from harness.engine.kv_cache import KVBlockPool
+from harness.engine.kv_landing import block_views
 from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)
 
 
 class CacheSink:
-    """Copies verified layers into a preallocated tensor, as a decode worker writes its cache."""
+    """A decode worker's KV pool: frames land in each request's reserved blocks, as in a worker."""
 
-    def __init__(self) -> None:
+    BLOCK_SIZE = 16
+
+    def __init__(self, cfg: ModelConfig, max_tokens: int) -> None:
+        self.pool = KVBlockPool(-(-max_tokens // self.BLOCK_SIZE), cfg.n_layers, cfg.n_kv_heads, self.BLOCK_SIZE,
+                                cfg.head_dim, cfg.torch_dtype)  # zeroed once: a worker's pool is touched at start
         self.layouts: dict[str, KVLayout] = {}
-        self.cache: dict[str, torch.Tensor] = {}
+        self.blocks: dict[str, list[int]] = {}
         self.done: dict[str, threading.Event] = {}
 
     def expect(self, rid: str, layout: KVLayout) -> None:
         self.layouts[rid] = layout
-        # zeroed up front: a decode worker's KV pool is allocated and touched once at start-up
-        self.cache[rid] = torch.zeros(layout.num_layers, 2, layout.num_tokens, layout.num_kv_heads,
-                                      layout.head_dim, dtype=layout.dtype)
+        self.blocks[rid] = self.pool.allocate(self.pool.blocks_for(layout.num_tokens))
         self.done[rid] = threading.Event()
 
     def kv_layout(self, rid):
         return self.layouts.get(rid)
 
+    def kv_recv_into(self, rid, layer_start, layer_end, nbytes):
+        views = block_views(self.pool.storage, self.blocks[rid], self.layouts[rid].num_tokens, layer_start, layer_end)
+        return views, lambda ok: None
+
     def kv_write(self, rid, layer_start, kv, release):
-        self.cache[rid][layer_start:layer_start + kv.shape[0]].copy_(kv)
-        release()
+        raise AssertionError("every frame should have landed in the blocks")
 
     def kv_complete(self, rid, first_token_id):
         self.done[rid].set()
+
+    def received(self, rid: str) -> torch.Tensor:
+        layout = self.layouts.pop(rid)
+        blocks = self.blocks.pop(rid)
+        kv = torch.stack([torch.stack(self.pool.gather(layer, blocks, layout.num_tokens))
+                          for layer in range(layout.num_layers)])
+        self.pool.free(blocks)
+        return kv
 
 
 def raw_tcp_seconds(host: str, nbytes: int) -> float:
@@ -92,8 +108,7 @@ def kv_seconds(endpoint: Endpoint, sink: CacheSink, kv: torch.Tensor, rid: str, 
         sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
     sender.finish(0)
     seconds = time.perf_counter() - t0
-    assert torch.equal(sink.cache[rid], kv), "received KV differs from what was sent"
-    del sink.cache[rid]
+    assert torch.equal(sink.received(rid), kv), "received KV differs from what was sent"
     return seconds
 
 
@@ -107,7 +122,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = ModelConfig.from_name(args.preset)
     sizes = [int(s) for s in args.sizes.split(",")]
-    sink = CacheSink()
+    sink = CacheSink(cfg, max(sizes))
     receiver = KVReceiver(sink, TransferStats())
     endpoint = Endpoint(*receiver.listen(args.host, 0, PATH_FABRIC), PATH_FABRIC)
     config = TransferConfig(compression=args.compression, timeout_s=60)

@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
 
-DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where tensors are made, not here: the router process reads these configs
+# and must not pay for (or hold the memory of) torch.
+DTYPE_BYTES: dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def __getattr__(name: str):
+    if name == "DTYPES":  # {name: torch.dtype}, built on first use
+        import torch
+        return {n: getattr(torch, n) for n in DTYPE_BYTES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # 256 byte tokens + BOS, EOS, PAD (see tokenizer.py).
 BYTE_VOCAB_SIZE = 259
@@ -61,18 +67,19 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}",
                               fix="use an even head_dim")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"use one of {sorted(DTYPES)}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"use one of {sorted(DTYPE_BYTES)}")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ConfigError("rope_theta and norm_eps must be positive", fix="use the preset values")
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+        return getattr(torch, self.dtype)
 
     @property
     def dtype_bytes(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
+        return DTYPE_BYTES[self.dtype]
 
     def kv_bytes_per_token(self) -> int:
         """Section 2.2: 2 * num_layers * num_kv_heads * head_dim * dtype_bytes."""
@@ -141,8 +148,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"use one of {sorted(DTYPES)}")
+        if self.dtype is not None and self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"use one of {sorted(DTYPE_BYTES)}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ConfigError(f"unknown device {self.device!r}", fix="use auto, cpu or cuda[:N]")
         for f in ("kv_budget_bytes", "block_size", "max_batch", "max_prefill_tokens", "spec_num_tokens",
@@ -195,6 +202,7 @@ class EngineConfig:
         return self.kv_budget_bytes // self.block_bytes
 
     def torch_device(self) -> torch.device:
+        import torch
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -223,4 +231,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["ModelConfig", "EngineConfig", "PRESETS", "DTYPES", "BYTE_VOCAB_SIZE"]
+__all__ = ["ModelConfig", "EngineConfig", "PRESETS", "DTYPES", "DTYPE_BYTES", "BYTE_VOCAB_SIZE"]

@@ -6,6 +6,12 @@ unit (PD transfer, migration, offload). Tokens are the outer dimension inside a 
 gathering a sequence's K is one index copy that is already ``[ctx, n_kv_heads, head_dim]``. Blocks are handed out from a free-list deque and
 reference counted.
 
+Decode attention reads a contiguous copy of each running sequence's K/V (``SeqView``), kept in
+step with every write made through ``PagedAttention``; any other write to a block (an import, a
+swap-in, ECC poison, restore) or its release drops the views over it, and the next step rebuilds
+them from the pool, so the blocks stay the single source of truth. Gathering the whole context
+out of the blocks at every layer of every step cost 3-5x the attention itself.
+
 Integrity: a block's crc32c is computed when it leaves the pool (``export_block``) and
 verified whenever bytes come back (``import_block``); a mismatch raises ``KVIntegrityError``
 before anything is written, so corrupt bytes are never attended to.
@@ -17,6 +23,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Iterable
 
 import crc32c
 import torch
@@ -43,6 +50,15 @@ class KVBlockData:
                                    fix="recompute the request's KV (re-prefill) or fetch an intact copy")
 
 
+@dataclass
+class SeqView:
+    """Contiguous K/V of one sequence, keyed in the pool by its first block. ``table`` is the block
+    table it was kept in step with; kv: [n_layers, 2 (K, V), capacity, n_kv_heads, head_dim]."""
+
+    table: list[int]
+    kv: Tensor
+
+
 class KVBlockPool:
     def __init__(self, num_blocks: int, n_layers: int, n_kv_heads: int, block_size: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
@@ -55,6 +71,7 @@ class KVBlockPool:
         self.quarantined: set[int] = set()   # out of service: never handed out
         self.poisoned: set[int] = set()      # memory bad now (an ECC fault), quarantined or not
         self.num_held = 0  # allocated to no request (an HBM-fill fault): not usable for KV either
+        self.views: dict[int, SeqView] = {}  # first block of a sequence -> its contiguous K/V
 
     # ---- accounting ---------------------------------------------------------------------
 
@@ -99,6 +116,7 @@ class KVBlockPool:
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0 and b not in self.quarantined:
                 self.free_blocks.append(b)
+        self.drop_views(b for b in blocks if self.ref_counts[b] == 0)
 
     def _check_block(self, block: int) -> None:
         if not 0 <= block < self.num_blocks:
@@ -117,6 +135,7 @@ class KVBlockPool:
         (an engine that ignores the page-retirement signal): its owner and later users read NaN."""
         self._check_block(block)
         self.storage[block] = float("nan")
+        self.drop_views([block])
         self.poisoned.add(block)
         if quarantine:
             self.quarantine(block)
@@ -128,6 +147,7 @@ class KVBlockPool:
         wanted = self.quarantined | self.poisoned if blocks is None else set(blocks)
         back = [b for b in wanted & self.quarantined if self.ref_counts[b] == 0]
         in_place = [b for b in wanted & self.poisoned if b not in self.quarantined]
+        self.drop_views(back + in_place)
         for b in back + in_place:
             self.storage[b].zero_()
             self.poisoned.discard(b)
@@ -153,9 +173,48 @@ class KVBlockPool:
             self.storage.device)
 
     def write(self, layer: int, blocks: Tensor, offsets: Tensor, k: Tensor, v: Tensor) -> None:
-        """k, v: [T, KVH, hd] go to slots (blocks[t], offsets[t]) of ``layer``."""
+        """k, v: [T, KVH, hd] go to slots (blocks[t], offsets[t]) of ``layer`` (an import: the
+        views over those blocks are dropped; ``PagedAttention`` writes its views itself)."""
+        if self.views:
+            self.drop_views(blocks.unique().tolist())
+        self.write_slots(layer, blocks, offsets, k, v)
+
+    def write_slots(self, layer: int, blocks: Tensor, offsets: Tensor, k: Tensor, v: Tensor) -> None:
         self.storage[blocks, layer, 0, offsets] = k
         self.storage[blocks, layer, 1, offsets] = v
+
+    def drop_views(self, blocks: Iterable[int]) -> None:
+        """Forget the contiguous views over ``blocks`` (their bytes changed or they were released)."""
+        if not self.views:
+            return
+        changed = set(blocks)
+        for key in [key for key, view in self.views.items() if changed.intersection(view.table)]:
+            del self.views[key]
+
+    def view(self, block_table: list[int], start: int, end: int) -> Tensor:
+        """The contiguous K/V of the sequence on ``block_table``, holding positions 0..start-1 of
+        every layer and room up to ``end``: [n_layers, 2, capacity >= end, KVH, hd]."""
+        view = self.views.get(block_table[0])
+        if view is not None and view.table != block_table[:len(view.table)]:
+            view = None  # the first block was released and handed out again since
+        if view is None:
+            kv = self.storage.new_zeros(self._view_shape(end))
+            if start:
+                blocks = torch.tensor(block_table[:self.blocks_for(start)], device=self.storage.device)
+                ctx = self.storage[blocks].transpose(0, 2).transpose(0, 1)   # [layers, 2, nb, bs, KVH, hd]
+                kv[:, :, :start] = ctx.flatten(2, 3)[:, :, :start]
+            view = self.views[block_table[0]] = SeqView(list(block_table), kv)
+        elif view.kv.shape[2] < end:
+            kv = self.storage.new_zeros(self._view_shape(max(end, 2 * view.kv.shape[2])))
+            kv[:, :, :view.kv.shape[2]] = view.kv
+            view.kv = kv
+        if len(view.table) != len(block_table):
+            view.table = list(block_table)
+        return view.kv
+
+    def _view_shape(self, tokens: int) -> tuple[int, ...]:
+        _, n_layers, _, _, n_kv_heads, head_dim = self.storage.shape
+        return n_layers, 2, max(64, self.blocks_for(tokens) * self.block_size), n_kv_heads, head_dim
 
     def gather(self, layer: int, block_table: list[int], length: int) -> tuple[Tensor, Tensor]:
         """Contiguous K, V of the first ``length`` tokens of a sequence: each [length, KVH, hd]."""
@@ -178,13 +237,17 @@ class KVBlockPool:
                                    f"{self.block_bytes}", fix="both sides must run the same preset, "
                                    "dtype and block_size")
         raw = torch.frombuffer(bytearray(payload.data), dtype=torch.uint8)
+        self.drop_views([block])
         self.storage[block] = raw.view(self.storage.dtype).view(self.storage.shape[1:]).to(
             self.storage.device)
 
 
-# Segments of at most this many new tokens (decode: 1, speculative verify: k + 1) are attended
-# in padded batches; longer ones (prefills) one sequence at a time.
+# Segments of at most this many new tokens (decode: 1, speculative verify: k + 1) over at most
+# VIEW_MIN_CONTEXT tokens are attended in padded batches gathered from the blocks: for short
+# contexts one batched pass beats a loop of small per-sequence ops. Longer contexts (and prefill
+# chunks) are attended per sequence over its contiguous view, without a gather.
 BATCHED_MAX_NEW_TOKENS = 8
+VIEW_MIN_CONTEXT = 256
 # A padded batch holds at most about this much K (bytes): one big batch streams through DRAM
 # several times and was slower than a per-sequence loop for long contexts.
 BATCH_CHUNK_BYTES = 2 * 2**20
@@ -194,7 +257,9 @@ class PagedAttention:
     """AttentionBackend for one engine step over a packed batch of sequences.
 
     ``segments``: per sequence (block_table, start_pos, num_new_tokens), in packing order; the
-    block table must already cover start_pos + num_new_tokens tokens.
+    block table must already cover start_pos + num_new_tokens tokens. Each layer's new K/V go to
+    the blocks and, for a sequence with a contiguous view, to its view, which attention then
+    reads in place: the same ``causal_attention`` over the same bytes as the dense oracle.
     """
 
     def __init__(self, pool: KVBlockPool, segments: list[tuple[list[int], int, int]]) -> None:
@@ -202,13 +267,16 @@ class PagedAttention:
         parts = [pool.slots(table, start, start + n) for table, start, n in segments]
         self.blocks = torch.cat([p[0] for p in parts])   # [T]
         self.offsets = torch.cat([p[1] for p in parts])  # [T]
-        self.long: list[tuple[list[int], int, int, int]] = []  # (table, start, n, first packed index)
+        self.viewed: list[tuple[Tensor, int, int, int]] = []  # (view, start, n, first packed index)
+        self.long: list[tuple[list[int], int, int, int]] = []    # (table, start, n, first packed index)
         short: dict[int, list[tuple[list[int], int, int]]] = {}  # n -> [(table, start, first index)]
         t0 = 0
         for table, start, n in segments:
-            if n <= BATCHED_MAX_NEW_TOKENS:
+            if start + n > VIEW_MIN_CONTEXT or table[0] in pool.views:
+                self.viewed.append((pool.view(table, start, start + n), start, n, t0))
+            elif n <= BATCHED_MAX_NEW_TOKENS:
                 short.setdefault(n, []).append((table, start, t0))
-            else:
+            else:  # a short prompt's prefill: no view (its decode steps go in padded batches)
                 self.long.append((table, start, n, t0))
             t0 += n
         token_bytes = pool.storage[0, 0, 0, 0].numel() * pool.storage.element_size()
@@ -240,10 +308,18 @@ class PagedAttention:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         # q: [T, H, hd]; k, v: [T, KVH, hd]
-        self.pool.write(layer, self.blocks, self.offsets, k, v)
+        self.pool.write_slots(layer, self.blocks, self.offsets, k, v)
         out = torch.empty_like(q)                         # [T, H, hd]
+        for kv, start, n, t0 in self.viewed:              # kv: [layers, 2, capacity, KVH, hd]
+            end = start + n
+            kv[layer, 0, start:end] = k[t0:t0 + n]
+            kv[layer, 1, start:end] = v[t0:t0 + n]
+            out[t0:t0 + n] = causal_attention(q[t0:t0 + n], kv[layer, 0, :end], kv[layer, 1, :end], start)
         for table, start, n, t0 in self.long:
-            ctx_k, ctx_v = self.pool.gather(layer, table, start + n)  # [start+n, KVH, hd]
+            if start:
+                ctx_k, ctx_v = self.pool.gather(layer, table, start + n)  # [start+n, KVH, hd]
+            else:
+                ctx_k, ctx_v = k[t0:t0 + n], v[t0:t0 + n]
             out[t0:t0 + n] = causal_attention(q[t0:t0 + n], ctx_k, ctx_v, start)
         for batch in self.batches:
             out[batch[1]] = self._attend_batch(layer, q[batch[1]], batch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import select
 import socket
 import threading
@@ -32,6 +33,9 @@ class KVSink(Protocol):
     def kv_write(self, request_id: str, layer_start: int, kv: torch.Tensor, release: Callable[[], None]) -> None:
         """kv: [layers, 2, tokens, kv_heads, head_dim], already verified. ``kv`` views a pooled
         receive buffer: call ``release()`` once it is copied (the buffer then takes later frames)."""
+
+    # Optional: kv_recv_into(request_id, layer_start, layer_end, nbytes) -> (views, done) | None
+    # lets verified-later payloads land straight in the KV (kv_landing.py).
 
     def kv_complete(self, request_id: str, first_token_id: int) -> None:
         """Every layer arrived. A live migration's END also names the output tokens behind the
@@ -98,7 +102,7 @@ class KVReceiver:
                              self.timeout_s)
                     return
                 try:
-                    frame = read_frame(conn, self.max_frame_bytes, self._pool)
+                    frame = read_frame(conn, self.max_frame_bytes, self._pool, into=self._into)
                 except CorruptFrameError as exc:
                     self.stats.rejected(exc.reason)
                     log.warning("rejected a KV frame on %s: %s", path, exc)
@@ -112,6 +116,9 @@ class KVReceiver:
                 if frame is None:
                     return
                 rid = frame.request_id
+                if frame.landed:
+                    self._on_landed(frame)
+                    continue
                 if frame.kind == FrameKind.DATA:
                     self._on_data(frame, path)
                     continue
@@ -143,6 +150,29 @@ class KVReceiver:
             if done or self.sink.kv_layout(rid) is None:
                 return False
         return False
+
+    def _into(self, rid: str, layer_start: int, layer_end: int, dtype: torch.dtype, shape: tuple[int, ...],
+              nbytes: int):
+        """Where a DATA frame's payload lands, when the sink takes frames straight into its KV
+        (``kv_recv_into``) and the frame is one it expects; None: the buffered path (which also
+        rejects what does not fit)."""
+        land = getattr(self.sink, "kv_recv_into", None)
+        layout = self.sink.kv_layout(rid) if land is not None else None
+        if layout is None:
+            return None
+        want = (layer_end - layer_start, 2, layout.num_tokens, layout.num_kv_heads, layout.head_dim)
+        if dtype != layout.dtype or tuple(shape) != want or layer_start < 0 or layer_end > layout.num_layers:
+            return None
+        with self._lock:
+            if rid in self._completed or self._have.setdefault(rid, set()).issuperset(range(layer_start, layer_end)):
+                return None  # a resend of layers that arrived: never write over verified KV
+        return land(rid, layer_start, layer_end, nbytes)
+
+    def _on_landed(self, frame: Frame) -> None:
+        self.stats.received(math.prod(frame.shape) * frame.dtype.itemsize)
+        with self._lock:
+            if frame.request_id in self._have:
+                self._have[frame.request_id].update(range(frame.layer_start, frame.layer_end))
 
     def _on_data(self, frame: Frame, path: str) -> None:
         released = threading.Event()

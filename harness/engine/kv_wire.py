@@ -23,6 +23,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import crc32c
 import torch
@@ -75,9 +76,12 @@ class Frame:
     layer_end: int = 0
     dtype: torch.dtype = torch.uint8
     shape: tuple[int, ...] = (0,)
-    payload: bytes | bytearray | memoryview = b""  # raw (uncompressed) bytes
+    # raw (uncompressed) bytes, or a list of parts sent back to back (scatter-gather: the sender
+    # hands each layer's K and V tensors' own memory, with no staging copy)
+    payload: bytes | bytearray | memoryview | list = b""
     aux: int = 0
     buffer: torch.Tensor | None = None  # pooled memory under ``payload``, given back when consumed
+    landed: bool = False  # DATA whose verified payload went straight to its destination (``read_frame``)
 
     @classmethod
     def from_tensor(cls, request_id: str, layer_start: int, kv: torch.Tensor) -> "Frame":
@@ -142,18 +146,31 @@ def host_buffer(shape: tuple[int, ...], dtype: torch.dtype,
 
 
 def encode_frame(frame: Frame, compressor: zstandard.ZstdCompressor | None = None) -> tuple[bytes, bytes]:
-    """Return (header, wire payload); the header ends with the crc32c of itself."""
+    """Return (header, wire payload); the header ends with the crc32c of itself. A payload given
+    as a list of parts stays a list (``send_frame`` sends them in order) unless compressed."""
     raw = frame.payload
     wire, flags = raw, 0
-    if compressor is not None and raw:
-        wire, flags = compressor.compress(raw), FLAG_ZSTD
+    if compressor is not None and payload_len(raw):
+        wire, flags = compressor.compress(b"".join(raw) if isinstance(raw, list) else raw), FLAG_ZSTD
     rid = frame.request_id.encode()
     if len(rid) > _MAX_RID_BYTES:
         raise KVIntegrityError(f"request id is {len(rid)} bytes; at most {_MAX_RID_BYTES} fit in a frame")
     head = _FIXED.pack(MAGIC, VERSION, int(frame.kind), flags, _DTYPE_CODES[frame.dtype], len(frame.shape), 0,
-                       frame.layer_start, frame.layer_end, len(rid), len(wire), len(raw), frame.aux)
+                       frame.layer_start, frame.layer_end, len(rid), payload_len(wire), payload_len(raw), frame.aux)
     head += struct.pack(f"!{len(frame.shape)}I", *frame.shape) + rid
     return head + _U32.pack(crc32c.crc32c(head)), wire
+
+
+def payload_len(payload) -> int:
+    return sum(map(len, payload)) if isinstance(payload, list) else len(payload)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a CPU tensor, without a copy when it is contiguous (any dtype, bfloat16 too)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def _recv_exact(sock: socket.socket, n: int, *, at_boundary: bool = False) -> bytearray | None:
@@ -185,9 +202,13 @@ def _recv_payload(sock: socket.socket, n: int, buf: torch.Tensor | None) -> tupl
     return view, crc
 
 
-def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: BufferPool | None = None) -> Frame | None:
+def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: BufferPool | None = None,
+               into: Callable | None = None) -> Frame | None:
     """Read and verify one frame; None on a clean end of stream between frames. With ``pool``,
-    the payload lands in a pooled buffer (``frame.buffer``) that the caller gives back."""
+    the payload lands in a pooled buffer (``frame.buffer``) that the caller gives back. With
+    ``into``, an uncompressed DATA frame asks ``into(rid, layer_start, layer_end, dtype, shape,
+    nbytes)`` for its destination once the header verified: (views, done) receives the payload
+    straight into the views, in order, and calls ``done(crc_ok)``; the frame returns ``landed``."""
     fixed = _recv_exact(sock, _FIXED.size, at_boundary=True)
     if fixed is None:
         return None
@@ -205,6 +226,11 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
                                 reason="too_large", in_sync=False)
     shape = struct.unpack(f"!{ndim}I", bytes(var[:4 * ndim]))
     rid = bytes(var[4 * ndim:4 * ndim + rid_len]).decode(errors="replace")
+    if into is not None and kind == FrameKind.DATA and not flags & FLAG_ZSTD and dtype_code in _DTYPES \
+            and wire_len == raw_len:
+        landing = into(rid, ls, le, _DTYPES[dtype_code], shape, raw_len)
+        if landing is not None:
+            return _land(sock, landing, rid, ls, le, _DTYPES[dtype_code], shape, wire_len, aux)
     buffer = pool.take(wire_len) if pool is not None else None
     try:
         payload, crc = _recv_payload(sock, wire_len, buffer)
@@ -222,6 +248,37 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
     if buffer is not None and frame.buffer is None:
         pool.give(buffer)
     return frame
+
+
+def _land(sock: socket.socket, landing: tuple[list[memoryview], Callable[[bool], None]], rid: str, ls: int,
+          le: int, dtype: torch.dtype, shape: tuple[int, ...], n: int, aux: int) -> Frame:
+    views, done = landing
+    ok = False
+    try:
+        crc, i, off, left = 0, 0, 0, n
+        # about 256 KiB of views per call: one read rarely returns more, and a longer list is
+        # rebuilt for nothing on every call
+        batch = max(1, min(256, (256 << 10) // max(1, len(views[0]))))
+        while left:
+            got = sock.recvmsg_into([views[i][off:], *views[i + 1:i + batch]])[0]
+            if got == 0:
+                raise TruncatedFrameError(f"connection closed after {n - left} of {n} payload bytes")
+            left -= got
+            while got:  # checksum what landed, view by view, while it is still in cache
+                take = min(got, len(views[i]) - off)
+                crc = crc32c.crc32c(views[i][off:off + take], crc)
+                got -= take
+                off += take
+                if off == len(views[i]):
+                    i, off = i + 1, 0
+        (payload_crc,) = _U32.unpack(_recv_exact(sock, _U32.size))
+        ok = crc == payload_crc
+    finally:
+        done(ok)
+    if not ok:
+        raise CorruptFrameError(f"payload crc32c mismatch in DATA frame of {rid} layers {ls}-{le}",
+                                reason="crc", in_sync=True)
+    return Frame(FrameKind.DATA, rid, ls, le, dtype, shape, b"", aux, landed=True)
 
 
 def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_crc, raw_len, aux, buffer) -> Frame:
@@ -246,18 +303,37 @@ def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_c
     return Frame(kind, rid, ls, le, dtype, shape, payload, aux, buffer)
 
 
-def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memoryview,
+def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memoryview | list,
                crc: int | None = None) -> int:
-    """Send header, payload and the payload's crc32c trailer, checksumming each slice just before
-    it is sent (one pass over memory); ``crc`` overrides the trailer (the corruption fault hook)."""
-    sock.sendall(head)
-    view, running = memoryview(wire), 0
-    for off in range(0, len(view), _SEND_SLICE):
-        piece = view[off:off + _SEND_SLICE]
+    """Send header, payload (one buffer or a list of parts) and the payload's crc32c trailer,
+    checksumming each slice just before it is sent (one pass over memory, no copy); ``crc``
+    overrides the trailer (the corruption fault hook). Header and trailer ride with the first
+    and last slice in one ``sendmsg`` each, so a small frame costs one or two system calls."""
+    parts = wire if isinstance(wire, list) else [wire]
+    slices = [v[off:off + _SEND_SLICE] for v in map(memoryview, parts) for off in range(0, len(v), _SEND_SLICE)]
+    running = 0
+    pending: list = [head]
+    for piece in slices:
         running = crc32c.crc32c(piece, running)
-        sock.sendall(piece)
-    sock.sendall(_U32.pack(running if crc is None else crc))
-    return len(head) + len(wire) + _U32.size
+        pending.append(piece)
+        if len(pending) > 1 and sum(map(len, pending)) >= _SEND_SLICE:
+            _sendmsg_all(sock, pending)
+            pending = []
+    pending.append(_U32.pack(running if crc is None else crc))
+    _sendmsg_all(sock, pending)
+    return len(head) + payload_len(parts) + _U32.size
+
+
+def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
+    """``sendall`` for a list of buffers (gather write): resumes after a partial send."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 class TransferStats:

@@ -2,8 +2,10 @@
 
 - Control plane: workers connect to the router's control port and register; each connection
   carries length-prefixed JSON messages both ways (commands down, heartbeats and tokens up).
-  A broken connection marks the worker dead at once; a silent one (SIGSTOP) is marked dead
-  after ``heartbeat_timeout_s`` (seed Section 5.1, layer 1). A worker that reconnects, or a new
+  A broken connection marks the worker dead at once; a silent one is marked dead after
+  ``heartbeat_timeout_s`` (seed Section 5.1, layer 1), or after ``hang_timeout_s`` when it holds
+  requests it serves (``no_progress``: a SIGSTOPped worker stops its progress beats, see
+  ``_watch_heartbeats``). A worker that reconnects, or a new
   one, joins the routing table without a router restart.
 - Scheduling (seed Section 5.3): the least-queued prefill worker; the decode target is the
   least-loaded worker whose free KV exceeds ``kv_headroom_factor`` (1.2) x the request's KV;
@@ -36,7 +38,7 @@ from harness.engine.health import HealthConfig
 from harness.engine.resilience import ResilienceControl
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.transfer import TransferConfig, config_from_dict
+from harness.engine.transfer_config import TransferConfig, config_from_dict
 from harness.errors import ConfigError, EngineError, InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,10 @@ class RouterConfig:
 
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 2.0
+    # progress beats (worker.py) every progress_interval_s; a worker serving requests that sends
+    # nothing for hang_timeout_s is declared down (no_progress), well before heartbeat_timeout_s
+    progress_interval_s: float = 0.1
+    hang_timeout_s: float = 0.8
     reschedule_enabled: bool = True
     reschedule_delay_s: float = 0.0
     max_reschedules: int = 3
@@ -93,7 +99,8 @@ class RouterConfig:
     control_interval_s: float = 0.25    # how often the degradation level and health scores are evaluated
 
     def __post_init__(self) -> None:
-        positive = ("heartbeat_interval_s", "heartbeat_timeout_s", "admission_timeout_s", "kv_headroom_factor")
+        positive = ("heartbeat_interval_s", "heartbeat_timeout_s", "admission_timeout_s", "kv_headroom_factor",
+                    "progress_interval_s", "hang_timeout_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"router.{name} must be positive, got {getattr(self, name)!r}",
@@ -102,6 +109,10 @@ class RouterConfig:
             raise ConfigError(f"router.heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
                               f"heartbeat_interval_s ({self.heartbeat_interval_s})",
                               fix="use e.g. interval 1 s and timeout 2 s")
+        if self.hang_timeout_s < 4 * self.progress_interval_s:
+            raise ConfigError(f"router.hang_timeout_s ({self.hang_timeout_s}) must be at least 4 x "
+                              f"progress_interval_s ({self.progress_interval_s}), or one late beat is a false alarm",
+                              fix="use e.g. progress_interval_s 0.1 and hang_timeout_s 0.8")
         if self.reschedule_delay_s < 0 or self.reschedule_wait_s < 0 or self.max_reschedules < 0:
             raise ConfigError("router.reschedule_delay_s, reschedule_wait_s and max_reschedules must be >= 0",
                               fix="use non-negative values")
@@ -139,7 +150,8 @@ class Worker:
     block_size: int
     health: str = "healthy"  # "healthy" | "dead"
     down_reason: str | None = None
-    last_heartbeat: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = field(default_factory=time.monotonic)  # last message of any kind
+    steps: int | None = None      # the worker's progress counter (None: it sends no progress beats)
     joined_wall: float = field(default_factory=time.time)
     queue_depth: int = 0          # prefill: placed here, KV not yet delivered; decode: active requests
     kv_blocks_used: int = 0       # as the worker reported it
@@ -171,7 +183,7 @@ class Worker:
                 "offload_enabled": self.stats.get("offload_enabled"),
                 "num_running": int(self.stats.get("num_running", 0)),
                 "generation_tokens_total": int(self.stats.get("generation_tokens_total", 0)),
-                "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3),
+                "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3), "steps": self.steps,
                 "joined_at": self.joined_wall, "transfer": self.transfer}
 
 
@@ -518,7 +530,8 @@ class Router:
             worker = Worker(hello["id"], hello["role"], hello["pid"], tuple(hello["kv_addr"]),
                             tuple(hello["control_addr"]), writer, hello["kv_blocks_total"], hello["block_size"])
             self.workers[worker.id] = worker
-            writer.write(encode_msg({"type": "welcome", "heartbeat_interval_s": self.config.heartbeat_interval_s}))
+            writer.write(encode_msg({"type": "welcome", "heartbeat_interval_s": self.config.heartbeat_interval_s,
+                                     "progress_interval_s": self.config.progress_interval_s}))
             self.record_event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
                         rejoined=old is not None)
             await self._notify_capacity()
@@ -538,6 +551,9 @@ class Router:
             return  # a worker declared dead stays dead until it reconnects
         kind = msg["type"]
         w.last_heartbeat = time.monotonic()  # any message proves liveness
+        if kind == "progress":
+            w.steps = msg["steps"]
+            return
         if kind == "heartbeat":
             w.stats, w.transfer = msg["stats"], msg["transfer"]
             w.kv_blocks_used = msg["stats"].get("kv_blocks_used", 0)
@@ -552,7 +568,7 @@ class Router:
         if att is not None and kind != "transfer_event":
             att.inbox.put_nowait({**msg, "worker": w.id})
 
-    def _worker_lost(self, w: Worker, reason: str) -> None:
+    def _worker_lost(self, w: Worker, reason: str, **detail) -> None:
         if w.health != "healthy":
             return
         now = time.monotonic()
@@ -564,20 +580,42 @@ class Router:
         serving = [a for a in w.attempts if (att := self._attempts.get(a)) is None
                    or att.decode == w.id or (att.prefill == w.id and not att.kv_arrived)]
         self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
-                    affected=sorted(serving))
+                    affected=sorted(serving), **detail)
         for att_id in list(w.attempts):
             att = self._attempts.get(att_id)
             if att is not None:
                 att.inbox.put_nowait({"type": "worker_lost", "worker": w.id, "reason": reason, "at": now})
         w.writer.close()  # a hung worker that wakes up finds its connection gone and rejoins
 
+    def _serves(self, w: Worker) -> bool:
+        """Whether requests wait on ``w``: it decodes them, or their KV has yet to come from it."""
+        for att_id in w.attempts:
+            att = self._attempts.get(att_id)
+            if att is not None and (att.decode == w.id or not att.kv_arrived):
+                return True
+        return False
+
     async def _watch_heartbeats(self) -> None:
+        """Declares silent workers down. Progress beats come from the worker's event loop, which runs
+        while its engine thread is deep in a long prefill chunk (torch releases the GIL) but not
+        under SIGSTOP, which stops every thread: so silence, not a still step counter, is the hang
+        signal, and a slow but running worker is never a false alarm. Silence is only judged
+        when this loop itself ran on time, since a stalled router has not read what was sent."""
+        tick = min(0.1, self.config.heartbeat_interval_s / 4, self.config.progress_interval_s)
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(min(0.1, self.config.heartbeat_interval_s / 4))
+            await asyncio.sleep(tick)
             now = time.monotonic()
+            on_time, last = now - last < 3 * tick, now
             for w in list(self.workers.values()):
-                if w.health == "healthy" and now - w.last_heartbeat > self.config.heartbeat_timeout_s:
-                    self._worker_lost(w, "heartbeat_timeout")
+                if w.health != "healthy":
+                    continue
+                silent = now - w.last_heartbeat
+                if silent > self.config.heartbeat_timeout_s:
+                    self._worker_lost(w, "heartbeat_timeout", silent_s=round(silent, 4))
+                elif (on_time and w.steps is not None and silent > self.config.hang_timeout_s
+                      and self._serves(w)):
+                    self._worker_lost(w, "no_progress", silent_s=round(silent, 4), steps=w.steps)
 
     def record_event(self, kind: str, **detail) -> None:
         event = {"seq": next(self._event_seq), "type": kind, "wall_time": time.time(),

@@ -69,7 +69,7 @@ class RouterMetrics:
         for name, value in router.counters.items():
             yield CounterMetricFamily(f"{PREFIX}_router_{name}", f"Router {name.replace('_', ' ')}", value=value)
         down = CounterMetricFamily(f"{PREFIX}_router_worker_down_events", "Workers declared down", labels=["reason"])
-        for reason in ("connection_lost", "heartbeat_timeout", "protocol_error"):
+        for reason in ("connection_lost", "heartbeat_timeout", "no_progress", "protocol_error"):
             down.add_metric([reason], sum(e["type"] == "worker_down" and e["reason"] == reason for e in router.events))
         yield down
         yield GaugeMetricFamily(f"{PREFIX}_router_admission_queue", "Requests waiting for a placement",

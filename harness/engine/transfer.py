@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import select
 import socket
 import threading
 import time
@@ -29,57 +30,17 @@ import zstandard
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from harness.engine.kv_receiver import KVReceiver, KVSink
-from harness.engine.kv_wire import (PATH_CONTROL, PATH_FABRIC, SEND_POOL, BufferPool, CorruptFrameError, Frame,
-                                    FrameKind, KVLayout, TransferStats, TruncatedFrameError, close_socket,
-                                    encode_frame, host_buffer, read_frame, send_frame)
-from harness.errors import ConfigError, KVIntegrityError, KVTransferError
+from harness.engine.kv_wire import (PATH_CONTROL, PATH_FABRIC, BufferPool, CorruptFrameError, Frame, FrameKind,
+                                    KVLayout, TransferStats, TruncatedFrameError, close_socket, encode_frame,
+                                    read_frame, send_frame, tensor_bytes)
+from harness.engine.transfer_config import TransferConfig, config_from_dict
+from harness.errors import KVIntegrityError, KVTransferError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BufferPool", "CorruptFrameError", "Endpoint", "Frame", "FrameKind", "KVLayout", "KVReceiver", "KVSender",
            "KVSink", "PATH_CONTROL", "PATH_FABRIC", "TransferConfig", "TransferResult", "TransferStats",
            "TruncatedFrameError", "config_from_dict", "encode_frame", "read_frame", "send_frame"]
-
-
-# ---------------------------------------------------------------- configuration and counters
-
-
-@dataclass
-class TransferConfig:
-    mode: str = "layerwise"          # "layerwise" (stream during prefill) or "whole" (after prefill)
-    compression: str | None = None   # None or "zstd"
-    zstd_level: int = 1
-    layers_per_frame: int = 1
-    timeout_s: float = 2.0           # a socket operation making no progress this long fails the attempt
-    max_retries: int = 3             # per path, after the first attempt
-    backoff_base_s: float = 0.01     # seed 3.3: 10 ms x 2^attempt
-    backoff_max_s: float = 0.5
-    fallback_enabled: bool = True
-    max_frame_bytes: int = 1 << 31
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("layerwise", "whole"):
-            raise ConfigError(f"transfer mode {self.mode!r} is unknown", fix="use 'layerwise' or 'whole'")
-        if self.compression not in (None, "zstd"):
-            raise ConfigError(f"compression {self.compression!r} is unknown", fix="use null or 'zstd'")
-        if self.layers_per_frame < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.backoff_base_s < 0:
-            raise ConfigError("layers_per_frame >= 1, max_retries >= 0, timeout_s > 0 and backoff_base_s >= 0 "
-                              f"are required, got {self}", fix="correct the transfer section of the config")
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> "TransferConfig":
-        return config_from_dict(cls, data, "transfer")
-
-
-def config_from_dict(cls, data: dict | None, section: str):
-    """Build config dataclass ``cls`` from a mapping, refusing unknown keys by name."""
-    data = dict(data or {})
-    unknown = set(data) - set(cls.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown {section} options {sorted(unknown)}",
-                          fix=f"use only {sorted(cls.__dataclass_fields__)}")
-    return cls(**data)
-
 
 
 @dataclass(frozen=True)
@@ -122,8 +83,7 @@ class KVSender:
         self._on_event = on_event or (lambda kind, **kw: None)
         self._compressor = zstandard.ZstdCompressor(level=config.zstd_level) if config.compression else None
         self._frames: dict[int, tuple[int, int, bytes, bytes]] = {}  # start -> (start, end, head, wire)
-        self._open: tuple | None = None  # (start, layers, bytes, tensor, buffer) of the frame being filled
-        self._buffers: list[torch.Tensor] = []  # pooled; given back once delivered
+        self._open: tuple | None = None  # (start, layers, parts) of the frame being filled
         self._last_layer = -1
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stream_sock: socket.socket | None = None
@@ -147,14 +107,15 @@ class KVSender:
         self._last_layer = layer_idx
         if self._open is None:
             n = min(self.config.layers_per_frame, self.num_layers - layer_idx)
-            self._open = (layer_idx, n, *host_buffer((n, 2, *k.shape), k.dtype, SEND_POOL))  # [n, 2, T, H, D]
-        start, n, raw, buf, flat = self._open
-        buf[layer_idx - start, 0].copy_(k.detach())
-        buf[layer_idx - start, 1].copy_(v.detach())
+            self._open = (layer_idx, n, [])
+        start, n, parts = self._open
+        # the frame payload [n, 2, T, H, D] is each layer's K then V back to back: sent straight
+        # from the tensors' memory (they are not written again), no staging copy
+        parts += [tensor_bytes(k), tensor_bytes(v)]
         if layer_idx - start + 1 == n:
             self._open = None
-            self._queue.put(Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, tuple(buf.shape), raw,
-                                  buffer=flat))
+            self._queue.put(Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype,
+                                  (n, 2, *k.shape), parts))
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -178,9 +139,6 @@ class KVSender:
             return self._deliver(first_token_id)
         finally:
             self._frames.clear()
-            for buf in self._buffers:
-                SEND_POOL.give(buf)
-            self._buffers = []
 
     def _deliver(self, first_token_id: int) -> TransferResult:
         retries, used_fallback = 0, False
@@ -226,11 +184,6 @@ class KVSender:
 
     def _encode(self, frame: Frame) -> tuple[int, int, bytes, bytes]:
         head, wire = encode_frame(frame, self._compressor)
-        if frame.buffer is not None:
-            if wire is frame.payload:
-                self._buffers.append(frame.buffer)  # still needed for resends
-            else:
-                SEND_POOL.give(frame.buffer)  # compressed: the raw buffer is free now
         entry = (frame.layer_start, frame.layer_end, head, wire)
         self._frames[frame.layer_start] = entry
         return entry
@@ -267,6 +220,7 @@ class KVSender:
         crc = None
         if self._corrupt_left > 0:
             self._corrupt_left -= 1
+            wire = b"".join(wire) if isinstance(wire, list) else wire
             crc = crc32c.crc32c(wire)  # the trailer of the intact payload
             damaged = bytearray(wire)
             damaged[len(damaged) // 2] ^= 0xFF
@@ -301,6 +255,8 @@ class KVSender:
             body = self._reply(sock)
             if not body["ok"]:
                 raise _AttemptFailed(f"receiver misses layers {body['missing']}")
+            CONNECTIONS.give(endpoint, sock)  # in sync at a frame boundary: the next transfer reuses it
+            sock = None
         except (OSError, KVIntegrityError) as exc:
             if self._cancelled.is_set():
                 raise KVTransferError(f"transfer of {self.request_id} cancelled") from exc
@@ -321,7 +277,44 @@ class KVSender:
         return body
 
 
+class _Connections:
+    """Idle KV connections per endpoint, reused by later transfers to the same decode worker: a
+    connection per transfer cost a handshake (and a receiver thread) on every request. A
+    connection goes back only after a transfer it carried was confirmed; one the receiver has
+    closed meanwhile (it closes idle ones after its timeout) is noticed before reuse."""
+
+    def __init__(self, max_idle: int = 4) -> None:
+        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
+        self._lock = threading.Lock()
+        self.max_idle = max_idle
+
+    def take(self, endpoint: Endpoint, timeout_s: float) -> socket.socket:
+        key = (endpoint.host, endpoint.port)
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                sock = idle.pop() if idle else None
+            if sock is None:
+                sock = socket.create_connection(key, timeout=timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:  # nothing pending: not closed by the peer
+                sock.settimeout(timeout_s)
+                return sock
+            close_socket(sock)  # EOF (or stray bytes): never reuse
+
+    def give(self, endpoint: Endpoint, sock: socket.socket) -> None:
+        with self._lock:
+            idle = self._idle.setdefault((endpoint.host, endpoint.port), [])
+            if len(idle) < self.max_idle:
+                idle.append(sock)
+                return
+        close_socket(sock)
+
+
+CONNECTIONS = _Connections()
+
+
 def _connect(endpoint: Endpoint, timeout_s: float) -> socket.socket:
-    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    return CONNECTIONS.take(endpoint, timeout_s)

@@ -2,7 +2,9 @@
 
 One EngineCore runs in a dedicated engine thread (the core is single-threaded); the main thread
 runs asyncio for the control connection to the router (register, heartbeats every second,
-commands down, tokens and transfer reports up). A decode worker also listens for KV on its
+commands down, tokens and transfer reports up, and a small progress beat every
+``progress_interval_s`` carrying the engine's step counter: the router declares a worker that
+serves requests and goes silent ``no_progress``, which catches a SIGSTOP within a second). A decode worker also listens for KV on its
 fabric address (primary path) and on its control address (fallback path); the receiver's
 threads hand verified layers to the engine thread through its command queue. A prefill worker
 runs ``prefill_for_transfer`` for one queued request at a time and streams each layer to the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import gc
 import json
 import logging
 import os
@@ -36,6 +39,7 @@ from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, ImportHandle
 from harness.engine.protocol import GenerateRequest, SamplingParams
 from harness.engine.router import encode_msg, read_msg
+from harness.engine.kv_landing import ImportLanding
 from harness.engine.worker_faults import WorkerFaults, kv_block_faults, kv_used_ratio
 from harness.engine.worker_migration import LiveMigration
 from harness.engine.worker_stats import RecentWindow
@@ -73,6 +77,7 @@ class PDWorker:
         self._corrupt_frames = 0                      # fault hook (admin API)
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
         self.faults = WorkerFaults(self.core)
+        self.landing = ImportLanding(self.core, self._cmds.put)  # KV frames land in the import's blocks
         self.migration = LiveMigration(self)
         self.window = RecentWindow()
         self._stats_cache: dict = self._stats()
@@ -83,6 +88,7 @@ class PDWorker:
         self._thread = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
         self._stop: asyncio.Event | None = None
         self.engine_failed = False
+        self.steps = 0  # engine steps and prefill layers done (progress beats carry it)
 
     # -- engine thread
     def _engine_loop(self) -> None:
@@ -119,6 +125,7 @@ class PDWorker:
                 self._run_prefill(self._jobs.popleft())
             elif self.core.has_work():
                 events = self.core.step()
+                self.steps += 1
                 # e.g. a request waiting for an HBM fill's release: idle instead of spinning a core
                 stalled = not events and not self.core.scheduler.running
                 for ev in events:
@@ -156,7 +163,7 @@ class PDWorker:
         self._senders[rid] = sender
         t0 = time.perf_counter()
         try:
-            result = self.core.prefill_for_transfer(_request(job), on_layer=sender.send_layer)
+            result = self.core.prefill_for_transfer(_request(job), on_layer=lambda *a: self._layer_done(sender, *a))
         except Exception as exc:
             sender.cancel()
             self._senders.pop(rid, None)
@@ -164,6 +171,10 @@ class PDWorker:
             return
         self._finisher.submit(self._finish_transfer, rid, sender, result.first_token_id,
                               time.perf_counter() - t0)
+
+    def _layer_done(self, sender: KVSender, *layer) -> None:
+        self.steps += 1
+        sender.send_layer(*layer)
 
     def _finish_transfer(self, rid: str, sender: KVSender, first_token_id: int, prefill_s: float) -> None:
         try:
@@ -185,6 +196,7 @@ class PDWorker:
             self.publish({"type": "import_failed", "rid": req.request_id, "error": str(exc)})
             return
         self._imports[req.request_id] = handle
+        self.landing.register(req.request_id, handle)
         self._layouts[req.request_id] = KVLayout(self.model.n_layers, n, self.model.n_kv_heads, self.model.head_dim,
                                                  self.core.pool.storage.dtype)
         self.publish({"type": "import_ready", "rid": req.request_id})
@@ -204,6 +216,7 @@ class PDWorker:
         handle = self._imports.pop(rid, None)
         if handle is None:
             return
+        self.landing.release(rid, handle)  # kv_complete waited until nothing lands in it
         try:
             self.core.commit_import(handle, first_token_id)
         except HarnessError as exc:
@@ -222,7 +235,8 @@ class PDWorker:
             self._layouts.pop(rid, None)
             if self.receiver:
                 self.receiver.forget(rid)
-            self.core.cancel_import(handle)
+            if self.landing.release(rid, handle):  # else the landing in flight frees it when done
+                self.core.cancel_import(handle)
         self.core.abort(rid)
 
     def _reset(self) -> None:
@@ -238,7 +252,11 @@ class PDWorker:
     def kv_write(self, rid: str, layer_start: int, kv, release) -> None:
         self._cmds.put(lambda: self._write(rid, layer_start, kv, release))
 
+    def kv_recv_into(self, rid: str, layer_start: int, layer_end: int, nbytes: int):
+        return self.landing.take(rid, layer_start, layer_end, nbytes)
+
     def kv_complete(self, rid: str, first_token_id: int, tokens: list[int] | None = None) -> None:
+        self.landing.wait_idle(rid)  # a duplicate frame may still be landing on another connection
         try:
             self.migration.check_complete(rid, first_token_id, tokens)
         except HarnessError:
@@ -339,6 +357,7 @@ class PDWorker:
             await asyncio.sleep(0.5)
             return
         interval = float(welcome["heartbeat_interval_s"])
+        progress_interval = float(welcome.get("progress_interval_s", 0))
         log.info("registered with the router as %s", self.id)
 
         async def heartbeats() -> None:
@@ -347,6 +366,13 @@ class PDWorker:
                                          "transfer": self.transfer_stats.snapshot(),
                                          "queue_depth": len(self._jobs) + len(self._senders)}))
                 await asyncio.sleep(interval)
+
+        async def progress() -> None:
+            # From this event loop, not the engine thread: it runs while the engine is deep in a
+            # long step, so only a stopped (or wedged) process goes silent.
+            while progress_interval:
+                writer.write(encode_msg({"type": "progress", "steps": self.steps}))
+                await asyncio.sleep(progress_interval)
 
         async def pump_outbox() -> None:
             while True:
@@ -357,9 +383,9 @@ class PDWorker:
             while (msg := await read_msg(reader)) is not None:
                 self._on_command(msg)
 
-        tasks = [asyncio.ensure_future(t) for t in (heartbeats(), pump_outbox(), commands())]
+        tasks = [asyncio.ensure_future(t) for t in (commands(), heartbeats(), pump_outbox(), progress())]
         try:
-            await asyncio.wait([tasks[2], stopper], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([tasks[0], stopper], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in tasks:
                 t.cancel()
@@ -396,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = json.loads(args.engine_json)
     config = EngineConfig(preset=args.preset, name=args.id, **overrides)
     worker = PDWorker(args.id, args.role, config)
+    # torch and the model are a large object graph that lives as long as the process: out of the
+    # collector's sight, a full collection no longer walks it (one stalled a loaded worker's
+    # progress beats long enough to be declared hung)
+    gc.freeze()
     return asyncio.run(worker.serve(args.router, args.kv_host, args.control_host, grace_s=args.router_grace_s,
                                     parent_pid=args.parent_pid, kv_port=args.kv_port))
 

@@ -60,3 +60,11 @@ def test_presets_subcommand_prints_kv_bytes(capsys):
     for name, cfg in PRESETS.items():
         assert name in out
         assert str(cfg.kv_bytes_per_token()) in out
+
+
+def test_engine_dtype_override_is_validated_without_torch_at_import():
+    from harness.engine.config import DTYPES, EngineConfig
+    assert EngineConfig(preset="tiny", dtype="float32").model.dtype == "float32"
+    assert EngineConfig(preset="tiny", dtype="float32").model.torch_dtype == DTYPES["float32"]
+    with pytest.raises(ConfigError, match="unknown dtype 'int3'"):
+        EngineConfig(preset="tiny", dtype="int3")

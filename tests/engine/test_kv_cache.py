@@ -136,10 +136,12 @@ def test_payload_of_the_wrong_size_is_rejected():
         pool.import_block(t, other.export_block(b))
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 2**30])  # one sequence per chunk / all in one padded batch
-def test_batched_decode_attention_matches_dense_per_sequence(monkeypatch, chunk_bytes):
+@pytest.mark.parametrize("chunk_bytes, view_min", [(1, 10**9), (2**30, 10**9), (2**30, 0)])
+def test_batched_decode_attention_matches_dense_per_sequence(monkeypatch, chunk_bytes, view_min):
+    """Padded batches (one sequence per chunk / all in one) and contiguous views agree with dense."""
     import harness.engine.kv_cache as kv_cache
     monkeypatch.setattr(kv_cache, "BATCH_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(kv_cache, "VIEW_MIN_CONTEXT", view_min)
     model = Transformer(CFG)
     pool = _pool(32, block_size=4)
     seqs = [list(range(40, 40 + n)) for n in (3, 17, 9)]  # contexts of different block counts
@@ -172,3 +174,49 @@ def test_batched_multi_token_attention_matches_dense_per_sequence():
     for rows, seq in zip(logits, seqs):
         dense = model.logits(model.forward(model.tensor(seq), torch.arange(len(seq)), DenseKV(CFG.n_layers)))
         torch.testing.assert_close(rows, dense[-new:], rtol=0, atol=1e-10)
+
+
+def _decode_logits(model, pool, seq, table):
+    """Prefill seq[:-1] into the pool, then one decode step of seq[-1]: its logits."""
+    model.forward(model.tensor(seq[:-1]), torch.arange(len(seq) - 1), PagedAttention(pool, [(table, 0, len(seq) - 1)]))
+    return model.logits(model.forward(model.tensor(seq[-1:]), torch.tensor([len(seq) - 1]),
+                                      PagedAttention(pool, [(table, len(seq) - 1, 1)])))[0]
+
+
+def test_a_write_outside_attention_drops_the_contiguous_view_and_the_next_step_reads_the_blocks(monkeypatch):
+    import harness.engine.kv_cache as kv_cache
+    monkeypatch.setattr(kv_cache, "VIEW_MIN_CONTEXT", 0)  # every sequence attends over its view
+    model = Transformer(CFG)
+    pool = _pool(16, block_size=4)
+    seq = list(range(50, 60))
+    table = pool.allocate(pool.blocks_for(len(seq) + 1))
+    _decode_logits(model, pool, seq, table)
+    assert table[0] in pool.views
+    src = _pool(16, block_size=4)  # another sequence's bytes imported over block 1 (e.g. a swap-in)
+    other_table = src.allocate(pool.blocks_for(len(seq) + 1))
+    _decode_logits(model, src, list(range(70, 80)), other_table)
+    pool.import_block(table[1], src.export_block(other_table[1]))
+    assert table[0] not in pool.views
+    step = PagedAttention(pool, [(table, len(seq), 1)])  # rebuilt from the blocks, not from stale bytes
+    assert torch.equal(pool.views[table[0]].kv[:, :, 4:8], src.views[other_table[0]].kv[:, :, 4:8])
+    assert step.viewed[0][0] is pool.views[table[0]].kv
+
+
+def test_poisoned_block_in_service_is_read_by_its_owner_and_a_released_block_takes_no_stale_view(monkeypatch):
+    import harness.engine.kv_cache as kv_cache
+    monkeypatch.setattr(kv_cache, "VIEW_MIN_CONTEXT", 0)
+    model = Transformer(CFG)
+    pool = _pool(16, block_size=4)
+    seq = list(range(50, 60))
+    table = pool.allocate(pool.blocks_for(len(seq) + 1))
+    assert torch.isfinite(_decode_logits(model, pool, seq, table)).all()
+    pool.poison(table[0], quarantine=False)  # an engine that ignores page retirement
+    hidden = model.forward(model.tensor([1]), torch.tensor([len(seq)]), PagedAttention(pool, [(table, len(seq), 1)]))
+    assert torch.isnan(hidden).all()
+    pool.restore()
+    pool.free(table)
+    assert pool.views == {}
+    again = pool.allocate(pool.blocks_for(len(seq) + 1))
+    fresh = _decode_logits(model, pool, seq, again)
+    dense = model.logits(model.forward(model.tensor(seq), torch.arange(len(seq)), DenseKV(CFG.n_layers)))[-1]
+    torch.testing.assert_close(fresh, dense, rtol=0, atol=1e-10)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +22,7 @@ class ScriptedWorker:
         self.id, self.role, self.blocks, self.block_size = wid, role, blocks, block_size
         self.commands: asyncio.Queue = asyncio.Queue()
         self.beating = True
+        self.steps: int | None = None  # set: progress beats too, carrying this step counter
         self._tasks: list[asyncio.Task] = []
 
     async def connect(self, port: int) -> dict:
@@ -38,6 +41,8 @@ class ScriptedWorker:
         while True:
             if self.beating:
                 self.send({"type": "heartbeat", "stats": {"kv_blocks_used": 0}, "transfer": {}, "queue_depth": 0})
+                if self.steps is not None:
+                    self.send({"type": "progress", "steps": self.steps})
             await asyncio.sleep(0.1)
 
     async def _read(self) -> None:
@@ -205,8 +210,62 @@ def test_silent_worker_is_declared_dead_by_heartbeat_timeout_and_its_connection_
     asyncio.run(main())
 
 
+HANG = {"heartbeat_timeout_s": 30.0, "progress_interval_s": 0.1, "hang_timeout_s": 0.4}
+
+
+def test_serving_worker_that_stops_its_progress_beats_is_down_for_no_progress_not_heartbeat():
+    async def main():
+        p, d = ScriptedWorker("prefill-0", "prefill"), ScriptedWorker("decode-0", "decode")
+        d.steps = p.steps = 0
+        router, _ = await started(HANG, p, d)
+        task = asyncio.create_task(collect(router, req("r1")))
+        await serve_one(p, d, [70], finish=False)
+        d.beating = False  # as under SIGSTOP: no thread of the worker runs
+        assert (await d.expect("closed"))["type"] == "closed"  # within 5 s; heartbeat_timeout is 30 s
+        down = next(e for e in router.events if e["type"] == "worker_down")
+        assert (down["worker"], down["reason"], down["steps"]) == ("decode-0", "no_progress", 0)
+        assert down["affected"] == ["r1#0"]
+        task.cancel()
+        await router.close()
+
+    asyncio.run(main())
+
+
+def test_busy_worker_whose_step_counter_stands_still_but_keeps_beating_is_not_declared_hung():
+    async def main():
+        p, d = ScriptedWorker("prefill-0", "prefill"), ScriptedWorker("decode-0", "decode")
+        idle = ScriptedWorker("decode-1", "decode", blocks=1)  # no headroom: never placed
+        d.steps = p.steps = idle.steps = 0
+        router, _ = await started(HANG, p, d, idle)
+        task = asyncio.create_task(collect(router, req("r1")))
+        imp = await serve_one(p, d, [70], finish=False)
+        idle.beating = False  # silent, but serves nothing: only the heartbeat timeout may judge it
+        await asyncio.sleep(3 * HANG["hang_timeout_s"])  # one long engine step: the counter stays at 0
+        assert [e for e in router.events if e["type"] == "worker_down"] == []
+        d.send({"type": "tokens", "rid": imp["rid"], "token_ids": [71], "text": "G", "finished": True,
+                "finish_reason": "length", "num_output_tokens": 2, "error": None})
+        assert [e.token_ids for e in await task] == [[70], [71]]
+        await router.close()
+
+    asyncio.run(main())
+
+
 def test_router_config_validation():
     with pytest.raises(Exception, match="kv_headroom_factor"):
         RouterConfig(kv_headroom_factor=0)
     with pytest.raises(Exception, match="reschedule_delay_s"):
         RouterConfig(reschedule_delay_s=-1)
+    with pytest.raises(Exception, match="hang_timeout_s"):
+        RouterConfig(progress_interval_s=0.5, hang_timeout_s=0.8)
+
+
+def test_router_process_does_not_import_torch():
+    """The router only routes: importing torch cost it seconds of start-up and ~200 MiB it never used."""
+    code = ("import sys, harness.engine.router_server as rs\n"
+            "from harness.engine.api import build_app\n"
+            "from harness.engine.router import Router, RouterConfig\n"
+            "router = Router('tiny', RouterConfig.from_dict({'transfer': {'mode': 'whole'}}))\n"
+            "build_app(router, extra_routers=[rs.admin_api(router)])\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
