@@ -97,9 +97,10 @@ def test_multi_process_run_splits_one_schedule_over_locust_workers(server, tmp_p
 
 
 def test_overloaded_open_loop_accounts_for_every_arrival(server, tmp_path):
-    """One user cannot keep up with 20 arrivals/s: late arrivals are still sent (late), and the
+    """One user cannot keep up with 20 arrivals/s of 160 tokens each (32 were fast enough once decode
+    got faster): late arrivals are still sent (late), and the
     ones the run ends before sending are recorded as not sent, so none silently disappears."""
-    profile = LoadProfile(mode="constant", rate=20.0, users=1, duration_s=2.0, max_tokens=32, stop_timeout_s=1.0)
+    profile = LoadProfile(mode="constant", rate=20.0, users=1, duration_s=2.0, max_tokens=160, stop_timeout_s=1.0)
     records = LoadRunner(server.url, profile, output_dir=tmp_path).run()
     offsets = arrival_offsets("constant", 20.0, 2.0, seed=0)
     assert sorted(int(r.request_id.split("-")[1]) for r in records) == list(range(len(offsets)))
