@@ -22,8 +22,8 @@ LONG = 400  # tokens: long enough to still be decoding when the migration starts
 
 
 @functools.lru_cache(maxsize=None)
-def oracle(prompt: str, max_tokens: int) -> list[int]:
-    return greedy_reference(PRESET, ByteTokenizer().encode(prompt), max_tokens, ignore_eos=True)
+def oracle(prompt: str, max_tokens: int, preset: str = PRESET) -> list[int]:
+    return greedy_reference(preset, ByteTokenizer().encode(prompt), max_tokens, ignore_eos=True)
 
 
 # worker -> tokens it has streamed so far, per running test stream, from the streams' own chunks
@@ -32,7 +32,7 @@ _STREAMING: dict[int, tuple[str, int]] = {}
 _STREAMING_LOCK = threading.Lock()
 
 
-def start_streams(url: str, prompts: list[str], max_tokens: int = LONG):
+def start_streams(url: str, prompts: list[str], max_tokens: int = LONG, preset: str = PRESET):
     out: list = [None] * len(prompts)
 
     def one(i: int) -> None:
@@ -44,7 +44,7 @@ def start_streams(url: str, prompts: list[str], max_tokens: int = LONG):
                     _STREAMING[key] = (msg["served_by"], sum(rec.chunk_tokens))
 
         try:
-            with StreamingClient(url, model=PRESET, read_timeout_s=120) as client:
+            with StreamingClient(url, model=preset, read_timeout_s=120) as client:
                 out[i] = client.send(CompletionRequest(prompt=prompts[i], max_tokens=max_tokens, ignore_eos=True),
                                      on_message=seen)
         finally:
@@ -138,21 +138,22 @@ def test_migration_disabled_is_refused():
 
 
 def test_health_decision_migrates_off_a_sick_worker():
-    # HBM growth weighted fully (w_hbm 1.0): filling half the pool scores 1.0, well above 0.6
-    # Heartbeats (the detector's snapshots) every 0.25 s, so its window fills well before the stream
-    # ends: with 1 s heartbeats an idle machine could finish the stream first (nothing left to shed).
-    config = {"degradation_enabled": False, "heartbeat_interval_s": 0.25, "heartbeat_timeout_s": 2.0,
+    # HBM growth weighted fully (w_hbm 1.0): filling half the pool scores 1.0, well above 0.6.
+    # Heartbeats (the detector's snapshots) every 0.1 s and the small preset (a few ms per token), so
+    # the baseline and the decision both fit in the stream with room to spare: with tiny's ~1 ms per
+    # token a 900-token stream could end before the detector had its window (nothing left to shed).
+    config = {"degradation_enabled": False, "heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 2.0,
               "health": {"w_hbm": 1.0, "window": 5, "min_snapshots": 5}}
-    with Topology(prefill=1, decode=2, preset=PRESET, router_config=config) as t:
+    with Topology(prefill=1, decode=2, preset="small", router_config=config) as t:
         prompt = "A worker is getting sick under me:"
-        threads, recs = start_streams(t.api_url, [prompt], max_tokens=900)
+        threads, recs = start_streams(t.api_url, [prompt], max_tokens=900, preset="small")
         sick = busy_decode(t)["id"]
-        time.sleep(1.5)  # a few heartbeats of a steady baseline
+        time.sleep(0.8)  # a few heartbeats of a steady baseline
         fill = httpx.post(f"{t.api_url}/admin/faults/hbm_fill", json={"worker": sick, "share": 0.5}).json()
         assert fill["active"], fill
         join(threads)
         rec = recs[0]
-        assert rec.status == "ok" and rec.token_ids == oracle(prompt, 900)
+        assert rec.status == "ok" and rec.token_ids == oracle(prompt, 900, "small")
         # (a decision taken while the stream was momentarily not running has nothing to shed)
         decision = next(e for e in t.events() if e["type"] == "health_decision" and e["worker"] == sick
                         and e["plans"])

@@ -105,7 +105,9 @@ def test_wheel_in_fresh_venv_dry_runs_the_suites_against_a_cluster_file_in_cwd(t
     out = run.stdout + run.stderr
     assert run.returncode == 2, out[-4000:]  # inconclusive: a dry run proves nothing
     assert f"attaching to cluster mine (external, {work / 'clusters' / 'mine.yaml'})" in out
-    for plan in ("[dry-run] process_kill prefill-0", "[dry-run] hbm_fill decode-0", "6.1.4 dry run: 8 faults planned"):
-        assert plan in out, out[-4000:]
+    assert "[dry-run] hbm_fill decode-0" in out, out[-4000:]
+    # an attached topology with an admin API but no `workers:` inventory cannot bring a killed worker
+    # back: 6.1.4 is not judged there, and says why (harness/checks/capabilities.py)
+    assert "needs restartable_workers" in out and "[dry-run] process_kill" not in out, out[-4000:]
     assert "Unknown pytest.mark" not in out  # the plugin registers the suites' marks
     assert (work / "reports" / "latest" / "report.html").is_file()
