@@ -30,13 +30,27 @@ def request(prompt: str, max_tokens: int) -> CompletionRequest:
     return CompletionRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
 
 
+# worker -> tokens streamed, per running stream of send_all, from the streams' own chunks (served_by):
+# a heartbeat (every second) can report a fast stream running only after it ended
+STREAMING: dict[tuple[int, int], tuple[str, int]] = {}
+
+
 def send_all(base_url: str, reqs: list[CompletionRequest]) -> list:
     """Send concurrently from threads; returns the RequestRecords in order."""
     out = [None] * len(reqs)
 
     def one(i: int) -> None:
-        with StreamingClient(base_url, model=PRESET, read_timeout_s=60) as client:
-            out[i] = client.send(reqs[i])
+        key = (id(out), i)
+
+        def seen(rec, msg) -> None:
+            if isinstance(msg.get("served_by"), str) and rec.chunk_tokens:
+                STREAMING[key] = (msg["served_by"], sum(rec.chunk_tokens))
+
+        try:
+            with StreamingClient(base_url, model=PRESET, read_timeout_s=60) as client:
+                out[i] = client.send(reqs[i], on_message=seen)
+        finally:
+            STREAMING.pop(key, None)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
     for t in threads:
@@ -48,6 +62,11 @@ def join(threads, timeout_s: float = 120.0) -> None:
     for t in threads:
         t.join(timeout_s)
         assert not t.is_alive(), "a client request hung"
+
+
+def streaming_decode(min_tokens: int = 4) -> list[str]:
+    """Decode workers a running stream of send_all has at least ``min_tokens`` tokens from."""
+    return [w for w, n in list(STREAMING.values()) if n >= min_tokens and w.startswith("decode")]
 
 
 def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
@@ -103,9 +122,7 @@ def test_sigkill_decode_while_streaming_resumes_token_exact(healthy):
     prompts = [f"Resilience story number {i}:" for i in range(4)]
     # long enough to be seen running: heartbeats report num_running up to a second late
     threads, recs = send_all(healthy.api_url, [request(p, 900) for p in prompts])
-    busy = wait_for(lambda: [w for w in healthy.workers() if w["role"] == "decode" and w["num_running"] > 0
-                             and w["generation_tokens_total"] > 0], what="a decode worker streaming")
-    victim = busy[0]["id"]
+    victim = wait_for(streaming_decode, what="a decode worker streaming")[0]
     since = max((e["seq"] for e in healthy.events()), default=0)
     killed_at = time.monotonic()
     healthy.kill(victim, signal.SIGKILL)
@@ -144,12 +161,10 @@ def test_hung_prefill_sends_its_queued_requests_elsewhere(healthy):
 
 
 def test_sigstop_is_detected_routed_around_and_rejoins_after_sigcont(healthy):
-    # the router's own view (heartbeats report num_running up to a second late), and a stream
-    # long enough to be running when the worker stops
+    # the stream's own chunks name its decode worker (heartbeats report num_running up to a second
+    # late), and the stream is long enough to be running when the worker stops
     threads, recs = send_all(healthy.api_url, [request("A hung worker story", 900)])
-    busy = wait_for(lambda: [w for w in healthy.workers() if w["role"] == "decode" and w["active_requests"] > 0],
-                    what="a decode worker streaming")
-    victim = busy[0]["id"]
+    victim = wait_for(streaming_decode, what="a decode worker streaming")[0]
     since = max((e["seq"] for e in healthy.events()), default=0)
     stopped_at = time.monotonic()  # the router shares this clock
     healthy.kill(victim, signal.SIGSTOP)
@@ -198,7 +213,7 @@ def test_no_capacity_left_ends_streams_with_an_explicit_error():
     with Topology(prefill=1, decode=1, preset=PRESET, router_config={"reschedule_wait_s": 0.5}) as topo:
         # long enough to outlast the kill: heartbeats report num_running up to a second late
         threads, recs = send_all(topo.api_url, [request("Nowhere to go", 900)])
-        wait_for(lambda: worker(topo, "decode-0")["num_running"] > 0, what="decode-0 streaming")
+        wait_for(lambda: "decode-0" in streaming_decode(), what="decode-0 streaming")
         topo.kill("decode-0", signal.SIGKILL)
         join(threads, 30)
         assert recs[0].status == "stream_error" and "no worker could take" in recs[0].error_message
