@@ -19,7 +19,7 @@ import pytest
 
 from tests.realengine.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]  # vLLM start-up, then a kill whose restart takes minutes
 VLLM_MODE = "agg"
 VLLM_MODEL_PRESET = "slow"  # ~30 ms/token: streams are in flight when a worker is killed or hung
 
