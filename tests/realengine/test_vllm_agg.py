@@ -14,7 +14,7 @@ import pytest
 
 from tests.realengine.conftest import healthy, pgrep, scrape, stream_chat, stream_chat_outcome
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # vLLM start-up and restarts take minutes under load
 VLLM_MODE = "agg"
 VLLM_MODEL_PRESET = "slow"  # ~30 ms per token: a stream is still in flight when its engine is killed
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.realengine.conftest import healthy, pgrep, scrape, stream_chat, stream_chat_outcome
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # vLLM start-up and restarts take minutes under load
 VLLM_MODE = "pd"
 EXTERNAL = "vllm:prompt_tokens_by_source_total{"
 
