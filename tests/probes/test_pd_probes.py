@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_probes_observe_a_decode_worker_kill_under_load(tmp_path):
-    profile = LoadProfile(mode="constant", rate=4.0, users=4, duration_s=4.0, max_tokens=48, seed=5)
+    # 300 tokens: a request still runs on the victim when it is killed (48 could end in between)
+    profile = LoadProfile(mode="constant", rate=4.0, users=4, duration_s=4.0, max_tokens=300, seed=5)
     with Topology(prefill=1, decode=2, preset="tiny", log_dir=tmp_path / "pd") as topo:
         admin = AdminClient(topo.admin_url)
         with PrometheusScraper(topo.api_url + "/metrics", interval_s=0.5) as scraper, \
