@@ -22,7 +22,7 @@ from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, meas
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
                                                 measure_client_view)
 from harness.checks.verdict import Verdict, inconclusive
-from harness.errors import EngineError, ProbeError
+from harness.errors import EngineError, FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
 from harness.probes import blackbox_faults as blackbox
 from harness.probes.timeline import merge_timeline
@@ -210,6 +210,13 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
             print(f"[dry-run] {line}", flush=True)
         conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected",
                                         plan=lines))
+        return
+    try:  # a production cluster refuses the faults: say so before any load is sent, never crash
+        for kind in sorted({k for k, _ in steps}):
+            cluster.check_fault_allowed(kind)
+    except FaultError as exc:
+        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {exc}",
+                                        plan=[f"{k} {r}" for k, r in steps]))
         return
     workload = cluster.workload
     run = load(duration_s=harness_options.load_duration or BLACKBOX_LOAD_MAX_S,
