@@ -41,8 +41,13 @@ PORTS = {
     "agg": {"router": 8100, "instances": {"vllm-0": 8101, "vllm-1": 8102}, "router_metrics": 8109},
     "pd": {"router": 8200, "instances": {"prefill-0": 8201, "decode-0": 8202}, "router_metrics": 8209},
 }
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-              "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's "auto" binding pins every instance's engine to the same
+# core (core 0 on a 2-core machine, through GOMP_CPU_AFFINITY, which the spawned EngineCore inherits).
+# A restarted instance then starts on the core the other instance's busy Worker holds under load and
+# got 0.4 % of it: its restart took over 10 minutes (6.1.4 reverts timed out). Unbound, the kernel
+# spreads them.
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 PR_SET_CHILD_SUBREAPER = 36
 
 
