@@ -39,6 +39,18 @@ def test_each_process_pattern_names_exactly_one_engine_core(vllm_cluster):
         assert pids == [vllm_cluster.ready["instances"][worker["name"]]["engine_pid"]], (worker, pids)
 
 
+def test_no_instance_is_pinned_to_one_core(vllm_cluster):
+    """vLLM's default CPU binding pinned both instances' Workers (and a restarting EngineCore) to core
+    0; under load a restarted instance then took over 10 minutes to start (the launcher sets
+    VLLM_CPU_OMP_THREADS_BIND=nobind). Every process of every instance may run on every CPU we may."""
+    allowed = os.sched_getaffinity(0)
+    for name in vllm_cluster.ready["instances"]:
+        pids = pgrep(f"^{name}::")  # its EngineCore and Worker
+        assert len(pids) >= 2, (name, pids)
+        for pid in pids:
+            assert os.sched_getaffinity(pid) == allowed, (name, pid, sorted(os.sched_getaffinity(pid)), sorted(allowed))
+
+
 def test_a_stopped_engine_core_keeps_health_200_while_its_requests_stall(vllm_cluster):
     """Why 6.1.4 judges a hang by the stall clients see: vLLM's /health does not notice a stopped engine."""
     worker = vllm_cluster.worker("vllm-1")
