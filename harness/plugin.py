@@ -476,7 +476,7 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
     """``load(**profile_overrides)`` starts a Locust run against the cluster (LoadProfile from the
     options); every run is stopped and reaped when the test ends."""
     from harness.probes.load import LoadRunner
-    from harness.probes.workload import LoadProfile
+    from harness.probes.workload import LoadProfile, workload_profile
 
     runs: list[LoadRunner] = []
 
@@ -486,6 +486,7 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
                                 "model": cluster.model}
         if o.load_rate is not None:
             base.update(mode="poisson", rate=o.load_rate)
+        base.update(workload_profile(getattr(cluster, "workload", None), overrides))
         profile = LoadProfile(**{**base, **overrides})
         runner = LoadRunner(cluster.api_url, profile, api_key=cluster.api_key(),
                             output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))

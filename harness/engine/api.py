@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request
@@ -447,11 +447,27 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 class _SSEResponse(StreamingResponse):
     """Closes the event stream on every exit, including a client that went away while a
-    chunk was being sent (Starlette would leave the generator to the garbage collector)."""
+    chunk was being sent (Starlette would leave the generator to the garbage collector).
+    ``on_first_body`` runs after each chunk of the body was handed to the server's transport
+    until it returns True (the engine's TTFT is stamped at the first token's chunk there, which is
+    when the client can start to see it)."""
+
+    def __init__(self, *args: Any, on_first_body: Callable[[], bool] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_first_body = on_first_body
 
     async def __call__(self, scope, receive, send) -> None:
+        pending = self._on_first_body
+
+        async def send_stamped(message: dict) -> None:
+            nonlocal pending
+            await send(message)
+            if pending is not None and message["type"] == "http.response.body" and message.get("body"):
+                if pending():  # True once the chunk carried the first token
+                    pending = None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_stamped)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()
@@ -490,7 +506,8 @@ async def _generate(request: Request, body_type: type[_CommonBody]) -> Response:
     client: EngineClient = state.client
     try:
         call = _to_call(_parse(body_type, await _read_body(request, state.max_body_bytes)), client)
-        gen = _Generation(client, call, state.metrics.track(call.request.arrival_time))
+        tracker = state.metrics.track(call.request.arrival_time, ttft_on_write=call.stream)
+        gen = _Generation(client, call, tracker)
     except Exception as exc:
         return _exception_response(request, exc)
     handed_over = False
@@ -501,7 +518,8 @@ async def _generate(request: Request, body_type: type[_CommonBody]) -> Response:
                 return _error_response(request, 500, _event_error(first), code="engine_error")
             handed_over = True
             return _SSEResponse(_stream_events(call, gen, first), media_type="text/event-stream",
-                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                on_first_body=tracker.first_write)
         final = await _unless_disconnected(request, gen.collect())
         if final.finish_reason == FinishReason.ERROR:
             return _error_response(request, 500, _event_error(final), code="engine_error")

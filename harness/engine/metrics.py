@@ -69,9 +69,11 @@ class ServingMetrics:
             self.finished.labels(self.model_name, reason.value)
         registry.register(EngineStatsCollector(client))
 
-    def track(self, arrival_time: float) -> "RequestTracker":
-        """Start timing one request that arrived at ``arrival_time`` (time.monotonic())."""
-        return RequestTracker(self, arrival_time)
+    def track(self, arrival_time: float, *, ttft_on_write: bool = False) -> "RequestTracker":
+        """Start timing one request that arrived at ``arrival_time`` (time.monotonic()).
+        ``ttft_on_write``: a streamed request's TTFT is stamped when its first chunk is written to
+        the client's socket (:meth:`RequestTracker.first_write`), not when the engine produced it."""
+        return RequestTracker(self, arrival_time, ttft_on_write=ttft_on_write)
 
     def count_error(self, status: int, code: str | None) -> None:
         self.http_errors.labels(str(status), code or "").inc()
@@ -80,9 +82,11 @@ class ServingMetrics:
 class RequestTracker:
     """Times one request from the events it streams; ends exactly once (finish or abort)."""
 
-    def __init__(self, metrics: ServingMetrics, arrival_time: float) -> None:
+    def __init__(self, metrics: ServingMetrics, arrival_time: float, *, ttft_on_write: bool = False) -> None:
         self._m = metrics
         self._arrival = arrival_time
+        self._ttft_on_write = ttft_on_write
+        self._ttft_observed = False
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._num_prompt = 0
@@ -96,13 +100,28 @@ class RequestTracker:
         if event.token_ids:
             if self._first_token_at is None:
                 self._first_token_at = now
-                self._m.ttft.labels(label).observe(now - self._arrival)
+                if not self._ttft_on_write:
+                    self._observe_ttft(now)
             else:
                 self._m.itl.labels(label).observe(now - self._last_token_at)
             self._last_token_at = now
             self._num_output += len(event.token_ids)
         if event.finished:
             self._end(event.finish_reason or FinishReason.STOP, now)
+
+    def first_write(self) -> bool:
+        """The first chunk of a streamed response was handed to the client's socket: the TTFT a
+        client sees (Nagle, a slow event loop or a full socket buffer count; a queue inside the
+        engine alone would not). Once per request; the first token's own time still starts TPOT.
+        True once the TTFT is observed (a chunk before the first token does not count)."""
+        if self._ttft_on_write and self._first_token_at is not None:
+            self._observe_ttft(time.monotonic())
+        return self._ttft_observed
+
+    def _observe_ttft(self, now: float) -> None:
+        if not self._ttft_observed:
+            self._ttft_observed = True
+            self._m.ttft.labels(self._m.model_name).observe(now - self._arrival)
 
     def abort(self, reason: FinishReason = FinishReason.ABORT) -> None:
         """The stream ended before the engine finished it: the client went away (ABORT) or

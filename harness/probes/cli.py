@@ -2,6 +2,8 @@
 with Locust, write the request records (JSONL) and print the latency summary.
 
     python -m harness load http://127.0.0.1:8000 --mode poisson --rate 4 --duration 30 --output out/
+    python -m harness load http://127.0.0.1:8000 --prompt-tokens 512 --output-tokens 64 --requests 200 \
+        --concurrency 8            # 200 requests of 512 prompt tokens, 8 in flight, then stop
 """
 
 from __future__ import annotations
@@ -26,16 +28,39 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+DEFAULT_DURATION_S = 10.0
+REQUESTS_CAP_S = 3600.0  # with --requests and no --duration: the run ends when they are done
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--mode", choices=MODES, default="closed",
-                        help="closed: USERS back to back; constant/poisson: open loop at --rate")
-    parser.add_argument("--users", type=int, default=2, help="users (open loop: the in-flight cap)")
+    parser.add_argument("--mode", choices=MODES,
+                        help="closed: USERS back to back; constant/poisson: open loop at --rate "
+                             "(default: poisson with --rate, else closed)")
+    parser.add_argument("--users", "--concurrency", dest="users", type=_positive_int, default=2,
+                        help="requests in flight at once (closed loop: users; open loop: the in-flight cap)")
     parser.add_argument("--processes", type=int, default=1,
                         help="Locust worker processes (more than 1 when one generator process is the bottleneck)")
     parser.add_argument("--rate", type=_positive_float, help="requests/s (open loop)")
-    parser.add_argument("--duration", type=_positive_float, default=10.0, help="seconds of load")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--duration", type=_positive_float,
+                        help=f"seconds of load (default {DEFAULT_DURATION_S:.0f}; with --requests: at most "
+                             f"{REQUESTS_CAP_S:.0f}, the run ends when they are done)")
+    parser.add_argument("--requests", type=_positive_int, help="send this many requests in all, then stop")
+    parser.add_argument("--max-tokens", "--output-tokens", dest="max_tokens", type=_positive_int, default=32,
+                        help="output tokens per request (asked with ignore_eos, so every request gets them)")
+    parser.add_argument("--prompt-tokens", type=_positive_int,
+                        help="prompt length in the server's tokens (measured on the server before the run; "
+                             "default: 16-96 characters)")
     parser.add_argument("--seed", type=int, default=0, help="prompts and Poisson arrivals")
     parser.add_argument("--model", help="model name (default: the first in /v1/models)")
     parser.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
@@ -49,14 +74,20 @@ def run(args: argparse.Namespace) -> int:
     from harness.probes.analysis import SLO, summarize
     from harness.probes.load import LoadRunner
 
-    profile = LoadProfile(mode=args.mode, users=args.users, rate=args.rate, duration_s=args.duration,
+    mode = args.mode or ("poisson" if args.rate is not None else "closed")
+    duration = args.duration or (REQUESTS_CAP_S if args.requests else DEFAULT_DURATION_S)
+    profile = LoadProfile(mode=mode, users=args.users, rate=args.rate, duration_s=duration,
                           max_tokens=args.max_tokens, seed=args.seed, model=args.model, chat=args.chat,
-                          processes=args.processes)
+                          processes=args.processes, prompt_tokens=args.prompt_tokens, requests=args.requests,
+                          num_prompts=max(64, min(args.requests or 64, 4096)))
     slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms) if (args.slo_ttft_ms or args.slo_tpot_ms) else None
     runner = LoadRunner(args.url, profile, output_dir=args.output)
     records = runner.run()
     summary = summarize(records, slo=slo, basis="scheduled" if profile.open_loop else "sent")
     summary["records"] = str(runner.records_path)
+    counted = sorted(r.prompt_tokens for r in records if r.prompt_tokens)
+    summary["prompt_tokens_server"] = ({"min": counted[0], "p50": counted[len(counted) // 2], "max": counted[-1]}
+                                       if counted else None)
     if args.json:
         print(json.dumps(summary, indent=2, default=lambda v: None))
     else:
@@ -88,4 +119,7 @@ def _print_table(summary: dict, profile: LoadProfile) -> None:
                   f"{summary['output_tokens_per_s']:.1f} output tokens/s")
     if "goodput_rps" in summary:
         console.print(f"goodput {summary['goodput_rps']:.2f} req/s, SLO attainment {summary['slo_attainment']:.1%}")
+    if summary.get("prompt_tokens_server"):
+        pt = summary["prompt_tokens_server"]
+        console.print(f"prompt tokens (the server's count): min {pt['min']}, p50 {pt['p50']}, max {pt['max']}")
     console.print(f"records: {summary['records']}")

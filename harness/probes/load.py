@@ -60,6 +60,10 @@ class LoadRunner:
             raise ProbeError("this load run was already started", fix="create a new LoadRunner per run")
         for old in self._record_files():
             old.unlink()  # writers append; a rerun must not mix in old records
+        if self.profile.sized_in_tokens:
+            from harness.probes.calibrate import calibrated
+
+            self.profile = calibrated(self.profile, self.api_url, api_key=self._api_key)
         env = dict(os.environ, HARNESS_LOAD_PROFILE=self.profile.to_json(),
                    HARNESS_LOAD_OUTPUT=str(self.records_path))
         env.pop(API_KEY_ENV, None)

@@ -24,7 +24,7 @@ from locust.runners import MasterRunner, Runner, WorkerRunner
 from harness.errors import ProbeError
 from harness.probes.records import NOT_SENT, RecordWriter, RequestRecord, process_anchor
 from harness.probes.streaming import CompletionRequest, StreamingClient
-from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts, worker_records_path
+from harness.probes.workload import LoadProfile, arrival_offsets, make_requests, worker_records_path
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ class LoadController:
     def __init__(self, profile: LoadProfile, output_path: str) -> None:
         self.profile = profile
         self.output_path = output_path
-        self.prompts = make_prompts(profile)
+        self.requests = make_requests(profile)  # (prompt, max_tokens)
         self.offsets_s = (arrival_offsets(profile.mode, profile.rate, profile.duration_s, profile.seed)
-                          if profile.open_loop else [])
+                          if profile.open_loop else [])[:profile.requests]
         self.writer: RecordWriter | None = None
         self.started = gevent.event.Event()
         self.t0_ns = 0
@@ -104,14 +104,28 @@ class LoadController:
         new request starts, the ones in flight finish. Only sets a flag (safe in a handler)."""
         self.finish_requested = True
 
-    def _sleep_run(self) -> None:
-        """Sleep out ``duration_s``, or until a finish is requested."""
+    def _sleep_run(self, runner: Runner) -> None:
+        """Sleep out ``duration_s``, or until a finish is requested, or (``requests`` given) until
+        every request was sent and none is in flight."""
         end = time.monotonic() + self.profile.duration_s
-        while not self.finish_requested and time.monotonic() < end:
+        while not self.finish_requested and time.monotonic() < end and not self._all_requests_done(runner):
             gevent.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
+    def _all_requests_done(self, runner: Runner) -> bool:
+        if self.profile.requests is None:
+            return False
+        if isinstance(runner, MasterRunner):  # the users live in the workers: done when all stopped
+            return runner.user_count == 0
+        return self.in_flight == 0 and self._exhausted()
+
+    def _exhausted(self) -> bool:
+        """Every request this process may send (``requests`` in all) was taken."""
+        if self.profile.open_loop:
+            return self.arrivals_left() == 0
+        return self.profile.requests is not None and self._arrival(self._taken) >= self.profile.requests
+
     def _finish_local(self, runner: Runner) -> None:
-        self._sleep_run()
+        self._sleep_run(runner)
         if not self.profile.open_loop or self.finish_requested:
             self.sending = False
         # Open loop: arrivals that are due but not yet sent (every user was busy) are still
@@ -126,7 +140,7 @@ class LoadController:
         runner.quit()
 
     def _finish_distributed(self, runner: Runner) -> None:
-        self._sleep_run()
+        self._sleep_run(runner)
         if self.profile.open_loop and not self.finish_requested:
             # workers start their clocks a little after this one and send late arrivals too:
             # wait until their users are done with the schedule (user counts arrive with the
@@ -157,6 +171,8 @@ class LoadController:
             return None
         k = self._taken
         if not self.profile.open_loop:
+            if self._exhausted():
+                return None
             self._taken += 1
             rid = f"load-{k}" if self.profile.processes == 1 else f"load-w{self.worker_index}-{k}"
             return rid, self._arrival(k), time.perf_counter_ns()
@@ -174,8 +190,14 @@ class LoadController:
         self.write(RequestRecord(
             request_id=request_id, scheduled_ns=scheduled_ns, sent_ns=now, end_ns=now, status="cancelled",
             error_class=NOT_SENT, error_message="the run ended before the generator could send it",
-            prompt=self.prompts[prompt_index % len(self.prompts)], max_tokens=self.profile.max_tokens,
+            prompt=self.prompt(prompt_index), max_tokens=self.max_tokens(prompt_index),
             anchor_wall_ns=anchor.wall_ns, anchor_mono_ns=anchor.mono_ns, anchor_perf_ns=anchor.perf_ns))
+
+    def prompt(self, index: int) -> str:
+        return self.requests[index % len(self.requests)][0]
+
+    def max_tokens(self, index: int) -> int:
+        return self.requests[index % len(self.requests)][1]
 
     def new_user_name(self) -> str:
         prefix = "user" if self.profile.processes == 1 else f"w{self.worker_index}-user"
@@ -239,7 +261,7 @@ class LLMUser(User):
             raise StopUser()
         request_id, prompt_index, scheduled_ns = nxt
         prof = ctl.profile
-        request = CompletionRequest(prompt=ctl.prompts[prompt_index % len(ctl.prompts)], max_tokens=prof.max_tokens,
+        request = CompletionRequest(prompt=ctl.prompt(prompt_index), max_tokens=ctl.max_tokens(prompt_index),
                                     ignore_eos=prof.ignore_eos, chat=prof.chat)
         ctl.in_flight += 1  # from taking the arrival: the run must not end between take and send
         try:

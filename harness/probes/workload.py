@@ -13,6 +13,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.errors import ConfigError
 
@@ -49,6 +50,15 @@ class LoadProfile:
     timeout_s: float = 60.0
     stop_timeout_s: float = 30.0       # how long in-flight requests may finish after duration_s
     processes: int = 1                 # >1: Locust master + this many forked worker processes
+    # prompts sized in the server's tokens (else prompt_min/max_chars): every request asks for
+    # prompt_tokens tokens of prompt, or one of ``mix``'s shapes, each (prompt_tokens, output_tokens,
+    # weight), drawn by weight with the seed (output_tokens replaces max_tokens for that request).
+    # Characters per token come from the server itself (harness.probes.calibrate, before the run).
+    prompt_tokens: int | None = None
+    mix: tuple[tuple[int, int, float], ...] = ()
+    chars_per_token: float | None = None  # measured: prompt chars per server token ...
+    token_overhead: float = 0.0           # ... plus the tokens every prompt costs (BOS, template)
+    requests: int | None = None        # send this many requests in all, then end (duration_s caps it)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -79,10 +89,30 @@ class LoadProfile:
                               fix="give at least one user per process")
         if self.timeout_s <= 0 or self.stop_timeout_s < 0:
             raise ConfigError("timeout_s must be > 0 and stop_timeout_s >= 0", fix="fix the timeouts")
+        if self.prompt_tokens is not None and (not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 1):
+            raise ConfigError(f"prompt_tokens must be a positive integer, got {self.prompt_tokens!r}",
+                              fix="give the prompt length in tokens, e.g. 200")
+        object.__setattr__(self, "mix", tuple(tuple(shape) for shape in self.mix))
+        for shape in self.mix:
+            if (len(shape) != 3 or not all(isinstance(v, int) and v >= 1 for v in shape[:2])
+                    or not isinstance(shape[2], (int, float)) or not shape[2] > 0):
+                raise ConfigError(f"request shape {list(shape)!r} is not (prompt_tokens >= 1, output_tokens >= 1, "
+                                  f"weight > 0)", fix="write each shape as [prompt_tokens, output_tokens, weight]")
+        if self.chars_per_token is not None and not self.chars_per_token > 0:
+            raise ConfigError(f"chars_per_token must be > 0, got {self.chars_per_token!r}",
+                              fix="let LoadRunner measure it on the server (harness.probes.calibrate)")
+        if self.requests is not None and (not isinstance(self.requests, int) or self.requests < 1):
+            raise ConfigError(f"requests must be a positive integer, got {self.requests!r}",
+                              fix="give how many requests to send in all, or leave it unset to run for duration_s")
 
     @property
     def open_loop(self) -> bool:
         return self.mode != "closed"
+
+    @property
+    def sized_in_tokens(self) -> bool:
+        """Prompts are sized in the server's tokens, so the server must be measured first."""
+        return self.prompt_tokens is not None or bool(self.mix)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -100,17 +130,57 @@ class LoadProfile:
         return cls(**data)
 
 
-def make_prompts(profile: LoadProfile) -> list[str]:
-    """``num_prompts`` prompts of varied length (uniform in chars), the same for the same seed."""
+def workload_profile(workload: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """LoadProfile fields for a cluster file's ``workload:`` (prompt and output lengths in tokens, a
+    request mix); ``{}`` without one. A suite's own ``max_tokens`` wins over the workload's output
+    lengths (the suite chose its stream length for what it measures); prompts keep their sizes."""
+    if workload is None:
+        return {}
+    fields: dict[str, Any] = {"prompt_tokens": workload.prompt_tokens, "max_tokens": workload.output_tokens}
+    if workload.mix:
+        fields["mix"] = tuple((s.prompt_tokens, overrides.get("max_tokens", s.output_tokens), s.weight)
+                              for s in workload.mix)
+    return fields
+
+
+def prompt_text(rng: random.Random, chars: int) -> str:
+    """About ``chars`` characters of the load's fixed vocabulary, drawn with ``rng``."""
+    words: list[str] = []
+    while len(" ".join(words)) < chars:
+        words.append(rng.choice(_WORDS))
+    return " ".join(words)[:chars].rstrip() or _WORDS[0]
+
+
+def prompt_chars(profile: LoadProfile, tokens: int) -> int:
+    """Characters that make a prompt of about ``tokens`` server tokens (measured ratio)."""
+    if profile.chars_per_token is None:
+        raise ConfigError("prompts sized in tokens need the server's characters per token",
+                          fix="start the run through LoadRunner, which measures it on the server first "
+                              "(harness.probes.calibrate), or set chars_per_token")
+    return max(1, round((tokens - profile.token_overhead) * profile.chars_per_token))
+
+
+def make_requests(profile: LoadProfile) -> list[tuple[str, int]]:
+    """``num_prompts`` (prompt, max_tokens) pairs, the same for the same seed: prompts of varied
+    length in chars, or sized in tokens (``prompt_tokens`` / ``mix``, max_tokens per shape)."""
     rng = random.Random(profile.seed)
-    prompts = []
+    shapes: tuple[tuple[int, int, float], ...] = ()
+    if profile.sized_in_tokens:
+        shapes = profile.mix or ((profile.prompt_tokens, profile.max_tokens, 1.0),)
+    out = []
     for _ in range(profile.num_prompts):
-        target = rng.randint(profile.prompt_min_chars, profile.prompt_max_chars)
-        words: list[str] = []
-        while len(" ".join(words)) < target:
-            words.append(rng.choice(_WORDS))
-        prompts.append(" ".join(words)[:target].rstrip() or _WORDS[0])
-    return prompts
+        if shapes:
+            prompt_tokens, max_tokens, _w = rng.choices(shapes, weights=[s[2] for s in shapes])[0]
+            out.append((prompt_text(rng, prompt_chars(profile, prompt_tokens)), max_tokens))
+        else:
+            out.append((prompt_text(rng, rng.randint(profile.prompt_min_chars, profile.prompt_max_chars)),
+                        profile.max_tokens))
+    return out
+
+
+def make_prompts(profile: LoadProfile) -> list[str]:
+    """The prompts of :func:`make_requests`."""
+    return [prompt for prompt, _ in make_requests(profile)]
 
 
 def arrival_offsets(mode: str, rate: float, duration_s: float, seed: int) -> list[float]:

@@ -438,3 +438,46 @@ def test_extra_routers_and_registry_share_the_error_shape_and_the_scrape(engine)
     s = metric_samples(metrics.text)
     assert s[("pdengine_router_test_marker_total", ())] == 3
     assert s[("pdengine_http_errors_total", (("code", "overloaded"), ("status", "429")))] == 1
+
+
+def test_streamed_ttft_is_stamped_when_the_first_chunk_is_written_not_when_the_engine_made_it(engine):
+    """A socket that takes 1.5 s to accept the first chunk (Nagle, a full buffer, a busy loop):
+    the client saw its first token 1.5 s late, so the engine's TTFT must say so too; a request
+    that is not streamed keeps the engine's time (its body is written at the end)."""
+    app = build_app(engine)
+    hold_s = 1.5
+    raw = json.dumps({"prompt": "hello there", "max_tokens": 3, "stream": True, "ignore_eos": True}).encode()
+    delivered = False
+
+    async def receive():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(3600)
+
+    first_body = True
+
+    async def slow_first_chunk(message):
+        nonlocal first_body
+        if message["type"] == "http.response.body" and message.get("body") and first_body:
+            first_body = False
+            await asyncio.sleep(hold_s)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
+
+    async def go():
+        await app(scope, receive, slow_first_chunk)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            return (await http.get("/metrics")).text
+
+    s = metric_samples(asyncio.run(go()))
+    model = (("model_name", "tiny"),)
+    assert s[("pdengine_time_to_first_token_seconds_count", model)] == 1
+    assert s[("pdengine_time_to_first_token_seconds_sum", model)] >= hold_s
+    # TPOT is the engine's: measured from the first token's own time, not from the late write
+    assert s[("pdengine_request_time_per_output_token_seconds_count", model)] == 1

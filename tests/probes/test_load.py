@@ -140,3 +140,22 @@ def test_finish_ends_a_long_run_early_without_cutting_requests_in_flight(server,
     for r in sent:
         assert r.prompt in prompts
         assert r.token_ids == greedy_reference("tiny", tok.encode(r.prompt), 64, ignore_eos=True), r.request_id
+
+
+def test_prompts_sized_in_tokens_are_measured_on_the_server_and_requests_end_the_run(server, tmp_path):
+    # the byte tokenizer: one token per byte, no BOS; the harness must find that out from the server
+    profile = LoadProfile(mode="closed", users=3, duration_s=600.0, max_tokens=4, seed=2, prompt_tokens=120,
+                          requests=9)
+    t0 = time.monotonic()
+    runner = LoadRunner(server.url, profile, output_dir=tmp_path)
+    records = runner.run()
+    assert time.monotonic() - t0 < 300  # ended by the request count, not the 600 s duration
+    assert runner.profile.chars_per_token == pytest.approx(1.0, abs=0.05)
+    assert len(records) == 9 and all(r.ok for r in records), runner.log_tail()
+    assert all(115 <= r.prompt_tokens <= 120 for r in records), [r.prompt_tokens for r in records]
+
+
+def test_an_open_loop_run_with_a_request_count_sends_exactly_that_many(server, tmp_path):
+    profile = LoadProfile(mode="constant", rate=20.0, users=4, duration_s=600.0, max_tokens=2, requests=6)
+    records = LoadRunner(server.url, profile, output_dir=tmp_path).run()
+    assert sorted(r.request_id for r in records) == [f"load-{i}" for i in range(6)] and all(r.ok for r in records)

@@ -49,3 +49,46 @@ def test_profile_round_trips_and_rejects_bad_values_with_a_fix():
         LoadProfile(processes=0)
     with pytest.raises(ConfigError, match="unknown fields"):
         LoadProfile.from_json('{"rps": 3}')
+
+
+def test_prompts_sized_in_tokens_follow_the_measured_ratio_and_the_mix():
+    from harness.probes.workload import make_requests, prompt_chars
+
+    prof = LoadProfile(prompt_tokens=50, max_tokens=7, chars_per_token=4.0, token_overhead=2.0, num_prompts=20)
+    assert prompt_chars(prof, 50) == 192  # (50 - 2 tokens of overhead) * 4 chars
+    reqs = make_requests(prof)
+    assert all(mt == 7 and 185 <= len(p) <= 192 for p, mt in reqs), [len(p) for p, _ in reqs]
+    assert len({p for p, _ in reqs}) == 20  # distinct prompts (no accidental prefix-cache hits)
+    mixed = LoadProfile(mix=((10, 3, 1.0), (100, 5, 3.0)), chars_per_token=1.0, num_prompts=400, seed=3)
+    out = make_requests(mixed)
+    assert out == make_requests(mixed)
+    long = [p for p, mt in out if mt == 5]
+    assert {len(p) <= 10 for p, mt in out if mt == 3} == {True} and all(95 <= len(p) <= 100 for p in long)
+    assert 0.65 < len(long) / len(out) < 0.85  # weight 3 of 4
+    # a round trip through JSON (the Locust process) keeps the mix
+    assert LoadProfile.from_json(mixed.to_json()) == mixed
+
+
+def test_token_sizing_without_a_measured_ratio_and_bad_shapes_say_what_to_do():
+    from harness.probes.workload import make_requests
+
+    with pytest.raises(ConfigError, match="characters per token") as err:
+        make_requests(LoadProfile(prompt_tokens=10))
+    assert "LoadRunner" in err.value.fix
+    for bad in ({"mix": ((0, 3, 1.0),)}, {"mix": ((10, 3, 0),)}, {"mix": ((10,),)}, {"requests": 0},
+                {"prompt_tokens": 0}, {"chars_per_token": -1.0}):
+        with pytest.raises(ConfigError):
+            LoadProfile(**bad)
+
+
+def test_cluster_workload_becomes_profile_fields_and_a_suites_max_tokens_wins():
+    from harness.clusterfile.models import Workload
+    from harness.probes.workload import workload_profile
+
+    wl = Workload(prompt_tokens=300, output_tokens=40,
+                  mix=[{"prompt_tokens": 300, "output_tokens": 40, "weight": 3},
+                       {"prompt_tokens": 2000, "output_tokens": 8, "weight": 1}])
+    assert workload_profile(None, {}) == {}
+    assert workload_profile(wl, {}) == {"prompt_tokens": 300, "max_tokens": 40,
+                                        "mix": ((300, 40, 3.0), (2000, 8, 1.0))}
+    assert workload_profile(wl, {"max_tokens": 32})["mix"] == ((300, 32, 3.0), (2000, 32, 1.0))
