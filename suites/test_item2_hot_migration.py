@@ -6,6 +6,11 @@ then under full Locust load, and judge what each migration added to its stream's
 delay (harness/checks/migration.py) against the checklist's 50 ms / 200 ms. Every request of the
 run must satisfy the nothing-lost invariant: migrated streams stay token-exact.
 
+On an engine without that API that resumes a stream elsewhere when its worker is lost (Dynamo's
+request migration; cluster file `migration: {on_worker_loss: true}`), workers of the cluster file's
+inventory are killed while the harness's streams decode on them, and the crossing is judged from the
+client alone (harness/checks/migration_blackbox.py, :func:`_on_worker_loss`).
+
 Victims are the harness's own streams (harness/probes/migration.py): each is watched chunk by
 chunk, and the migration of that very request is asked for off the worker its chunks name as soon
 as it has MIGRATE_AFTER_TOKENS tokens, so the source is never guessed from a heartbeat that may
@@ -90,7 +95,10 @@ def _wait_for_load(timeline: Any, run: Any, timeout_s: float = 90.0) -> None:
         time.sleep(0.05)
 
 
-def test_hot_migration_ttft_delta(cluster, load, timeline, conformance, harness_options):
+def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, harness_options):
+    if not timeline.available:  # no admin API: the engine migrates streams when their worker is lost
+        _on_worker_loss(cluster, load, faults, conformance, harness_options)
+        return
     checklist = cluster.thresholds
     t = checklist.item(ITEM).thresholds
     if harness_options.dry_run:  # no fault to plan: migrations go through the admin API
@@ -128,3 +136,67 @@ def test_hot_migration_ttft_delta(cluster, load, timeline, conformance, harness_
     conformance.add_latency(records)
     conformance.add_timeline(merge_timeline(events=[e for e in events if e["type"].startswith("migration")],
                                             records=records, failed_requests_only=True))
+
+
+STREAMS_PER_WORKER = 2     # the harness's streams per worker of the killed role, started before each kill
+KILL_OBSERVE_S = 5.0       # a kill is held this long: the engine must move the streams by itself
+LOSS_TOKENS_AFTER = 320    # tokens a stream still wants after the kill (it must outlive the kill's set-up)
+
+
+def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
+    """6.1.2 from the client on an engine that migrates on worker loss (see the module doc)."""
+    from harness.checks.migration_blackbox import DEFINITION, measure as measure_crossings
+    from harness.errors import FaultError
+    from harness.probes import blackbox_faults as blackbox
+    from harness.probes.migration_on_loss import kill_role, kill_under_streams
+
+    checklist = cluster.thresholds
+    t = checklist.item(ITEM).thresholds
+    need = {p: int(t[f"min_migrations_{p}"].value) for p in ("idle", "loaded")}
+    role = kill_role(cluster.workers)
+    streams = STREAMS_PER_WORKER * sum(str(w.role) == role for w in cluster.workers)
+    plan = blackbox.describe_plan(cluster.workers, [("process_kill", role)], blackbox.HANG_S, KILL_OBSERVE_S)
+    plan = [f"per kill ({need['idle']}+ idle, {need['loaded']}+ loaded migrations): {streams} streams decoding, then "
+            + plan[0]]
+    if harness_options.dry_run:
+        print(f"[dry-run] {plan[0]}", flush=True)
+        conformance.record(inconclusive(checklist, ITEM, "dry run: no worker was killed", plan=plan))
+        return
+    try:
+        cluster.check_fault_allowed("process_kill")
+    except FaultError as exc:
+        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {exc}", plan=plan))
+        return
+    windows, victims, load_records, links = [], [], [], []
+
+    def phase(name: str, still_loaded: Any = lambda: True) -> None:
+        for i in range(need[name] * MAX_ATTEMPTS_FACTOR):
+            mine = [w for w in windows if w.phase == name]
+            assessed = measure_crossings(mine, victims)
+            if assessed.measured(name) + len(assessed.failures) >= need[name] or not still_loaded():
+                return
+            window, recs = kill_under_streams(cluster, faults, phase=name, index=len(windows),
+                                              seed=harness_options.seed, streams=streams,
+                                              after_tokens=MIGRATE_AFTER_TOKENS, tokens_after=LOSS_TOKENS_AFTER,
+                                              observe_s=KILL_OBSERVE_S)
+            windows.append(window)
+            victims.extend(recs)
+
+    phase("idle")
+    run = load(duration_s=harness_options.load_duration or LOADED_MAX_S, max_tokens=LOADED_MAX_TOKENS)
+    try:
+        phase("loaded", still_loaded=lambda: run.running)
+    finally:
+        load_records = run.finish() if run.running else run.wait()
+        links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    assessed = measure_crossings(windows, victims)
+    verdict = migration_verdict(assessed, checklist=checklist)
+    verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
+                            migration_counter=[w.migrations for w in windows])
+    conformance.record(verdict)
+    records = victims + load_records
+    lost = nothing_lost_verdict(check_history(records, None), checklist)
+    lost.evidence["links"] = links
+    conformance.record(lost)
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records, records=records, failed_requests_only=True))

@@ -262,6 +262,13 @@ class Worker(_Model):
         return self.restart is not None or self.supervised
 
 
+class MigrationSettings(_Model):
+    """How the engine moves a stream to another worker (item 6.1.2 where there is no admin API)."""
+
+    on_worker_loss: bool = _fix("write `on_worker_loss: true` when the engine resumes a stream on another worker "
+                                "after its worker is lost (NVIDIA Dynamo: --migration-limit above 0)", default=False)
+
+
 class ClusterFile(_Model):
     """One cluster file (the JSON Schema printed by ``python -m harness schema``)."""
 
@@ -281,6 +288,9 @@ class ClusterFile(_Model):
     workload: Workload | None = _fix("write `workload: {prompt_tokens: 200, output_tokens: 64}`", default=None)
     workers: tuple[Worker, ...] = _fix("write `workers:` followed by `- name: ...` entries", default=(),
                                        strict=False)
+    migration: MigrationSettings | None = _fix("write `migration: {on_worker_loss: true}`",
+                                               "how the engine migrates streams (item 6.1.2 without an admin API)",
+                                               default=None)
     hosts: tuple[Host, ...] = _fix("write `hosts:` followed by `- name: ...` entries", default=(), strict=False)
     thresholds: dict[str, Any] = _fix('write `"6.1.4": {reschedule_p100_s: 3}`',
                                       "overrides of checklists/section6.yaml values", default_factory=dict)

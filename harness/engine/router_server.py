@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -74,6 +75,26 @@ class RouterMetrics:
         yield down
         yield GaugeMetricFamily(f"{PREFIX}_router_admission_queue", "Requests waiting for a placement",
                                 value=router.waiting)
+
+
+def worker_health_api(router: Router) -> APIRouter:
+    """``GET /health/workers/{id}``: 200 while the router counts that worker healthy, else 503 (404:
+    no such worker). The per-worker health URL a cluster file's ``workers:`` entry names, as a real
+    engine's per-instance health port (Dynamo's system port, vLLM's /health per instance) would be;
+    outside /admin because it is not the admin API a foreign engine lacks."""
+    api = APIRouter()
+
+    @api.get("/health/workers/{worker_id}")
+    async def worker_health(worker_id: str) -> JSONResponse:
+        w = router.workers.get(worker_id)
+        if w is None:
+            return JSONResponse({"error": f"no worker {worker_id!r}", "workers": sorted(router.workers)},
+                                status_code=404)
+        row = w.public()
+        return JSONResponse({"id": worker_id, "health": row["health"], "pid": row["pid"]},
+                            status_code=200 if row["health"] == "healthy" else 503)
+
+    return api
 
 
 def admin_api(router: Router) -> APIRouter:
@@ -136,7 +157,8 @@ async def _serve(args, config: RouterConfig) -> int:
     registry = CollectorRegistry()
     registry.register(RouterMetrics(router))
     registry.register(ResilienceMetrics(router))
-    app = build_app(router, registry=registry, extra_routers=[admin_api(router), resilience_api(router)])
+    app = build_app(router, registry=registry, extra_routers=[admin_api(router), resilience_api(router),
+                                                                     worker_health_api(router)])
     api_sock = _bind(args.host, args.port)
     control = await router.start_control(args.control_host, args.control_port)
     server = uvicorn.Server(uvicorn.Config(app, log_level=logging.WARNING, access_log=False,

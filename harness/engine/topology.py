@@ -164,6 +164,11 @@ class Topology:
     def worker_ids(self, role: str | None = None) -> list[str]:
         return [p.id for p in self._procs.values() if role in (None, p.role)]
 
+    def exited_workers(self) -> dict[str, int]:
+        """Workers whose process has exited (and is now reaped): id -> exit code."""
+        return {p.id: p.popen.returncode for p in self._procs.values()
+                if p.popen is not None and p.popen.poll() is not None}
+
     def log_tail(self, proc_id: str, lines: int = 30) -> str:
         p = self._router if proc_id == "router" else self._proc(proc_id)
         return "\n".join(p.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -296,6 +301,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-config", default=None,
                         help="RouterConfig as JSON or a path to a JSON/YAML file (see docs/pd.md)")
     parser.add_argument("--log-dir", type=Path, default=None, help="where process logs go (default: a temp dir)")
+    parser.add_argument("--pid-dir", type=Path, default=None,
+                        help="write each worker's pid to DIR/<id>.pid (rewritten at every restart), for a cluster "
+                             "file's `process: {pid_file: ...}`")
+    parser.add_argument("--supervise", action="store_true",
+                        help="restart a worker whose process exits (as a service manager would): the cluster "
+                             "can then be attached as a foreign cluster with `supervised: true` workers "
+                             "(clusters/up-foreign.yaml)")
 
 
 def _router_config(text: str | None) -> RouterConfig:
@@ -315,6 +327,21 @@ def _router_config(text: str | None) -> RouterConfig:
     return RouterConfig.from_dict(data)
 
 
+def _supervise(topo: Topology, pid_dir: Path | None) -> None:
+    """Restart every worker whose process exited; the restarted worker re-registers by itself."""
+    for wid, code in topo.exited_workers().items():
+        pid = topo.restart(wid, wait=False)
+        _write_pid(pid_dir, wid, pid)
+        print(f"supervisor: {wid} exited with code {code}; restarted as pid {pid}", flush=True)
+
+
+def _write_pid(pid_dir: Path | None, wid: str, pid: int) -> None:
+    if pid_dir is not None:
+        tmp = pid_dir / f".{wid}.pid.tmp"
+        tmp.write_text(f"{pid}\n")
+        tmp.replace(pid_dir / f"{wid}.pid")  # atomic: a reader never sees a half-written pid
+
+
 def run(args: argparse.Namespace) -> int:
     engine = {"kv_budget_bytes": args.kv_budget_mb << 20} if args.kv_budget_mb else {}
     topo = Topology(prefill=args.prefill, decode=args.decode, preset=args.preset, host=args.host, port=args.port,
@@ -330,14 +357,24 @@ def run(args: argparse.Namespace) -> int:
             where = (f"kv {w['addresses']['kv']}  control {w['addresses']['control']}" if w["role"] == "decode"
                      else "sends KV, listens on nothing")
             print(f"{w['id']:<8} pid {w['pid']:<7} {where}", flush=True)
-        print(f"logs in {topo.log_dir}; Ctrl-C stops everything", flush=True)
+        if args.pid_dir is not None:
+            args.pid_dir.mkdir(parents=True, exist_ok=True)
+            for wid in topo.worker_ids():
+                _write_pid(args.pid_dir, wid, topo.pid(wid))
+        print(f"logs in {topo.log_dir}; Ctrl-C stops everything"
+              + ("; exited workers are restarted" if args.supervise else ""), flush=True)
         while topo._router.alive():
-            time.sleep(0.5)
+            time.sleep(0.2 if args.supervise else 0.5)
+            if args.supervise:
+                _supervise(topo, args.pid_dir)
         print(f"router exited with code {topo._router.popen.returncode}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         return 0
     finally:
         topo.stop()
+        if args.pid_dir is not None:
+            for wid in topo.worker_ids():
+                (args.pid_dir / f"{wid}.pid").unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)

@@ -42,7 +42,8 @@ def test_bundled_cluster_on_loopback_lacks_only_the_fabric_and_what_it_cannot_ha
 def test_external_openai_server_without_admin_can_only_be_judged_black_box(tmp_path):
     caps = capabilities_of(_handle(_external(tmp_path, "engine: openai\n")))
     assert caps.missing(needs_of(["6.2.ttft", "6.2.tpot", "nothing-lost"])) == []
-    assert caps.missing(needs_of(["6.1.2"])) == ["admin_api", "live_migration"]
+    assert caps.missing(needs_of(["6.1.2"])) == ["live_migration"]
+    assert "migration: {on_worker_loss: true}" in caps.reason(["live_migration"])
     assert caps.missing(needs_of(["6.1.4"])) == ["worker_inventory", "restartable_workers"]
     reason = caps.reason(caps.missing(needs_of(["6.1.1"])))
     assert reason.startswith("not judged on this cluster: needs emulated_fabric")
@@ -95,3 +96,19 @@ def test_coverage_separates_judged_from_not_judged_and_not_run():
                     v("6.1.1", "inconclusive", "needs emulated_fabric")], ["6.1.1", "6.1.4", "nothing-lost", "ecc"])
     assert cov == {"judged": {"6.1.4": "pass", "nothing-lost": "fail"},
                    "not_judged": {"6.1.1": ["needs emulated_fabric"]}, "not_run": ["ecc"]}
+
+
+def test_an_engine_that_migrates_on_worker_loss_provides_live_migration_with_restartable_workers(tmp_path):
+    hosts = "hosts: [{name: h, address: 127.0.0.1, roles: [decode]}]\n"
+    worker = "  - {{name: {n}, role: decode, host: h, api: 'http://127.0.0.1:81{i}'{extra}}}\n"
+    body = "engine: dynamo\nmigration: {on_worker_loss: true}\n" + hosts + "workers:\n"
+    both = _external(tmp_path, body + worker.format(n="d0", i=0, extra=", supervised: true")
+                     + worker.format(n="d1", i=1, extra=", restart: {command: 'systemctl restart d1'}"))
+    assert capabilities_of(_handle(both)).missing(needs_of(["6.1.2"])) == []
+    one_stuck = _external(tmp_path, body + worker.format(n="d0", i=0, extra=", supervised: true")
+                          + worker.format(n="d1", i=1, extra=""))
+    caps = capabilities_of(_handle(one_stuck))
+    assert caps.missing(needs_of(["6.1.2"])) == ["live_migration"]
+    assert "migrates on worker loss, but d1 cannot come back after a kill" in caps.reason(["live_migration"])
+    no_claim = capabilities_of(_handle(_external(tmp_path, "engine: dynamo\nmigration: {on_worker_loss: false}\n")))
+    assert "does not say the engine migrates" in no_claim.reason(["live_migration"])

@@ -21,6 +21,7 @@ V2 = textwrap.dedent("""\
     auth: {api_key_env: HARNESS_TEST_KEY}
     endpoints: {api: http://127.0.0.1:8100, metrics: http://127.0.0.1:8100/metrics, admin: null}
     workload: {prompt_tokens: 200, output_tokens: 64, mix: [{prompt_tokens: 200, output_tokens: 64, weight: 1}]}
+    migration: {on_worker_loss: true}
     workers:
       - name: vllm-0
         role: aggregated
@@ -110,6 +111,10 @@ TYPOS = [
     ("- name: vllm-1", "- name: vllm-0", "workers[1].name", "its own name"),
     ("admin: null", "admin: 'ftp://x'", "endpoints.admin", "http://"),
     ("kind: external", "kind: bundled", "endpoints", "use `kind: external`"),
+    ("migration: {on_worker_loss: true}", "migration: {on_worker_los: true}", "migration.on_worker_los",
+     "did you mean `on_worker_loss`"),
+    ("migration: {on_worker_loss: true}", "migration: {on_worker_loss: often}", "migration.on_worker_loss",
+     "on_worker_loss: true"),
 ]
 
 

@@ -1,0 +1,82 @@
+"""Item 6.1.2 on an engine that migrates streams when their worker dies, judged from outside (no admin
+API), as a Dynamo cluster with request migration would be: the bundled engine started by
+``python -m harness up --supervise --pid-dir DIR`` and attached through ``clusters/up-foreign.yaml``
+(its per-worker health URLs, its pid files, its supervisor). The suite kills decode workers while
+the harness's streams decode on them and must reach a verdict from enough measured crossings; the
+pass/fail itself is a timing threshold (a kill-triggered move includes the engine noticing the loss),
+which this shared 2-core box cannot promise either way."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def up_cluster(tmp_path):
+    port, pid_dir = _free_port(), tmp_path / "pids"
+    log = open(tmp_path / "up.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "up", "--supervise", "--pid-dir", str(pid_dir),
+                             "--port", str(port), "--prefill", "1", "--decode", "2", "--log-dir", str(tmp_path / "logs")],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "Ctrl-C stops everything" not in (tmp_path / "up.log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.2)
+        text = (ROOT / "clusters" / "up-foreign.yaml").read_text()
+        cluster = tmp_path / "up-foreign.yaml"
+        cluster.write_text(text.replace("127.0.0.1:8300", f"127.0.0.1:{port}")
+                           .replace("/tmp/harness-up-foreign", str(pid_dir)))
+        yield port, cluster, tmp_path / "up.log", pid_dir
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        log.close()
+    assert not any(pid_dir.glob("*.pid")), "up left pid files behind"
+
+
+def test_migration_on_worker_loss_is_judged_from_the_client_and_killed_workers_come_back(up_cluster, tmp_path):
+    port, cluster, up_log, pid_dir = up_cluster
+    assert httpx.get(f"http://127.0.0.1:{port}/health/workers/decode-0").json()["health"] == "healthy"
+    missing = httpx.get(f"http://127.0.0.1:{port}/health/workers/decode-9")
+    assert missing.status_code == 404 and "decode-0" in missing.text
+    first_pids = {p.stem: p.read_text().strip() for p in pid_dir.glob("*.pid")}
+
+    cmd = [sys.executable, "-m", "pytest", "suites/test_item2_hot_migration.py", "-p", "no:cacheprovider",
+           f"--cluster={cluster}", f"--report-dir={tmp_path / 'reports'}", "--live=plain"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=800)
+    out = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode in (0, 1), out
+    verdicts = {v["item"]: v for v in json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
+                ["verdicts"]}
+    v = verdicts["6.1.2"]
+    assert v["status"] in ("pass", "fail"), v["reason"]
+    dist = v["evidence"]["distribution_ms"]
+    assert dist["idle"]["n"] >= 5 and dist["loaded"]["n"] >= 8, v["reason"]
+    assert "longest inter-chunk gap at or after the kill" in v["evidence"]["definition"]
+    # every measured crossing left the killed worker for the other one, as the stream's chunks say
+    assert all(s["source"] != s["target"] and s["target"].startswith("decode-") for s in v["evidence"]["per_migration"])
+    assert verdicts["nothing-lost"]["status"] == "pass", verdicts["nothing-lost"]["reason"]
+    # the supervisor brought every killed worker back under a new pid, written to its pid file
+    restarts = [line for line in up_log.read_text().splitlines() if line.startswith("supervisor: decode-")]
+    assert len(restarts) == v["evidence"]["kills"], up_log.read_text()[-2000:]
+    now = {p.stem: p.read_text().strip() for p in pid_dir.glob("*.pid")}
+    assert set(now) == set(first_pids) and any(now[w] != first_pids[w] for w in ("decode-0", "decode-1"))
+    for w in ("decode-0", "decode-1", "prefill-0"):
+        assert httpx.get(f"http://127.0.0.1:{port}/health/workers/{w}").status_code == 200
