@@ -55,12 +55,12 @@ def test_a_missing_capability_records_inconclusive_and_skips_the_body(tmp_path, 
     data = json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
     assert [(v["item"], v["status"]) for v in data["verdicts"]] == [("6.1.2", "inconclusive"),
                                                                      ("nothing-lost", "inconclusive")]
-    assert all("needs admin_api" in v["reason"] and "endpoints.admin" in v["reason"] for v in data["verdicts"])
+    assert all("needs live_migration" in v["reason"] and "on_worker_loss" in v["reason"] for v in data["verdicts"])
     assert not data["harness_errors"] and data["capabilities"]["admin_api"]["provided"] is False
     assert set(data["coverage"]["not_judged"]) == {"6.1.2", "nothing-lost"} and "6.1.4" in data["coverage"]["not_run"]
     html = (tmp_path / "reports" / "latest" / "report.html").read_text()
     assert 'id="coverage"' in html and 'data-item="6.1.2" data-judged="no"' in html
-    assert "not judged: 6.1.2: not judged on this cluster: needs admin_api" in proc.stdout
+    assert "not judged: 6.1.2: not judged on this cluster: needs live_migration" in proc.stdout
 
 
 def test_a_met_need_runs_the_body(tmp_path, engine):
