@@ -129,3 +129,24 @@ def test_async_timeout_and_retry_on():
     with pytest.raises(WaitTimeoutError, match="the worker.*OSError: down"):
         asyncio.run(main())
     assert poll.calls == 1
+
+
+def test_max_interval_doubles_the_pause_up_to_the_cap():
+    slept = []
+    poll = Counter(False, False, False, False, False, True)
+    assert wait_until(poll, 30, 0.05, what="x", max_interval_s=0.15, sleep=slept.append) is True
+    assert slept == [0.05, 0.1, 0.15, 0.15, 0.15]
+
+
+def test_on_timeout_return_gives_the_last_value_instead_of_raising():
+    poll = Counter(3, 2)
+    assert wait_until(poll, 0, 0, what="x", accept=lambda n: n == 0, on_timeout="return") == 3
+    failing = Counter(OSError("down"))
+    assert wait_until(failing, 0, 0, what="x", retry_on=(OSError,), on_timeout="return") is None
+
+
+@pytest.mark.parametrize("kwargs, needle", [({"max_interval_s": 0.01}, "below interval_s"),
+                                            ({"on_timeout": "ignore"}, "on_timeout")])
+def test_bad_options_are_refused(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        wait_until(lambda: True, 1, 0.1, what="x", **kwargs)
