@@ -70,10 +70,8 @@ def _health(workers: list[Worker], worker_id: str) -> str | None:
 
 def _wait_busy(timeline: Any, worker_id: str) -> None:
     """Up to BUSY_WAIT_S for the target to hold requests; the fault goes ahead either way."""
-    try:
-        wait_until(lambda: any(w.id == worker_id and w.active_requests > 0 for w in timeline.workers()),
-                   BUSY_WAIT_S, POLL_S, what=f"requests on {worker_id}")
-    except WaitTimeoutError:
+    if not wait_until(lambda: any(w.id == worker_id and w.active_requests > 0 for w in timeline.workers()),
+                      BUSY_WAIT_S, POLL_S, what=f"requests on {worker_id}", on_timeout="return"):
         log.info("%s held no request after %.0f s; faulting it anyway", worker_id, BUSY_WAIT_S)
 
 
@@ -123,9 +121,8 @@ def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
         pending = {affected_request_id(a) for a in down.get("affected", [])}
         return not pending - {e.get("request_id") for e in seen if e["type"] in ("reschedule", "reschedule_failed")}
 
-    try:
-        wait_until(settled, SETTLE_TIMEOUT_S, POLL_S, what=f"the rescheduling after the fault on {worker_id}")
-    except WaitTimeoutError:
+    if not wait_until(settled, SETTLE_TIMEOUT_S, POLL_S, what=f"the rescheduling after the fault on {worker_id}",
+                      on_timeout="return"):
         log.warning("rescheduling after the fault on %s did not settle within %.0f s", worker_id, SETTLE_TIMEOUT_S)
     return last
 

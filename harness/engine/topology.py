@@ -123,11 +123,8 @@ class Topology:
             if p.alive():
                 p.popen.send_signal(signal.SIGTERM)
                 p.popen.send_signal(signal.SIGCONT)  # a SIGSTOPped child only handles SIGTERM once resumed
-        try:  # polling interval 50 ms while children shut down
-            wait_until(lambda: all(p.popen.poll() is not None for p in procs), self.stop_timeout_s, 0.05,
-                       what="the topology's processes to exit")
-        except WaitTimeoutError:
-            pass  # the leftovers are killed below
+        wait_until(lambda: all(p.popen.poll() is not None for p in procs), self.stop_timeout_s, 0.05,
+                   what="the topology's processes to exit", on_timeout="return")  # leftovers are killed below
         for p in procs:
             if p.popen.poll() is None:
                 log.warning("%s pid %d ignored SIGTERM for %.0f s; killing it", p.id, p.pid, self.stop_timeout_s)
