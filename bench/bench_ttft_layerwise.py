@@ -19,9 +19,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import httpx
-
 from harness.engine.topology import Topology
+from harness.probes.admin import AdminClient
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 SEED_TABLE = {2048: (45, 12), 8192: (180, 35), 32768: (720, 110)}  # ms: whole vs layer-wise, 70B on H100s
@@ -42,19 +41,20 @@ def main() -> None:
     with Topology(prefill=1, decode=1, preset=args.preset,
                   engine_config={"kv_budget_bytes": 512 << 20}) as topo, \
             StreamingClient(topo.api_url, model=args.preset, timeout_s=args.timeout_s,
-                            read_timeout_s=args.timeout_s) as client:
+                            read_timeout_s=args.timeout_s) as client, \
+            AdminClient(topo.admin_url, timeout_s=30) as admin:
         client.send(CompletionRequest(prompt="warm up", max_tokens=2))
         for ctx in contexts:
             for r in range(args.repeats):
                 prompt = "".join(chr(97 + (i * 7 + r) % 26) for i in range(ctx))  # ctx byte tokens
                 for mode in (MODES if r % 2 == 0 else MODES[::-1]):  # alternate who goes first
-                    httpx.post(f"{topo.admin_url}/transfer", json={"mode": mode}, timeout=30).raise_for_status()
-                    since = max((e["seq"] for e in topo.events()), default=0)
+                    admin.set_transfer({"mode": mode})
+                    since = max((e["seq"] for e in admin.events()), default=0)
                     rec = client.send(CompletionRequest(prompt=prompt, max_tokens=2))
                     if rec.status != "ok":
                         raise SystemExit(f"request failed: {rec.error_message}")
                     ttft.setdefault((mode, ctx), []).append((rec.first_token_ns - rec.sent_ns) / 1e9)
-                    ev = next(e for e in topo.events(since) if e["type"] == "kv_transfer")
+                    ev = next(e for e in admin.events(since, type="kv_transfer"))
                     exposed.setdefault((mode, ctx), []).append(ev["transfer_s"] - ev["prefill_s"])
                     kv_mib = ev["bytes"] / 2**20
             print(f"  ran {ctx} tokens ({kv_mib:.1f} MiB of KV on the wire)", flush=True)

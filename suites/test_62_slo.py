@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.slo import TPOT_ITEM, TTFT_ITEM, ServerHistograms, slo_verdicts
 from harness.checks.verdict import inconclusive
 from harness.probes.prometheus import engine_of
@@ -38,17 +38,13 @@ def test_ttft_and_tpot_meet_the_dashboard_targets(cluster, load, conformance, ha
 
     ttft, tpot = slo_verdicts(records, checklist, server=deltas, server_families=server.families,
                               server_note=server.note)
-    link = f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"
+    links = run_links(run)
     profile = run.profile
     for verdict in (ttft, tpot):
-        verdict.evidence.update(links=[link], engine=engine_of(cluster), metric_profile=server.profile_name,
+        verdict.evidence.update(links=links, engine=engine_of(cluster), metric_profile=server.profile_name,
                                 load={"mode": profile.mode, "users": profile.users, "rate": profile.rate,
                                       "duration_s": profile.duration_s, "max_tokens": profile.max_tokens,
                                       "prompt_chars": [profile.prompt_min_chars, profile.prompt_max_chars]})
         conformance.record(verdict)
 
-    expected = oracle_expectation(cluster.oracle, ignore_eos=profile.ignore_eos) if cluster.oracle else None
-    lost = nothing_lost_verdict(check_history(records, expected), checklist)
-    lost.evidence["links"] = [link]
-    conformance.record(lost)
-    conformance.add_latency(records)
+    finish_suite(conformance, cluster, records, ignore_eos=profile.ignore_eos, links=links)

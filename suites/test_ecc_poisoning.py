@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 
 from harness.checks.ecc import ITEM, Poisoning, ecc_verdict, judge_outcomes
-from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.epilogue import expectation, finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError
 from harness.faults import EccPoison
-from harness.probes.timeline import merge_timeline
+from harness.probes.admin_models import Worker
+from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +39,18 @@ CYCLE_S = 6.0    # load budget per poisoning
 POLL_S = 0.1
 
 
-def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> dict[str, Any] | None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        decodes = [w for w in timeline.workers() if w["role"] == "decode" and w["health"] == "healthy"]
-        busy = max(decodes, key=lambda w: w.get("num_running", 0), default=None)
-        if busy is not None and busy.get("num_running", 0) > 0:
-            return busy
-        time.sleep(POLL_S)
-    return None
+def _healthy_decodes(timeline: Any) -> list[Worker]:
+    return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
+
+
+def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> Worker | None:
+    """The healthy decode worker running the most requests, once one runs any; None after ``deadline_s``."""
+    try:
+        return wait_until(lambda: max(_healthy_decodes(timeline), key=lambda w: w.num_running, default=None),
+                          deadline_s, POLL_S, what="a decode worker running requests",
+                          accept=lambda busy: busy is not None and busy.num_running > 0)
+    except WaitTimeoutError:
+        return None
 
 
 def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, faults, timeline, conformance,
@@ -54,8 +58,8 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
     checklist = cluster.thresholds
     item = checklist.item(ITEM)
     if harness_options.dry_run:  # print the poisoning's plan on each decode worker
-        for w in [w for w in timeline.workers() if w["role"] == "decode" and w["health"] == "healthy"]:
-            faults.inject(EccPoison(admin_url=cluster.admin_url, worker_id=w["id"], count=BLOCKS_PER_POISONING))
+        for w in _healthy_decodes(timeline):
+            faults.inject(EccPoison(admin_url=cluster.admin_url, worker_id=w.id, count=BLOCKS_PER_POISONING))
         faults.revert_all()
         conformance.record(inconclusive(checklist, ITEM, "dry run: the poisonings were planned, none injected"))
         return
@@ -72,22 +76,22 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
         if target is None:
             continue
         try:
-            fault = faults.inject(EccPoison(admin_url=cluster.admin_url, worker_id=target["id"],
+            fault = faults.inject(EccPoison(admin_url=cluster.admin_url, worker_id=target.id,
                                             count=BLOCKS_PER_POISONING))
         except FaultError as exc:  # e.g. its requests finished in between; the runner reverted it
             log.warning("poisoning %d did not take: %s", i, exc)
             continue
-        p = Poisoning(target["id"], list(fault.reply["blocks"]), list(fault.reply.get("affected") or []))
+        p = Poisoning(target.id, list(fault.reply["blocks"]), list(fault.reply.get("affected") or []))
         held_until = time.monotonic() + HOLD_S
         while time.monotonic() < held_until:
-            w = next((w for w in timeline.workers() if w["id"] == target["id"]), {})
-            seen = int(w.get("kv_blocks_quarantined", 0))
+            w = next((w for w in timeline.workers() if w.id == target.id), None)
+            seen = w.kv_blocks_quarantined if w is not None else 0
             p.min_quarantined = seen if p.min_quarantined is None else min(p.min_quarantined, seen)
             time.sleep(POLL_S)
         faults.revert(fault)
         poisonings.append(p)
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
-    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
+    expected = expectation(cluster, ignore_eos=run.profile.ignore_eos)
 
     def exact(rec):
         want = expected(rec) if expected else None
@@ -95,13 +99,8 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
 
     judge_outcomes(poisonings, records, exact)
     verdict = ecc_verdict(poisonings, checklist)
-    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    links = run_links(run)
     verdict.evidence.update(links=links, load_duration_s=duration)
     conformance.record(verdict)
-    lost = nothing_lost_verdict(check_history(records, expected), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records,
-                                            events=[e for e in timeline.events() if e["type"] == "fault_state"],
-                                            records=records, failed_requests_only=True))
+    finish_suite(conformance, cluster, records, expected=expected, links=links, faults=faults,
+                 events=timeline.events(type="fault_state"))

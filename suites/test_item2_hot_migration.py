@@ -26,18 +26,18 @@ generator's and the other workers' CPU time, as a real full-load migration inclu
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import pytest
 
-from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
 from harness.probes.migration import MigrationAttempt, migrate_observed_stream
+from harness.probes.admin_models import Worker
 from harness.probes.records import RequestRecord
-from harness.probes.timeline import merge_timeline
+from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ LOADED_MAX_S = 240.0       # upper bound of the load run; it is finished as soon
 LOADED_MAX_TOKENS = 160    # the Locust requests' length
 
 
-def _decode_workers(timeline: Any) -> list[dict[str, Any]]:
-    return [w for w in timeline.workers() if w["role"] == "decode" and w["health"] == "healthy"]
+def _decode_workers(timeline: Any) -> list[Worker]:
+    return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
 class _Phase:
@@ -87,12 +87,18 @@ class _Phase:
 
 def _wait_for_load(timeline: Any, run: Any, timeout_s: float = 90.0) -> None:
     """Until Locust's users keep requests in flight on the decode workers (ends as soon as they do)."""
-    deadline = time.monotonic() + timeout_s
-    while sum(w["active_requests"] for w in _decode_workers(timeline)) < 2:
-        if not run.running or time.monotonic() > deadline:
-            raise ProbeError(f"the load did not reach the decode workers within {timeout_s:.0f} s "
+    def in_flight() -> int:
+        if not run.running:
+            raise ProbeError(f"the load run ended before it reached the decode workers "
                              f"(Locust log tail: {run.log_tail(500)!r})", fix="see the Locust and router logs")
-        time.sleep(0.05)
+        return sum(w.active_requests for w in _decode_workers(timeline))
+
+    try:
+        wait_until(in_flight, timeout_s, 0.05, what="requests in flight on the decode workers",
+                   accept=lambda n: n >= 2)
+    except WaitTimeoutError as exc:
+        raise ProbeError(f"the load did not reach the decode workers within {timeout_s:.0f} s "
+                         f"(Locust log tail: {run.log_tail(500)!r})", fix="see the Locust and router logs") from exc
 
 
 def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, harness_options):
@@ -124,18 +130,13 @@ def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, 
     phase_of = {a.request_id: a.phase for a in attempts if a.outcome == "migrated" and a.request_id}
     result = assess(attempts, measure(events, victims, phase_of), victims)
     verdict = migration_verdict(result, checklist=checklist)
-    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    links = run_links(run)
     verdict.evidence.update(links=links, load_duration_limit_s=duration, requests=len(records),
                             attempts=[a.to_dict() for a in attempts])
     conformance.record(verdict)
 
-    expected = oracle_expectation(cluster.oracle, ignore_eos=True) if cluster.oracle else None
-    lost = nothing_lost_verdict(check_history(records, expected), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(events=[e for e in events if e["type"].startswith("migration")],
-                                            records=records, failed_requests_only=True))
+    finish_suite(conformance, cluster, records, ignore_eos=True, links=links, events=events,
+                 event_filter=lambda e: e["type"].startswith("migration"))
 
 
 STREAMS_PER_WORKER = 2     # the harness's streams per worker of the killed role, started before each kill
@@ -188,15 +189,10 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
         phase("loaded", still_loaded=lambda: run.running)
     finally:
         load_records = run.finish() if run.running else run.wait()
-        links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+        links = run_links(run)
     assessed = measure_crossings(windows, victims)
     verdict = migration_verdict(assessed, checklist=checklist)
     verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
                             migration_counter=[w.migrations for w in windows])
     conformance.record(verdict)
-    records = victims + load_records
-    lost = nothing_lost_verdict(check_history(records, None), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records, records=records, failed_requests_only=True))
+    finish_suite(conformance, cluster, victims + load_records, ignore_eos=True, links=links, faults=faults)

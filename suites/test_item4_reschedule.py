@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
                                                 measure_client_view)
@@ -25,7 +25,8 @@ from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import EngineError, FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
 from harness.probes import blackbox_faults as blackbox
-from harness.probes.timeline import merge_timeline
+from harness.probes.admin_models import Worker
+from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,15 @@ def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
                                    healthy=lambda wid: _health(topo.workers(), wid) == "healthy")
 
 
-def _health(workers: list[dict[str, Any]], worker_id: str) -> str | None:
-    return next((w["health"] for w in workers if w["id"] == worker_id), None)
+def _health(workers: list[Worker], worker_id: str) -> str | None:
+    return next((w.health for w in workers if w.id == worker_id), None)
 
 
 def _wait_busy(timeline: Any, worker_id: str) -> None:
-    deadline = time.monotonic() + BUSY_WAIT_S
-    while time.monotonic() < deadline:
-        if any(w["id"] == worker_id and w.get("active_requests", 0) > 0 for w in timeline.workers()):
-            return
-        time.sleep(POLL_S)
+    """Up to BUSY_WAIT_S for the target to hold requests; the fault goes ahead either way."""
+    if not wait_until(lambda: any(w.id == worker_id and w.active_requests > 0 for w in timeline.workers()),
+                      BUSY_WAIT_S, POLL_S, what=f"requests on {worker_id}", on_timeout="return"):
+        log.info("%s held no request after %.0f s; faulting it anyway", worker_id, BUSY_WAIT_S)
 
 
 class ContinuousLoad:
@@ -101,37 +101,40 @@ class ContinuousLoad:
         return sorted(records, key=lambda r: r.start_wall_ns())
 
     def links(self) -> list[str]:
-        return [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}" for run in self.runs]
+        return run_links(*self.runs)
 
 
 def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
     """Until the router declared the worker down and every affected request was re-placed or
     failed (or SETTLE_TIMEOUT_S passed: the measurement then says what did not happen)."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
     last = since_seq
     seen: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
+        nonlocal last
         new = timeline.events(since=last)
-        seen += new
+        seen.extend(new)
         last = max([last] + [e["seq"] for e in new])
         down = next((e for e in seen if e["type"] == "worker_down" and e.get("worker") == worker_id), None)
-        if down is not None:
-            pending = {affected_request_id(a) for a in down.get("affected", [])}
-            pending -= {e.get("request_id") for e in seen if e["type"] in ("reschedule", "reschedule_failed")}
-            if not pending:
-                return last
-        time.sleep(POLL_S)
-    log.warning("rescheduling after the fault on %s did not settle within %.0f s", worker_id, SETTLE_TIMEOUT_S)
+        if down is None:
+            return False
+        pending = {affected_request_id(a) for a in down.get("affected", [])}
+        return not pending - {e.get("request_id") for e in seen if e["type"] in ("reschedule", "reschedule_failed")}
+
+    if not wait_until(settled, SETTLE_TIMEOUT_S, POLL_S, what=f"the rescheduling after the fault on {worker_id}",
+                      on_timeout="return"):
+        log.warning("rescheduling after the fault on %s did not settle within %.0f s", worker_id, SETTLE_TIMEOUT_S)
     return last
 
 
 def _wait_rejoined(timeline: Any, worker_id: str) -> None:
-    deadline = time.monotonic() + REJOIN_TIMEOUT_S
-    while _health(timeline.workers(), worker_id) != "healthy":
-        if time.monotonic() > deadline:
-            raise EngineError(f"worker {worker_id} did not rejoin within {REJOIN_TIMEOUT_S:.0f} s after the fault "
-                              "was reverted", fix="see the worker's log under the report's artifacts/cluster-logs")
-        time.sleep(POLL_S)
+    try:
+        wait_until(lambda: _health(timeline.workers(), worker_id), REJOIN_TIMEOUT_S, POLL_S,
+                   what=f"{worker_id} to rejoin", accept=lambda health: health == "healthy")
+    except WaitTimeoutError as exc:
+        raise EngineError(f"worker {worker_id} did not rejoin within {REJOIN_TIMEOUT_S:.0f} s after the fault "
+                          f"was reverted (the router last said: {exc.last_value or 'not in its table'})",
+                          fix="see the worker's log under the report's artifacts/cluster-logs") from exc
 
 
 def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults, timeline, conformance,
@@ -159,7 +162,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     for i, (kind, role) in enumerate(plan):
         traffic.ensure(cycle_s[kind])
         cycle_started = time.monotonic()
-        healthy = [w for w in timeline.workers() if w["health"] == "healthy"]
+        healthy = [w for w in timeline.workers() if w.healthy]
         target = select_targets(healthy, role, seed=seed + i)[0]
         _wait_busy(timeline, target["id"])
         fault = faults.inject(make_fault(kind, target, cluster))
@@ -181,15 +184,8 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
                             longest_fault_cycle_s={k: round(v, 2) for k, v in cycle_s.items()})
     conformance.record(verdict)
 
-    ignore_eos = traffic.runs[0].profile.ignore_eos
-    expected = oracle_expectation(cluster.oracle, ignore_eos=ignore_eos) if cluster.oracle else None
-    lost = nothing_lost_verdict(check_history(records, expected), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
-                                            failed_requests_only=True))
+    finish_suite(conformance, cluster, records, ignore_eos=traffic.runs[0].profile.ignore_eos, links=links,
+                 faults=faults, events=events)
 
 
 BLACKBOX_LOAD_MAX_S = 3600.0  # upper bound of the load run; it is finished after the last fault
@@ -229,25 +225,28 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
         records = run.finish() if run.running else run.wait()
     samples = measure_client_view(done.faults, records)
     verdict = client_view_verdict(samples, checklist)
-    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    links = run_links(run)
     verdict.evidence.update(links=links, requests=len(records), restart_s=done.restart_s,
                             plan=[f"{k} {r}" for k, r in steps])
     conformance.record(verdict)
-    lost = nothing_lost_verdict(check_history(records, None), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records, records=records, failed_requests_only=True))
+    finish_suite(conformance, cluster, records, expected=None, links=links, faults=faults)
 
 
 def _wait_serving(run: Any, what: str = "the load") -> None:
     """Until ``run`` completed a request (its records file has a line)."""
-    deadline = time.monotonic() + SERVING_TIMEOUT_S
-    while not (run.records_path.exists() and run.records_path.stat().st_size > 0):
-        if not run.running or time.monotonic() > deadline:
-            raise ProbeError(f"{what} served no request within {SERVING_TIMEOUT_S:.0f} s",
+    def served() -> bool:
+        if run.records_path.exists() and run.records_path.stat().st_size > 0:
+            return True
+        if not run.running:
+            raise ProbeError(f"{what} ended before it served a request",
                              fix=f"check the cluster answers; see the Locust log: {run.log_path}")
-        time.sleep(POLL_S)
+        return False
+
+    try:
+        wait_until(served, SERVING_TIMEOUT_S, POLL_S, what=f"{what} to serve a request")
+    except WaitTimeoutError as exc:
+        raise ProbeError(f"{what} served no request within {SERVING_TIMEOUT_S:.0f} s",
+                         fix=f"check the cluster answers; see the Locust log: {run.log_path}") from exc
 
 
 def _load_ended(run: Any) -> None:

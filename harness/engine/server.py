@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +25,7 @@ import httpx
 
 from harness.engine import DEFAULT_PRESET
 from harness.errors import ConfigError, EngineError
+from harness.waiting import WaitTimeoutError, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -234,23 +234,21 @@ class ServerProcess:
             raise
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise EngineError(f"server exited with code {self.proc.returncode} while starting:\n"
                                   f"{self.log_tail()}", fix="read the log above")
             if self.port is None and self._port_file.exists():
                 self.port = int(self._port_file.read_text())
-            if self.port is not None:
-                try:
-                    if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
-                        logger.info("server pid %d ready at %s", self.proc.pid, self.url)
-                        return
-                except httpx.TransportError:
-                    pass  # not accepting yet
-            time.sleep(0.1)  # polling interval while the child imports torch and builds the model
-        raise EngineError(f"server did not become healthy within {self.startup_timeout_s:.0f} s:\n"
-                          f"{self.log_tail()}", fix="raise startup_timeout_s on a loaded machine")
+            return self.port is not None and httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200
+
+        try:  # polling interval 0.1 s while the child imports torch and builds the model
+            wait_until(healthy, self.startup_timeout_s, 0.1, what="the server's /health",
+                       retry_on=(httpx.TransportError,))  # not accepting yet
+        except WaitTimeoutError as exc:
+            raise EngineError(f"server did not become healthy within {self.startup_timeout_s:.0f} s:\n"
+                              f"{self.log_tail()}", fix="raise startup_timeout_s on a loaded machine") from exc
+        logger.info("server pid %d ready at %s", self.proc.pid, self.url)
 
     def stop(self) -> int | None:
         """SIGTERM, wait, SIGKILL if needed; always reaps. Returns the exit code. Idempotent."""

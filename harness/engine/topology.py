@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import httpx
-
 from harness.engine.router import RouterConfig
 from harness.engine import DEFAULT_PRESET
-from harness.errors import ConfigError, EngineError
+from harness.errors import ConfigError, EngineError, ProbeError
+from harness.probes.admin import AdminClient
+from harness.probes.admin_models import EngineEvent, Worker
+from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,8 @@ class Topology:
             if p.alive():
                 p.popen.send_signal(signal.SIGTERM)
                 p.popen.send_signal(signal.SIGCONT)  # a SIGSTOPped child only handles SIGTERM once resumed
-        deadline = time.monotonic() + self.stop_timeout_s
-        while any(p.popen.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling interval while children shut down
+        wait_until(lambda: all(p.popen.poll() is not None for p in procs), self.stop_timeout_s, 0.05,
+                   what="the topology's processes to exit", on_timeout="return")  # leftovers are killed below
         for p in procs:
             if p.popen.poll() is None:
                 log.warning("%s pid %d ignored SIGTERM for %.0f s; killing it", p.id, p.pid, self.stop_timeout_s)
@@ -151,12 +151,14 @@ class Topology:
         return self._router.pid if self._router else None
 
     # -- queries
-    def workers(self) -> list[dict]:
-        """As ``GET /admin/workers``: id, role, pid, health, addresses, queue depth, KV blocks."""
-        return httpx.get(f"{self.admin_url}/workers", timeout=10).json()
+    def workers(self) -> list[Worker]:
+        """``GET /admin/workers``: id, role, pid, health, addresses, queue depth, KV blocks."""
+        with AdminClient(self.admin_url, timeout_s=10) as admin:
+            return admin.workers()
 
-    def events(self, since: int = 0) -> list[dict]:
-        return httpx.get(f"{self.admin_url}/events", params={"since": since}, timeout=10).json()
+    def events(self, since: int = 0) -> list[EngineEvent]:
+        with AdminClient(self.admin_url, timeout_s=10) as admin:
+            return admin.events(since=since)
 
     def pid(self, worker_id: str) -> int:
         return self._proc(worker_id).pid
@@ -206,37 +208,36 @@ class Topology:
         return wid
 
     def wait_healthy(self, ids: Sequence[str], new_pid: int | None = None, timeout_s: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         pending = set(ids)
-        while pending:
-            for wid in list(pending):
+
+        def registered() -> bool:
+            for wid in pending:
                 if not self._proc(wid).alive():
                     raise EngineError(f"worker {wid} exited with code {self._proc(wid).popen.returncode} while "
                                       f"starting:\n{self.log_tail(wid)}", fix="read the worker log above")
             try:
-                table = {w["id"]: w for w in self.workers()}
-            except httpx.HTTPError:
+                table = {w.id: w for w in self.workers()}
+            except ProbeError:  # the router is busy or restarting: ask again
                 table = {}
-            pending = {wid for wid in pending if not (wid in table and table[wid]["health"] == "healthy"
-                                                      and table[wid]["pid"] == self.pid(wid))}
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                raise EngineError(f"workers {sorted(pending)} did not register within the startup timeout",
-                                  fix="raise startup_timeout_s on a loaded machine; see log_tail(worker_id)")
-            time.sleep(0.1)  # polling interval while workers import torch and build their model
+            pending.difference_update([wid for wid in pending if wid in table and table[wid].healthy
+                                       and table[wid].pid == self.pid(wid)])
+            return not pending
 
-    def wait_health(self, worker_id: str, health: str, timeout_s: float = 10.0) -> dict:
+        try:  # polling interval 0.1 s while workers import torch and build their model
+            wait_until(registered, timeout_s or self.startup_timeout_s, 0.1, what="the workers to register")
+        except WaitTimeoutError as exc:
+            raise EngineError(f"workers {sorted(pending)} did not register within the startup timeout",
+                              fix="raise startup_timeout_s on a loaded machine; see log_tail(worker_id)") from exc
+
+    def wait_health(self, worker_id: str, health: str, timeout_s: float = 10.0) -> Worker:
         """Wait until the router reports ``worker_id`` with ``health`` ("healthy" or "dead")."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            row = next((w for w in self.workers() if w["id"] == worker_id), None)
-            if row is not None and row["health"] == health:
-                return row
-            if time.monotonic() > deadline:
-                raise EngineError(f"worker {worker_id} is not {health} after {timeout_s:.0f} s: {row}",
-                                  fix="check the router log (log_tail('router'))")
-            time.sleep(0.05)  # polling interval of the admin API
+        try:
+            return wait_until(lambda: next((w for w in self.workers() if w.id == worker_id), None), timeout_s, 0.05,
+                              what=f"worker {worker_id} to be {health}",
+                              accept=lambda row: row is not None and row.health == health)
+        except WaitTimeoutError as exc:
+            raise EngineError(f"worker {worker_id} is not {health} after {timeout_s:.0f} s: {exc.last_value}",
+                              fix="check the router log (log_tail('router'))") from exc
 
     # -- internals
     def _proc(self, worker_id: str) -> _Proc:
@@ -255,14 +256,20 @@ class Topology:
             argv += ["--max-model-len", str(self.engine_config["max_model_len"])]
         self._router = _Proc("router", "router", argv, self.log_dir / "router.log")
         self._launch(self._router)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not ready.exists():
-            if not self._router.alive():
-                raise EngineError(f"router exited with code {self._router.popen.returncode}:\n"
+        router = self._router
+
+        def listening() -> bool:
+            if ready.exists():
+                return True
+            if not router.alive():
+                raise EngineError(f"router exited with code {router.popen.returncode}:\n"
                                   f"{self.log_tail('router')}", fix="read the router log above")
-            if time.monotonic() > deadline:
-                raise EngineError("router did not start listening in time", fix="raise startup_timeout_s")
-            time.sleep(0.05)  # polling interval while the router imports its modules
+            return False
+
+        try:  # polling interval 50 ms while the router imports its modules
+            wait_until(listening, self.startup_timeout_s, 0.05, what="the router to listen")
+        except WaitTimeoutError as exc:
+            raise EngineError("router did not start listening in time", fix="raise startup_timeout_s") from exc
         info = json.loads(ready.read_text())
         self._api, self._control = tuple(info["api"]), tuple(info["control"])
 

@@ -25,13 +25,13 @@ import logging
 import os
 import re
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.errors import ConfigError, HarnessError
 from harness.fabric.shaping import ShapingSpec, apply_shaping
+from harness.waiting import wait_until
 
 if TYPE_CHECKING:  # harness.faults imports this package: no import cycle at run time
     from harness.faults.executor import Executor
@@ -202,13 +202,13 @@ class Fabric:
 
     def teardown(self) -> None:
         """Remove every namespace and link with this prefix; raise if any remains."""
-        deadline = time.monotonic() + TEARDOWN_TIMEOUT_S
-        while True:
+        def remove() -> list:
             remove_prefixed(self.ex, self.config.prefix)
-            left = leftovers(self.ex, self.config.prefix)
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)  # the kernel destroys a namespace's devices asynchronously
+            return leftovers(self.ex, self.config.prefix)
+
+        # again every 0.1 s: the kernel destroys a namespace's devices asynchronously
+        left = wait_until(remove, TEARDOWN_TIMEOUT_S, 0.1, what=f"the {self.config.prefix}* namespaces and links to go",
+                          accept=lambda left: not left, on_timeout="return")
         if not left and self._slot_lock is not None:
             self._slot_lock.close()  # releases the flock: the slot is free for the next run
             self._slot_lock = None

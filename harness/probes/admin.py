@@ -1,9 +1,11 @@
-"""The PD router's admin API as a probe: worker table snapshots and engine events.
+"""The bundled engine's admin API: one typed client (``AdminClient``) and a worker-table poller.
 
 ``GET /admin/workers`` lists each worker (id, role, pid, health, queue depth, KV blocks);
 ``GET /admin/events`` lists what the router saw (worker down/up, reschedules, retries,
-fallbacks) with wall-clock and monotonic times. A ``WorkerPoller`` snapshots the worker
-table in the background during a run, so a report can show who was healthy when.
+fallbacks) with wall-clock and monotonic times; the resilience endpoints read the degradation
+state, switch speculative decoding, migrate and drain, and hold the HBM-fill and ECC-poison fault
+hooks. Results are typed (harness/probes/admin_models.py). A ``WorkerPoller`` snapshots the
+worker table in the background during a run, so a report can show who was healthy when.
 """
 
 from __future__ import annotations
@@ -17,75 +19,155 @@ from typing import Any
 import httpx
 
 from harness.errors import ProbeError
+from harness.probes.admin_models import (DegradationState, DrainResult, EngineEvent, FaultState, MigrationResult, R,
+                                         Worker, event_list)
 from harness.probes.urls import http_url
 
 log = logging.getLogger(__name__)
 
 
 class AdminError(ProbeError):
-    """The admin API answered a request with an error (the engine refused what was asked)."""
+    """The admin API answered a request with an error status (the engine refused what was asked, or
+    the endpoint does not exist): ``endpoint`` ("POST http://.../admin/migrate"), ``status``, and
+    the engine's own ``message``, ``code`` and ``param`` when it sent them."""
 
     def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 fix: str = "see the router's log") -> None:
-        super().__init__(f"HTTP {status}: {message}", fix=fix)
-        self.status, self.message, self.code, self.param = status, message, code, param
+                 endpoint: str = "", fix: str = "see the router's log") -> None:
+        where = f"{endpoint} answered " if endpoint else ""
+        super().__init__(f"{where}HTTP {status}: {message}", fix=fix)
+        self.status, self.message, self.code, self.param, self.endpoint = status, message, code, param, endpoint
 
 
-def _unwrap(payload: Any, key: str) -> list[dict]:
-    """Accept a bare JSON list or an object holding it under ``key``."""
-    items = payload.get(key) if isinstance(payload, dict) else payload
-    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
-        raise ProbeError(f"/admin/{key} did not return a list of objects (got {type(items).__name__})",
-                         fix="point the admin client at the PD router's base URL")
-    return items
+def _refusal(resp: httpx.Response) -> tuple[str, str | None, str | None]:
+    """The engine's error body ({"error": {message, code, param}}), else the start of the text."""
+    try:
+        err = resp.json()["error"]
+        return str(err["message"]), err.get("code"), err.get("param")
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300], None, None
 
 
 class AdminClient:
-    """Reads the router's admin API: ``base_url`` is the router's address or its ``/admin``
-    prefix (``Topology.admin_url``); both work."""
+    """The bundled engine's admin API (docs/pd.md), one typed method per endpoint the harness uses.
+    ``base_url`` is the router's address or its ``/admin`` prefix (``Topology.admin_url``); both work.
+
+    Errors name the endpoint: a transport failure is a ProbeError ("GET http://.../admin/workers
+    failed: ..."), an error status an :class:`AdminError` carrying the status and the engine's
+    message, code and param; a 200 answer that is not what the bundled engine sends is a ProbeError
+    naming the field."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 5.0) -> None:
         base = http_url(base_url, "admin URL")
         self.base_url = base if base.endswith("/admin") else base + "/admin"
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
-    def _get(self, path: str, params: dict | None = None) -> Any:
+    def _call(self, method: str, path: str, *, params: dict | None = None, body: Any = None,
+              timeout_s: float | None = None) -> Any:
+        endpoint = f"{method} {self.base_url}{path}"
+        extra = {} if timeout_s is None else {"timeout": timeout_s}
         try:
-            resp = self._http.get(path, params=params)
+            resp = self._http.request(method, path, params=params, json=body, **extra)
         except httpx.HTTPError as exc:
-            raise ProbeError(f"GET {self.base_url}{path} failed: {exc}", fix="check the router is up") from exc
-        if resp.status_code == 404:
-            raise ProbeError(f"{self.base_url}{path} does not exist (404)",
-                             fix="the admin API is served by the PD router, not by a single-process server")
+            raise ProbeError(f"{endpoint} failed: {type(exc).__name__}: {exc}", fix="check the router is up") from exc
+        if resp.status_code == 404 and path in ("/workers", "/events", "/degradation", "/faults"):
+            raise AdminError(404, "no such endpoint", endpoint=endpoint,
+                             fix="the admin API is served by the bundled engine's PD router, not by a "
+                                 "single-process server or a foreign engine")
         if resp.status_code != 200:
-            raise ProbeError(f"GET {self.base_url}{path} answered HTTP {resp.status_code}: {resp.text[:200]}",
-                             fix="see the router's log")
-        return resp.json()
+            message, code, param = _refusal(resp)
+            raise AdminError(resp.status_code, message, code=code, param=param, endpoint=endpoint)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise ProbeError(f"{endpoint} answered 200 with no JSON: {resp.text[:200]!r}",
+                             fix="point the admin URL at the bundled engine's PD router") from exc
 
-    def workers(self) -> list[dict]:
-        return _unwrap(self._get("/workers"), "workers")
+    def _list(self, cls: type[R], path: str, key: str, **kw: Any) -> list[R]:
+        payload = self._call("GET", path, **kw)
+        items = payload.get(key) if isinstance(payload, dict) else payload
+        if not isinstance(items, list):
+            raise ProbeError(f"GET {self.base_url}{path} did not return a list (got {type(items).__name__})",
+                             fix="point the admin client at the PD router's base URL")
+        return [cls.parse(x, f"GET {self.base_url}{path}") for x in items]
 
-    def events(self, **params: Any) -> list[dict]:
-        """The router's events, oldest first (``params`` are passed as query parameters)."""
-        return _unwrap(self._get("/events", params or None), "events")
+    # -- reading
+    def workers(self) -> list[Worker]:
+        """``GET /admin/workers``: every worker the router knows, healthy or not."""
+        return self._list(Worker, "/workers", "workers")
 
-    def migrate(self, source: str, *, rid: str | None = None, target: str | None = None) -> dict:
-        """``POST /admin/migrate``: live-migrate one decoding request off ``source`` (the one
-        named by ``rid``, else the engine's choice); returns the router's ``migration_done``
-        event. An engine refusal raises :class:`AdminError` with its status, code and param."""
+    def worker(self, worker_id: str) -> Worker | None:
+        """One row of ``workers()``; None when the router does not know ``worker_id``."""
+        return next((w for w in self.workers() if w.id == worker_id), None)
+
+    def events(self, since: int = 0, type: str | None = None) -> list[EngineEvent]:  # noqa: A002 (the API's name)
+        """``GET /admin/events``: the router's events after ``since`` (a seq), oldest first, only
+        those of ``type`` when given."""
+        params: dict[str, Any] = {"since": since} if since else {}
+        if type is not None:
+            params["type"] = type
+        return event_list(self._call("GET", "/events", params=params or None), f"GET {self.base_url}/events")
+
+    def degradation(self) -> DegradationState:
+        """``GET /admin/degradation``: level, thresholds, signals, history, counters."""
+        return DegradationState.parse(self._call("GET", "/degradation"), f"GET {self.base_url}/degradation")
+
+    def faults(self) -> list[FaultState]:
+        """``GET /admin/faults``: the HBM-fill and ECC-poison faults the router knows and their last state."""
+        return self._list(FaultState, "/faults", "faults")
+
+    def config(self) -> dict[str, Any]:
+        """``GET /admin/config``: the router's RouterConfig as JSON."""
+        return self._call("GET", "/config")
+
+    # -- acting
+    def set_speculative(self, enabled: bool) -> bool:
+        """``POST /admin/speculative``: speculative decoding on or off on every worker."""
+        return bool(self._call("POST", "/speculative", body={"enabled": bool(enabled)})["enabled"])
+
+    def migrate(self, source: str, *, rid: str | None = None, target: str | None = None) -> MigrationResult:
+        """``POST /admin/migrate``: live-migrate one decoding request off ``source`` (the one named by
+        ``rid``, else the engine's choice); returns the router's ``migration_done`` event. A refusal
+        raises :class:`AdminError` with its status, code and param."""
         body = {"source": source, **({"rid": rid} if rid else {}), **({"target": target} if target else {})}
-        try:
-            resp = self._http.post("/migrate", json=body)
-        except httpx.HTTPError as exc:
-            raise ProbeError(f"POST {self.base_url}/migrate failed: {exc}", fix="check the router is up") from exc
-        if resp.status_code != 200:
-            try:
-                err = resp.json()["error"]
-                message, code, param = str(err["message"]), err.get("code"), err.get("param")
-            except (ValueError, KeyError, TypeError):
-                message, code, param = resp.text[:300], None, None
-            raise AdminError(resp.status_code, message, code=code, param=param)
-        return resp.json()
+        return MigrationResult.parse(self._call("POST", "/migrate", body=body), f"POST {self.base_url}/migrate")
+
+    def drain(self, worker: str, *, timeout_s: float = 60.0) -> DrainResult:
+        """``POST /admin/drain``: migrate everything off a decode worker and keep it out of placement."""
+        return DrainResult.parse(self._call("POST", "/drain", body={"worker": worker}, timeout_s=timeout_s),
+                                 f"POST {self.base_url}/drain")
+
+    def undrain(self, worker: str) -> dict[str, Any]:
+        """``DELETE /admin/drain/{worker}``: put a drained worker back into placement."""
+        return self._call("DELETE", f"/drain/{worker}")
+
+    def hbm_fill(self, worker: str, share: float, *, fault_id: str | None = None) -> FaultState:
+        """``POST /admin/faults/hbm_fill``: reserve ``share`` of the worker's KV pool."""
+        body = {"worker": worker, "share": share, **({"fault_id": fault_id} if fault_id else {})}
+        return FaultState.parse(self._call("POST", "/faults/hbm_fill", body=body),
+                                f"POST {self.base_url}/faults/hbm_fill")
+
+    def ecc_poison(self, worker: str, *, count: int | None = None, blocks: list[int] | None = None,
+                   fault_id: str | None = None) -> FaultState:
+        """``POST /admin/faults/ecc_poison``: poison ``count`` KV blocks (or exactly ``blocks``)."""
+        body: dict[str, Any] = {"worker": worker, **({"fault_id": fault_id} if fault_id else {})}
+        body.update({"blocks": blocks} if blocks is not None else {"count": 1 if count is None else count})
+        return FaultState.parse(self._call("POST", "/faults/ecc_poison", body=body),
+                                f"POST {self.base_url}/faults/ecc_poison")
+
+    def release_fault(self, kind: str, fault_id: str) -> FaultState:
+        """``DELETE /admin/faults/{kind}/{fault_id}`` (kind: hbm_fill or ecc_poison); idempotent."""
+        if kind not in ("hbm_fill", "ecc_poison"):
+            raise ProbeError(f"no fault kind {kind!r} on the admin API", fix="use hbm_fill or ecc_poison")
+        return FaultState.parse(self._call("DELETE", f"/faults/{kind}/{fault_id}"),
+                                f"DELETE {self.base_url}/faults/{kind}/{fault_id}")
+
+    def set_transfer(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """``POST /admin/transfer``: KV transfer settings (TransferConfig fields) for later requests."""
+        return self._call("POST", "/transfer", body=settings)
+
+    def worker_fault(self, worker_id: str, **spec: int) -> dict[str, Any]:
+        """``POST /admin/workers/{id}/fault``: a worker-side transfer fault (e.g. corrupt_frames=1)."""
+        return self._call("POST", f"/workers/{worker_id}/fault", body=spec)
 
     def close(self) -> None:
         self._http.close()
@@ -101,7 +183,7 @@ class AdminClient:
 class WorkerSnapshot:
     t_wall_ns: int
     t_mono_ns: int
-    workers: list[dict] | None   # None: the poll failed
+    workers: list[Worker] | None   # None: the poll failed
     error: str | None = None
 
 

@@ -28,6 +28,7 @@ from harness.checks.reschedule_blackbox import ClientFault
 from harness.errors import FaultError
 from harness.faults import ProcessHang, ProcessKill
 from harness.probes.inventory import InventoryWorker, locate_pid, resolve, wait_healthy
+from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -115,19 +116,22 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
 
 def _wait_new_process(spec: Any, old: InventoryWorker, ex: Any, timeout_s: float) -> None:
     """Until the worker runs as a new process (not the killed pid) and its health URL answers 200."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def new_pid() -> int | None:
         try:
-            pid = locate_pid(spec, ex)
+            return locate_pid(spec, ex)
         except FaultError:
-            pid = None  # between the old process's exit and the new one's start
-        if pid is not None and pid != old.pid and wait_healthy(old.health_url, 1.0) is not None:
-            return
-        if time.monotonic() > deadline:
-            raise FaultError(f"{old.id} did not come back within {timeout_s:.0f} s after it was killed "
-                             f"(process {'found: ' + str(pid) if pid else 'not found'})",
-                             fix="check its restart command or service manager and its log")
-        time.sleep(1.0)  # a restart takes seconds to minutes
+            return None  # between the old process's exit and the new one's start
+
+    def back(pid: int | None) -> bool:
+        return pid is not None and pid != old.pid and wait_healthy(old.health_url, 1.0) is not None
+
+    try:  # polled every second: a restart takes seconds to minutes
+        wait_until(new_pid, timeout_s, 1.0, what=f"{old.id} to come back", accept=back)
+    except WaitTimeoutError as exc:
+        pid = exc.last_value
+        raise FaultError(f"{old.id} did not come back within {timeout_s:.0f} s after it was killed "
+                         f"(process {'found: ' + str(pid) if pid else 'not found'})",
+                         fix="check its restart command or service manager and its log") from exc
 
 
 __all__ = ["BlackboxRun", "HANG_S", "describe_plan", "plan", "run_faults"]

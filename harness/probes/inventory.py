@@ -25,6 +25,7 @@ import httpx
 
 from harness.errors import ConfigError, ExecutorError, FaultError
 from harness.faults.executor import Executor
+from harness.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +127,10 @@ def resolve(workers: Iterable[Any], executor_for: Callable[[str | None], Executo
 def wait_healthy(url: str, timeout_s: float) -> float | None:
     """Seconds until ``url`` answers 200, or None when it did not within ``timeout_s``."""
     t0 = time.monotonic()
-    pause = 0.05
-    while True:
-        if is_healthy(url):
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            return None
-        time.sleep(pause)  # polling a health endpoint
-        pause = min(pause * 2, 1.0)
+    if wait_until(lambda: is_healthy(url), timeout_s, 0.05, max_interval_s=1.0, what=f"{url} to answer 200",
+                  on_timeout="return"):
+        return time.monotonic() - t0
+    return None
 
 
 __all__ = ["InventoryWorker", "health_url", "is_healthy", "locate_pid", "resolve", "wait_healthy"]

@@ -25,6 +25,7 @@ from harness.errors import ProbeError
 from harness.probes.records import NOT_SENT, RecordWriter, RequestRecord, process_anchor
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile, arrival_offsets, make_requests, worker_records_path
+from harness.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,8 @@ class LoadController:
 
     def _start_when_ready(self, runner: Runner) -> None:
         local_users = len(runner.user_greenlets)  # 0 on a master: its users live in the workers
-        deadline = time.monotonic() + 60.0
-        while self.ready_users < local_users and time.monotonic() < deadline:
-            gevent.sleep(0.01)
+        wait_until(lambda: self.ready_users >= local_users, 60.0, 0.01, what="the users' clients",
+                   on_timeout="return", sleep=gevent.sleep)
         self.t0_ns = time.perf_counter_ns()
         self.started.set()
         log.info("load started: %s, %d users here, %d scheduled arrivals", self.profile.mode,
@@ -132,9 +132,9 @@ class LoadController:
         # sent, late, so overload shows as latency rather than as missing requests. Then let
         # in-flight requests finish and quit; Locust kills whatever is still running: those
         # requests are recorded as cancelled, arrivals never sent as cancelled/NotSent.
-        deadline = time.monotonic() + self.profile.stop_timeout_s
-        while (self.in_flight or (self.sending and self.arrivals_left())) and time.monotonic() < deadline:
-            gevent.sleep(0.05)
+        wait_until(lambda: not (self.in_flight or (self.sending and self.arrivals_left())),
+                   self.profile.stop_timeout_s, 0.05, what="the requests in flight and the due arrivals",
+                   on_timeout="return", sleep=gevent.sleep)
         self.sending = False
         log.info("load finished, %d requests in flight, %d arrivals not sent", self.in_flight, self.arrivals_left())
         runner.quit()
@@ -145,9 +145,8 @@ class LoadController:
             # workers start their clocks a little after this one and send late arrivals too:
             # wait until their users are done with the schedule (user counts arrive with the
             # workers' periodic reports)
-            deadline = time.monotonic() + self.profile.stop_timeout_s + 10.0
-            while runner.user_count and time.monotonic() < deadline:
-                gevent.sleep(0.2)
+            wait_until(lambda: not runner.user_count, self.profile.stop_timeout_s + 10.0, 0.2,
+                       what="the workers' users to finish the schedule", on_timeout="return", sleep=gevent.sleep)
         # stop() waits until every worker's users stopped (each finishes its in-flight request
         # within --stop-timeout); only then quit, which gives workers just 3 s to exit
         runner.stop()

@@ -146,9 +146,10 @@ def _ask(admin_url: str, attempt: MigrationAttempt) -> None:
     assert attempt.source is not None and attempt.request_id is not None
     try:
         with AdminClient(admin_url, timeout_s=60.0) as admin:
-            attempt.done = admin.migrate(attempt.source, rid=attempt.request_id)
+            result = admin.migrate(attempt.source, rid=attempt.request_id)
+        attempt.done = result.raw  # the event as the router sent it: evidence
         attempt.outcome = "migrated"
-        attempt.detail = f"{attempt.source} -> {attempt.done.get('target')}"
+        attempt.detail = f"{attempt.source} -> {result.target}"
     except AdminError as exc:
         if exc.code in NOT_THERE_CODES or (exc.status == 404 and exc.param == "rid"):
             # the stream ended, or moved (the health detector may have moved it first), between its

@@ -1,0 +1,75 @@
+"""The end every conformance suite shares: after its own item's verdict, judge and show the run.
+
+One call, :func:`finish_suite`, replaces the lines each suite used to copy::
+
+    expected = oracle_expectation(cluster.oracle, ignore_eos=...) if cluster.oracle else None
+    lost = nothing_lost_verdict(check_history(records, expected), checklist)
+    lost.evidence["links"] = links
+    conformance.record(lost)
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
+                                            failed_requests_only=True))
+
+It records, in this order:
+
+1. the **nothing-lost** verdict over every request of the run (token-exact against the cluster's
+   oracle where it has one: the bundled engine), with the links to the raw records;
+2. the **latency evidence**: TTFT and TPOT percentiles over time (ok requests only) for the
+   report's charts;
+3. the **timeline**: the fault activities, the engine's events (extra evidence, where the cluster
+   has an admin API) and the requests that failed, merged in time order.
+
+A suite adopts it by deleting those lines and calling, at its end::
+
+    finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos,
+                 links=run_links(run), faults=faults, events=timeline.events())
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from harness.checks.invariants import Expected, check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.verdict import Verdict
+from harness.probes.records import RequestRecord
+from harness.probes.timeline import merge_timeline
+
+_ORACLE = object()  # finish_suite's default: build the expectation from the cluster's oracle
+
+
+def expectation(cluster: Any, *, ignore_eos: bool) -> Expected | None:
+    """The oracle's expected tokens per request record, or None for a cluster without an oracle
+    (a foreign engine: nothing-lost is then judged on final states and clear errors only)."""
+    return oracle_expectation(cluster.oracle, ignore_eos=ignore_eos) if cluster.oracle else None
+
+
+def run_links(*runs: Any) -> list[str]:
+    """Report-relative links to the records file of each load run (``LoadRunner.records_path``)."""
+    return [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}" for run in runs]
+
+
+def finish_suite(conformance: Any, cluster: Any, records: Sequence[RequestRecord], *, ignore_eos: bool = False,
+                 expected: Expected | None | object = _ORACLE, links: Iterable[str] = (), faults: Any = None,
+                 events: Iterable[Mapping[str, Any]] = (),
+                 event_filter: Callable[[Mapping[str, Any]], bool] | None = None) -> Verdict:
+    """Record the nothing-lost verdict, the latency evidence and the merged timeline of a run.
+
+    ``records`` are every request of the run (load and probe streams alike); ``ignore_eos`` as the
+    load ran (the oracle must know whether a request could stop early); ``expected`` overrides the
+    oracle's expectation when the suite built it already; ``faults`` is the fault runner (its
+    records go on the timeline); ``events`` the engine's events, kept where ``event_filter`` says.
+    Returns the nothing-lost verdict (already recorded)."""
+    want = expectation(cluster, ignore_eos=ignore_eos) if expected is _ORACLE else expected
+    lost = nothing_lost_verdict(check_history(records, want), cluster.thresholds)  # type: ignore[arg-type]
+    links = list(links)
+    if links:
+        lost.evidence["links"] = links
+    conformance.record(lost)
+    conformance.add_latency(list(records))
+    kept = [e for e in events if event_filter is None or event_filter(e)]
+    conformance.add_timeline(merge_timeline(faults=faults.records if faults is not None else (), events=kept,
+                                            records=records, failed_requests_only=True))
+    return lost
+
+
+__all__ = ["expectation", "finish_suite", "run_links"]
