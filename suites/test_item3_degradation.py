@@ -197,7 +197,7 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
     described = [f"level {lv.level}: KV use above {lv.kv_use_above:.2f} -> "
                  f"{lv.expect.model_dump(mode='json', exclude_defaults=True)}" for lv in levels]
     load_line = (f"up to {plan.max_concurrency} streams of {plan.prompt_tokens}-token prompts asking "
-                 f"{plan.output_tokens} tokens, {plan.ramp_budget_s:.0f} s per level, each held {plan.hold_s:.0f} s")
+                 f"{plan.output_tokens} tokens (+-25 %), {plan.ramp_budget_s:.0f} s per level, each held {plan.hold_s:.0f} s")
     if harness_options.dry_run:
         for line in [load_line, *described]:
             print(f"[dry-run] {line}", flush=True)

@@ -3,12 +3,14 @@
 The cluster file states, per level, the KV use above which the level holds and what the cluster
 must do there (``degradation.levels``: reject new requests with a status and Retry-After, cap
 completions, queue without errors, no errors). harness/probes/kv_drive.py drove KV use (the
-engine's own metric) over each threshold with long-prompt streams. This check attributes every
-request to the level in force when it was sent (the latest KV sample before its send) and judges:
+engine's own metric) over each threshold with long-prompt streams. A level is in force from a KV
+sample inside its band (at or above its threshold, below the next one) until the next sample. This
+check judges, per level:
 
-- each stated action held on the API for the requests sent at that level (status codes and
-  Retry-After of refusals, completion lengths against the cap, errors) and on the engine's
-  metrics (waiting requests or preemptions for ``queue``);
+- on the requests *sent* while it was in force: refusals (``reject``: status codes, Retry-After)
+  and completion lengths against ``max_tokens_cap``, since both act on admission;
+- on the requests *in flight* while it was in force: errors (``no_errors``, ``queue``);
+- on the engine's metrics meanwhile: waiting requests or preemptions (``queue``);
 - after the load stopped, KV use fell back below the first threshold within ``step_down_s``.
 
 A level whose threshold the load could not reach (within its time budget, or that KV use jumped
@@ -43,7 +45,8 @@ class LevelResult:
     crossed_after_s: float | None = None     # from the first request of the drive
     kv_max: float | None = None              # highest KV use while this level was in force
     seconds_in_level: float = 0.0
-    requests: int = 0
+    requests: int = 0                        # in flight at some time while it was in force
+    sent: int = 0                            # sent while it was in force
     completed: int = 0
     refused: int = 0
     errors: dict[str, int] = field(default_factory=dict)
@@ -67,9 +70,16 @@ def level_index_at(samples: Sequence[KvSample], thresholds: Sequence[float], t_w
     return None if i < 0 else i
 
 
-def _check_actions(res: LevelResult, expect: Any, recs: list[RequestRecord]) -> None:
-    failed = [r for r in recs if not r.ok or r.finish_reason == "error"]
-    if expect.reject is not None:
+def _failed(rec: RequestRecord) -> bool:
+    return not rec.ok or rec.finish_reason == "error"
+
+
+def _check_actions(res: LevelResult, expect: Any, recs: list[RequestRecord], active: list[RequestRecord]) -> None:
+    """``recs``: sent while the level was in force; ``active``: in flight meanwhile (a superset)."""
+    failed = [r for r in recs if _failed(r)]
+    if expect.reject is not None and not recs:
+        res.unchecked.append(f"level {res.level}: no request was sent while it held, so refusals could not be checked")
+    elif expect.reject is not None:
         statuses = set(expect.reject.status)
         refusals = [r for r in failed if r.status == "http_error" and r.http_status in statuses]
         res.refused = len(refusals)
@@ -89,7 +99,10 @@ def _check_actions(res: LevelResult, expect: Any, recs: list[RequestRecord]) -> 
     if expect.max_tokens_cap is not None:
         done = [r for r in recs if r.ok and r.finish_reason != "error"]
         over = [r for r in done if r.num_output_tokens > expect.max_tokens_cap]
-        if not done:
+        if not recs:
+            res.unchecked.append(f"level {res.level}: no request was sent while it held, so the cap of "
+                                 f"{expect.max_tokens_cap} tokens could not be checked")
+        elif not done:
             res.unchecked.append(f"level {res.level}: no completion ended while it held, so the cap of "
                                  f"{expect.max_tokens_cap} tokens could not be checked")
         elif over:
@@ -100,9 +113,10 @@ def _check_actions(res: LevelResult, expect: Any, recs: list[RequestRecord]) -> 
         if not (res.waiting_max or 0) > 0 and not (res.preemptions or 0) > 0:
             res.violations.append(f"level {res.level}: no request waited and none was preempted (the engine's "
                                   "waiting and preemption metrics did not rise): nothing queued")
-    if (expect.queue or expect.no_errors) and failed:
-        res.violations.append(f"level {res.level}: {len(failed)} of {len(recs)} request(s) ended with an error, "
-                              f"e.g. {_brief(failed[0])}")
+    errored = [r for r in active if _failed(r)]
+    if (expect.queue or expect.no_errors) and errored:
+        res.violations.append(f"level {res.level}: {len(errored)} of {len(active)} request(s) in flight while it held "
+                              f"ended with an error, e.g. {_brief(errored[0])}")
 
 
 def _brief(rec: RequestRecord) -> str:
@@ -121,6 +135,13 @@ def measure_levels(levels: Sequence[Any], drive: DriveResult) -> list[LevelResul
         i = level_index_at(ramp, thresholds, r.start_wall_ns())
         if i is not None:
             by_level.setdefault(i, []).append(r)
+    # (start, end) of every stretch of time each level was in force
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for k, smp in enumerate(ramp):
+        i = level_index_at(ramp, thresholds, smp.t_wall_ns)
+        if i is not None:
+            end = ramp[k + 1].t_wall_ns if k + 1 < len(ramp) else drive.stopped_wall_ns
+            spans.setdefault(i, []).append((smp.t_wall_ns, end))
     out = []
     for i, lv in enumerate(levels):
         res = LevelResult(lv.level, lv.kv_use_above, lv.expect.model_dump(mode="json", exclude_defaults=True))
@@ -136,16 +157,23 @@ def measure_levels(levels: Sequence[Any], drive: DriveResult) -> list[LevelResul
             res.waiting_max = max(waits) if waits else None
             res.preemptions = _increase(ramp, [k for k, _ in inside])
         level_recs = by_level.get(i, [])
-        res.requests = len(level_recs)
-        res.completed = sum(1 for r in level_recs if r.ok and r.finish_reason != "error")
-        for r in level_recs:
-            if not r.ok or r.finish_reason == "error":
+        active = [r for r in recs if any(_overlaps(r, a, b) for a, b in spans.get(i, ()))]
+        res.requests, res.sent = len(active), len(level_recs)
+        res.completed = sum(1 for r in active if not _failed(r))
+        for r in active:
+            if _failed(r):
                 key = f"{r.http_status or r.status} {r.error_class}"
                 res.errors[key] = res.errors.get(key, 0) + 1
-        if res.reached and level_recs:
-            _check_actions(res, lv.expect, level_recs)
+        if res.reached and active:
+            _check_actions(res, lv.expect, level_recs, active)
         out.append(res)
     return out
+
+
+def _overlaps(rec: RequestRecord, start_ns: int, end_ns: int) -> bool:
+    sent = rec.start_wall_ns()
+    ended = rec.anchor.perf_to_wall(rec.end_ns) if rec.end_ns is not None else None
+    return sent < end_ns and (ended is None or ended >= start_ns)
 
 
 def _increase(samples: Sequence[KvSample], indexes: Sequence[int]) -> float | None:
@@ -169,13 +197,15 @@ def load_degradation_verdict(levels: Sequence[Any], drive: DriveResult, checklis
     violations = [v for r in results for v in r.violations]
     seen = [s.kv_use for s in drive.samples if s.kv_use is not None]
     highest = max(seen) if seen else None
+    ramping = [s.kv_use for s in drive.samples if s.kv_use is not None and s.t_wall_ns <= drive.stopped_wall_ns]
+    top = f"{max(ramping):.3f}" if ramping else "n/a"
     gaps = []
     for r in results:
         if not r.reached:
-            gaps.append(f"level {r.level} not reached: KV use stayed below {r.kv_use_above:.2f} (highest seen "
-                        f"{'n/a' if highest is None else f'{highest:.3f}'}; {drive.ramp_ended})")
+            gaps.append(f"level {r.level} not reached: KV use stayed below {r.kv_use_above:.2f} while the load ramped "
+                        f"(highest {top}; {drive.ramp_ended})")
         elif not r.requests:
-            gaps.append(f"level {r.level}: no request was sent while it held (KV use jumped past it)")
+            gaps.append(f"level {r.level}: no request was in flight while it held (KV use jumped past it)")
     gaps += [u for r in results for u in r.unchecked]
     step_down = drive.step_down_s if drive.step_down_s is not None else step_down_timeout_s
     measurements = [

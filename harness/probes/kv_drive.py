@@ -2,13 +2,15 @@
 
 Real engines preallocate their KV pool, so KV use moves only with the tokens the engine holds:
 this driver keeps a ramping number of concurrent streams of long prompts (each prompt unique from
-its first token, so prefix caching cannot share their blocks) and reads KV use from the engine's
+its first token, so prefix caching cannot share their blocks; output lengths spread +-25 %) and reads KV use from the engine's
 own metric (``kv_usage`` of its profile: ``vllm:kv_cache_usage_perc``, ``sglang:token_usage``,
 Dynamo's kvstats), the fullest endpoint's value, every ``sample_s``. Concurrency grows until KV
 use crosses the next threshold, is held there for ``hold_s``, then grows on to the next one; a
-threshold not crossed within ``ramp_budget_s`` (or at ``max_concurrency``) ends the ramp. Then
-no new request is sent, the ones in flight end, and KV use is watched until it falls below the
-first threshold. Every request becomes a RequestRecord; nothing in flight is ever cancelled.
+threshold not crossed within ``ramp_budget_s`` (or at ``max_concurrency``) ends the ramp. While a
+level is held, KV use is kept inside its band: a stream fewer whenever it is past the next threshold,
+more when it fell below the level's own; the hold lasts until KV use was seen inside the band twice
+(at most ``ramp_budget_s``). Then no new request is sent, the ones in flight end, and
+KV use is watched until it falls below the first threshold. Every request becomes a RequestRecord; nothing in flight is ever cancelled.
 
     drive = KvDrive(client, KvMeter(urls, "vllm"), plan, records_path)
     result = asyncio.run(drive.run())
@@ -61,8 +63,8 @@ class DrivePlan:
 
     @property
     def ramp_step(self) -> int:
-        """Streams added per ramp tick (one tick per second): max_concurrency in about 16 s."""
-        return max(1, math.ceil(self.max_concurrency / 16))
+        """Streams added per ramp tick (one tick per second): max_concurrency in about 32 s."""
+        return max(1, math.ceil(self.max_concurrency / 32))
 
 
 @dataclass
@@ -171,6 +173,8 @@ class KvDrive:
         self._writer = RecordWriter(records_path) if records_path is not None else None
         self._rng = random.Random(plan.seed)
         self._target = 0
+        self._most = 0
+        self._slots: dict[int, asyncio.Task] = {}
         self._sending = True
         self._n = 0
         self.chars_per_token = 4.0
@@ -198,11 +202,17 @@ class KvDrive:
         head = f"{self._n} {self._rng.getrandbits(64):016x} "  # unique first block: no shared prefix
         return head + self._words(max(1, int(self.plan.prompt_tokens * self.chars_per_token) - len(head)))
 
+    def _output_tokens(self) -> int:
+        """``output_tokens`` +-25 %: streams of equal length admitted together would also end together, and
+        KV use would saw-tooth between full and empty instead of staying near a level."""
+        n = self.plan.output_tokens
+        return max(1, self._rng.randint(math.ceil(n * 0.75), math.floor(n * 1.25)))
+
     # -- streams -----------------------------------------------------------------------------------
 
     async def _stream_slot(self, slot: int) -> None:
         while self._sending and slot < self._target:
-            request = CompletionRequest(prompt=self._prompt(), max_tokens=self.plan.output_tokens, ignore_eos=True)
+            request = CompletionRequest(prompt=self._prompt(), max_tokens=self._output_tokens(), ignore_eos=True)
             rec = await self.client.send(request, request_id=f"kv-{self._n}")
             self.records.append(rec)
             if self._writer is not None:
@@ -210,17 +220,30 @@ class KvDrive:
             if not rec.ok:
                 await asyncio.sleep(0.2)  # a refused request is retried after a pause, as a client would
 
+    def _set_target(self, n: int) -> None:
+        """Keep ``n`` streams going: slots at or above ``n`` end after their current request, missing
+        ones below it start."""
+        self._target = max(1, min(self.plan.max_concurrency, n))
+        self._most = max(self._most, self._target)
+        for s in range(self._target):
+            task = self._slots.get(s)
+            if task is None or task.done():
+                if task is not None:
+                    task.result()  # a bug in a slot must not pass silently
+                self._slots[s] = asyncio.create_task(self._stream_slot(s))
+
     async def run(self) -> DriveResult:
+        """Ramp until KV use crosses the next threshold, then hold it inside that level's band (below
+        the next threshold: one stream fewer when above it, more when below the level) for hold_s."""
         plan = self.plan
         await self.calibrate()
-        slots: list[asyncio.Task] = []
         crossed: dict[int, int] = {}
         ramp_ended = "every threshold crossed and held"
-        loop_t = time.monotonic()
-        next_tick = loop_t
-        level_deadline = loop_t + plan.ramp_budget_s
+        next_tick = time.monotonic()
+        level_deadline = next_tick + plan.ramp_budget_s
         hold_until: float | None = None
-        idx = 0  # the next threshold to cross
+        in_band = 0  # samples inside the held level's band
+        idx = 0  # the level being reached or held
         try:
             while idx < len(plan.thresholds):
                 now = time.monotonic()
@@ -230,31 +253,36 @@ class KvDrive:
                 for i, th in enumerate(plan.thresholds):
                     if kv is not None and kv >= th and i not in crossed:
                         crossed[i] = sample.t_wall_ns
+                upper = plan.thresholds[idx + 1] if idx + 1 < len(plan.thresholds) else None
                 if hold_until is None and idx in crossed:
-                    hold_until = now + plan.hold_s
-                if hold_until is not None and now >= hold_until:  # held: ramp on to the next threshold
-                    idx = max(i for i in crossed) + 1 if crossed else idx + 1
-                    hold_until, level_deadline = None, now + plan.ramp_budget_s
+                    hold_until, in_band, level_deadline = now + plan.hold_s, 0, now + plan.ramp_budget_s
+                if hold_until is not None and kv is not None and kv >= plan.thresholds[idx] and (
+                        upper is None or kv < upper):
+                    in_band += 1
+                # held (and seen inside its band at least twice, so requests ran at this level): on to the next
+                if hold_until is not None and now >= hold_until and (in_band >= 2 or now > level_deadline):
+                    idx, hold_until, level_deadline = idx + 1, None, now + plan.ramp_budget_s
                     continue
-                if hold_until is None:
-                    if now > level_deadline:
-                        ramp_ended = (f"KV use did not cross {plan.thresholds[idx]:.2f} within "
-                                      f"{plan.ramp_budget_s:.0f} s at up to {self._target} streams")
-                        break
-                    if now >= next_tick and self._target < plan.max_concurrency:
-                        self._target = min(plan.max_concurrency, self._target + plan.ramp_step)
-                        slots += [asyncio.create_task(self._stream_slot(s)) for s in range(len(slots), self._target)]
-                        next_tick = now + 1.0
+                if hold_until is None and now > level_deadline:
+                    ramp_ended = (f"KV use did not cross {plan.thresholds[idx]:.2f} within "
+                                  f"{plan.ramp_budget_s:.0f} s at up to {self._most} streams")
+                    break
+                if now >= next_tick and kv is not None:
+                    if hold_until is not None and upper is not None and kv >= upper:
+                        self._set_target(self._target - 1)  # past the next level: back into this one
+                    elif kv < plan.thresholds[idx]:
+                        self._set_target(self._target + plan.ramp_step)
+                    next_tick = now + 1.0
                 await asyncio.sleep(plan.sample_s)
         finally:
             self._sending = False
             stopped = time.time_ns()
             stop_mono = time.monotonic()
-            drained, step_down = await self._drain_and_watch(slots, stop_mono)
+            drained, step_down = await self._drain_and_watch(list(self._slots.values()), stop_mono)
             if self._writer is not None:
                 self._writer.close()
         return DriveResult(self.samples, sorted(self.records, key=lambda r: r.start_wall_ns()), crossed, stopped,
-                           drained, step_down, ramp_ended, self.chars_per_token, self._target)
+                           drained, step_down, ramp_ended, self.chars_per_token, self._most)
 
     async def _drain_and_watch(self, slots: list[asyncio.Task], stop_mono: float) -> tuple[int, float | None]:
         """Until every stream ended (the client's own timeout bounds each) and KV use is below the first

@@ -63,7 +63,8 @@ def test_a_queueing_engine_meets_queue_and_no_errors_levels():
                                        step_down_timeout_s=60)
     assert verdict.status == Status.PASS, verdict.reason
     l2, l3 = verdict.evidence["levels"]
-    assert (l2["requests"], l3["requests"]) == (2, 2)  # "a" was sent below every threshold
+    assert (l2["sent"], l3["sent"]) == (2, 2)  # "a" was sent below every threshold
+    assert (l2["requests"], l3["requests"]) == (2, 3)  # "c" (sent at 3.5 s, ended at 4.5 s) was in flight in both
     assert l3["waiting_max"] == 3 and l3["preemptions"] == 2
     assert verdict.evidence["highest_kv_use"] == 0.97
 
@@ -117,7 +118,7 @@ def test_a_level_the_load_could_not_reach_is_inconclusive_with_the_highest_kv_us
     verdict = load_degradation_verdict(levels(QUEUE), drive(low, [ok("a", 2.5)], {0: 2}), Checklist.load(),
                                        step_down_timeout_s=60)
     assert verdict.status == Status.INCONCLUSIVE
-    assert "level 3 not reached: KV use stayed below 0.90 (highest seen 0.840" in verdict.reason
+    assert "level 3 not reached: KV use stayed below 0.90 while the load ramped (highest 0.840" in verdict.reason
 
 
 def test_kv_use_that_never_falls_back_after_the_load_fails_step_down():
@@ -130,3 +131,13 @@ def test_kv_use_that_never_falls_back_after_the_load_fails_step_down():
 def test_measure_levels_counts_errors_by_status_and_class():
     [res] = measure_levels(levels(CAP), drive(RAMP, [refused("r", 2.5), ok("a", 3.5, tokens=10)], {0: 2}))
     assert res.errors == {"429 Overloaded": 1} and res.completed == 1 and res.requests == 2
+
+
+def test_an_error_of_a_request_in_flight_counts_at_the_level_it_overlapped():
+    # sent at 1.5 s (below every threshold), still in flight when level 3 held (from 4 s), then failed
+    cut = RequestRecord(request_id="cut", sent_ns=int(1.5 * NS), end_ns=int(4.5 * NS), status="stream_error",
+                        error_class="EngineDeadError", error_message="EngineCore encountered an issue")
+    verdict = load_degradation_verdict(levels(QUEUE), drive(RAMP, [cut, ok("d", 4.5)], {0: 2, 1: 4}),
+                                       Checklist.load(), step_down_timeout_s=60)
+    assert verdict.status == Status.FAIL
+    assert "in flight while it held ended with an error, e.g. cut (stream_error, EngineDeadError" in verdict.reason

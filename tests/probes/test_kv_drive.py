@@ -122,7 +122,7 @@ def test_the_meter_keeps_endpoints_with_a_kv_metric_and_reads_the_fullest(engine
 def test_the_plan_refuses_thresholds_out_of_order():
     with pytest.raises(ProbeError, match="ascending"):
         DrivePlan(thresholds=(0.9, 0.8), prompt_tokens=10, output_tokens=10)
-    assert DrivePlan(thresholds=(0.8,), prompt_tokens=10, output_tokens=10, max_concurrency=64).ramp_step == 4
+    assert DrivePlan(thresholds=(0.8,), prompt_tokens=10, output_tokens=10, max_concurrency=64).ramp_step == 2
 
 
 def test_the_drive_crosses_each_threshold_then_stops_and_kv_use_falls_back(engine, tmp_path):
@@ -139,7 +139,7 @@ def test_the_drive_crosses_each_threshold_then_stops_and_kv_use_falls_back(engin
     meter.close()
     assert set(result.crossed_wall_ns) == {0, 1}, result.ramp_ended
     assert result.ramp_ended == "every threshold crossed and held"
-    assert result.records and all(r.ok and r.completion_tokens == 8 for r in result.records)
+    assert result.records and all(r.ok and 6 <= r.completion_tokens <= 10 for r in result.records)  # 8 +-25 %
     assert abs(result.chars_per_token - 4.0) < 0.1  # the server counts one token per 4 characters
     assert {r.prompt_tokens for r in result.records} <= {49, 50}  # prompts sized from that calibration
     assert len({r.prompt[:20] for r in result.records}) == len(result.records)  # each prompt's start is unique
