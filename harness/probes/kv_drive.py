@@ -218,7 +218,7 @@ class KvDrive:
             if self._writer is not None:
                 self._writer.write(rec)
             if not rec.ok:
-                await asyncio.sleep(0.2)  # a refused request is retried after a pause, as a client would
+                await asyncio.sleep(1.0)  # a refused or failed request is retried after a pause, as a client would
 
     def _set_target(self, n: int) -> None:
         """Keep ``n`` streams going: slots at or above ``n`` end after their current request, missing
