@@ -232,6 +232,10 @@ def load_degradation_verdict(levels: Sequence[Any], drive: DriveResult, checklis
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because="; ".join(gaps) or None)
     if verdict.status.value == "fail" and violations:
         verdict.reason += f" First problem: {violations[0]}"
+    elif verdict.status.value == "pass":
+        verdict.reason += " Levels: " + "; ".join(
+            f"{r.level} (KV use above {r.kv_use_above:.2f}, up to {r.kv_max or 0:.2f}): {r.requests} requests in flight, "
+            f"{', '.join(k for k, v in r.expect.items() if v)} held" for r in results) + "."
     return verdict
 
 

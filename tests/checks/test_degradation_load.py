@@ -62,6 +62,7 @@ def test_a_queueing_engine_meets_queue_and_no_errors_levels():
     verdict = load_degradation_verdict(levels(QUEUE), drive(RAMP, records, {0: 2, 1: 4}), Checklist.load(),
                                        step_down_timeout_s=60)
     assert verdict.status == Status.PASS, verdict.reason
+    assert "Levels: 2 (KV use above 0.80, up to 0.86): 2 requests in flight, no_errors held; 3 (" in verdict.reason
     l2, l3 = verdict.evidence["levels"]
     assert (l2["sent"], l3["sent"]) == (2, 2)  # "a" was sent below every threshold
     assert (l2["requests"], l3["requests"]) == (2, 3)  # "c" (sent at 3.5 s, ended at 4.5 s) was in flight in both
