@@ -226,6 +226,9 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
 
     try:
         result = asyncio.run(drive())
+    except ProbeError as exc:  # the calibration request failed: the cluster does not serve completions
+        conformance.record(inconclusive(checklist, ITEM, f"not judged: {exc}", fix=exc.fix))
+        return
     finally:
         meter.close()
     verdict = load_degradation_verdict(levels, result, checklist, step_down_timeout_s=DRIVE_STEP_DOWN_TIMEOUT_S)
