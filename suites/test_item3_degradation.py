@@ -6,10 +6,18 @@ Level 4's). Each plateau must reach exactly its level, in order, with the level'
 (speculative decoding off at L2, KV offload on at L3); after the fills are reverted the cluster
 must step back to Level 0 (harness/checks/degradation.py). Nothing may be lost meanwhile:
 requests complete token-exactly or are refused with a clear 429/503.
+
+On a foreign engine (no admin API, so no HBM fill and no router events) the item is judged by load
+when the cluster file states its levels (``degradation.levels``): long-prompt streams ramp the
+engine's own KV-use metric over each level's threshold and hold it there
+(harness/probes/kv_drive.py); the actions the file states for each level are checked on the
+API responses and the engine's metrics, and KV use must fall back below the first threshold
+after the load (harness/checks/degradation_load.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -18,9 +26,13 @@ import httpx
 import pytest
 
 from harness.checks.degradation import ITEM, Step, degradation_verdict
+from harness.checks.degradation_load import load_degradation_verdict
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.verdict import inconclusive
+from harness.errors import ProbeError
 from harness.faults import HbmFill
+from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
+from harness.probes.streaming import AsyncStreamingClient
 from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
@@ -74,9 +86,12 @@ def _hold(admin: str, timeline: Any, step: Step, hold_s: float, spec_was_on: boo
 
 
 def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, timeline, conformance,
-                                                         harness_options):
+                                                         harness_options, request):
     checklist = cluster.thresholds
     admin = cluster.admin_url
+    if not admin:  # a foreign engine: by load, against the cluster file's stated levels
+        _by_load(cluster, conformance, harness_options, request.node.name)
+        return
     state = _degradation(admin)
     if harness_options.dry_run:  # print each fill's plan (the shares depend on the load: the first plateau's)
         share = round(_plateaus(state, checklist)[0][1], 4)
@@ -146,3 +161,84 @@ def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options,
     conformance.add_timeline(merge_timeline(faults=faults.records,
                                             events=[e for e in events if e["type"] in ("degradation_level", "fault_state")],
                                             records=records, failed_requests_only=True))
+
+
+# -- a foreign engine: KV use driven by load, the cluster file's stated actions checked on the API --------
+
+DRIVE_STEP_DOWN_TIMEOUT_S = 60.0
+DRIVE_REQUEST_TIMEOUT_S = 300.0   # one stream's whole life, queueing included; longer counts as hung
+
+
+def drive_plan(cluster: Any, seed: int) -> DrivePlan:
+    """The load that drives KV use: degradation.load, else the workload's lengths (else 512/128 tokens).
+    A level with a max_tokens cap gets requests asking for twice the cap, so that a missing cap shows."""
+    spec = cluster.spec.degradation
+    workload = cluster.workload
+    prompt = spec.load.prompt_tokens or (workload.prompt_tokens if workload else 512)
+    output = spec.load.output_tokens or (workload.output_tokens if workload else 128)
+    caps = [lv.expect.max_tokens_cap for lv in spec.levels if lv.expect.max_tokens_cap is not None]
+    if caps:
+        output = max(output, 2 * max(caps))
+    return DrivePlan(thresholds=tuple(lv.kv_use_above for lv in spec.levels), prompt_tokens=prompt,
+                     output_tokens=output, max_concurrency=spec.load.max_concurrency,
+                     ramp_budget_s=spec.load.ramp_budget_s, hold_s=spec.load.hold_s,
+                     step_down_timeout_s=DRIVE_STEP_DOWN_TIMEOUT_S, seed=seed)
+
+
+def metrics_urls(cluster: Any) -> list[str]:
+    """endpoints.metrics and every worker's own (behind a router such as vllm-router, KV use is on the workers)."""
+    return list(dict.fromkeys(u for u in [cluster.metrics_url, *(w.metrics for w in cluster.workers)] if u))
+
+
+def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: str) -> None:
+    checklist = cluster.thresholds
+    levels = cluster.spec.degradation.levels
+    plan = drive_plan(cluster, harness_options.seed)
+    described = [f"level {lv.level}: KV use above {lv.kv_use_above:.2f} -> "
+                 f"{lv.expect.model_dump(mode='json', exclude_defaults=True)}" for lv in levels]
+    load_line = (f"up to {plan.max_concurrency} streams of {plan.prompt_tokens}-token prompts asking "
+                 f"{plan.output_tokens} tokens (+-25 %), {plan.ramp_budget_s:.0f} s per level, each held {plan.hold_s:.0f} s")
+    if harness_options.dry_run:
+        for line in [load_line, *described]:
+            print(f"[dry-run] {line}", flush=True)
+        conformance.record(inconclusive(checklist, ITEM, "dry run: the KV-use drive was planned, no load was sent",
+                                        plan=[load_line, *described]))
+        return
+    if cluster.safety.production:
+        conformance.record(inconclusive(checklist, ITEM, "not judged on this cluster: driving KV use over its "
+                                        "degradation thresholds overloads it, and it is marked safety.production",
+                                        plan=[load_line, *described]))
+        return
+    meter = KvMeter(metrics_urls(cluster), cluster.spec.metric_profile, api_key=cluster.api_key())
+    try:
+        meter.check()
+    except ProbeError as exc:
+        meter.close()
+        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {exc}", fix=exc.fix))
+        return
+    records_path = conformance.artifact_dir(f"{test_name}-kv-drive") / "requests.jsonl"
+    conformance.phase("KV drive")
+
+    async def drive() -> Any:
+        async with AsyncStreamingClient(cluster.api_url, model=cluster.model, api_key=cluster.api_key(),
+                                        timeout_s=DRIVE_REQUEST_TIMEOUT_S, read_timeout_s=120.0) as client:
+            return await KvDrive(client, meter, plan, records_path).run()
+
+    try:
+        result = asyncio.run(drive())
+    except ProbeError as exc:  # the calibration request failed: the cluster does not serve completions
+        conformance.record(inconclusive(checklist, ITEM, f"not judged: {exc}", fix=exc.fix))
+        return
+    finally:
+        meter.close()
+    verdict = load_degradation_verdict(levels, result, checklist, step_down_timeout_s=DRIVE_STEP_DOWN_TIMEOUT_S)
+    links = [f"artifacts/{records_path.parent.name}/{records_path.name}"]
+    verdict.evidence.update(links=links, load=load_line, metrics_urls=meter.urls,
+                            metrics_urls_dropped=meter.dropped, scrape_errors=meter.errors[:20])
+    conformance.record(verdict)
+    records = result.records
+    lost = nothing_lost_verdict(check_history(records, None), checklist)
+    lost.evidence["links"] = links
+    conformance.record(lost)
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(records=records, failed_requests_only=True))

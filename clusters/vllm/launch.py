@@ -49,6 +49,8 @@ PORTS = {
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 PR_SET_CHILD_SUBREAPER = 36
+MAX_MODEL_LEN = 2048
+KV_BLOCK_SIZE = 32  # tokens per KV block whenever the launcher sets the block size (pd mode, --kv-cache-tokens)
 
 
 def log(msg: str) -> None:
@@ -194,22 +196,37 @@ def ensure_model(python: Path, model_dir: Path, preset: str) -> None:
 def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str]) -> list[str]:
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
+            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16", "--enforce-eager",
             "--disable-uvicorn-access-log", *extra]
 
 
-def build(mode: str, venv: Path, model_dir: Path, run_dir: Path) -> tuple[list[Instance], Instance]:
+def kv_pool_args(kv_cache_tokens: int | None) -> list[str]:
+    """vLLM arguments for a KV pool of ``kv_cache_tokens`` tokens per instance (None: vLLM's own size, from
+    VLLM_CPU_KVCACHE_SPACE=1 GiB, about a million tokens of the tiny model, which load never fills).
+    A small pool fills in seconds under a few long-prompt streams (the 6.1.3 suite's load drive)."""
+    if kv_cache_tokens is None:
+        return []
+    if kv_cache_tokens < MAX_MODEL_LEN:
+        raise LaunchError(f"--kv-cache-tokens {kv_cache_tokens} is below --max-model-len {MAX_MODEL_LEN}: vLLM "
+                          f"refuses a pool that cannot hold one whole request; pass at least {MAX_MODEL_LEN}")
+    blocks = -(-kv_cache_tokens // KV_BLOCK_SIZE)
+    return ["--block-size", str(KV_BLOCK_SIZE), "--num-gpu-blocks-override", str(blocks)]
+
+
+def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
+          kv_cache_tokens: int | None = None) -> tuple[list[Instance], Instance]:
     python, router_bin = venv / "bin" / "python", venv / "bin" / "vllm-router"
     for need in (python, router_bin):
         if not need.exists():
             raise LaunchError(f"{need} is missing: make the vLLM venv first with clusters/vllm/setup.sh {venv}")
     ports = PORTS[mode]
     instances = []
+    pool = kv_pool_args(kv_cache_tokens)
     for name, port in ports["instances"].items():
-        extra: list[str] = []
+        extra: list[str] = list(pool)
         if mode == "pd":
             kv_dir = run_dir / "kv-store"
-            extra = ["--block-size", "32", "--kv-transfer-config", json.dumps({
+            extra = (pool or ["--block-size", str(KV_BLOCK_SIZE)]) + ["--kv-transfer-config", json.dumps({
                 "kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}})]
         env = {**os.environ, **ENGINE_ENV, "VLLM_PROCESS_NAME_PREFIX": name}
@@ -302,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="pid files, logs, KV store (default /tmp/harness-vllm-MODE, as the cluster files say)")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds per start (default 600)")
     parser.add_argument("--ready-file", type=Path, help="written (JSON with URLs and pids) once all are healthy")
+    parser.add_argument("--kv-cache-tokens", type=int, default=None, metavar="N",
+                        help=f"KV pool of each instance in tokens (at least {MAX_MODEL_LEN}; blocks of "
+                             f"{KV_BLOCK_SIZE}, --num-gpu-blocks-override), so load fills it in seconds "
+                             "(suites/test_item3_degradation.py); default: vLLM's own, about a million tokens")
     args = parser.parse_args(argv)
     run_dir = (args.run_dir or Path(f"/tmp/harness-vllm-{args.mode}")).resolve()
     venv = args.venv.absolute()
@@ -337,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)  # even when started with SIGINT ignored (a background job)
     try:
-        instances, router = build(args.mode, venv, model_dir, run_dir)
+        instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens)
         ports = PORTS[args.mode]
         check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
                           **ports["instances"]})

@@ -5,6 +5,8 @@ A suite declares its items with ``pytest.mark.item("6.1.4", "nothing-lost")`` on
 ``pytestmark``; before its body runs the plugin compares :data:`ITEM_NEEDS` (or the marker's own
 ``needs=``) with :func:`capabilities_of` the cluster and, for a missing capability, records an
 INCONCLUSIVE verdict per item whose reason names the capability and what would provide it.
+An item may have other ways to be judged (:data:`ITEM_ALTERNATIVES`, e.g. 6.1.3 by load on a
+foreign engine): it runs when the cluster meets any one of them, and the reason names each.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from itertools import product
 from typing import Any, Iterable, Sequence
 
 from harness.checks.verdict import Status, Verdict, inconclusive
@@ -32,6 +35,10 @@ PROVIDERS: dict[str, str] = {
     "restartable_workers": "`restart: {command: ...}` or `supervised: true` on every worker (or the bundled "
                            "topology)",
     "engine_metrics": "endpoints.metrics and an engine with a metric profile (bundled, vllm, sglang, dynamo)",
+    "kv_use_metric": "an engine whose metric profile reads KV use (vllm, sglang, dynamo) and endpoints.metrics or "
+                     "workers[].metrics",
+    "degradation_expectations": "a `degradation: {levels: [...]}` section in the cluster file stating each level's "
+                                "KV-use threshold and expected actions (docs/clusters.md)",
 }
 
 # item -> capabilities its suite needs (a suite marker's needs= overrides; absent: needs nothing)
@@ -50,6 +57,14 @@ ITEM_NEEDS: dict[str, tuple[str, ...]] = {
     "6.2.ttft": (),
     "6.2.tpot": (),
     "nothing-lost": (),
+}
+
+# item -> other capability sets that also let it be judged (with a different measurement); the
+# ITEM_NEEDS set comes first
+ITEM_ALTERNATIVES: dict[str, tuple[tuple[str, ...], ...]] = {
+    # by load: long-prompt streams drive the engine's own KV-use metric over the cluster file's thresholds
+    # and the stated actions are checked on the API (suites/test_item3_degradation.py)
+    "6.1.3": (("kv_use_metric", "degradation_expectations"),),
 }
 
 
@@ -76,6 +91,13 @@ class Capabilities:
             parts.append(f"needs {cap}{why}, provided by {PROVIDERS[cap]}")
         return "not judged on this cluster: " + "; ".join(parts)
 
+    def reason_any(self, missing_per_way: Sequence[Sequence[str]]) -> str:
+        """:meth:`reason` for an item with several ways to be judged: each way's gaps, joined by "or"."""
+        if len(missing_per_way) == 1:
+            return self.reason(missing_per_way[0])
+        ways = [self.reason(m).removeprefix("not judged on this cluster: ") for m in missing_per_way if m]
+        return "not judged on this cluster: " + "; or ".join(ways)
+
     def to_dict(self) -> dict[str, Any]:
         return {c: {"provided": self.provided.get(c, False), "why_not": self.why_not.get(c),
                     "provided_by": PROVIDERS[c]} for c in PROVIDERS}
@@ -94,6 +116,16 @@ def needs_of(items: Sequence[str], override: Sequence[str] | None = None) -> tup
     return tuple(dict.fromkeys(c for item in items for c in ITEM_NEEDS.get(item, ())))
 
 
+def ways_of(items: Sequence[str], override: Sequence[str] | None = None) -> list[tuple[str, ...]]:
+    """Every capability set that lets a suite covering ``items`` run: one per combination of its
+    items' ways (ITEM_NEEDS, then ITEM_ALTERNATIVES); ``override``: the suite's own single set."""
+    if override is not None:
+        return [tuple(override)]
+    per_item = [[ITEM_NEEDS.get(i, ()), *ITEM_ALTERNATIVES.get(i, ())] for i in items]
+    return list(dict.fromkeys(tuple(dict.fromkeys(c for needs in combo for c in needs))
+                              for combo in product(*per_item)))
+
+
 def capabilities_of(cluster: Any) -> Capabilities:
     """What ``cluster`` (a ClusterHandle) provides, derived from its kind, engine, endpoints,
     fabric, hosts and workers."""
@@ -104,6 +136,9 @@ def capabilities_of(cluster: Any) -> Capabilities:
     workers = spec.workers
     not_back = [w.name for w in workers if not w.restartable]
     ssh = any(h.ssh is not None for h in spec.hosts)
+    kv_urls = bool(cluster.metrics_url) or any(w.metrics for w in workers)
+    profile = spec.metric_profile
+    kv_metric = kv_urls and profile is not None and "kv_usage" in _profile(profile)
     provided = {
         "admin_api": admin,
         "live_migration": admin or (spec.migration is not None and spec.migration.on_worker_loss
@@ -115,6 +150,8 @@ def capabilities_of(cluster: Any) -> Capabilities:
         "worker_inventory": cluster.topology is not None or admin or bool(workers),
         "restartable_workers": cluster.topology is not None or (bool(workers) and not not_back),
         "engine_metrics": bool(cluster.metrics_url) and spec.metric_profile is not None,
+        "kv_use_metric": kv_metric,
+        "degradation_expectations": getattr(spec, "degradation", None) is not None,
     }
     why = {
         "admin_api": no_admin, "fault_hooks": no_admin,
@@ -133,19 +170,35 @@ def capabilities_of(cluster: Any) -> Capabilities:
                                 if not_back else "no `workers:` list"),
         "engine_metrics": ("no endpoints.metrics" if not cluster.metrics_url
                            else f"engine {spec.engine_name!r} has no metric profile"),
+        "kv_use_metric": ("no endpoints.metrics or workers[].metrics" if not kv_urls
+                          else f"engine {spec.engine_name!r} has no metric profile" if profile is None
+                          else f"the {profile} metric profile names no KV-use metric"),
+        "degradation_expectations": "the cluster file states no degradation expectations (degradation.levels)",
     }
     return Capabilities(provided, {c: w for c, w in why.items() if w and not provided[c]})
+
+
+def _profile(name: str) -> dict[str, str]:
+    from harness.probes.prometheus import ENGINE_PROFILES
+
+    return ENGINE_PROFILES.get(name, {})
 
 
 def _local_gpu() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
-def not_supported(checklist: Any, items: Sequence[str], caps: Capabilities, missing: Sequence[str]) -> list[Verdict]:
-    """One INCONCLUSIVE verdict per item, naming the missing capabilities and their providers."""
-    reason = caps.reason(missing)
-    return [inconclusive(checklist, item, reason, missing_capabilities=list(missing),
-                         provided_by={c: PROVIDERS[c] for c in missing}) for item in items]
+def not_supported(checklist: Any, items: Sequence[str], caps: Capabilities, missing: Sequence[str],
+                  other_ways: Sequence[Sequence[str]] = ()) -> list[Verdict]:
+    """One INCONCLUSIVE verdict per item, naming the missing capabilities and their providers
+    (``other_ways``: what each other way of judging the items lacks, named after "or")."""
+    ways = [list(missing), *(list(m) for m in other_ways)]
+    reason = caps.reason_any(ways)
+    every = list(dict.fromkeys(c for m in ways for c in m))
+    evidence: dict[str, Any] = {"missing_capabilities": list(missing), "provided_by": {c: PROVIDERS[c] for c in every}}
+    if other_ways:
+        evidence["missing_per_way"] = ways
+    return [inconclusive(checklist, item, reason, **evidence) for item in items]
 
 
 def coverage(verdicts: Iterable[Verdict], checklist_items: Iterable[str] = ()) -> dict[str, Any]:
@@ -202,14 +255,15 @@ def gate(node: Any, fixture: Any) -> list[str]:
     if found is None:
         return []
     ids, override = found
-    needs = needs_of(ids, override)
-    if not needs:
+    ways = ways_of(ids, override)
+    if not any(ways):
         return []
     cluster = fixture("cluster")
     caps = cluster.capabilities()
-    missing = caps.missing(needs)
-    if missing:
+    missing = [caps.missing(needs) for needs in ways]
+    if all(missing):
         conformance = fixture("conformance")
-        for verdict in not_supported(cluster.thresholds, ids, caps, missing):
+        for verdict in not_supported(cluster.thresholds, ids, caps, missing[0], missing[1:]):
             conformance.record(verdict)
-    return missing
+        return missing[0]
+    return []

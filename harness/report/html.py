@@ -47,6 +47,7 @@ def render_html(result: RunResult) -> str:
 _EVIDENCE_PLOTS = {
     "6.1.1": (plots.kv_bandwidth_plot,),
     "6.1.2": (plots.migration_distribution,),
+    "6.1.3": (plots.kv_drive_plot,),  # by load on a foreign engine (the bundled path: kv_level_chart)
     "6.1.4": (plots.reschedule_distribution,),
     "6.1.5": (plots.pfc_samples_plot,),
     "nic-flap": (plots.flap_recovery_plot,),

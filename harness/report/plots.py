@@ -338,3 +338,18 @@ def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_ch
     level.series(levels, "level (sampled)", _PALETTE[3], step=True, dots=False)
     level.series(changes, "level after each change (router events)", _PALETTE[4], step=True)
     return Markup(use.render() + level.render())
+
+
+def kv_drive_plot(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.3 by load (a foreign engine): the engine's KV use the drive read, with each stated level's
+    threshold, and the stated level in force over time (the highest whose threshold KV use was at)."""
+    series = [s for s in evidence.get("kv_use_series") or [] if s.get("kv_use") is not None]
+    levels = sorted(evidence.get("levels") or [], key=lambda lv: lv["kv_use_above"])
+    if not series or not levels:
+        return None
+    samples = [{"t": s["t_wall"], "kv_usage": s["kv_use"],
+                "degradation_level": max([lv["level"] for lv in levels if s["kv_use"] >= lv["kv_use_above"]],
+                                         default=0)} for s in series]
+    lines = [(lv["kv_use_above"], f"L{lv['level']} above {lv['kv_use_above']:.0%}")
+             for lv in levels]
+    return kv_level_plot(samples, series[0]["t_wall"], [], lines, [])

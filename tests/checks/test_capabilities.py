@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from harness.checks.capabilities import (ITEM_NEEDS, PROVIDERS, Capabilities, capabilities_of, coverage, needs_of,
-                                         not_supported)
+from harness.checks.capabilities import (ITEM_ALTERNATIVES, ITEM_NEEDS, PROVIDERS, Capabilities, capabilities_of,
+                                         coverage, needs_of, not_supported, ways_of)
 from harness.checks.verdict import Status, Verdict
 from harness.cluster import ClusterHandle, load_cluster
 from harness.errors import ConfigError
@@ -26,6 +26,8 @@ def test_every_item_of_the_checklist_declares_its_needs_and_every_need_has_a_pro
     checklist = load_cluster("local").checklist()
     assert set(ITEM_NEEDS) == set(checklist.items)
     assert {c for needs in ITEM_NEEDS.values() for c in needs} <= set(PROVIDERS)
+    assert set(ITEM_ALTERNATIVES) <= set(ITEM_NEEDS)
+    assert {c for ways in ITEM_ALTERNATIVES.values() for needs in ways for c in needs} <= set(PROVIDERS)
 
 
 def test_bundled_cluster_on_loopback_lacks_only_the_fabric_and_what_it_cannot_have():
@@ -112,3 +114,38 @@ def test_an_engine_that_migrates_on_worker_loss_provides_live_migration_with_res
     assert "migrates on worker loss, but d1 cannot come back after a kill" in caps.reason(["live_migration"])
     no_claim = capabilities_of(_handle(_external(tmp_path, "engine: dynamo\nmigration: {on_worker_loss: false}\n")))
     assert "does not say the engine migrates" in no_claim.reason(["live_migration"])
+
+
+LEVELS = "degradation: {levels: [{level: 2, kv_use_above: 0.8, expect: {queue: true}}]}\n"
+WORKER = ("hosts: [{name: h, address: 127.0.0.1, roles: [aggregated]}]\n"
+          "workers: [{name: w0, role: aggregated, host: h, api: 'http://127.0.0.1:81', "
+          "metrics: 'http://127.0.0.1:81/metrics', supervised: true}]\n")
+
+
+def test_6_1_3_has_two_ways_the_bundled_hooks_or_load_against_stated_levels():
+    assert ways_of(["6.1.3", "nothing-lost"]) == [("admin_api", "fault_hooks"), ("kv_use_metric", "degradation_expectations")]
+    assert ways_of(["6.1.3"], override=["admin_api"]) == [("admin_api",)]
+    assert ways_of(["6.1.4"]) == [ITEM_NEEDS["6.1.4"]]
+
+
+def test_a_vllm_cluster_with_worker_metrics_and_stated_levels_can_be_judged_by_load(tmp_path):
+    caps = capabilities_of(_handle(_external(tmp_path, "engine: vllm\n" + WORKER + LEVELS)))
+    missing = [caps.missing(w) for w in ways_of(["6.1.3"])]
+    assert missing == [["admin_api", "fault_hooks"], []]  # the second way is met: the suite runs
+
+
+def test_without_stated_levels_or_a_kv_metric_the_reason_names_every_way(tmp_path):
+    handle = _handle(_external(tmp_path, "engine: vllm\n" + WORKER))
+    caps = handle.capabilities()
+    missing = [caps.missing(w) for w in ways_of(["6.1.3"])]
+    assert missing == [["admin_api", "fault_hooks"], ["degradation_expectations"]]
+    [verdict] = not_supported(handle.thresholds, ["6.1.3"], caps, missing[0], missing[1:])
+    assert verdict.reason.startswith("not judged on this cluster: needs admin_api")
+    assert ("; or needs degradation_expectations (the cluster file states no degradation expectations "
+            "(degradation.levels))") in verdict.reason
+    assert verdict.evidence["missing_per_way"] == missing
+    openai = capabilities_of(_handle(_external(tmp_path, "engine: openai\n" + LEVELS),
+                                     metrics="http://127.0.0.1:9/metrics"))
+    assert not openai.provided["kv_use_metric"] and "no metric profile" in openai.why_not["kv_use_metric"]
+    no_urls = capabilities_of(_handle(_external(tmp_path, "engine: sglang\n" + LEVELS)))
+    assert no_urls.why_not["kv_use_metric"] == "no endpoints.metrics or workers[].metrics"

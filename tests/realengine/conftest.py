@@ -57,12 +57,14 @@ class VllmCluster:
         return self.log_path.read_text(errors="replace")
 
 
-def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny") -> VllmCluster:
+def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny",
+           kv_cache_tokens: int | None = None) -> VllmCluster:
     ready_file, log_path = tmp / "ready.json", tmp / "launcher.log"
+    pool = ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
     with open(log_path, "wb") as out:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "clusters.vllm.launch", mode, "--venv", str(venv), "--ready-file",
-             str(ready_file), "--model-preset", model_preset],
+             str(ready_file), "--model-preset", model_preset, *pool],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not ready_file.exists():
@@ -90,9 +92,11 @@ def _stop(launcher: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_cluster(request, require_vllm, tmp_path_factory):
-    """Module-scoped: the mode comes from the module's ``VLLM_MODE`` (and ``VLLM_MODEL_PRESET``, default tiny)."""
+    """Module-scoped: the mode comes from the module's ``VLLM_MODE`` (and ``VLLM_MODEL_PRESET``, default tiny;
+    ``VLLM_KV_CACHE_TOKENS``, default vLLM's own pool)."""
     cluster = _start(request.module.VLLM_MODE, require_vllm, tmp_path_factory.mktemp("vllm"),
-                     getattr(request.module, "VLLM_MODEL_PRESET", "tiny"))
+                     getattr(request.module, "VLLM_MODEL_PRESET", "tiny"),
+                     getattr(request.module, "VLLM_KV_CACHE_TOKENS", None))
     try:
         yield cluster
     finally:
