@@ -22,8 +22,8 @@ PROVIDERS: dict[str, str] = {
     "admin_api": "`kind: bundled`, or endpoints.admin serving the bundled engine's /admin API",
     "live_migration": "an engine that migrates a stream on request (the bundled engine's POST /admin/migrate)",
     "fault_hooks": "the bundled engine's /admin fault hooks (HBM fill, ECC poisoning)",
-    "emulated_fabric": "the emulated fabric (`kind: bundled`, fabric.enabled, root and iproute2) or SSH access "
-                       "to hosts with fabric interfaces (issue 11)",
+    "emulated_fabric": "the emulated fabric (`kind: bundled`, fabric.enabled, root and iproute2) or `ssh:` and "
+                       "`fabric:` settings on two or more hosts of an external cluster (docs/fabric.md)",
     "ssh_hosts": "`ssh:` settings on the cluster file's hosts",
     "gpu": "an NVIDIA GPU the harness can read (bundled engine on CUDA, or GPU hosts over SSH)",
     "worker_inventory": "a `workers:` list in the cluster file, endpoints.admin, or the bundled topology",
@@ -42,7 +42,7 @@ ITEM_NEEDS: dict[str, tuple[str, ...]] = {
     # killed and hung and the item is judged from the client records (suites/test_item4_reschedule.py)
     "6.1.4": ("worker_inventory", "restartable_workers"),
     "6.1.5": ("emulated_fabric",),
-    "nic-flap": ("emulated_fabric", "admin_api"),
+    "nic-flap": ("emulated_fabric",),
     "6.2.ttft": (),
     "6.2.tpot": (),
     "nothing-lost": (),
@@ -100,11 +100,14 @@ def capabilities_of(cluster: Any) -> Capabilities:
     workers = spec.workers
     not_back = [w.name for w in workers if not w.restartable]
     ssh = any(h.ssh is not None for h in spec.hosts)
+    from harness.fabric.remote import ssh_fabric_reason
+
+    ssh_fabric = None if bundled else ssh_fabric_reason(spec)   # None: the fabric is reached over SSH
     provided = {
         "admin_api": admin,
         "live_migration": admin,
         "fault_hooks": admin,
-        "emulated_fabric": cluster.fabric is not None,
+        "emulated_fabric": cluster.fabric is not None or (not bundled and ssh_fabric is None),
         "ssh_hosts": ssh,
         "gpu": bundled and _local_gpu(),
         "worker_inventory": cluster.topology is not None or admin or bool(workers),
@@ -113,8 +116,8 @@ def capabilities_of(cluster: Any) -> Capabilities:
     }
     why = {
         "admin_api": no_admin, "live_migration": no_admin, "fault_hooks": no_admin,
-        "emulated_fabric": cluster.fabric_unavailable or ("a real cluster's fabric is not reached yet"
-                                                          if not bundled else "the cluster has no emulated fabric"),
+        "emulated_fabric": cluster.fabric_unavailable or (ssh_fabric if not bundled
+                                                          else "the cluster has no emulated fabric"),
         "ssh_hosts": "no host has `ssh:` settings",
         "gpu": "no NVIDIA device on this machine" if bundled else "GPU state of remote hosts is not read",
         "worker_inventory": "no `workers:` list and no endpoints.admin",
