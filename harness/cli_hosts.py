@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--state-dir", default="state", help="where keys and known_hosts go (default ./state)")
     down = sub.add_parser("down", help="stop every sshd-test and remove what it made")
     down.add_argument("--state-dir", default="state")
+    down.add_argument("--force", action="store_true", help="also remove a pds- fabric this state dir did not start")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.fabric import sshdtest
 
     if args.sshd_cmd == "down":
-        left = sshdtest.down(args.state_dir)
+        left = sshdtest.down(args.state_dir, force=args.force)
         print("sshd-test down: nothing left" if not left else f"sshd-test down: still there: {', '.join(left)}")
         return 1 if left else 0
     stop = []

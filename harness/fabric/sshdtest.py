@@ -268,33 +268,41 @@ def _kill_and_reap(pid: int) -> None:
             time.sleep(0.05)  # waiting for the signal to land
 
 
-def down(state_dir: str | os.PathLike[str] = "state", timeout_s: float = 60.0) -> list[str]:
-    """Ask every running ``sshd-test up`` (fabric and loopback) to stop, wait until it has, and
-    remove what a killed one left; returns what still remains (empty: nothing)."""
+def down(state_dir: str | os.PathLike[str] = "state", timeout_s: float = 60.0, *, force: bool = False) -> list[str]:
+    """Ask the ``sshd-test up`` runs of ``state_dir`` (fabric and loopback) to stop, wait until
+    they have, and remove what a killed one left; the ``pds-`` fabric goes when this state dir
+    had one up (or ``force``). Returns what still remains of them (empty: nothing)."""
     from harness.fabric.builder import leftovers, remove_prefixed
     from harness.faults.executor import LocalExecutor
 
+    ours_fabric = force
     for sub in ("sshd-test", "ssh-test"):
-        pid_file = Path(state_dir) / sub / "keeper.pid"
+        folder = Path(state_dir) / sub
+        if not folder.exists():
+            continue
+        ours_fabric |= sub == "sshd-test"
+        pid_file = folder / "keeper.pid"
         pid = int(pid_file.read_text().strip() or 0) if pid_file.exists() else 0
         if pid and _alive(pid):
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)  # the keeper stops its engine, servers and fabric
-        for conf in (Path(state_dir) / sub).glob("*/sshd.pid"):  # a SIGKILLed keeper's servers
+        for server_pid in folder.glob("*/sshd.pid"):  # a SIGKILLed keeper's servers
             try:
-                os.kill(int(conf.read_text().strip()), signal.SIGTERM)
+                os.kill(int(server_pid.read_text().strip()), signal.SIGTERM)
             except (ValueError, ProcessLookupError):
                 pass
         if not (pid and _alive(pid)):
-            shutil.rmtree(Path(state_dir) / sub, ignore_errors=True)
-    remove_prefixed(LocalExecutor(), PREFIX)
-    left = leftovers(LocalExecutor(), PREFIX)
-    left += [f"sshd-test pid {pid}" for pid in _sshd_test_pids()]
-    return left
+            shutil.rmtree(folder, ignore_errors=True)
+    left = []
+    if ours_fabric:
+        remove_prefixed(LocalExecutor(), PREFIX)
+        left += leftovers(LocalExecutor(), PREFIX)
+    return left + [f"sshd pid {pid}" for pid in _sshd_pids(Path(state_dir).resolve())]
 
 
-def _sshd_test_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", r"sshd -D -e -f .*/(sshd-test|ssh-test)/"], capture_output=True, text=True)
+def _sshd_pids(state_dir: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"sshd -D -e -f {state_dir}/(sshd-test|ssh-test)/"],
+                         capture_output=True, text=True)
     return [int(p) for p in out.stdout.split() if _alive(int(p))]
