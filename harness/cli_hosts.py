@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready: cluster file clusters/{'ssh-test' if args.loopback else 'ssh-fabric'}.yaml", flush=True)
         while not stop:
             servers.reap_adopted()
+            for wid in servers.supervise():
+                print(f"restarted {wid}", flush=True)
             time.sleep(0.2)  # signals arrive here; orphans of remote commands are reaped meanwhile
     print(f"sshd-test stopped ({stop[0]})", file=sys.stderr, flush=True)
     return 0

@@ -7,7 +7,8 @@ fabric, 198.18.22.0/24 control; never a bundled cluster's slot), writes a user k
 per host, ``authorized_keys`` and a ``known_hosts`` naming exactly those host keys under
 ``state/sshd-test/``, and starts ``sshd -D`` in every namespace on its control address, port 22.
 With ``--engine`` it also runs the bundled engine with one worker per host (router API at
-198.18.22.254:8390): a cluster the harness reaches only as a user's cluster, over HTTP and SSH.
+198.18.22.254:8390), restarting a worker that dies as a service manager would: a cluster the
+harness reaches only as a user's cluster, over HTTP and SSH.
 
 The process is a child subreaper: whatever a remote command leaves running (a NIC flap's safety
 timer) is adopted and reaped here, and ended when it stops, so nothing outlives ``down``.
@@ -169,6 +170,20 @@ class SshdTest:
         self.topology = Topology(prefill=1, decode=decode, preset="tiny", host=self.fabric.control_gateway_ip,
                                  port=ENGINE_PORT, log_dir=self.dir / "engine", **self.fabric.topology_kwargs(ids))
         self.topology.start()
+
+    def supervise(self) -> list[str]:
+        """Restart the engine's workers that died, as a service manager would (the cluster file
+        says ``supervised: true``): a kill over SSH is then followed by the worker coming back."""
+        restarted = []
+        if self.topology is None:
+            return restarted
+        for wid in self.topology.worker_ids():
+            proc = self.topology._proc(wid)
+            if proc.popen is not None and proc.popen.poll() is not None:
+                log.warning("worker %s exited with %s; restarting it", wid, proc.popen.returncode)
+                self.topology.restart(wid, wait=False)
+                restarted.append(wid)
+        return restarted
 
     def reap_adopted(self) -> None:
         """Reap the zombies of adopted orphans (never our own Popen children: they reap themselves)."""
