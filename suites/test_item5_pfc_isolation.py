@@ -42,6 +42,8 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_
         client, server = stormed.tcp_station, peer.tcp_station
         flood_from, flood_to, flood_port = stormed.station, other.station, stormed.bench_port
         lossless, sabotage = stormed.lossless_ports, "unknown (a foreign cluster)"
+        nics = {"stormed": f"{stormed.interface} on {stormed.name}", "tcp_probe": f"{stormed.tcp_interface} on "
+                f"{stormed.name} -> {peer.tcp_interface} on {peer.name}"}
         storm = PfcStorm(nics=[[None, stormed.interface]], host=stormed.name, classid=stormed.lossless_class,
                          pause_ms=PAUSE_MS, resume_ms=RESUME_MS, bursts=bursts)
     else:
@@ -55,6 +57,7 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_
         flood_port, lossless = fabric.config.bench_port, fabric.config.shaping.lossless_ports
         sabotage = fabric.config.shaping.tcp_in_lossless
         storm = PfcStorm.on_fabric_hosts([stormed], pause_ms=PAUSE_MS, resume_ms=RESUME_MS, bursts=bursts)
+        nics = {"stormed": f"{stormed.fabric_dev} in {stormed.netns}", "tcp_probe": "the same NIC, TCP ports"}
     if harness_options.dry_run:
         faults.inject(storm)
         faults.revert_all()
@@ -83,5 +86,5 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_
                              lossless_ports=lossless)
     evidence = {"target": storm.target, "pause_ms": PAUSE_MS, "resume_ms": RESUME_MS,
                 "lossless_class_counters": {"at_inject": counters_start, "after_during_sample": counters_end},
-                "lossless_flood": flood, "tcp_in_lossless": sabotage}
+                "lossless_flood": flood, "tcp_in_lossless": sabotage, "nics": nics}
     conformance.record(pfc_isolation_verdict(cluster.thresholds, before, during, after, evidence))

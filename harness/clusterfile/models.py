@@ -84,8 +84,6 @@ class HostFabric(_Model):
     lossless_ports: tuple[int, ...] = _fix("write e.g. `lossless_ports: [7472]`", "TCP ports classified "
                                            "into the lossless class (the raw bench and storm flood use the "
                                            "first)", default=(), strict=False)
-    lossless_tos: int | None = _fix("write e.g. `lossless_tos: 104` (DSCP 26 << 2)", "IP TOS byte that marks "
-                                    "traffic into the lossless priority (iperf3 -S)", default=None, ge=0, le=255)
     rdma_device: Text | None = _fix("write e.g. `rdma_device: mlx5_0`", "RDMA CA: ib_write_bw is used "
                                     "when set and installed", default=None)
     python: Text = _fix("write e.g. `python: /usr/bin/python3`", "interpreter for the TCP probe ends",

@@ -33,6 +33,7 @@ class FabricNode:
     name: str
     roles: tuple[str, ...]
     interface: str             # the fabric netdev (flapped, stormed, line rate read from it)
+    tcp_interface: str         # the NIC the TCP/IP probe's flows use (often the same one)
     station: Station           # probe ends on the fabric address
     tcp_station: Station       # probe ends on the TCP/IP address
     lossless_class: str | None
@@ -75,7 +76,8 @@ def fabric_nodes(cluster: Any, audit: Any = None) -> list[FabricNode]:
         realtime = target.user == "root"
         common = {"name": h.name, "remote": True, "python": f.python, "realtime": realtime, "audit": audit,
                   "prefix": ssh_prefix(target)}
-        nodes.append(FabricNode(h.name, tuple(h.roles), f.interface, Station(address=f.address, **common),
+        nodes.append(FabricNode(h.name, tuple(h.roles), f.interface, f.tcp_interface or f.interface,
+                                Station(address=f.address, **common),
                                 Station(address=f.tcp_address or f.address, **common), f.lossless_class,
                                 tuple(f.lossless_ports), f.rdma_device))
     return nodes

@@ -53,6 +53,30 @@ def nvml_memory(device: int, nvml: Any = None) -> dict[str, int]:
         nvml.nvmlShutdown()
 
 
+def nvsmi_inventory(run: Any = None) -> list[dict[str, Any]] | None:
+    """The same inventory from ``nvidia-smi -q -x`` (a driver without a loadable NVML for this
+    Python); None when nvidia-smi is not here or fails. ``run``: argv -> stdout, for tests."""
+    import shutil
+    import subprocess
+
+    from harness.probes.nvsmi import NVSMI_ARGV, parse_nvsmi_xml
+
+    if run is None:
+        if shutil.which("nvidia-smi") is None:
+            return None
+        proc = subprocess.run(NVSMI_ARGV, capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            log.warning("nvidia-smi -q -x failed: %s", proc.stderr.strip()[:300])
+            return None
+        text = proc.stdout
+    else:
+        text = run(NVSMI_ARGV)
+    return [{"index": g.index, "name": g.name, "driver": g.driver_version, "cuda": g.cuda_version,
+             "memory_total_bytes": g.memory_total_bytes, "memory_used_bytes": g.memory_used_bytes,
+             "ecc_uncorrected_volatile": g.ecc["uncorrected_volatile"],
+             "ecc_corrected_volatile": g.ecc["corrected_volatile"]} for g in parse_nvsmi_xml(text)]
+
+
 def _cuda_version(pynvml: Any) -> str | None:
     try:
         v = int(pynvml.nvmlSystemGetCudaDriverVersion())
@@ -62,9 +86,10 @@ def _cuda_version(pynvml: Any) -> str | None:
 
 
 def gpu_inventory() -> list[dict[str, Any]] | None:
-    """One dict per GPU, or None when NVML is unavailable (see :func:`nvml_unavailable_reason`)."""
+    """One dict per GPU, or None when neither NVML nor ``nvidia-smi`` answers (see
+    :func:`nvml_unavailable_reason`)."""
     if nvml_unavailable_reason() is not None:
-        return None
+        return nvsmi_inventory()
     import pynvml
 
     pynvml.nvmlInit()

@@ -81,7 +81,7 @@ def test_ssh_prefix_uses_only_the_cluster_files_key_and_known_hosts(tmp_path):
 
 def _node(name: str, *roles: str) -> FabricNode:
     st = Station((), "10.0.0.1", name)
-    return FabricNode(name, roles, "eth1", st, st, None, (), None)
+    return FabricNode(name, roles, "eth1", "eth1", st, st, None, (), None)
 
 
 def test_roles_of_the_fabric_items_among_the_hosts():

@@ -68,3 +68,36 @@ def test_reading_through_an_executor_without_nvidia_smi_says_what_to_install(tmp
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on this PATH
     with pytest.raises(Exception, match="nvidia-smi"):
         read_gpus(LocalExecutor(), 0)
+
+
+def test_environment_inventory_from_nvidia_smi_when_nvml_is_not_loadable():
+    from harness.probes.gpu import nvsmi_inventory
+
+    gpus = nvsmi_inventory(run=lambda argv: (DATA / "nvsmi_h100.xml").read_text())
+    assert [(g["index"], g["name"], g["driver"], g["cuda"]) for g in gpus] == [
+        (0, "NVIDIA H100 80GB HBM3", "550.54.15", "12.4"), (1, "NVIDIA H100 80GB HBM3", "550.54.15", "12.4")]
+    assert gpus[0]["memory_used_bytes"] == 71203 * MIB and gpus[0]["ecc_uncorrected_volatile"] == 1
+
+
+def test_nvml_inventory_reports_the_cuda_driver_version(monkeypatch):
+    """An NVML stand-in module (the calls gpu_inventory makes) in place of pynvml."""
+    import sys
+    from types import SimpleNamespace
+
+    from harness.probes.gpu import gpu_inventory
+
+    class NVMLError(Exception):
+        pass
+
+    fake = SimpleNamespace(
+        NVMLError=NVMLError, NVML_VOLATILE_ECC=1, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
+        NVML_MEMORY_ERROR_TYPE_CORRECTED=0, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlSystemGetCudaDriverVersion=lambda: 12040,
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=80 * 1024 * MIB, used=MIB, free=80 * 1024 * MIB - MIB),
+        nvmlDeviceGetName=lambda h: "NVIDIA H200",
+        nvmlDeviceGetTotalEccErrors=lambda h, kind, counter: 0 if kind == 0 else 2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    (gpu,) = gpu_inventory()
+    assert (gpu["name"], gpu["driver"], gpu["cuda"]) == ("NVIDIA H200", "550.54.15", "12.4")
+    assert (gpu["ecc_uncorrected_volatile"], gpu["ecc_corrected_volatile"]) == (2, 0)
