@@ -143,11 +143,11 @@ class HostHbmFill(Fault):
 
     def revert(self, ex: Executor) -> str:
         if not self._alive(ex):
-            ex.run(["rm", "-f", self.pid_file], timeout=COMMAND_TIMEOUT_S, check=False)
+            ex.run(["rm", "-f", self.pid_file, self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
             return "the filler is not running: nothing held"
         stop = (f'p=$(cat {self.pid_file}); kill -TERM "$p"; i=0; while [ $i -lt 100 ]; do '
                 f's=$(ps -o stat= -p "$p") || break; [ "${{s#Z}}" = "$s" ] || break; sleep 0.1; i=$((i+1)); done; '
-                f'kill -KILL "$p" 2>/dev/null; rm -f {self.pid_file}')
+                f'kill -KILL "$p" 2>/dev/null; rm -f {self.pid_file} {self.log_file}')
         ex.run(["sh", "-c", stop], timeout=COMMAND_TIMEOUT_S + 10)
         return f"filler on {self.host} ended"
 

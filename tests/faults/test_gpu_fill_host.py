@@ -114,6 +114,7 @@ def test_fill_is_verified_by_the_free_memory_drop_and_reverted_until_it_is_back(
     assert "30.00 GiB held by the filler" in runner.records[1].output
     assert [e["status"] for e in Ledger.for_cluster("gpu", tmp_path).entries()] == ["reverted"]
     assert nvml.inits == 0  # every nvmlInit was shut down
+    assert not Path(fault.pid_file).exists() and not Path(fault.log_file).exists()  # nothing left on the host
 
 
 def test_a_filler_that_cannot_allocate_fails_the_injection_with_its_own_error(tmp_path, adopt):
