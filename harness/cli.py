@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
     "fabric": ("harness.fabric.cli", "the emulated fabric: status, remove a dead run's leftovers, measure"),
     "schema": ("harness.clusterfile.cli", "print the cluster file's JSON Schema, or --check cluster files"),
+    "sshd-test": ("harness.cli_hosts", "test sshd(s) in the emulated fabric's namespaces (or on loopback): up|down"),
+    "gpu-fill": ("harness.cli_hosts", "hold N GiB (or a fraction) of a CUDA device's memory until killed"),
 }
 
 

@@ -7,6 +7,11 @@ same two hosts over a range of transfer sizes in the cluster preset's KV layout.
 the largest transfer's bandwidth as a fraction of the line rate; the whole curve and the raw
 probe are the evidence (small transfers are latency-bound, like the article's peers: 82 % of line
 rate at 32K tokens but 12 % at 128).
+
+On an external cluster whose hosts have ``ssh:`` and ``fabric:`` settings the same item is
+judged over SSH only: the line rate of the prefill host's fabric NIC from tc/sysfs/ethtool/ibstat
+there, and the raw fabric bandwidth to a decode host with ``ib_write_bw`` (RDMA device named and
+perftest installed) or ``iperf3`` started and stopped on both hosts, timed and over sizes.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import pytest
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import measure_kv_curve
 from harness.fabric.linerate import read_line_rate
-from harness.fabric.verdicts import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip
+from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
+                                   raw_bandwidth_verdict, ssh_nodes)
 from harness.faults import LocalExecutor
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]
@@ -24,7 +30,9 @@ pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.sl
 SIZES_MIB = (1, 8, 32, 128)
 
 
-def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance):
+def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance, faults):
+    if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
+        return _over_ssh(cluster, conformance, faults, nodes)
     placed = placement_or_skip(cluster, conformance, ITEM_KV_BANDWIDTH)
     if placed is None:
         return
@@ -42,4 +50,21 @@ def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance):
     rows.append(f"raw_probe,,{raw.bps / 1e9:.4f},{raw.bps / line.bps:.4f},")
     (folder / "kv_curve.csv").write_text("\n".join(rows) + "\n")
     verdict.evidence["links"] = [f"artifacts/{folder.name}/kv_curve.csv"]
+    conformance.record(verdict)
+
+
+def _over_ssh(cluster, conformance, faults, nodes) -> None:
+    from harness.fabric.remote import raw_curve
+
+    source, dest = nodes["source"], nodes["peer"]
+    ex = faults.executor_factory(source.name)
+    line = read_line_rate(ex, source.interface)
+    timed, curve = raw_curve(source, dest, ex, sizes_mib=SIZES_MIB)
+    verdict = raw_bandwidth_verdict(cluster.thresholds, line, timed, curve)
+    folder = conformance.artifact_dir("kv-bandwidth-curve")
+    rows = ["size_mib,gbit_per_s,line_rate_fraction,tool"]
+    rows += [f"{r.bytes / (1 << 20):g},{r.bps / 1e9:.4f},{r.bps / line.bps:.4f},{r.tool}" for r in curve]
+    rows.append(f"timed,{timed.bps / 1e9:.4f},{timed.bps / line.bps:.4f},{timed.tool}")
+    (folder / "raw_curve.csv").write_text("\n".join(rows) + "\n")
+    verdict.evidence["links"] = [f"artifacts/{folder.name}/raw_curve.csv"]
     conformance.record(verdict)

@@ -6,6 +6,11 @@ ports) before, during and after a PFC storm on that NIC's lossless class: pause 
 paused, 100 ms running) while a bulk flow floods the lossless class so its queue stays full.
 The TCP class must keep its p99 latency and throughput (thresholds in checklists/section6.yaml).
 A cluster whose TCP traffic shares the lossless class (``fabric.tcp_in_lossless``) fails here.
+
+On an external cluster with ``ssh:`` + ``fabric:`` hosts the same storm runs over SSH only: the
+prefill host's ``fabric.lossless_class`` (a tc class) is paused in bursts by the PfcStorm fault
+on that host while the probe ends (``python3`` there) flood the lossless port towards a second
+decode host and sample the TCP class towards the first.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import pytest
 
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.tcpprobe import sample_tcp_class
-from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped
+from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped, ssh_nodes
 from harness.faults import PfcStorm
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.slow]
@@ -27,16 +32,32 @@ STORM_S = 40.0   # longer than the "during" sample, which starts its probe proce
 
 
 def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_options):
-    placed = placement_or_skip(cluster, conformance, ITEM_PFC_ISOLATION)
-    if placed is None:
-        return
-    fabric = cluster.fabric
-    stormed, peer = placed["prefill-0"], placed["decode-0"]
-    flood_to = placed.get("decode-1", peer)
-    client, server = Station.of(stormed), Station.of(peer)
-    lossless = fabric.config.shaping.lossless_ports
-    storm = PfcStorm.on_fabric_hosts([stormed], pause_ms=PAUSE_MS, resume_ms=RESUME_MS,
-                                     bursts=int(STORM_S * 1000 // (PAUSE_MS + RESUME_MS)))
+    bursts = int(STORM_S * 1000 // (PAUSE_MS + RESUME_MS))
+    if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
+        stormed, peer, other = nodes["source"], nodes["peer"], nodes["other"]
+        if stormed.lossless_class is None:
+            conformance.record(skipped(cluster.thresholds, ITEM_PFC_ISOLATION,
+                                       f"host {stormed.name} names no fabric.lossless_class (a tc class) to pause"))
+            return
+        client, server = stormed.tcp_station, peer.tcp_station
+        flood_from, flood_to, flood_port = stormed.station, other.station, stormed.bench_port
+        lossless, sabotage = stormed.lossless_ports, "unknown (a foreign cluster)"
+        nics = {"stormed": f"{stormed.interface} on {stormed.name}", "tcp_probe": f"{stormed.tcp_interface} on "
+                f"{stormed.name} -> {peer.tcp_interface} on {peer.name}"}
+        storm = PfcStorm(nics=[[None, stormed.interface]], host=stormed.name, classid=stormed.lossless_class,
+                         pause_ms=PAUSE_MS, resume_ms=RESUME_MS, bursts=bursts)
+    else:
+        placed = placement_or_skip(cluster, conformance, ITEM_PFC_ISOLATION)
+        if placed is None:
+            return
+        fabric = cluster.fabric
+        stormed, peer = placed["prefill-0"], placed["decode-0"]
+        client, server = Station.of(stormed), Station.of(peer)
+        flood_from, flood_to = client, Station.of(placed.get("decode-1", peer))
+        flood_port, lossless = fabric.config.bench_port, fabric.config.shaping.lossless_ports
+        sabotage = fabric.config.shaping.tcp_in_lossless
+        storm = PfcStorm.on_fabric_hosts([stormed], pause_ms=PAUSE_MS, resume_ms=RESUME_MS, bursts=bursts)
+        nics = {"stormed": f"{stormed.fabric_dev} in {stormed.netns}", "tcp_probe": "the same NIC, TCP ports"}
     if harness_options.dry_run:
         faults.inject(storm)
         faults.revert_all()
@@ -51,8 +72,8 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_
     flood: dict = {}
     # congestion: a bulk flow in the lossless class keeps the paused queue full (its result is evidence only)
     flooder = threading.Thread(target=lambda: flood.update(measure_bulk(
-        Station.of(stormed), Station.of(flood_to), port=fabric.config.bench_port, duration_s=RR_S + BULK_S + 4,
-        tool="python", allow_zero=True).to_dict()), daemon=True)
+        flood_from, flood_to, port=flood_port, duration_s=RR_S + BULK_S + 4, tool="python", allow_zero=True
+    ).to_dict()), daemon=True)
     flooder.start()
     try:
         during = sample_tcp_class(client, server, label="during", rr_seconds=RR_S, bulk_seconds=BULK_S,
@@ -65,5 +86,5 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_
                              lossless_ports=lossless)
     evidence = {"target": storm.target, "pause_ms": PAUSE_MS, "resume_ms": RESUME_MS,
                 "lossless_class_counters": {"at_inject": counters_start, "after_during_sample": counters_end},
-                "lossless_flood": flood, "tcp_in_lossless": fabric.config.shaping.tcp_in_lossless}
+                "lossless_flood": flood, "tcp_in_lossless": sabotage, "nics": nics}
     conformance.record(pfc_isolation_verdict(cluster.thresholds, before, during, after, evidence))

@@ -7,6 +7,11 @@ fallback path over the control network), and nothing may be lost: every request 
 token-exact against the oracle or fails with a clear error. After the last flap, the KV
 bandwidth from the prefill host to that host must be back to >= 95 % of its pre-fault figure
 within the checklist's recovery time (checklists/section6.yaml, item ``nic-flap``).
+
+On an external cluster with ``ssh:`` + ``fabric:`` hosts the flaps run on a decode host's named
+fabric interface over SSH (with the on-host safety timer that brings the link up by itself),
+and the bandwidth before and after is the probe ends' bulk flow on the lossless port from the
+prefill host, started over SSH: no admin API, no namespace.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import pytest
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
-from harness.fabric.verdicts import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped
+from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped, ssh_nodes
 from harness.faults import NicFlap
 from harness.probes.timeline import merge_timeline
 
@@ -39,6 +44,8 @@ def _kv_gbit(bench: KVBench, tokens: int) -> float:
 
 def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults, timeline, conformance,
                                                          harness_options):
+    if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
+        return _over_ssh(cluster, load, faults, timeline, conformance, harness_options, nodes)
     placed = placement_or_skip(cluster, conformance, ITEM_NIC_FLAP)
     if placed is None:
         return
@@ -87,4 +94,45 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
     conformance.record(nothing_lost_verdict(check_history(records, expected), cluster.thresholds))
     conformance.add_latency(records)
     conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
+                                            failed_requests_only=True))
+
+
+def _over_ssh(cluster, load, faults, timeline, conformance, harness_options, nodes) -> None:
+    from harness.fabric.remote import bulk
+
+    source, victim = nodes["source"], nodes["peer"]
+    flap = NicFlap(device=victim.interface, host=victim.name, period_s=PERIOD_S, duty=DUTY, count=COUNT)
+    if harness_options.dry_run:
+        faults.inject(flap)
+        faults.revert_all()
+        conformance.record(skipped(cluster.thresholds, ITEM_NIC_FLAP, "dry run: the flaps were planned, not run"))
+        return
+
+    def gbit() -> float:
+        runs = [bulk(source.station, victim.station, port=source.bench_port, seconds=2.0, allow_zero=True).bps
+                for _ in range(PROBE_REPEATS)]
+        return sorted(runs)[PROBE_REPEATS // 2] / 1e9
+
+    recovery_limit = cluster.thresholds.threshold(ITEM_NIC_FLAP, "recovery_time_s").value
+    run = load(duration_s=harness_options.load_duration or LOAD_S, max_tokens=32)
+    baseline = gbit()
+    faults.inject(flap)
+    transitions = flap.wait_done(faults.executor_factory(flap.host))
+    faults.revert(flap)
+    last_up = max((t for what, t in transitions if what == "off"), default=time.time())
+    after: list[tuple[float, float]] = []
+    while True:
+        after.append((time.time() - last_up, gbit()))
+        if after[-1][1] >= 0.95 * baseline or after[-1][0] > recovery_limit * 2:
+            break
+    records = run.finish()
+    flaps = {"target": flap.target, "period_s": PERIOD_S, "duty": DUTY, "count": COUNT, "over": "ssh",
+             "transitions": [{"state": "down" if w == "on" else "up", "t_wall": t} for w, t in transitions],
+             "probe": f"bulk TCP {source.name} -> {victim.name} on lossless port {source.bench_port}, 2 s, "
+                      f"median of {PROBE_REPEATS}"}
+    conformance.record(flap_recovery_verdict(cluster.thresholds, baseline, after, flaps))
+    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
+    conformance.record(nothing_lost_verdict(check_history(records, expected), cluster.thresholds))
+    conformance.add_latency(records)
+    conformance.add_timeline(merge_timeline(faults=faults.records, events=timeline.events(), records=records,
                                             failed_requests_only=True))

@@ -27,8 +27,8 @@ PROVIDERS: dict[str, str] = {
                       "or one that resumes streams elsewhere when their worker is lost (`migration: "
                       "{on_worker_loss: true}`, e.g. Dynamo's --migration-limit) with a restartable `workers:` list",
     "fault_hooks": "the bundled engine's /admin fault hooks (HBM fill, ECC poisoning)",
-    "emulated_fabric": "the emulated fabric (`kind: bundled`, fabric.enabled, root and iproute2) or SSH access "
-                       "to hosts with fabric interfaces (issue 11)",
+    "emulated_fabric": "the emulated fabric (`kind: bundled`, fabric.enabled, root and iproute2) or `ssh:` and "
+                       "`fabric:` settings on two or more hosts of an external cluster (docs/fabric.md)",
     "ssh_hosts": "`ssh:` settings on the cluster file's hosts",
     "gpu": "an NVIDIA GPU the harness can read (bundled engine on CUDA, or GPU hosts over SSH)",
     "worker_inventory": "a `workers:` list in the cluster file, endpoints.admin, or the bundled topology",
@@ -53,7 +53,7 @@ ITEM_NEEDS: dict[str, tuple[str, ...]] = {
     # killed and hung and the item is judged from the client records (suites/test_item4_reschedule.py)
     "6.1.4": ("worker_inventory", "restartable_workers"),
     "6.1.5": ("emulated_fabric",),
-    "nic-flap": ("emulated_fabric", "admin_api"),
+    "nic-flap": ("emulated_fabric",),
     "6.2.ttft": (),
     "6.2.tpot": (),
     "nothing-lost": (),
@@ -139,12 +139,15 @@ def capabilities_of(cluster: Any) -> Capabilities:
     kv_urls = bool(cluster.metrics_url) or any(w.metrics for w in workers)
     profile = spec.metric_profile
     kv_metric = kv_urls and profile is not None and "kv_usage" in _profile(profile)
+    from harness.fabric.remote import ssh_fabric_reason
+
+    ssh_fabric = None if bundled else ssh_fabric_reason(spec)   # None: the fabric is reached over SSH
     provided = {
         "admin_api": admin,
         "live_migration": admin or (spec.migration is not None and spec.migration.on_worker_loss
                                     and bool(workers) and not not_back),
         "fault_hooks": admin,
-        "emulated_fabric": cluster.fabric is not None,
+        "emulated_fabric": cluster.fabric is not None or (not bundled and ssh_fabric is None),
         "ssh_hosts": ssh,
         "gpu": bundled and _local_gpu(),
         "worker_inventory": cluster.topology is not None or admin or bool(workers),
@@ -161,8 +164,8 @@ def capabilities_of(cluster: Any) -> Capabilities:
                            "the engine migrates on worker loss, but "
                            + (f"{', '.join(not_back)} cannot come back after a kill" if not_back
                               else "the cluster file lists no `workers:` to kill")),
-        "emulated_fabric": cluster.fabric_unavailable or ("a real cluster's fabric is not reached yet"
-                                                          if not bundled else "the cluster has no emulated fabric"),
+        "emulated_fabric": cluster.fabric_unavailable or (ssh_fabric if not bundled
+                                                          else "the cluster has no emulated fabric"),
         "ssh_hosts": "no host has `ssh:` settings",
         "gpu": "no NVIDIA device on this machine" if bundled else "GPU state of remote hosts is not read",
         "worker_inventory": "no `workers:` list and no endpoints.admin",

@@ -69,6 +69,27 @@ class SSHSettings(_Model):
     connect_timeout_s: float = _fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)
 
 
+class HostFabric(_Model):
+    """A host's KV fabric NIC as the fabric items reach it over SSH (docs/fabric.md, "Real hosts")."""
+
+    interface: Text = _fix("write e.g. `interface: eth1` (the netdev of the KV fabric NIC)", "fabric netdev")
+    address: Text = _fix("write e.g. `address: 10.40.1.10` (the fabric NIC's IP)", "the fabric NIC's IP")
+    tcp_interface: Text | None = _fix("write e.g. `tcp_interface: eth1`", "the NIC carrying TCP/IP traffic "
+                                      "(default: the fabric interface, both classes on one NIC)", default=None)
+    tcp_address: Text | None = _fix("write e.g. `tcp_address: 10.40.1.10`", "default: the fabric address",
+                                    default=None)
+    lossless_class: Text | None = _fix("write e.g. `lossless_class: \"1:10\"` (a tc class id) or null",
+                                       "tc class of the lossless traffic on the interface, when it has one",
+                                       default=None)
+    lossless_ports: tuple[int, ...] = _fix("write e.g. `lossless_ports: [7472]`", "TCP ports classified "
+                                           "into the lossless class (the raw bench and storm flood use the "
+                                           "first)", default=(), strict=False)
+    rdma_device: Text | None = _fix("write e.g. `rdma_device: mlx5_0`", "RDMA CA: ib_write_bw is used "
+                                    "when set and installed", default=None)
+    python: Text = _fix("write e.g. `python: /usr/bin/python3`", "interpreter for the TCP probe ends",
+                        default="python3")
+
+
 class Host(_Model):
     name: Text = _fix("write `name: some-host`")
     address: Text = _fix("write `address: 10.0.0.5` (or a DNS name)")
@@ -76,6 +97,8 @@ class Host(_Model):
                                               min_length=1, strict=False)
     ssh: SSHSettings | None = _fix("write `ssh: {user: ops, key_file: PATH, known_hosts: PATH}`",
                                    "None: the host is this machine, commands run locally", default=None)
+    fabric: HostFabric | None = _fix("write `fabric: {interface: eth1, address: 10.40.1.10}`",
+                                     "the host's KV fabric NIC (the fabric items over SSH)", default=None)
 
 
 class Safety(_Model):

@@ -8,12 +8,22 @@ import os
 import select
 import subprocess
 import sys
+import shlex
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from harness.errors import ProbeError
 
 log = logging.getLogger(__name__)
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """One shell command line for ``ssh HOST --``: runs argv (each word quoted) and kills it when
+    the SSH channel's stdin closes (our stop(), or the harness dying), so nothing outlives us there.
+    sh gives a background job /dev/null as stdin, hence the copy of the real one on fd 3."""
+    return (f"exec 3<&0; {shlex.join(argv)} 3<&- & p=$!; "
+            "(cat <&3 >/dev/null 2>&1; kill $p 2>/dev/null) >/dev/null 2>&1 & w=$!; exec 3<&-; "
+            "wait $p; r=$?; kill $w 2>/dev/null; exit $r")
 
 
 class HostProcess:
@@ -26,6 +36,20 @@ class HostProcess:
                                       stderr=subprocess.PIPE, bufsize=0)
         self._stderr = ""
         self._buf = b""
+
+    @classmethod
+    def on(cls, station: Any, argv: Sequence[str], *, name: str) -> HostProcess:
+        """``argv`` on a probe station (harness.fabric.bandwidth.Station): behind its namespace
+        prefix, or over SSH as one remote shell command (audited) that ends when our stdin
+        closes, so stopping this child also ends the remote process."""
+        if not station.remote:
+            return cls(station.prefix, argv, name=name)
+        if station.audit is not None:  # a script passed with -c is named, not copied, into the log
+            logged = [a if "\n" not in a else f"<script: {a.splitlines()[0][:70]}... ({len(a)} chars)>" for a in argv]
+            host = next((w.split("@", 1)[1] for w in reversed(station.prefix) if "@" in w), station.name)
+            station.audit.write(host=host, argv=logged, rc=None, duration=0.0, dry_run=False, error=None,
+                                via=f"ssh streaming child on {station.name}")
+        return cls(station.prefix, [remote_command(argv)], name=name)
 
     @classmethod
     def python(cls, prefix: Sequence[str], module: str, *args: str, name: str) -> HostProcess:

@@ -9,13 +9,14 @@ from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fa
 from harness.faults.executor import (AuditLog, CommandResult, Executor, ExecutorPool, LocalExecutor, SSHExecutor,
                                      SSHTarget, executor_from_spec)
 from harness.faults.gpu import EccPoison, HbmFill
+from harness.faults.gpu_fill_host import HostHbmFill
 from harness.faults.ledger import Ledger, LedgerStatus, state_dir
 from harness.faults.network import NicFlap, PfcStorm
 from harness.faults.process import ProcessHang, ProcessKill, select_targets
 from harness.faults.runner import FaultRunner, Terminated
 
 __all__ = [
-    "Action", "AuditLog", "CommandResult", "EccPoison", "HbmFill", "Executor", "ExecutorPool", "Fault", "FaultRecord", "FaultRunner",
+    "Action", "AuditLog", "CommandResult", "EccPoison", "HbmFill", "HostHbmFill", "Executor", "ExecutorPool", "Fault", "FaultRecord", "FaultRunner",
     "Ledger", "LedgerStatus", "LocalExecutor", "ProcessHang", "ProcessKill", "RecordStatus", "SSHExecutor",
     "NicFlap", "PfcStorm", "SSHTarget", "Terminated", "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
 ]

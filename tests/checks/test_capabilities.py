@@ -49,7 +49,19 @@ def test_external_openai_server_without_admin_can_only_be_judged_black_box(tmp_p
     assert caps.missing(needs_of(["6.1.4"])) == ["worker_inventory", "restartable_workers"]
     reason = caps.reason(caps.missing(needs_of(["6.1.1"])))
     assert reason.startswith("not judged on this cluster: needs emulated_fabric")
-    assert "SSH access to hosts with fabric interfaces (issue 11)" in reason
+    assert "`ssh:` and `fabric:` settings on two or more hosts" in reason
+    assert "0 host(s) with both `ssh:` and `fabric:` settings" in reason
+
+
+def test_two_ssh_hosts_with_fabric_settings_provide_the_fabric_items(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("k")
+    host = ("  - {{name: h{i}, address: 10.0.0.{i}, roles: [{role}], ssh: {{key_file: {k}, known_hosts: {k}}}, "
+            "fabric: {{interface: eth1, address: 10.1.0.{i}, lossless_class: '1:10'}}}}\n")
+    spec = _external(tmp_path, "engine: openai\nhosts:\n" + host.format(i=1, role="prefill", k=key)
+                     + host.format(i=2, role="decode", k=key))
+    caps = capabilities_of(_handle(spec))
+    assert caps.missing(needs_of(["6.1.1", "6.1.5", "nic-flap"])) == []
 
 
 def test_workers_inventory_and_their_way_back_come_from_the_cluster_file(tmp_path):

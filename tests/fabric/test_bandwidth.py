@@ -13,7 +13,7 @@ from harness.checks.verdict import Status
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import measure_kv_curve
 from harness.fabric.linerate import read_line_rate
-from harness.fabric.verdicts import kv_bandwidth_verdict
+from harness.checks.fabric import kv_bandwidth_verdict
 from harness.faults import LocalExecutor
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

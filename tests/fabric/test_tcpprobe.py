@@ -10,7 +10,7 @@ from harness.checks.verdict import Status
 from harness.errors import ConfigError
 from harness.fabric.bandwidth import Station
 from harness.fabric.tcpprobe import sample_tcp_class
-from harness.fabric.verdicts import ITEM_PFC_ISOLATION, pfc_isolation_verdict
+from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict
 from harness.faults import FaultRunner, Ledger, PfcStorm
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

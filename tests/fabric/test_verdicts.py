@@ -11,7 +11,7 @@ from harness.fabric.bandwidth import BandwidthResult
 from harness.fabric.kvbandwidth import KVCurve, KVPoint
 from harness.fabric.linerate import LineRate
 from harness.fabric.tcpprobe import TcpClassSample
-from harness.fabric.verdicts import (flap_recovery_verdict, kv_bandwidth_verdict, pfc_isolation_verdict,
+from harness.checks.fabric import (flap_recovery_verdict, kv_bandwidth_verdict, pfc_isolation_verdict,
                                      placement_or_skip)
 
 CHECKLIST = Checklist.load()

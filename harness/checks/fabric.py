@@ -1,5 +1,6 @@
 """Verdicts of the fabric checklist items from fabric measurements: item 6.1.1 (KV bandwidth vs
-line rate), 6.1.5 (TCP class through a PFC storm) and the NIC flap recovery item."""
+line rate), 6.1.5 (TCP class through a PFC storm) and the NIC flap recovery item; and which
+fabric a suite measures: the bundled cluster's emulated one (namespaces) or named hosts over SSH."""
 
 from __future__ import annotations
 
@@ -32,6 +33,36 @@ def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str,
                                    cluster.fabric_unavailable or "the cluster has no emulated fabric"))
         return None
     return cluster.fabric.placement(cluster.topology.worker_ids())
+
+
+def ssh_nodes(cluster: Any, audit: Any = None) -> dict[str, Any] | None:
+    """The fabric items' roles among the cluster's SSH fabric hosts (harness.fabric.remote.pick),
+    or None when the cluster is not reached that way (bundled, or fewer than 2 such hosts)."""
+    from harness.fabric.remote import fabric_nodes, pick, ssh_fabric_reason
+
+    if cluster.fabric is not None or ssh_fabric_reason(cluster.spec) is not None:
+        return None
+    return pick(fabric_nodes(cluster, audit))
+
+
+def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: BandwidthResult,
+                          curve: Sequence[BandwidthResult], kv_goodput: dict[str, Any] | None = None) -> Verdict:
+    """Item 1 on named hosts: the raw fabric bandwidth (ib_write_bw, else iperf3) between them as
+    a fraction of the line rate, with the curve over transfer sizes; the engine's own KV goodput
+    (from its metrics, where its profile has one) is evidence beside it."""
+    t = checklist.threshold(ITEM_KV_BANDWIDTH, "line_rate_fraction")
+    best = max([timed, *curve], key=lambda r: r.bytes)
+    points = [{"size_bytes": r.bytes, "gbit_per_s": r.bps / 1e9, "seconds": r.seconds,
+               "line_rate_fraction": r.bps / line.bps} for r in curve]
+    return judge(checklist.item(ITEM_KV_BANDWIDTH), [
+        Measurement(t, best.bps / line.bps,
+                    f"raw {best.tool} bandwidth {best.sender} -> {best.receiver} ({best.bps / 1e9:.3f} of a "
+                    f"{line.bps / 1e9:.3f} Gbit/s line rate, {best.bytes / (1 << 20):.0f} MiB)")],
+        evidence={"line_rate": line.to_dict(), "raw_probe": {**timed.to_dict(), "line_rate_fraction": timed.bps / line.bps},
+                  "curve": points, "kv_goodput": kv_goodput or {"unavailable": "the engine's metric profile has no "
+                                                                               "KV transfer goodput"},
+                  "definition": f"{best.tool} goodput between the hosts' fabric addresses on a lossless-class port, "
+                                "started and stopped over SSH; the verdict uses the largest transfer"})
 
 
 def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthResult, curve: KVCurve) -> Verdict:
