@@ -21,12 +21,11 @@ import time
 
 import pytest
 
-from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.epilogue import finish_suite, run_links
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
 from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped, ssh_nodes
 from harness.faults import NicFlap
-from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +89,8 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
                  "fallbacks": sum(1 for e in to_victim if e["fallback"])}}
     conformance.record(flap_recovery_verdict(cluster.thresholds, baseline, after, flaps))
 
-    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
-    conformance.record(nothing_lost_verdict(check_history(records, expected), cluster.thresholds))
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records, events=events, records=records,
-                                            failed_requests_only=True))
+    finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos, links=run_links(run),
+                 faults=faults, events=events)
 
 
 def _over_ssh(cluster, load, faults, timeline, conformance, harness_options, nodes) -> None:
@@ -131,8 +127,5 @@ def _over_ssh(cluster, load, faults, timeline, conformance, harness_options, nod
              "probe": f"bulk TCP {source.name} -> {victim.name} on lossless port {source.bench_port}, 2 s, "
                       f"median of {PROBE_REPEATS}"}
     conformance.record(flap_recovery_verdict(cluster.thresholds, baseline, after, flaps))
-    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
-    conformance.record(nothing_lost_verdict(check_history(records, expected), cluster.thresholds))
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records, events=timeline.events(), records=records,
-                                            failed_requests_only=True))
+    finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos, links=run_links(run),
+                 faults=faults, events=timeline.events())
