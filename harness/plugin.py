@@ -246,7 +246,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.live is not None:
         state.live.stop()
         result.cluster_samples = list(state.live.samples)
-    result.environment = collect_environment()
+    result.environment = {**collect_environment(), **result.environment}  # plus what the run read on its hosts
     from harness.checks.capabilities import coverage
 
     result.coverage = coverage(result.verdicts, list(state.spec.checklist().items) if state.spec else [])
@@ -322,7 +322,30 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
         if state.live is not None:
             state.live.set_cluster(handle.metrics_url, handle)
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
-        yield handle
+        gpus = _watch_host_gpus(pytestconfig, handle)
+        try:
+            yield handle
+        finally:
+            if gpus is not None:  # the hosts' GPU state again: what moved during the run goes in the report
+                gpus.finish()
+                state.result.environment.update(gpus.environment())
+                state.result.cluster["gpu_readings"] = state.result.environment.pop("gpu_readings", None)
+
+
+def _watch_host_gpus(config: pytest.Config, handle: Any) -> Any:
+    """GPU state of the cluster's SSH hosts when it is attached (harness/probes/gpu_hosts.py); None
+    without SSH hosts or in a dry run (it runs commands on the hosts)."""
+    from harness.faults.ledger import state_dir
+    from harness.probes.gpu_hosts import HostGpuWatch
+
+    if _state(config).options.dry_run:
+        return None
+    watch = HostGpuWatch(handle, state_dir() / "audit.jsonl")
+    if not watch.active:
+        return None
+    _print(config, "reading the GPUs of the cluster's hosts (nvidia-smi over SSH)")
+    watch.start()
+    return watch
 
 
 class Conformance:
