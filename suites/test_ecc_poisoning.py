@@ -10,6 +10,11 @@ page-retirement signal (clusters/local-no-ecc.yaml) fails both.
 
 What this exercises, honestly: the engine's handling of a page the node agent marked bad. It
 does not make a GPU raise an ECC error (REFERENCE.md: DCGM injection only fakes monitoring).
+
+On a real cluster (no admin API) with DCGM on its hosts (`hosts[].dcgm`, `workers[].gpus`), a
+double-bit ECC error is injected into one worker's GPU monitoring (`dcgmi test --inject`) under
+load, and that worker must be drained within the checklist's time (harness/checks/ecc_dcgm.py):
+the cluster's monitoring and health path, not the memory (:func:`_through_dcgm`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> Worker | None:
 
 def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, faults, timeline, conformance,
                                                             harness_options):
+    if not timeline.available:  # a real cluster: an ECC error injected into its GPU monitoring (DCGM)
+        _through_dcgm(cluster, load, faults, conformance, harness_options)
+        return
     checklist = cluster.thresholds
     item = checklist.item(ITEM)
     if harness_options.dry_run:  # print the poisoning's plan on each decode worker
@@ -104,3 +112,94 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
     conformance.record(verdict)
     finish_suite(conformance, cluster, records, expected=expected, links=links, faults=faults,
                  events=timeline.events(type="fault_state"))
+
+
+DCGM_POLL_S = 0.5
+DCGM_COME_BACK_S = 60.0     # after the revert, how long the worker's return is watched (evidence only)
+
+
+def _through_dcgm(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
+    """ecc on a real cluster: inject a double-bit ECC error into one worker's GPU monitoring through
+    DCGM under load and judge whether the cluster drains that worker (see the module doc)."""
+    import random
+
+    from harness.checks.capabilities import dcgm_workers
+    from harness.checks.ecc_dcgm import WHAT_IT_EXERCISES, Injection, dcgm_verdict
+    from harness.faults import DcgmInject
+    from harness.probes.inventory import is_healthy
+    from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
+
+    checklist = cluster.thresholds
+    budget = checklist.threshold(ITEM, "drain_after_injection_s").value
+    worker = random.Random(harness_options.seed).choice(dcgm_workers(cluster.spec))
+    host = next(h for h in cluster.spec.hosts if h.name == worker.host)
+    fault = DcgmInject(host=worker.host, gpu=worker.gpus[0], field_name="ecc_dbe_volatile", value=1,
+                       hold_s=budget + 10, dcgmi=host.dcgm.dcgmi, worker=worker.name)
+    plan = [f"under load: {line}" for line in fault.plan()]
+    if harness_options.dry_run:
+        faults.inject(fault)
+        faults.revert_all()
+        conformance.record(inconclusive(checklist, ITEM, "dry run: the ECC injection was planned, not made",
+                                        plan=plan, what_this_exercises=WHAT_IT_EXERCISES))
+        return
+    family = ENGINE_PROFILES.get(cluster.spec.metric_profile or "", {}).get("requests_running")
+    if not worker.health and not (worker.metrics and family):
+        conformance.record(inconclusive(
+            checklist, ITEM, f"{worker.name} has neither a health URL nor metrics with a running-requests gauge: "
+                             "a drain could not be seen (set workers[].health or workers[].metrics)", plan=plan))
+        return
+    try:
+        cluster.check_fault_allowed(DcgmInject.kind)
+    except FaultError as exc:
+        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {exc}", plan=plan))
+        return
+
+    def running() -> float | None:
+        if not (worker.metrics and family):
+            return None
+        import httpx
+
+        try:
+            resp = httpx.get(worker.metrics, timeout=5, headers=cluster.auth_headers())
+            return sum(x.value for x in parse_metrics(resp.text) if x.name == family)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def health() -> int | None:
+        if not worker.health:
+            return None
+        import httpx
+
+        try:
+            return httpx.get(worker.health, timeout=5).status_code
+        except httpx.HTTPError:
+            return 0  # not answering at all: out of service too
+
+    run = load(duration_s=harness_options.load_duration or budget + DCGM_COME_BACK_S + 60, max_tokens=128)
+    wait_until(lambda: run.records_path.exists() and run.records_path.stat().st_size > 0, 120, POLL_S,
+               what="the load to complete a request")
+    ran_before = bool(running()) if family and worker.metrics else True
+    try:
+        faults.inject(fault)
+    except FaultError as exc:  # e.g. the host has no DCGM after all: say so, never crash the run
+        run.finish()
+        conformance.record(inconclusive(checklist, ITEM, f"the ECC injection could not be made: {exc}", plan=plan))
+        return
+    injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
+    inj = Injection(worker.name, worker.host, worker.gpus[0], fault.field_name, fault.value, injected.started_wall)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 <= budget and inj.drained_after_s is None and run.running:
+        inj.observe(time.monotonic() - t0, health(), running(), ran_before)
+        time.sleep(DCGM_POLL_S)
+    faults.revert(fault)
+    if worker.health:
+        t1 = time.monotonic()
+        if wait_until(lambda: is_healthy(worker.health), DCGM_COME_BACK_S, DCGM_POLL_S,
+                      what=f"{worker.name} healthy again", on_timeout="return"):
+            inj.back_after_s = round(time.monotonic() - t1, 2)
+    records = run.finish()
+    verdict = dcgm_verdict([inj], checklist)
+    links = run_links(run)
+    verdict.evidence.update(links=links, plan=plan)
+    conformance.record(verdict)
+    finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos, links=links, faults=faults)

@@ -37,6 +37,8 @@ PROVIDERS: dict[str, str] = {
     "engine_metrics": "endpoints.metrics and an engine with a metric profile (bundled, vllm, sglang, dynamo)",
     "kv_use_metric": "an engine whose metric profile reads KV use (vllm, sglang, dynamo) and endpoints.metrics or "
                      "workers[].metrics",
+    "gpu_fault_injection": "DCGM on the workers' hosts (`hosts[].dcgm`) and the GPUs each decode or aggregated "
+                           "worker runs on (`workers[].gpus`): ECC/XID errors injected into the monitoring path",
     "degradation_expectations": "a `degradation: {levels: [...]}` section in the cluster file stating each level's "
                                 "KV-use threshold and expected actions (docs/clusters.md)",
 }
@@ -65,6 +67,9 @@ ITEM_ALTERNATIVES: dict[str, tuple[tuple[str, ...], ...]] = {
     # by load: long-prompt streams drive the engine's own KV-use metric over the cluster file's thresholds
     # and the stated actions are checked on the API (suites/test_item3_degradation.py)
     "6.1.3": (("kv_use_metric", "degradation_expectations"),),
+    # through DCGM: an ECC error injected into a worker's GPU monitoring must get that worker drained
+    # (suites/test_ecc_poisoning.py, harness/faults/dcgm.py)
+    "ecc": (("gpu_fault_injection", "worker_inventory"),),
 }
 
 
@@ -155,6 +160,7 @@ def capabilities_of(cluster: Any) -> Capabilities:
         "engine_metrics": bool(cluster.metrics_url) and spec.metric_profile is not None,
         "kv_use_metric": kv_metric,
         "degradation_expectations": getattr(spec, "degradation", None) is not None,
+        "gpu_fault_injection": bool(dcgm_workers(spec)),
     }
     why = {
         "admin_api": no_admin, "fault_hooks": no_admin,
@@ -177,8 +183,16 @@ def capabilities_of(cluster: Any) -> Capabilities:
                           else f"engine {spec.engine_name!r} has no metric profile" if profile is None
                           else f"the {profile} metric profile names no KV-use metric"),
         "degradation_expectations": "the cluster file states no degradation expectations (degradation.levels)",
+        "gpu_fault_injection": "no decode or aggregated worker names its GPUs (`workers[].gpus`) on a host with "
+                               "`dcgm:`",
     }
     return Capabilities(provided, {c: w for c, w in why.items() if w and not provided[c]})
+
+
+def dcgm_workers(spec: Any) -> list[Any]:
+    """Decode or aggregated workers whose GPUs are named and whose host runs DCGM."""
+    dcgm_hosts = {h.name for h in spec.hosts if getattr(h, "dcgm", None) is not None}
+    return [w for w in spec.workers if w.gpus and w.host in dcgm_hosts and str(w.role) in ("decode", "aggregated")]
 
 
 def _profile(name: str) -> dict[str, str]:

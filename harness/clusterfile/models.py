@@ -14,50 +14,15 @@ from __future__ import annotations
 
 import os
 from typing import Annotated, Any, Literal
-from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StringConstraints, field_validator, \
-    model_validator
+from pydantic import Strict, StringConstraints, field_validator, model_validator
 
+# base names are re-exported: callers import them from here
+from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, KINDS, METRIC_PROFILES, NAME_PATTERN,  # noqa: F401
+                                      ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, _fix, _Model)
+from harness.clusterfile.behaviour import (Degradation, DegradationLevel, DegradationLoad,  # noqa: F401
+                                           GpuBinding, HostDcgm, LevelExpectation, MigrationSettings, Rejection)
 from harness.errors import FaultError
-
-KINDS = ("bundled", "external")
-ENGINES = ("bundled", "vllm", "sglang", "dynamo", "openai")
-ROLES = ("router", "prefill", "decode", "aggregated")  # roles a host may serve
-WORKER_ROLES = ("prefill", "decode", "aggregated")
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
-METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
-
-
-class FieldProblem(ValueError):
-    """Raised by a validator: ``field`` is relative to the model (or field) being validated."""
-
-    def __init__(self, problem: str, fix: str, field: str = "") -> None:
-        self.problem, self.fix, self.field = problem, fix, field
-        super().__init__(problem)
-
-
-def _fix(fix: str, description: str = "", **kwargs: Any) -> Any:
-    return Field(description=description or None, json_schema_extra={"x-fix": fix}, **kwargs)
-
-
-def _http_url(value: str) -> str:
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise FieldProblem(f"{value!r} is not an http(s) URL", "write e.g. http://10.0.0.5:8000")
-    return value.rstrip("/")
-
-
-Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-Url = Annotated[Text, AfterValidator(_http_url)]
-Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-
-
-class _Model(BaseModel):
-    # strict: YAML's `yes-please` is not a bool, `true` is not a count (ints still widen to floats)
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class SSHSettings(_Model):
@@ -99,6 +64,8 @@ class Host(_Model):
                                    "None: the host is this machine, commands run locally", default=None)
     fabric: HostFabric | None = _fix("write `fabric: {interface: eth1, address: 10.40.1.10}`",
                                      "the host's KV fabric NIC (the fabric items over SSH)", default=None)
+    dcgm: HostDcgm | None = _fix("write `dcgm: {dcgmi: dcgmi}` on a host running DCGM",
+                                 "the host runs DCGM: GPU errors can be injected into its monitoring", default=None)
 
 
 class Safety(_Model):
@@ -272,6 +239,8 @@ class Worker(_Model):
                                                default=None)
     restart: Restart | None = _fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`', default=None)
     supervised: bool = _fix("write `supervised: true` when a service manager restarts it", default=False)
+    gpus: tuple[GpuBinding, ...] = _fix("write e.g. `gpus: [0, 1]` (DCGM / nvidia-smi GPU ids on its host)",
+                                        "the GPUs this worker runs on", default=(), strict=False)
 
     @model_validator(mode="after")
     def _one_way_back(self) -> "Worker":
@@ -283,92 +252,6 @@ class Worker(_Model):
     @property
     def restartable(self) -> bool:
         return self.restart is not None or self.supervised
-
-
-class MigrationSettings(_Model):
-    """How the engine moves a stream to another worker (item 6.1.2 where there is no admin API)."""
-
-    on_worker_loss: bool = _fix("write `on_worker_loss: true` when the engine resumes a stream on another worker "
-                                "after its worker is lost (NVIDIA Dynamo: --migration-limit above 0)", default=False)
-
-
-# -- 6.1.3 by load on a foreign engine: per level, the KV use that starts it and what the cluster does there --
-
-Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
-
-
-class Rejection(_Model):
-    """New requests refused cleanly: an HTTP status from ``status``, and a Retry-After header if asked."""
-
-    status: tuple[Annotated[int, Field(ge=400, le=599)], ...] = _fix(
-        "write e.g. `status: [429, 503]`", "the HTTP statuses a refused request may get", default=(429, 503),
-        min_length=1, strict=False)
-    retry_after: bool = _fix("write `retry_after: true` when every refusal carries a Retry-After header",
-                             default=False)
-
-
-class LevelExpectation(_Model):
-    """What the cluster is expected to do while KV use is above a level's threshold, checked on the API
-    (responses of the requests sent meanwhile) and on the engine's metrics."""
-
-    reject: Rejection | None = _fix("write e.g. `reject: {status: [429, 503], retry_after: true}`",
-                                    "new requests are refused cleanly", default=None)
-    max_tokens_cap: int | None = _fix("write a whole number of tokens such as 32",
-                                      "completions are capped at this many tokens", default=None, ge=1)
-    queue: bool = _fix("write `queue: true`", "requests wait (waiting or preemption counts rise) and none errors",
-                       default=False)
-    no_errors: bool = _fix("write `no_errors: true`", "no request sent meanwhile ends with an error",
-                           default=False)
-
-    @model_validator(mode="after")
-    def _says_something(self) -> "LevelExpectation":
-        if self.reject is None and self.max_tokens_cap is None and not self.queue and not self.no_errors:
-            raise FieldProblem("a level must expect at least one action",
-                               "write one of reject, max_tokens_cap, queue: true, no_errors: true")
-        if self.reject is not None and (self.no_errors or self.queue):
-            raise FieldProblem("a level cannot both refuse new requests and expect none to error",
-                               "keep `reject:` or `queue`/`no_errors`, not both", field="reject")
-        return self
-
-
-class DegradationLevel(_Model):
-    level: int = _fix("write the level number, e.g. `level: 2`", ge=1, le=9)
-    kv_use_above: Fraction = _fix("write a fraction between 0 and 1 such as 0.80",
-                                  "KV use (the engine's metric, 0..1, fullest worker) above which this level holds")
-    expect: LevelExpectation = _fix("write e.g. `expect: {queue: true, no_errors: true}`")
-
-
-class DegradationLoad(_Model):
-    """How the 6.1.3 suite drives KV use up: concurrent streams of long prompts, ramped (defaults: the
-    workload's prompt and output lengths)."""
-
-    prompt_tokens: int | None = _fix("write a whole number of tokens such as 800", default=None, ge=1)
-    output_tokens: int | None = _fix("write a whole number of tokens such as 256", default=None, ge=1)
-    max_concurrency: int = _fix("write a whole number such as 64", "most streams in flight", default=64, ge=1,
-                                le=4096)
-    ramp_budget_s: float = _fix("write seconds such as 120", "most time to reach each level", default=120.0,
-                                gt=0, allow_inf_nan=False)
-    hold_s: float = _fix("write seconds such as 10", "how long each level is held", default=10.0, gt=0,
-                         allow_inf_nan=False)
-
-
-class Degradation(_Model):
-    """``degradation:`` of a version 2 cluster file (docs/clusters.md, 6.1.3 by load)."""
-
-    levels: tuple[DegradationLevel, ...] = _fix(
-        "write e.g. `levels: [{level: 2, kv_use_above: 0.80, expect: {queue: true}}]`", min_length=1, strict=False)
-    load: DegradationLoad = _fix("write e.g. `load: {prompt_tokens: 800, output_tokens: 256}`",
-                                 default_factory=DegradationLoad)
-
-    @model_validator(mode="after")
-    def _ascending(self) -> "Degradation":
-        for i, (a, b) in enumerate(zip(self.levels, self.levels[1:]), start=1):
-            if b.level <= a.level or b.kv_use_above <= a.kv_use_above:
-                raise FieldProblem(f"level {b.level} (KV use above {b.kv_use_above}) does not come after level "
-                                   f"{a.level} (above {a.kv_use_above})",
-                                   "list the levels in rising order of level and of kv_use_above",
-                                   field=f"levels[{i}]")
-        return self
 
 
 class ClusterFile(_Model):

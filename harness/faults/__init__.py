@@ -8,6 +8,7 @@ the kind in a fresh process (``python -m harness revert``). See docs/faults.md.
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fault_id, no_ledger
 from harness.faults.executor import (AuditLog, CommandResult, Executor, ExecutorPool, LocalExecutor, SSHExecutor,
                                      SSHTarget, executor_from_spec)
+from harness.faults.dcgm import DcgmInject
 from harness.faults.gpu import EccPoison, HbmFill
 from harness.faults.gpu_fill_host import HostHbmFill
 from harness.faults.ledger import Ledger, LedgerStatus, state_dir
@@ -16,7 +17,8 @@ from harness.faults.process import ProcessHang, ProcessKill, select_targets
 from harness.faults.runner import FaultRunner, Terminated
 
 __all__ = [
-    "Action", "AuditLog", "CommandResult", "EccPoison", "HbmFill", "HostHbmFill", "Executor", "ExecutorPool", "Fault", "FaultRecord", "FaultRunner",
-    "Ledger", "LedgerStatus", "LocalExecutor", "ProcessHang", "ProcessKill", "RecordStatus", "SSHExecutor",
-    "NicFlap", "PfcStorm", "SSHTarget", "Terminated", "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
+    "Action", "AuditLog", "CommandResult", "DcgmInject", "EccPoison", "Executor", "ExecutorPool", "Fault",
+    "FaultRecord", "FaultRunner", "HbmFill", "HostHbmFill", "Ledger", "LedgerStatus", "LocalExecutor", "NicFlap",
+    "PfcStorm", "ProcessHang", "ProcessKill", "RecordStatus", "SSHExecutor", "SSHTarget", "Terminated",
+    "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
 ]

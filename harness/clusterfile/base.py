@@ -1,0 +1,51 @@
+"""Building blocks of the cluster file's models: names, the fix-carrying field, the strict base model.
+
+Every model of the cluster file (models.py, behaviour.py) is a :class:`_Model` whose fields are made
+with :func:`_fix`, so a wrong value's error names the fix; cross-field checks raise
+:class:`FieldProblem`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlparse
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+KINDS = ("bundled", "external")
+ENGINES = ("bundled", "vllm", "sglang", "dynamo", "openai")
+ROLES = ("router", "prefill", "decode", "aggregated")  # roles a host may serve
+WORKER_ROLES = ("prefill", "decode", "aggregated")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
+METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
+
+
+class FieldProblem(ValueError):
+    """Raised by a validator: ``field`` is relative to the model (or field) being validated."""
+
+    def __init__(self, problem: str, fix: str, field: str = "") -> None:
+        self.problem, self.fix, self.field = problem, fix, field
+        super().__init__(problem)
+
+
+def _fix(fix: str, description: str = "", **kwargs: Any) -> Any:
+    return Field(description=description or None, json_schema_extra={"x-fix": fix}, **kwargs)
+
+
+def _http_url(value: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise FieldProblem(f"{value!r} is not an http(s) URL", "write e.g. http://10.0.0.5:8000")
+    return value.rstrip("/")
+
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Url = Annotated[Text, AfterValidator(_http_url)]
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+
+
+class _Model(BaseModel):
+    # strict: YAML's `yes-please` is not a bool, `true` is not a count (ints still widen to floats)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
