@@ -161,3 +161,13 @@ def test_without_stated_levels_or_a_kv_metric_the_reason_names_every_way(tmp_pat
     assert not openai.provided["kv_use_metric"] and "no metric profile" in openai.why_not["kv_use_metric"]
     no_urls = capabilities_of(_handle(_external(tmp_path, "engine: sglang\n" + LEVELS)))
     assert no_urls.why_not["kv_use_metric"] == "no endpoints.metrics or workers[].metrics"
+
+
+def test_ecc_can_be_judged_through_dcgm_when_a_decode_workers_gpus_sit_on_a_dcgm_host(tmp_path):
+    hosts = "hosts: [{name: h, address: 127.0.0.1, roles: [decode], dcgm: {dcgmi: /usr/bin/dcgmi}}]\n"
+    worker = "workers: [{name: d0, role: decode, host: h, api: 'http://127.0.0.1:81', gpus: [0, 1]}]\n"
+    caps = capabilities_of(_handle(_external(tmp_path, "engine: dynamo\n" + hosts + worker)))
+    assert [caps.missing(w) for w in ways_of(["ecc"])] == [["admin_api", "fault_hooks"], []]
+    no_gpus = capabilities_of(_handle(_external(tmp_path, "engine: dynamo\n" + hosts + worker.replace(
+        ", gpus: [0, 1]", ""))))
+    assert "workers[].gpus" in no_gpus.reason(["gpu_fault_injection"])
