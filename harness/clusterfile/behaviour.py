@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from harness.clusterfile.base import FieldProblem, Text, _fix, _Model
+from harness.clusterfile.base import FieldProblem, Text, Url, _fix, _Model
 
 
 class MigrationSettings(_Model):
@@ -103,6 +103,9 @@ class HostDcgm(_Model):
     its monitoring (the ecc item on a real cluster, harness/faults/dcgm.py)."""
 
     dcgmi: Text = _fix("write the dcgmi command or its path, e.g. `dcgmi: /usr/bin/dcgmi`", default="dcgmi")
+    exporter: Url | None = _fix("write e.g. `exporter: http://10.0.2.10:9400/metrics`",
+                                "the host's dcgm-exporter: its ECC/XID counters are read at the start and the end "
+                                "of a run", default=None)
 
 
 GpuBinding = Annotated[int, Field(ge=0, le=1023)]

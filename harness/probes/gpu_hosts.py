@@ -81,6 +81,38 @@ def read_hosts(cluster: Any, executor_for: Any) -> list[HostGpus]:
     return found
 
 
+# dcgm-exporter series whose change during a run is news (harness/probes/nvsmi.py DCGM_FIELDS names them)
+EXPORTER_FIELDS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS",
+                   "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
+
+
+def read_exporter(url: str, timeout_s: float = 10.0) -> dict[str, float] | str:
+    """``{"FIELD gpu=N": value}`` of :data:`EXPORTER_FIELDS` from a dcgm-exporter, or why not."""
+    import httpx
+
+    from harness.probes.prometheus import parse_metrics
+
+    try:
+        resp = httpx.get(url, timeout=timeout_s)
+        resp.raise_for_status()
+        samples = parse_metrics(resp.text)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return f"{url}: {' '.join(str(exc).split())[:200]}"
+    out = {}
+    for x in samples:  # a counter typed `counter` comes back from the parser with `_total` appended
+        name = x.name[:-len("_total")] if x.name.endswith("_TOTAL_total") else x.name
+        if name in EXPORTER_FIELDS:
+            out[f"{name} gpu={dict(x.labels).get('gpu', '?')}"] = x.value
+    return out
+
+
+def exporter_changes(host: str, before: dict[str, float] | str, after: dict[str, float] | str) -> list[str]:
+    if isinstance(before, str) or isinstance(after, str):
+        return []
+    return [f"{host} dcgm-exporter {key}: {before.get(key)} -> {value:g}" for key, value in sorted(after.items())
+            if before.get(key) != value]
+
+
 _COUNTERS = (("ecc", "uncorrected_volatile"), ("ecc", "corrected_volatile"), ("ecc", "uncorrected_aggregate"),
              ("ecc", "corrected_aggregate"))
 
@@ -127,37 +159,52 @@ class HostGpuWatch:
         self._cluster = cluster
         self.before: list[HostGpus] = []
         self.after: list[HostGpus] = []
+        self._exporters = {h.name: h.dcgm.exporter for h in cluster.spec.hosts
+                           if getattr(h, "dcgm", None) is not None and h.dcgm.exporter}
+        self.exporter_before: dict[str, dict[str, float] | str] = {}
+        self.exporter_after: dict[str, dict[str, float] | str] = {}
 
     @property
     def active(self) -> bool:
-        return bool(self._pool.ssh)
+        return bool(self._pool.ssh) or bool(self._exporters)
 
     def start(self) -> None:
-        if self.active:
+        if self._pool.ssh:
             self.before = read_hosts(self._cluster, self._pool)
+        self.exporter_before = {h: read_exporter(url) for h, url in self._exporters.items()}
 
     def finish(self) -> None:
         try:
-            if self.active:
+            if self._pool.ssh:
                 self.after = read_hosts(self._cluster, self._pool)
+            self.exporter_after = {h: read_exporter(url) for h, url in self._exporters.items()}
         finally:
             self._pool.close()
 
     def environment(self) -> dict[str, Any]:
         """``gpus_on_hosts`` (one summary line per host) and ``gpu_changes_during_run``, for the
         report's environment table; the full readings under ``gpu_readings``."""
-        if not self.before:
-            return {}
-        env: dict[str, Any] = {"gpus_on_hosts": "; ".join(h.summary() for h in self.before)}
+        env: dict[str, Any] = {}
+        if self.before:
+            env["gpus_on_hosts"] = "; ".join(h.summary() for h in self.before)
         read_twice = {h.host for h in self.before if not h.unavailable} & {h.host for h in self.after
                                                                             if not h.unavailable}
+        read_twice |= {h for h, v in self.exporter_after.items() if not isinstance(v, str)
+                       and not isinstance(self.exporter_before.get(h, ""), str)}
+        unread = [v for v in (*self.exporter_before.values(), *self.exporter_after.values()) if isinstance(v, str)]
+        if unread:
+            env["dcgm_exporters_not_read"] = "; ".join(unread)
         if read_twice:
-            moved = changes(self.before, self.after)
+            moved = changes(self.before, self.after) + [
+                line for h in self.exporter_after for line in
+                exporter_changes(h, self.exporter_before.get(h, ""), self.exporter_after[h])]
             env["gpu_changes_during_run"] = ("; ".join(moved) if moved else
                                              f"none on {', '.join(sorted(read_twice))} (ECC, retired pages, "
                                              "remapped rows, XID)")
-        env["gpu_readings"] = {"start": [h.to_dict() for h in self.before],
-                               "end": [h.to_dict() for h in self.after]}
+        if self.before or self._exporters:
+            env["gpu_readings"] = {"start": [h.to_dict() for h in self.before],
+                                   "end": [h.to_dict() for h in self.after],
+                                   "dcgm_exporter": {"start": self.exporter_before, "end": self.exporter_after}}
         return env
 
 
