@@ -114,6 +114,7 @@ class HarnessState:
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
+    previous_sigterm: Any = None  # the SIGTERM handler before the run installed its own
 
 
 STATE = pytest.StashKey[HarnessState]()
@@ -151,8 +152,30 @@ def pytest_configure(config: pytest.Config) -> None:
         state.terminal = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
 
 
+def _terminate_like_ctrl_c(state: HarnessState) -> None:
+    """SIGTERM anywhere in the run (not only inside a fault block) unwinds like Ctrl-C: every
+    fixture tears down what it built (Locust, the cluster, its namespaces), the report is written
+    and the run exits 3 (interrupted), or 4 if a revert failed, instead of dying with 143."""
+    import signal
+    import threading
+
+    from harness.faults.runner import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    state.previous_sigterm = signal.signal(signal.SIGTERM, on_term)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
+    if state is not None and state.previous_sigterm is not None:
+        import signal
+
+        signal.signal(signal.SIGTERM, state.previous_sigterm)
     if state is not None:
         if state.live is not None:
             state.live.close()
@@ -192,6 +215,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]{what} error:[/] {exc}")
         pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+    _terminate_like_ctrl_c(state)
     from harness.report.junit import take_over_junit_xml
 
     take_over_junit_xml(config)
@@ -239,7 +263,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     result = state.result
     if exitstatus == pytest.ExitCode.INTERRUPTED and not result.harness_errors:
-        result.harness_errors.append("the run was interrupted before it finished")
+        result.harness_errors.append("the run was interrupted (Ctrl-C or SIGTERM) before it finished")
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()
@@ -307,22 +331,54 @@ def harness_options(pytestconfig: pytest.Config) -> HarnessOptions:
 
 @pytest.fixture(scope="session")
 def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session."""
+    """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session.
+    Before anything starts, what a dead run left is reverted and ended (the ledger's faults, its
+    stopped or stray processes, its namespaces): see :func:`recover_before_bringup`."""
     from harness.cluster import load_cluster, open_cluster
+    from harness.faults.runs import RunRecord
 
     state = _state(pytestconfig)
     spec = state.spec or load_cluster(state.options.cluster)
+    recover_before_bringup(spec.name, say=lambda line: _print(pytestconfig, line))
     verb = "bringing up" if spec.kind == "bundled" else "attaching to"
     _print(pytestconfig, f"[bold]{verb} cluster {spec.name}[/] ({spec.kind}, {spec.path})")
     t0 = time.monotonic()
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
-    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
+    run = RunRecord(spec.name, spec.kind) if spec.kind == "bundled" else None
+    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None, run=run) as handle:
+        handle.run = run
         state.result.cluster = handle.describe()
         state.result.capabilities = handle.capabilities().to_dict()
         if state.live is not None:
             state.live.set_cluster(handle.metrics_url, handle)
         _print(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         yield handle
+    if run is not None:
+        run.close()  # torn down cleanly: nothing for a later run to clean up
+
+
+def recover_before_bringup(cluster_name: str, state_dir: str | Path | None = None,
+                           say: Callable[[str], Any] = print) -> None:
+    """Revert what the cluster's ledger still holds from dead runs, end their leftover processes
+    (a SIGSTOPped worker keeps its ports) and remove their namespaces, before anything starts. A
+    revert that cannot be done raises RevertError (exit 4): the run does not start on a dirty cluster."""
+    from harness.faults import FaultRunner, Ledger
+
+    class _Say:
+        def write(self, text: str) -> int:
+            for line in text.splitlines():
+                if line.strip():
+                    say(line)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    runner = FaultRunner(Ledger.for_cluster(cluster_name, state_dir), recover_on_enter=False,
+                         handle_signals=False, out=_Say())
+    for rec in runner.recover():
+        say(f"recovered {rec.kind} {rec.target}: {rec.action.value} {rec.status.value}"
+            f"{': ' + rec.output if rec.output else ''}")
 
 
 class Conformance:
@@ -446,7 +502,9 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
             return super().__call__(host)
 
     pool = ClusterExecutors(dry_run=dry_run, out=out)
-    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run, out=out)
+    run = getattr(cluster, "run", None)
+    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run, out=out,
+                           context=run.context() if run is not None else None)
 
 
 @pytest.fixture
@@ -495,11 +553,14 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
             live.add_load(runner)
         return runner
 
+    from harness.faults.runner import signals_deferred
+
     try:
         yield start
     finally:
-        for runner in runs:
-            runner.stop()
+        with signals_deferred():  # a second Ctrl-C must not leave Locust sending to the cluster
+            for runner in runs:
+                runner.stop()
 
 
 class Timeline:
