@@ -5,6 +5,7 @@ A new fault kind is one ``Fault`` subclass; import its module here so ``Fault.fr
 the kind in a fresh process (``python -m harness revert``). See docs/faults.md.
 """
 
+from harness.faults.cluster_settings import LiveMigration, SpeculativeDecoding
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fault_id, no_ledger
 from harness.faults.executor import (AuditLog, CommandResult, Executor, ExecutorPool, LocalExecutor, SSHExecutor,
                                      SSHTarget, executor_from_spec)
@@ -15,7 +16,7 @@ from harness.faults.process import ProcessHang, ProcessKill, select_targets
 from harness.faults.runner import FaultRunner, Terminated
 
 __all__ = [
-    "Action", "AuditLog", "CommandResult", "EccPoison", "HbmFill", "Executor", "ExecutorPool", "Fault", "FaultRecord", "FaultRunner",
+    "Action", "AuditLog", "LiveMigration", "SpeculativeDecoding", "CommandResult", "EccPoison", "HbmFill", "Executor", "ExecutorPool", "Fault", "FaultRecord", "FaultRunner",
     "Ledger", "LedgerStatus", "LocalExecutor", "ProcessHang", "ProcessKill", "RecordStatus", "SSHExecutor",
     "NicFlap", "PfcStorm", "SSHTarget", "Terminated", "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
 ]
