@@ -203,11 +203,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     state.active = True
     from harness.checks.capabilities import check_item_markers
-    from harness.cluster import load_cluster
+    from harness.cluster import check_before_start, load_cluster
 
     what = "cluster file"
-    try:
+    try:  # checked in full here, before anything starts (no namespace, no process)
         state.spec = load_cluster(state.options.cluster)
+        check_before_start(state.spec)
         what = "suite marker"  # pytest.mark.item naming an unknown item or capability
         check_item_markers(items, state.spec.checklist())
     except ConfigError as exc:

@@ -28,6 +28,7 @@ WORKER_ROLES = ("prefill", "decode", "aggregated")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
+MAX_BUNDLED_WORKERS = 16  # per role: each worker is a process with its own model on this one machine
 METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
 
 
@@ -129,8 +130,10 @@ def known_fault_kinds() -> set[str]:
 
 
 class BundledSettings(_Model):
-    prefill: int = _fix("write a whole number such as 2", "prefill workers", default=2, ge=1)
-    decode: int = _fix("write a whole number such as 2", "decode workers", default=2, ge=1)
+    prefill: int = _fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "prefill workers", default=2, ge=1,
+                        le=MAX_BUNDLED_WORKERS)
+    decode: int = _fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "decode workers", default=2, ge=1,
+                       le=MAX_BUNDLED_WORKERS)
     preset: Text = _fix("write e.g. `preset: tiny` (`python -m harness presets` lists them)", default="tiny")
     host: Text = _fix("write e.g. `host: 127.0.0.1`", default="127.0.0.1")
     router: dict[str, Any] = _fix("write e.g. `router: {reschedule_enabled: true}`",
