@@ -115,6 +115,9 @@ class HarnessState:
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
     previous_sigterm: Any = None  # the SIGTERM handler before the run installed its own
+    previous_sigint: Any = None   # the SIGINT handler before the run installed its own
+    interrupted: int | None = None  # the signal that interrupted the run
+    finishing: bool = False       # sessionfinish began: signals are only noted
 
 
 STATE = pytest.StashKey[HarnessState]()
@@ -155,7 +158,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def _terminate_like_ctrl_c(state: HarnessState) -> None:
     """SIGTERM anywhere in the run (not only inside a fault block) unwinds like Ctrl-C: every
     fixture tears down what it built (Locust, the cluster, its namespaces), the report is written
-    and the run exits 3 (interrupted), or 4 if a revert failed, instead of dying with 143."""
+    and the run exits 3 (interrupted), or 4 if a revert failed, instead of dying with 143. Only the
+    first signal interrupts; a second Ctrl-C while the run unwinds is noted, never raised into
+    pytest's own handling of the first (which would kill the run with -2, without its report)."""
     import signal
     import threading
 
@@ -164,18 +169,48 @@ def _terminate_like_ctrl_c(state: HarnessState) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise Terminated(signum)
+    def on_signal(signum: int, frame: Any) -> None:
+        if state.interrupted is not None or state.finishing:
+            log.warning("signal %s: the run already unwinds (signal %s); it tears down and reports first",
+                        signum, state.interrupted)
+            return
+        state.interrupted = signum
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
-    state.previous_sigterm = signal.signal(signal.SIGTERM, on_term)
+    state.previous_sigterm = signal.signal(signal.SIGTERM, on_signal)
+    state.previous_sigint = signal.signal(signal.SIGINT, on_signal)
+
+
+def _finishing(state: HarnessState) -> None:
+    """From here on the run only tears down and writes its report: a further Ctrl-C or SIGTERM is
+    noted, not raised (pytest does not catch an interrupt in its last hooks: the run would die
+    with -2, without its report and exit code)."""
+    import signal
+    import threading
+
+    state.finishing = True
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def noted(signum: int, frame: Any) -> None:
+        log.warning("signal %s: the run is already finishing (teardown, report); it exits when done", signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.signal(sig, noted)
+        if sig == signal.SIGINT and state.previous_sigint is None:
+            state.previous_sigint = previous
+        if sig == signal.SIGTERM and state.previous_sigterm is None:
+            state.previous_sigterm = previous
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
-    if state is not None and state.previous_sigterm is not None:
+    if state is not None:
         import signal
 
-        signal.signal(signal.SIGTERM, state.previous_sigterm)
+        for sig, previous in ((signal.SIGTERM, state.previous_sigterm), (signal.SIGINT, state.previous_sigint)):
+            if previous is not None:
+                signal.signal(sig, previous)
     if state is not None:
         if state.live is not None:
             state.live.close()
@@ -255,10 +290,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     return report
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or not state.active:
         return
+    _finishing(state)
     if state.config_error is not None:
         session.exitstatus = int(ExitCode.HARNESS_ERROR)
         return

@@ -60,10 +60,14 @@ class signals_deferred:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-        if self.received and exc_type is None:
-            log.warning("signal %s arrived during a teardown; acting on it now", self.received[0])
-            raise FaultRunner._interrupt(self.received[0])
+        if self.received and exc_type is None:  # act on it as the handler in force would have
+            signum = self.received[0]
+            log.warning("signal %s arrived during a teardown; acting on it now", signum)
+            handler = self._previous.get(signum, signal.SIG_DFL)
+            if callable(handler):
+                handler(signum, None)
+            elif handler != signal.SIG_IGN:
+                raise FaultRunner._interrupt(signum)
 
 
 @dataclass
@@ -96,6 +100,7 @@ class FaultRunner:
         self._critical_depth = 0
         self._pending_signal: int | None = None
         self._exiting = False
+        self._raised: int | None = None  # the signal this runner raised an interrupt for
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class FaultRunner:
                 self.executor_factory.close()
             pending, self._pending_signal = self._pending_signal, None
             self._exiting = False
+            self._raised = None
         if pending is not None and exc_type is None:
             raise self._interrupt(pending)
 
@@ -279,7 +285,12 @@ class FaultRunner:
             log.warning("signal %s received while changing faults; acting on it once that is done", signum)
             self._pending_signal = signum
             return
+        if self._raised is not None:  # the block already unwinds from a signal: a second Ctrl-C waits too
+            log.warning("signal %s received while unwinding from signal %s; the reverts finish first",
+                        signum, self._raised)
+            return
         log.warning("signal %s received: reverting %d active fault(s)", signum, len(self._stack))
+        self._raised = signum
         raise self._interrupt(signum)
 
     @staticmethod
@@ -296,6 +307,7 @@ class FaultRunner:
             self._critical_depth -= 1
             if self._critical_depth == 0 and self._pending_signal is not None and not self._exiting:
                 signum, self._pending_signal = self._pending_signal, None
+                self._raised = signum
                 raise self._interrupt(signum)
 
     # -- internals --------------------------------------------------------------------------------
