@@ -114,10 +114,7 @@ class HarnessState:
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
-    previous_sigterm: Any = None  # the SIGTERM handler before the run installed its own
-    previous_sigint: Any = None   # the SIGINT handler before the run installed its own
-    interrupted: int | None = None  # the signal that interrupted the run
-    finishing: bool = False       # sessionfinish began: signals are only noted
+    signals: Any = None   # harness.faults.session.RunSignals once conformance suites were collected
 
 
 STATE = pytest.StashKey[HarnessState]()
@@ -155,62 +152,10 @@ def pytest_configure(config: pytest.Config) -> None:
         state.terminal = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
 
 
-def _terminate_like_ctrl_c(state: HarnessState) -> None:
-    """SIGTERM anywhere in the run (not only inside a fault block) unwinds like Ctrl-C: every
-    fixture tears down what it built (Locust, the cluster, its namespaces), the report is written
-    and the run exits 3 (interrupted), or 4 if a revert failed, instead of dying with 143. Only the
-    first signal interrupts; a second Ctrl-C while the run unwinds is noted, never raised into
-    pytest's own handling of the first (which would kill the run with -2, without its report)."""
-    import signal
-    import threading
-
-    from harness.faults.runner import Terminated
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if state.interrupted is not None or state.finishing:
-            log.warning("signal %s: the run already unwinds (signal %s); it tears down and reports first",
-                        signum, state.interrupted)
-            return
-        state.interrupted = signum
-        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-
-    state.previous_sigterm = signal.signal(signal.SIGTERM, on_signal)
-    state.previous_sigint = signal.signal(signal.SIGINT, on_signal)
-
-
-def _finishing(state: HarnessState) -> None:
-    """From here on the run only tears down and writes its report: a further Ctrl-C or SIGTERM is
-    noted, not raised (pytest does not catch an interrupt in its last hooks: the run would die
-    with -2, without its report and exit code)."""
-    import signal
-    import threading
-
-    state.finishing = True
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def noted(signum: int, frame: Any) -> None:
-        log.warning("signal %s: the run is already finishing (teardown, report); it exits when done", signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.signal(sig, noted)
-        if sig == signal.SIGINT and state.previous_sigint is None:
-            state.previous_sigint = previous
-        if sig == signal.SIGTERM and state.previous_sigterm is None:
-            state.previous_sigterm = previous
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
-    if state is not None:
-        import signal
-
-        for sig, previous in ((signal.SIGTERM, state.previous_sigterm), (signal.SIGINT, state.previous_sigint)):
-            if previous is not None:
-                signal.signal(sig, previous)
+    if state is not None and state.signals is not None:
+        state.signals.restore()
     if state is not None:
         if state.live is not None:
             state.live.close()
@@ -251,7 +196,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]{what} error:[/] {exc}")
         pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
-    _terminate_like_ctrl_c(state)
+    from harness.faults.session import RunSignals
+
+    state.signals = RunSignals()  # SIGTERM unwinds like Ctrl-C; only the first signal interrupts
+    state.signals.install()
     from harness.report.junit import take_over_junit_xml
 
     take_over_junit_xml(config)
@@ -295,7 +243,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or not state.active:
         return
-    _finishing(state)
+    if state.signals is not None:
+        state.signals.finish()  # teardown and report from here on: signals are only noted
     if state.config_error is not None:
         session.exitstatus = int(ExitCode.HARNESS_ERROR)
         return
@@ -371,9 +320,10 @@ def harness_options(pytestconfig: pytest.Config) -> HarnessOptions:
 def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session.
     Before anything starts, what a dead run left is reverted and ended (the ledger's faults, its
-    stopped or stray processes, its namespaces): see :func:`recover_before_bringup`."""
+    stopped or stray processes, its namespaces): see harness.faults.session.recover_before_bringup."""
     from harness.cluster import load_cluster, open_cluster
     from harness.faults.runs import RunRecord
+    from harness.faults.session import recover_before_bringup
 
     state = _state(pytestconfig)
     spec = state.spec or load_cluster(state.options.cluster)
@@ -393,30 +343,6 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
         yield handle
     if run is not None:
         run.close()  # torn down cleanly: nothing for a later run to clean up
-
-
-def recover_before_bringup(cluster_name: str, state_dir: str | Path | None = None,
-                           say: Callable[[str], Any] = print) -> None:
-    """Revert what the cluster's ledger still holds from dead runs, end their leftover processes
-    (a SIGSTOPped worker keeps its ports) and remove their namespaces, before anything starts. A
-    revert that cannot be done raises RevertError (exit 4): the run does not start on a dirty cluster."""
-    from harness.faults import FaultRunner, Ledger
-
-    class _Say:
-        def write(self, text: str) -> int:
-            for line in text.splitlines():
-                if line.strip():
-                    say(line)
-            return len(text)
-
-        def flush(self) -> None:
-            pass
-
-    runner = FaultRunner(Ledger.for_cluster(cluster_name, state_dir), recover_on_enter=False,
-                         handle_signals=False, out=_Say())
-    for rec in runner.recover():
-        say(f"recovered {rec.kind} {rec.target}: {rec.action.value} {rec.status.value}"
-            f"{': ' + rec.output if rec.output else ''}")
 
 
 class Conformance:

@@ -44,7 +44,7 @@ kind: bundled
 description: the kill-point test's small cluster
 bundled:
   prefill: 1
-  decode: 2
+  decode: {decode}
   preset: tiny
   router: {{degradation_enabled: false, auto_migrate: false}}
   ready_timeout_s: 180
@@ -177,13 +177,14 @@ def differences(before: dict, after: dict, marker: str, state: Path) -> list[str
 
 
 def start_harness(tmp: Path, state: Path, kinds: list[str], tag: str, marker: str, seed: int) -> tuple:
+    cluster = "killpoint-2d.yaml" if "live_migration" in kinds else "killpoint.yaml"  # a migration needs 2
     phases = tmp / f"phases-{tag}.txt"
     phases.write_text("")
     log = open(tmp / f"harness-{tag}.log", "wb")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_STATE_DIR": str(state), "KP_PHASES": str(phases),
            "KP_KINDS": ",".join(kinds), "KP_SEED": str(seed), "KP_MARK": marker}
     env.pop("HARNESS_RUN_ID", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "test_cycle.py", f"--cluster={tmp / 'killpoint.yaml'}",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "test_cycle.py", f"--cluster={tmp / cluster}",
                              "-q", "-p", "no:cacheprovider", "--live=off", f"--report-dir={tmp / ('reports-' + tag)}"],
                             cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return proc, phases, log
@@ -226,6 +227,7 @@ def _tail(path: Path, n: int = 2500) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else ""
 
 
+@pytest.mark.timeout(1800)  # about 15 s a point on an idle 2-core machine; several times that under load
 def test_kill_points_restore_the_machine(tmp_path):
     seed = int(os.environ.get("HARNESS_KP_SEED") or random.randrange(1, 2**31))
     n = int(os.environ.get("HARNESS_KP_POINTS") or 20)
@@ -233,7 +235,8 @@ def test_kill_points_restore_the_machine(tmp_path):
     kinds = BASE_KINDS + (FABRIC_KINDS if fabric else [])
     points = plan(seed, n, kinds)
     print(f"\nkill-point seed {seed} (HARNESS_KP_SEED={seed} reproduces it); {n} points over {', '.join(kinds)}")
-    (tmp_path / "killpoint.yaml").write_text(CLUSTER.format(fabric=str(fabric).lower()))
+    (tmp_path / "killpoint.yaml").write_text(CLUSTER.format(fabric=str(fabric).lower(), decode=1))
+    (tmp_path / "killpoint-2d.yaml").write_text(CLUSTER.format(fabric=str(fabric).lower(), decode=2))
     (tmp_path / "test_cycle.py").write_text((Path(__file__).with_name("cycle_suite.py")).read_text())
     state = tmp_path / "state"
     libc = ctypes.CDLL(None, use_errno=True)
