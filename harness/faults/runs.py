@@ -185,11 +185,6 @@ def end_processes(procs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return _wait_gone(left, KILL_GRACE_S)
 
 
-def _slot_of(prefix: str) -> int:
-    digits = prefix.removeprefix("pdh").rstrip("-")
-    return int(digits or 0)
-
-
 def clean_dead_runs(state_dir_path: str | os.PathLike[str] | None = None, *, dry_run: bool = False,
                     say: Callable[[str], None] = log.warning) -> list[str]:
     """End every dead run's leftovers and namespaces; returns the problems (empty: all clean)."""
@@ -215,7 +210,7 @@ def _remove_fabric(record: dict[str, Any], run: str, dry_run: bool, say: Callabl
     if not prefix:
         return []
     from harness.fabric.builder import fabric_unavailable_reason, leftovers, remove_prefixed
-    from harness.fabric.cli import _slot_held
+    from harness.fabric.cli import _slot_held, _slot_of
 
     if fabric_unavailable_reason():
         return []
