@@ -249,8 +249,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = int(ExitCode.HARNESS_ERROR)
         return
     result = state.result
-    if exitstatus == pytest.ExitCode.INTERRUPTED and not result.harness_errors:
-        result.harness_errors.append("the run was interrupted (Ctrl-C or SIGTERM) before it finished")
+    interrupted = state.signals.interrupted if state.signals is not None else None
+    if (exitstatus == pytest.ExitCode.INTERRUPTED or interrupted is not None) and not result.harness_errors:
+        by = f" by signal {interrupted}" if interrupted is not None else " (Ctrl-C or SIGTERM)"
+        result.harness_errors.append(f"the run was interrupted{by} before it finished")
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()

@@ -19,7 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, ClassVar, Iterator, TextIO
 
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
@@ -78,6 +78,11 @@ class _Active:
 
 
 class FaultRunner:
+    # called with the signal number whenever a runner raises an interrupt for a signal, so a run can
+    # tell it was interrupted even if the raised KeyboardInterrupt is lost (one raised inside a
+    # finalizer is printed and ignored by Python)
+    interrupt_listeners: ClassVar[list[Callable[[int], None]]] = []
+
     def __init__(self, ledger: Ledger, executor_factory: ExecutorFactory | None = None, *,
                  dry_run: bool = False, recover_on_enter: bool = True, handle_signals: bool = True,
                  audit: AuditLog | None = None, out: TextIO | None = None,
@@ -291,7 +296,13 @@ class FaultRunner:
             return
         log.warning("signal %s received: reverting %d active fault(s)", signum, len(self._stack))
         self._raised = signum
+        self._tell(signum)
         raise self._interrupt(signum)
+
+    @classmethod
+    def _tell(cls, signum: int) -> None:
+        for listener in list(cls.interrupt_listeners):
+            listener(signum)
 
     @staticmethod
     def _interrupt(signum: int) -> BaseException:
@@ -308,6 +319,7 @@ class FaultRunner:
             if self._critical_depth == 0 and self._pending_signal is not None and not self._exiting:
                 signum, self._pending_signal = self._pending_signal, None
                 self._raised = signum
+                self._tell(signum)
                 raise self._interrupt(signum)
 
     # -- internals --------------------------------------------------------------------------------

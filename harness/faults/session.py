@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.faults.runner import Terminated
+from harness.faults.runner import FaultRunner, Terminated
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,17 @@ class RunSignals:
             self._previous.setdefault(sig, previous)
 
     def install(self) -> None:
-        """From collection on: the first SIGINT or SIGTERM interrupts the run, later ones are noted."""
+        """From collection on: the first SIGINT or SIGTERM interrupts the run, later ones are noted.
+        ``interrupted`` also records an interrupt a fault runner raised, so the run's exit code says
+        it was interrupted even when the KeyboardInterrupt itself got lost (Python ignores one raised
+        inside a finalizer)."""
+        FaultRunner.interrupt_listeners.append(self._runner_interrupted)
         if self._main_thread():
             self._set(self._on_signal)
+
+    def _runner_interrupted(self, signum: int) -> None:
+        if self.interrupted is None:
+            self.interrupted = signum
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.interrupted is not None or self.finishing:
@@ -58,6 +66,8 @@ class RunSignals:
             self._set(self._on_signal)
 
     def restore(self) -> None:
+        if self._runner_interrupted in FaultRunner.interrupt_listeners:
+            FaultRunner.interrupt_listeners.remove(self._runner_interrupted)
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()

@@ -165,3 +165,37 @@ def test_harness_revert_ends_a_dead_runs_leftover_without_any_ledger(tmp_path):
         if leftover.poll() is None:
             leftover.kill()
             leftover.wait()
+
+
+def test_run_signals_interrupt_once_then_only_note():
+    from harness.faults.runner import Terminated
+    from harness.faults.session import RunSignals
+
+    before = signal.getsignal(signal.SIGTERM)
+    signals = RunSignals()
+    signals.install()
+    try:
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal while the run unwinds: noted, not raised
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.interrupted == signal.SIGTERM
+    finally:
+        signals.restore()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_runners_interrupt_is_recorded_even_if_the_exception_is_lost(tmp_path):
+    from harness.faults.session import RunSignals
+
+    signals = RunSignals()
+    signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with FaultRunner(Ledger.for_cluster("local", tmp_path)):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+        assert signals.interrupted == signal.SIGINT
+    finally:
+        signals.restore()
