@@ -30,6 +30,8 @@ import pytest
 from harness.fabric.builder import fabric_unavailable_reason
 from harness.faults import Ledger
 
+from .machine import marked_processes
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,26 +122,6 @@ def _unheld(names: set[str]) -> list[str]:
     return sorted(out)
 
 
-def marked(marker: str) -> list[str]:
-    """Live processes (not zombies) carrying the run's marker: strays. Stopped ones say so."""
-    token = f"KP_MARK={marker}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                if token not in fh.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry.name}/stat") as fh:
-                state = fh.read().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            found.append(f"pid {entry.name} state {state}")
-    return found
-
-
 def reap_orphans() -> None:
     """This process is a subreaper: orphans of the killed harness end here; reap them (no zombies)."""
     while True:
@@ -153,7 +135,7 @@ def reap_orphans() -> None:
 
 def differences(before: dict, after: dict, marker: str, state: Path) -> list[str]:
     problems = []
-    if strays := marked(marker):
+    if strays := marked_processes("KP_MARK", marker):
         problems.append(f"processes of the run still exist: {strays}")
     if leaked := _unheld(after["netns"] - before["netns"]):
         problems.append(f"namespaces left: {leaked}")

@@ -19,6 +19,8 @@ import yaml
 from harness.cluster import check_before_start, load_cluster
 from harness.errors import ConfigError
 
+from .machine import marked_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 BASE: dict[str, Any] = {
@@ -138,20 +140,6 @@ def _fabric_namespaces() -> set[str]:
     return {line.split()[0] for line in res.stdout.splitlines() if line.startswith("pdh")}
 
 
-def _marked_processes(marker: str) -> list[int]:
-    token = f"S5B_MALFORMED={marker}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                    if token in fh.read().split(b"\0"):
-                        found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("change,field", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_run_exits_3_and_starts_nothing(tmp_path, change, field):
@@ -171,7 +159,7 @@ def test_a_run_exits_3_and_starts_nothing(tmp_path, change, field):
     assert "bad.yaml" in out and field in out and "fix: " in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert not list((state / "runs").glob("*.json")) if (state / "runs").exists() else True
-    assert _marked_processes(marker) == []
+    assert marked_processes("S5B_MALFORMED", marker) == []
     leaked = [ns for ns in _fabric_namespaces() - before
               if not _slot_held(int(_SLOT_PREFIX.match(ns).group(1) or 0))]  # a live run's own fabric is not ours
     assert leaked == [], leaked
