@@ -152,8 +152,9 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
         _check_reachable(spec.endpoints.api, spec, spec.api_key())
         yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
         return
-    from harness.engine.oracle import greedy_reference
-    from harness.engine.topology import Topology
+    with signals_deferred():  # an interrupt raised inside torch's import can abort the process (-6)
+        from harness.engine.oracle import greedy_reference
+        from harness.engine.topology import Topology
 
     b = spec.bundled
     assert b is not None
