@@ -206,7 +206,10 @@ def harness_revert(state: Path) -> subprocess.CompletedProcess:
 
 
 def _tail(path: Path, n: int = 2500) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else ""
+    """The log's end, and where the process died if it died of a fatal error (faulthandler's dump)."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    fatal = text.find("Fatal Python error")
+    return (text[fatal:fatal + 3000] + "\n...\n" if fatal >= 0 else "") + text[-n:]
 
 
 @pytest.mark.timeout(1800)  # about 15 s a point on an idle 2-core machine; several times that under load
