@@ -66,8 +66,12 @@ class RunSignals:
             self._set(self._on_signal)
 
     def restore(self) -> None:
+        """At the end of the run. A finished run keeps noting signals: pytest returns its exit code
+        right after, and a Ctrl-C in that last instant must not turn a reported exit 0 into -2."""
         if self._runner_interrupted in FaultRunner.interrupt_listeners:
             FaultRunner.interrupt_listeners.remove(self._runner_interrupted)
+        if self.finishing:
+            return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()

@@ -184,6 +184,18 @@ def test_run_signals_interrupt_once_then_only_note():
     finally:
         signals.restore()
     assert signal.getsignal(signal.SIGTERM) == before
+    finished = RunSignals()
+    finished.install()
+    finished.finish()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # after the report: noted, even after restore()
+        finished.restore()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, before)
+    assert finished.interrupted is None
 
 
 def test_a_runners_interrupt_is_recorded_even_if_the_exception_is_lost(tmp_path):
