@@ -66,11 +66,15 @@ class RunSignals:
             self._set(self._on_signal)
 
     def restore(self) -> None:
-        """At the end of the run. A finished run keeps noting signals: pytest returns its exit code
-        right after, and a Ctrl-C in that last instant must not turn a reported exit 0 into -2."""
+        """At the end of the run. A finished run ignores further signals: pytest returns its exit
+        code right after, and a Ctrl-C in that last instant must not turn a reported exit 0 into
+        -2 (Python resets Python-level handlers to the default while it shuts down; SIG_IGN stays)."""
         if self._runner_interrupted in FaultRunner.interrupt_listeners:
             FaultRunner.interrupt_listeners.remove(self._runner_interrupted)
         if self.finishing:
+            if self._main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
             return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
