@@ -114,6 +114,7 @@ class HarnessState:
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
+    signals: Any = None   # harness.faults.session.RunSignals once conformance suites were collected
 
 
 STATE = pytest.StashKey[HarnessState]()
@@ -153,6 +154,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
+    if state is not None and state.signals is not None:
+        state.signals.restore()
     if state is not None:
         if state.live is not None:
             state.live.close()
@@ -180,11 +183,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     state.active = True
     from harness.checks.capabilities import check_item_markers
-    from harness.cluster import load_cluster
+    from harness.cluster import check_before_start, load_cluster
 
     what = "cluster file"
-    try:
+    try:  # checked in full here, before anything starts (no namespace, no process)
         state.spec = load_cluster(state.options.cluster)
+        check_before_start(state.spec)
         what = "suite marker"  # pytest.mark.item naming an unknown item or capability
         check_item_markers(items, state.spec.checklist())
     except ConfigError as exc:
@@ -192,6 +196,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         _print(config, f"[bold magenta]{what} error:[/] {exc}")
         pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+    from harness.faults.session import RunSignals
+
+    state.signals = RunSignals()  # SIGTERM unwinds like Ctrl-C; only the first signal interrupts
+    state.signals.install()
     from harness.report.junit import take_over_junit_xml
 
     take_over_junit_xml(config)
@@ -230,16 +238,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     return report
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or not state.active:
         return
+    if state.signals is not None:
+        state.signals.finish()  # teardown and report from here on: signals are only noted
     if state.config_error is not None:
         session.exitstatus = int(ExitCode.HARNESS_ERROR)
         return
     result = state.result
-    if exitstatus == pytest.ExitCode.INTERRUPTED and not result.harness_errors:
-        result.harness_errors.append("the run was interrupted before it finished")
+    interrupted = state.signals.interrupted if state.signals is not None else None
+    if (exitstatus == pytest.ExitCode.INTERRUPTED or interrupted is not None) and not result.harness_errors:
+        by = f" by signal {interrupted}" if interrupted is not None else " (Ctrl-C or SIGTERM)"
+        result.harness_errors.append(f"the run was interrupted{by} before it finished")
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()
@@ -307,16 +320,23 @@ def harness_options(pytestconfig: pytest.Config) -> HarnessOptions:
 
 @pytest.fixture(scope="session")
 def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
-    """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session."""
+    """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session.
+    Before anything starts, what a dead run left is reverted and ended (the ledger's faults, its
+    stopped or stray processes, its namespaces): see harness.faults.session.recover_before_bringup."""
     from harness.cluster import load_cluster, open_cluster
+    from harness.faults.runs import RunRecord
+    from harness.faults.session import recover_before_bringup
 
     state = _state(pytestconfig)
     spec = state.spec or load_cluster(state.options.cluster)
+    recover_before_bringup(spec.name, say=lambda line: _print(pytestconfig, line))
     verb = "bringing up" if spec.kind == "bundled" else "attaching to"
     _print(pytestconfig, f"[bold]{verb} cluster {spec.name}[/] ({spec.kind}, {spec.path})")
     t0 = time.monotonic()
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
-    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None) as handle:
+    run = RunRecord(spec.name, spec.kind) if spec.kind == "bundled" else None
+    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None, run=run) as handle:
+        handle.run = run
         state.result.cluster = handle.describe()
         state.result.capabilities = handle.capabilities().to_dict()
         if state.live is not None:
@@ -330,6 +350,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
                 gpus.finish()
                 state.result.environment.update(gpus.environment())
                 state.result.cluster["gpu_readings"] = state.result.environment.pop("gpu_readings", None)
+    if run is not None:
+        run.close()  # torn down cleanly: nothing for a later run to clean up
 
 
 def _watch_host_gpus(config: pytest.Config, handle: Any) -> Any:
@@ -469,7 +491,9 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
             return super().__call__(host)
 
     pool = ClusterExecutors(dry_run=dry_run, out=out)
-    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run, out=out)
+    run = getattr(cluster, "run", None)
+    return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run, out=out,
+                           context=run.context() if run is not None else None)
 
 
 @pytest.fixture
@@ -519,11 +543,14 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
             live.add_load(runner)
         return runner
 
+    from harness.faults.runner import signals_deferred
+
     try:
         yield start
     finally:
-        for runner in runs:
-            runner.stop()
+        with signals_deferred():  # a second Ctrl-C must not leave Locust sending to the cluster
+            for runner in runs:
+                runner.stop()
 
 
 class Timeline:

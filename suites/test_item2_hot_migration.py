@@ -33,7 +33,7 @@ import pytest
 from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.verdict import inconclusive
-from harness.errors import ProbeError
+from harness.errors import FaultError, ProbeError
 from harness.probes.migration import MigrationAttempt, migrate_observed_stream
 from harness.probes.admin_models import Worker
 from harness.probes.records import RequestRecord
@@ -58,8 +58,8 @@ class _Phase:
     """Victims of one phase, one at a time, until ``need`` migrations are measured or refused, or too
     many were tried."""
 
-    def __init__(self, name: str, cluster: Any, timeline: Any, need: int) -> None:
-        self.name, self.cluster, self.timeline, self.need = name, cluster, timeline, need
+    def __init__(self, name: str, cluster: Any, timeline: Any, need: int, faults: Any = None) -> None:
+        self.name, self.cluster, self.timeline, self.need, self.faults = name, cluster, timeline, need, faults
         self.attempts: list[MigrationAttempt] = []
         self.records: list[RequestRecord] = []
 
@@ -71,7 +71,8 @@ class _Phase:
             attempt, rec = migrate_observed_stream(
                 self.cluster.api_url, self.cluster.admin_url, phase=self.name, index=i,
                 prompt=f"Hot migration, {self.name} cluster, stream {i}:",
-                max_tokens=MIGRATE_AFTER_TOKENS + TOKENS_AFTER, after_tokens=MIGRATE_AFTER_TOKENS)
+                max_tokens=MIGRATE_AFTER_TOKENS + TOKENS_AFTER, after_tokens=MIGRATE_AFTER_TOKENS,
+                faults=self.faults)  # each migration is a live_migration fault: safety-checked, in the ledger
             self.attempts.append(attempt)
             self.records.append(rec)
             log.info("6.1.2 %s stream %d: %s %s", self.name, i, attempt.outcome, attempt.detail)
@@ -113,9 +114,14 @@ def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, 
     if len(_decode_workers(timeline)) < 2:
         conformance.record(inconclusive(checklist, ITEM, "live migration needs at least two healthy decode workers"))
         return
-    idle = _Phase("idle", cluster, timeline, int(t["min_migrations_idle"].value))
+    try:  # migrations change the cluster: a production cluster must allow them first
+        cluster.check_fault_allowed("live_migration")
+    except FaultError as exc:
+        conformance.record(inconclusive(checklist, ITEM, f"refused: {exc}"))
+        return
+    idle = _Phase("idle", cluster, timeline, int(t["min_migrations_idle"].value), faults)
     idle.run()
-    loaded = _Phase("loaded", cluster, timeline, int(t["min_migrations_loaded"].value))
+    loaded = _Phase("loaded", cluster, timeline, int(t["min_migrations_loaded"].value), faults)
     duration = harness_options.load_duration or LOADED_MAX_S
     run = load(duration_s=duration, max_tokens=LOADED_MAX_TOKENS)
     try:

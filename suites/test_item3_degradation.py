@@ -30,7 +30,7 @@ from harness.checks.degradation_load import load_degradation_verdict
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
-from harness.faults import HbmFill
+from harness.faults import HbmFill, SpeculativeDecoding
 from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
 from harness.probes.streaming import AsyncStreamingClient
 from harness.probes.timeline import merge_timeline
@@ -100,14 +100,14 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, t
         faults.revert_all()
         conformance.record(inconclusive(checklist, ITEM, "dry run: the HBM fills were planned, none injected"))
         return
-    spec_before = any(w.get("spec_enabled") for w in _decodes(timeline))
-    spec = httpx.post(f"{admin}/admin/speculative", json={"enabled": True}, timeout=10)
-    spec_was_on = spec.status_code == 200  # so that Level 2's action has something to turn off
+    # on through the fault runner (safety-checked, in the ledger, reverted however the test ends),
+    # so that Level 2's action has something to turn off
+    spec = faults.inject(SpeculativeDecoding(admin_url=admin, enabled=True))
+    spec_was_on = True
     try:
         _run_plateaus(cluster, load, faults, timeline, conformance, harness_options, state, spec_was_on)
     finally:  # the session's cluster goes to the next suite as this one found it
-        if spec_was_on and not spec_before:
-            httpx.post(f"{admin}/admin/speculative", json={"enabled": False}, timeout=10)
+        faults.revert(spec)
 
 
 def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options, state, spec_was_on) -> None:

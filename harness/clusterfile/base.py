@@ -19,6 +19,7 @@ WORKER_ROLES = ("prefill", "decode", "aggregated")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
+MAX_BUNDLED_WORKERS = 16  # per role: each worker is a process with its own model on this one machine
 METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
 
 

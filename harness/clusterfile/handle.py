@@ -31,6 +31,7 @@ class ClusterHandle:
     oracle: Callable[..., list[int]] | None = None
     fabric: Any = None                  # harness.fabric.builder.Fabric when the workers run on it
     fabric_unavailable: str | None = None  # why not, when the cluster file asked for it
+    run: Any = None                     # harness.faults.runs.RunRecord of the run that started it (bundled)
 
     @property
     def name(self) -> str:
@@ -138,40 +139,59 @@ class ClusterHandle:
 
 @contextlib.contextmanager
 def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
-                 log_dir: Path | None = None) -> Iterator[ClusterHandle]:
+                 log_dir: Path | None = None, run: Any = None) -> Iterator[ClusterHandle]:
     """Bring a bundled cluster up for the duration of the block (process logs in ``log_dir``),
-    or attach to an external one."""
+    or attach to an external one. ``run`` (a harness.faults.runs.RunRecord) is told the router and
+    the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
+    on every way out, bring-up errors included; SIGINT and SIGTERM wait until the teardown is done."""
+    from harness.faults.runner import signals_deferred
+
     thresholds = spec.checklist(checklist)
     if spec.kind == "external":
         assert spec.endpoints is not None
         _check_reachable(spec.endpoints.api, spec, spec.api_key())
         yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
         return
-    from harness.engine.oracle import greedy_reference
-    from harness.engine.topology import Topology
+    with signals_deferred():  # an interrupt raised inside torch's import can abort the process (-6)
+        from harness.engine.oracle import greedy_reference
+        from harness.engine.topology import Topology
 
     b = spec.bundled
     assert b is not None
     log.info("bringing up bundled cluster %s: %d prefill + %d decode, preset %s", spec.name, b.prefill, b.decode,
              b.preset)
-    fabric_stack = contextlib.ExitStack()
-    fabric, unavailable, placement = _bundled_fabric(spec, fabric_stack)
+    stack = contextlib.ExitStack()
     try:
-        topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
-                        router_config=dict(b.router), engine_config=dict(b.engine),
-                        startup_timeout_s=b.ready_timeout_s, log_dir=log_dir,
-                        **placement)
-    except ConfigError as exc:  # the router rejected a knob: point at the cluster file, not the engine
-        raise field_error(spec.path, "bundled.router", str(exc), exc.fix or "see docs/clusters.md") from exc
+        fabric, unavailable, placement = _bundled_fabric(spec, stack)
+        if fabric is not None and run is not None:
+            run.set_fabric(fabric.config.prefix)
+        try:
+            topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
+                            router_config=dict(b.router), engine_config=dict(b.engine),
+                            startup_timeout_s=b.ready_timeout_s, log_dir=log_dir,
+                            **placement)
+        except ConfigError as exc:  # the router rejected a knob: point at the cluster file, not the engine
+            raise field_error(spec.path, "bundled.router", str(exc), exc.fix or "see docs/clusters.md") from exc
+        stack.push(lambda *exc: topo.stop())  # the workers stop before their fabric is torn down
+        topo.start()
+        if run is not None:
+            run.set_router(topo.router_pid, topo.api_url)
+    except BaseException:
+        with signals_deferred():
+            stack.close()
+        raise
 
     def oracle(prompt_token_ids: list[int], max_tokens: int, stop: tuple[str, ...] = (),
                ignore_eos: bool = False) -> list[int]:
         return greedy_reference(b.preset, prompt_token_ids, max_tokens, stop=stop, ignore_eos=ignore_eos)
 
-    with fabric_stack, topo:  # the workers stop before their fabric is torn down
+    try:
         # the router serves /admin/* under its API address: that base URL is the admin endpoint
         yield ClusterHandle(spec, thresholds, topo.api_url, f"{topo.api_url}/metrics", topo.api_url,
                             topology=topo, oracle=oracle, fabric=fabric, fabric_unavailable=unavailable)
+    finally:
+        with signals_deferred():
+            stack.close()
 
 
 def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack) -> tuple[Any, str | None, dict[str, Any]]:

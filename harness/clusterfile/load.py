@@ -56,6 +56,7 @@ def resolve_cluster_path(name_or_path: str, clusters_dir: Path | None = None) ->
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     """Read and validate a cluster inventory (name under ``clusters/`` or a path)."""
     path = resolve_cluster_path(str(name_or_path))
+    _check_utf8(path)
     data = load_yaml_mapping(path)
     spec = parse_cluster(data, source=display_path(path))
     spec.checklist()  # validates the threshold overrides against the checklist now, not mid-run
@@ -70,9 +71,77 @@ def parse_cluster(data: dict[str, Any], *, source: str) -> ClusterSpec:
         spec = ClusterSpec.model_validate({**data, "path": source})
     except ValidationError as exc:
         raise config_error(exc, source) from None
+    if spec.bundled is not None:
+        _check_preset(source, spec.bundled.preset)
+        _check_router(source, spec.bundled.router)
     if spec.bundled is not None and spec.bundled.engine:
         _check_engine(source, spec.bundled.engine, spec.bundled.preset)
     return spec
+
+
+def check_before_start(spec: ClusterSpec) -> None:
+    """What must hold before a run starts anything, beyond the file's own validity: every SSH key
+    and known_hosts file the cluster names is a readable file (absolute in the ledger later). Not
+    part of :func:`load_cluster`, so a shipped example naming keys of another machine still loads."""
+    for i, host in enumerate(spec.hosts):
+        if host.ssh is None:
+            continue
+        for key, value in (("key_file", host.ssh.key_file), ("known_hosts", host.ssh.known_hosts)):
+            path = Path(value).expanduser()
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+            except OSError as exc:
+                why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
+                raise field_error(spec.path, f"hosts[{i}].ssh.{key}", f"{value} {why}",
+                                  f"point `{key}` at a readable file (relative paths are from {Path.cwd()}); "
+                                  + ("create the key with ssh-keygen and authorize it on the host" if key == "key_file"
+                                     else "add the host's verified key with ssh-keyscan")) from None
+
+
+def _check_utf8(path: Path) -> None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return  # load_yaml_mapping says "file not found"
+    except OSError as exc:
+        raise field_error(display_path(path), "<file>", f"cannot be read ({exc.strerror})",
+                          "check the file's permissions") from None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise field_error(display_path(path), "<file>",
+                          f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line} (offset {exc.start})",
+                          "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+
+
+def _check_preset(source: str, preset: str) -> None:
+    from harness.engine.config import PRESETS  # no torch at import
+
+    if preset not in PRESETS:
+        raise field_error(source, "bundled.preset", f"unknown model preset {preset!r}",
+                          f"{did_you_mean(preset, PRESETS)}use one of {', '.join(sorted(PRESETS))} "
+                          "(`python -m harness presets` lists them)")
+
+
+def _check_router(source: str, raw: dict[str, Any]) -> None:
+    """``bundled.router``: RouterConfig fields, each key by name, then the whole (before the
+    cluster starts: a misspelt knob must not be found by a router that is already running)."""
+    from harness.engine.router import RouterConfig
+
+    allowed = set(RouterConfig.__dataclass_fields__)
+    for key in raw:
+        if key not in allowed:
+            raise field_error(source, f"bundled.router.{key}", "unknown router setting",
+                              f"{did_you_mean(key, allowed)}use only {', '.join(sorted(allowed))}")
+    try:
+        RouterConfig.from_dict(raw)
+    except (ConfigError, TypeError, ValueError) as exc:
+        fix = getattr(exc, "fix", None)
+        problem = str(exc).removesuffix(f" (fix: {fix})") if fix else str(exc)
+        raise field_error(source, "bundled.router", problem, fix or "see RouterConfig in harness/engine/router.py") \
+            from None
 
 
 def config_error(exc: ValidationError, source: str) -> ConfigError:

@@ -19,7 +19,8 @@ from pydantic import Strict, StringConstraints, field_validator, model_validator
 
 # base names are re-exported: callers import them from here
 from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, KINDS, METRIC_PROFILES, NAME_PATTERN,  # noqa: F401
-                                      ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, _fix, _Model)
+                                      MAX_BUNDLED_WORKERS, ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, _fix,
+                                      _Model)
 from harness.clusterfile.behaviour import (Degradation, DegradationLevel, DegradationLoad,  # noqa: F401
                                            GpuBinding, HostDcgm, LevelExpectation, MigrationSettings, Rejection)
 from harness.errors import FaultError
@@ -119,8 +120,10 @@ def known_fault_kinds() -> set[str]:
 
 
 class BundledSettings(_Model):
-    prefill: int = _fix("write a whole number such as 2", "prefill workers", default=2, ge=1)
-    decode: int = _fix("write a whole number such as 2", "decode workers", default=2, ge=1)
+    prefill: int = _fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "prefill workers", default=2, ge=1,
+                        le=MAX_BUNDLED_WORKERS)
+    decode: int = _fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "decode workers", default=2, ge=1,
+                       le=MAX_BUNDLED_WORKERS)
     preset: Text = _fix("write e.g. `preset: tiny` (`python -m harness presets` lists them)", default="tiny")
     host: Text = _fix("write e.g. `host: 127.0.0.1`", default="127.0.0.1")
     router: dict[str, Any] = _fix("write e.g. `router: {reschedule_enabled: true}`",

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from harness.engine.metrics import RequestTracker, ServingMetrics, engine_alive
 from harness.engine.protocol import EngineClient, FinishReason, GenerateRequest, SamplingParams, TokenEvent
@@ -395,7 +396,7 @@ def _error_body(message: str, type_: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+_ERROR_TYPES = {499: "invalid_request_error", 400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
                 413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 
 
@@ -408,8 +409,15 @@ def _error_response(request: Request, status: int, message: str, param: str | No
     return JSONResponse(_error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads this answer
+
+
 def _exception_response(request: Request, exc: BaseException) -> JSONResponse:
     """The one place where an exception becomes an HTTP answer."""
+    if isinstance(exc, ClientDisconnect):  # the client went away mid-upload: not a server error
+        logger.info("client disconnected while sending %s %s", request.method, request.url.path)
+        return _error_response(request, CLIENT_CLOSED, "the client disconnected before its request was read",
+                               code="client_disconnected")
     if isinstance(exc, InvalidRequestError):
         retry_after = getattr(exc, "retry_after", None)  # admission control (429) may set it
         headers = {"Retry-After": str(int(retry_after))} if retry_after is not None else None

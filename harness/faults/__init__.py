@@ -5,6 +5,7 @@ A new fault kind is one ``Fault`` subclass; import its module here so ``Fault.fr
 the kind in a fresh process (``python -m harness revert``). See docs/faults.md.
 """
 
+from harness.faults.cluster_settings import LiveMigration, SpeculativeDecoding
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fault_id, no_ledger
 from harness.faults.executor import (AuditLog, CommandResult, Executor, ExecutorPool, LocalExecutor, SSHExecutor,
                                      SSHTarget, executor_from_spec)
@@ -18,7 +19,7 @@ from harness.faults.runner import FaultRunner, Terminated
 
 __all__ = [
     "Action", "AuditLog", "CommandResult", "DcgmInject", "EccPoison", "Executor", "ExecutorPool", "Fault",
-    "FaultRecord", "FaultRunner", "HbmFill", "HostHbmFill", "Ledger", "LedgerStatus", "LocalExecutor", "NicFlap",
-    "PfcStorm", "ProcessHang", "ProcessKill", "RecordStatus", "SSHExecutor", "SSHTarget", "Terminated",
-    "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
+    "FaultRecord", "FaultRunner", "HbmFill", "HostHbmFill", "Ledger", "LedgerStatus", "LiveMigration", "LocalExecutor",
+    "NicFlap", "PfcStorm", "ProcessHang", "ProcessKill", "RecordStatus", "SpeculativeDecoding", "SSHExecutor",
+    "SSHTarget", "Terminated", "executor_from_spec", "new_fault_id", "no_ledger", "select_targets", "state_dir",
 ]

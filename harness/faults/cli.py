@@ -1,6 +1,8 @@
 """``python -m harness revert``: revert every fault the ledger still holds (a harness killed with
-SIGKILL, a revert that failed). Exit 0 when all are reverted (or none was left), 4 when any revert
-fails: the cluster may be dirty."""
+SIGKILL, a revert that failed), then end what dead runs left running (a stopped worker holding its
+ports, a router, Locust) and remove their fabric namespaces (harness.faults.runs). An entry whose
+bundled cluster died with its run is closed ``target_gone``. Exit 0 when all are reverted (or none
+was left), 4 when any revert fails: the cluster may be dirty."""
 
 from __future__ import annotations
 
@@ -24,10 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    directory = state_dir(args.state_dir)
+    from harness.faults.runs import clean_dead_runs, dead_runs
+
+    directory = state_dir(args.state_dir).absolute()
     ledgers = [Ledger.for_cluster(args.cluster, directory)] if args.cluster else Ledger.all_in(directory)
     failed = 0
     total = 0
+    cleaned = False
     for ledger in ledgers:
         outstanding = ledger.outstanding(include_live_owners=args.force)
         live = len(ledger.outstanding(include_live_owners=True)) - len(outstanding)
@@ -41,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
               "newest first")
         runner = FaultRunner(ledger, dry_run=args.dry_run, recover_on_enter=False, handle_signals=False)
         try:
+            cleaned = True  # recover() also ends dead runs' leftovers and removes their namespaces
             records = runner.recover(include_live_owners=args.force)
         except RevertError as exc:
             failed += 1
@@ -49,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
         for rec in records:
             print(f"  {rec.kind} {rec.target}: {rec.action.value} {rec.status.value}"
                   f"{': ' + rec.output if rec.output else ''}{' (' + rec.error + ')' if rec.error else ''}")
+    if not cleaned and dead_runs(directory):
+        total += 1
+        problems = clean_dead_runs(directory, dry_run=args.dry_run, say=print)
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        failed += bool(problems)
     if not total:
         print(f"nothing to revert in {directory}")
     if failed:

@@ -171,6 +171,8 @@ class SSHTarget:
             if not path or not Path(path).is_file():
                 raise ConfigError(f"SSH {name} for {self.host} is not a readable file: {path!r}",
                                   fix=f"point {name} at an existing file (host keys are never accepted blindly)")
+            # absolute: the ledger stores it, and `harness revert` may run from another directory
+            object.__setattr__(self, name, str(Path(path).expanduser().absolute()))
 
 
 class SSHExecutor(Executor):

@@ -36,9 +36,11 @@ class LedgerStatus(str, enum.Enum):
     ACTIVE = "active"                # injected (and verified, or being verified)
     REVERTED = "reverted"            # revert ran and its effect was verified
     REVERT_FAILED = "revert_failed"  # the cluster may be dirty; retried by the next recovery
+    TARGET_GONE = "target_gone"      # the cluster the fault was in is gone (checked): nothing left to revert
 
 
 OUTSTANDING = frozenset({LedgerStatus.PENDING, LedgerStatus.ACTIVE, LedgerStatus.REVERT_FAILED})
+_CLOSED = frozenset({LedgerStatus.REVERTED.value, LedgerStatus.TARGET_GONE.value})
 
 
 def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -47,7 +49,7 @@ def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 class Ledger:
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # stored paths must work from any directory
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
 
@@ -109,8 +111,9 @@ class Ledger:
         finally:
             os.close(dfd)
 
-    def add(self, fault: dict[str, Any], executor: dict[str, Any]) -> str:
-        """Record a fault as pending before it is injected; returns the entry id."""
+    def add(self, fault: dict[str, Any], executor: dict[str, Any], context: dict[str, Any] | None = None) -> str:
+        """Record a fault as pending before it is injected; returns the entry id. ``context`` says
+        what the target belongs to (a bundled cluster's run: see harness.faults.runs)."""
         now = time.time()
         with self._locked() as doc:
             seq = doc["next_seq"]
@@ -119,9 +122,9 @@ class Ledger:
             doc["entries"].append({
                 "id": entry_id, "seq": seq, "status": LedgerStatus.PENDING.value, "fault": fault,
                 "executor": executor, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid()),
-                "created": now, "updated": now, "error": None,
+                "created": now, "updated": now, "error": None, "context": context or None,
             })
-            reverted = [e for e in doc["entries"] if e["status"] == LedgerStatus.REVERTED.value]
+            reverted = [e for e in doc["entries"] if e["status"] in _CLOSED]
             if len(reverted) > KEEP_REVERTED:
                 drop = {e["id"] for e in reverted[:len(reverted) - KEEP_REVERTED]}
                 doc["entries"] = [e for e in doc["entries"] if e["id"] not in drop]
@@ -152,7 +155,7 @@ class Ledger:
     def prune(self) -> int:
         """Drop reverted entries; returns how many were dropped."""
         with self._locked() as doc:
-            keep = [e for e in doc["entries"] if e["status"] != LedgerStatus.REVERTED.value]
+            keep = [e for e in doc["entries"] if e["status"] not in _CLOSED]
             dropped = len(doc["entries"]) - len(keep)
             doc["entries"] = keep
         return dropped

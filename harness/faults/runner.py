@@ -19,7 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, ClassVar, Iterator, TextIO
 
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
@@ -42,6 +42,34 @@ class Terminated(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
+class signals_deferred:
+    """SIGINT and SIGTERM wait until the block ends (a teardown must finish: a second Ctrl-C must
+    not leave the router and the namespaces behind); then the first one is raised, unless the block
+    already ends with an exception. Main thread only; elsewhere a no-op."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "signals_deferred":
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED_SIGNALS:
+                self._previous[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        if self.received and exc_type is None:  # act on it as the handler in force would have
+            signum = self.received[0]
+            log.warning("signal %s arrived during a teardown; acting on it now", signum)
+            handler = self._previous.get(signum, signal.SIG_DFL)
+            if callable(handler):
+                handler(signum, None)
+            elif handler != signal.SIG_IGN:
+                raise FaultRunner._interrupt(signum)
+
+
 @dataclass
 class _Active:
     fault: Fault
@@ -50,10 +78,17 @@ class _Active:
 
 
 class FaultRunner:
+    # called with the signal number whenever a runner raises an interrupt for a signal, so a run can
+    # tell it was interrupted even if the raised KeyboardInterrupt is lost (one raised inside a
+    # finalizer is printed and ignored by Python)
+    interrupt_listeners: ClassVar[list[Callable[[int], None]]] = []
+
     def __init__(self, ledger: Ledger, executor_factory: ExecutorFactory | None = None, *,
                  dry_run: bool = False, recover_on_enter: bool = True, handle_signals: bool = True,
-                 audit: AuditLog | None = None, out: TextIO | None = None) -> None:
+                 audit: AuditLog | None = None, out: TextIO | None = None,
+                 context: dict[str, Any] | None = None) -> None:
         self.ledger = ledger
+        self.context = context  # what the targets belong to (harness.faults.runs.RunRecord.context)
         self.dry_run = dry_run
         self.audit = audit if audit is not None else AuditLog(ledger.path.parent / "audit.jsonl")
         self.executor_factory = executor_factory or ExecutorPool(audit=self.audit, dry_run=dry_run)
@@ -70,6 +105,7 @@ class FaultRunner:
         self._critical_depth = 0
         self._pending_signal: int | None = None
         self._exiting = False
+        self._raised: int | None = None  # the signal this runner raised an interrupt for
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -90,7 +126,7 @@ class FaultRunner:
             prepared = fault.prepare(ex)
             if prepared:
                 log.info("%s %s: %s", fault.kind, fault.target, prepared)
-            active = _Active(fault, self.ledger.add(fault.to_ledger(), ex.spec()), ex)
+            active = _Active(fault, self.ledger.add(fault.to_ledger(), ex.spec(), self.context), ex)
             self._stack.append(active)
             try:
                 self._step(fault, Action.INJECT, fault.inject, ex)
@@ -142,36 +178,74 @@ class FaultRunner:
     def active_faults(self) -> list[Fault]:
         return [a.fault for a in self._stack]
 
-    def recover(self, *, include_live_owners: bool = False) -> list[FaultRecord]:
+    def recover(self, *, include_live_owners: bool = False, clean_runs: bool = True) -> list[FaultRecord]:
         """Revert, newest first, what the ledger still holds from runs that died (SIGKILL, power
-        loss). Entries of a harness that still runs are left to it unless include_live_owners."""
+        loss). Entries of a harness that still runs are left to it unless include_live_owners.
+        Then end what dead runs left running (stopped workers holding ports, routers, Locust) and
+        their namespaces (harness.faults.runs). An entry whose bundled cluster is gone with its run
+        is closed ``target_gone`` (checked, recorded in the audit log); a revert that cannot be
+        done stays ``revert_failed`` and raises RevertError once everything was tried."""
+        from harness.faults import runs
+
         start = len(self.records)
-        errors: list[str] = []
+        errors: list[tuple[dict[str, Any], str]] = []
         with self._lock, self._critical():
             for entry in self.ledger.outstanding(include_live_owners=include_live_owners):
-                log.warning("%s fault %s (%s) left %s by pid %s", "would revert" if self.dry_run else "reverting",
-                            entry["id"], entry["fault"].get("kind"), entry["status"], entry.get("owner_pid"))
-                try:
-                    fault = Fault.from_ledger(entry["fault"])
-                    ex = executor_from_spec(entry["executor"], audit=self.audit, dry_run=self.dry_run, out=self._out)
-                except HarnessError as exc:
-                    errors.append(f"ledger entry {entry['id']}: {exc}")
-                    if not self.dry_run:
-                        self.ledger.update(entry["id"], LedgerStatus.REVERT_FAILED, error=str(exc))
-                    continue
-                try:
-                    if self.dry_run:
-                        self._print_plan(fault, lambda phase: phase in _REVERT_PHASES)
-                        continue
-                    error = self._revert_active(_Active(fault, entry["id"], ex))
-                    if error is not None:
-                        errors.append(error)
-                finally:
-                    ex.close()
+                error = self._recover_entry(entry, runs.target_gone(entry.get("context")))
+                if error is not None:
+                    errors.append((entry, error))
+            if clean_runs:
+                problems = runs.clean_dead_runs(self.ledger.path.parent, dry_run=self.dry_run, say=self._say)
+                # a revert that failed because its run's cluster was dying: gone now, checked again
+                errors = [(e, msg) for e, msg in errors
+                          if not (e.get("context") and not self.dry_run
+                                  and self._recover_entry(e, runs.target_gone(e.get("context")), retry=True) is None)]
+                errors += [({}, p) for p in problems]
         if errors:
-            raise RevertError(f"{len(errors)} ledger revert(s) failed; the cluster may be dirty: " + "; ".join(errors),
-                              fix=self._revert_fix())
+            raise RevertError(f"{len(errors)} ledger revert(s) failed; the cluster may be dirty: "
+                              + "; ".join(msg for _, msg in errors), fix=self._revert_fix())
         return self.records[start:]
+
+    def _recover_entry(self, entry: dict[str, Any], gone: str | None, retry: bool = False) -> str | None:
+        if not retry:
+            log.warning("%s fault %s (%s) left %s by pid %s", "would revert" if self.dry_run else "reverting",
+                        entry["id"], entry["fault"].get("kind"), entry["status"], entry.get("owner_pid"))
+        if retry and gone is None:
+            return "still failing"
+        try:
+            fault = Fault.from_ledger(entry["fault"])
+            ex = executor_from_spec(entry["executor"], audit=self.audit, dry_run=self.dry_run, out=self._out)
+        except HarnessError as exc:
+            if not self.dry_run:
+                self.ledger.update(entry["id"], LedgerStatus.REVERT_FAILED, error=str(exc))
+            return f"ledger entry {entry['id']}: {exc}"
+        try:
+            if gone is not None:
+                return self._close_gone(fault, entry, gone)
+            if self.dry_run:
+                self._print_plan(fault, lambda phase: phase in _REVERT_PHASES)
+                return None
+            return self._revert_active(_Active(fault, entry["id"], ex))
+        finally:
+            ex.close()
+
+    def _close_gone(self, fault: Fault, entry: dict[str, Any], why: str) -> str | None:
+        """The fault's cluster is gone (checked): nothing is left to revert; close the entry."""
+        record = FaultRecord.start(fault, Action.REVERT)
+        if self.dry_run:
+            self._say(f"[dry-run] {fault.kind} {fault.target}: would close as target_gone: {why}")
+            self._emit(record.finish(RecordStatus.DRY_RUN, f"target gone: {why}"))
+            return None
+        self.audit.write(host=fault.host, argv=None, action=f"close {entry['id']} as target_gone", rc=0,
+                         duration=0.0, dry_run=False, error=None, fault_id=fault.fault_id, kind=fault.kind,
+                         status=LedgerStatus.TARGET_GONE.value, reason=why)
+        self.ledger.update(entry["id"], LedgerStatus.TARGET_GONE, error=why)
+        self._emit(record.finish(RecordStatus.SUCCEEDED, f"target gone: {why}"))
+        log.warning("%s %s: closed as target_gone: %s", fault.kind, fault.target, why)
+        return None
+
+    def _say(self, line: str) -> None:
+        print(line, file=self._out or sys.stdout, flush=True)
 
     # -- context manager and signals --------------------------------------------------------------
 
@@ -196,6 +270,7 @@ class FaultRunner:
                 self.executor_factory.close()
             pending, self._pending_signal = self._pending_signal, None
             self._exiting = False
+            self._raised = None
         if pending is not None and exc_type is None:
             raise self._interrupt(pending)
 
@@ -215,8 +290,19 @@ class FaultRunner:
             log.warning("signal %s received while changing faults; acting on it once that is done", signum)
             self._pending_signal = signum
             return
+        if self._raised is not None:  # the block already unwinds from a signal: a second Ctrl-C waits too
+            log.warning("signal %s received while unwinding from signal %s; the reverts finish first",
+                        signum, self._raised)
+            return
         log.warning("signal %s received: reverting %d active fault(s)", signum, len(self._stack))
+        self._raised = signum
+        self._tell(signum)
         raise self._interrupt(signum)
+
+    @classmethod
+    def _tell(cls, signum: int) -> None:
+        for listener in list(cls.interrupt_listeners):
+            listener(signum)
 
     @staticmethod
     def _interrupt(signum: int) -> BaseException:
@@ -232,6 +318,8 @@ class FaultRunner:
             self._critical_depth -= 1
             if self._critical_depth == 0 and self._pending_signal is not None and not self._exiting:
                 signum, self._pending_signal = self._pending_signal, None
+                self._raised = signum
+                self._tell(signum)
                 raise self._interrupt(signum)
 
     # -- internals --------------------------------------------------------------------------------

@@ -5,7 +5,9 @@
     records = run.records()
 
 The Locust process is a child of this one: ``stop()`` asks it to finish (SIGTERM, so
-Locust stops its users and flushes), kills it if it does not, and always reaps it.
+Locust stops its users and flushes), kills it if it does not, and always reaps it. If this process
+dies without stopping it (SIGKILL), Locust notices within a second and stops by itself; its
+environment carries the run's ``HARNESS_RUN_ID``, so the next run's recovery ends it too.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class LoadRunner:
 
             self.profile = calibrated(self.profile, self.api_url, api_key=self._api_key)
         env = dict(os.environ, HARNESS_LOAD_PROFILE=self.profile.to_json(),
-                   HARNESS_LOAD_OUTPUT=str(self.records_path))
+                   HARNESS_LOAD_OUTPUT=str(self.records_path), HARNESS_LOAD_PARENT_PID=str(os.getpid()))
         env.pop(API_KEY_ENV, None)
         if self._api_key:
             env[API_KEY_ENV] = self._api_key

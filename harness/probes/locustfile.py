@@ -33,9 +33,26 @@ class LLMLoadUser(LLMUser):
     controller = _controller
 
 
+PARENT_ENV = "HARNESS_LOAD_PARENT_PID"  # set by LoadRunner: the harness process that started this Locust
+
+
+def _watch_parent(parent: int) -> None:
+    """A harness that dies (SIGKILL) cannot stop its Locust: stop sending to its dead cluster at once."""
+    import gevent
+
+    while os.getppid() == parent:
+        gevent.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)  # Locust's own graceful stop: users stop, records are flushed
+
+
 @events.init.add_listener
 def _on_init(environment: Environment, **_kwargs: object) -> None:
     _controller.attach(environment)
+    parent = int(os.environ.get(PARENT_ENV) or 0)
+    if parent and os.getppid() == parent:  # the master only: forked workers have the master as parent
+        import gevent
+
+        gevent.spawn(_watch_parent, parent)
 
 
 @events.spawning_complete.add_listener

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.errors import ProbeError
-from harness.probes.admin import AdminClient, AdminError
+from harness.faults import FaultRunner, Ledger, LiveMigration
+from harness.probes.admin import AdminError
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
@@ -118,13 +119,17 @@ class ObservedStream:
 
 def migrate_observed_stream(api_url: str, admin_url: str, *, phase: str, index: int, prompt: str,
                             max_tokens: int, after_tokens: int, ready_timeout_s: float = 60.0,
-                            stream_timeout_s: float = 300.0) -> tuple[MigrationAttempt, RequestRecord]:
+                            stream_timeout_s: float = 300.0, faults: Any = None) -> tuple[MigrationAttempt, RequestRecord]:
     """Send one watched stream, live-migrate it off the worker serving it once it has
     ``after_tokens`` tokens, and return the attempt's outcome with the stream's record (the
-    stream always runs to its end: the record is part of the nothing-lost history)."""
+    stream always runs to its end: the record is part of the nothing-lost history). The migration
+    is a ``live_migration`` fault of ``faults`` (the suite's FaultRunner: safety-checked, in the
+    ledger); without one, a FaultRunner on the default state dir's ``adhoc`` ledger."""
     if max_tokens <= after_tokens:
         raise ProbeError(f"max_tokens ({max_tokens}) must exceed after_tokens ({after_tokens})",
                          fix="give the stream tokens left to decode after the migration")
+    if faults is None:  # built before the stream starts: the migration must be asked for at once
+        faults = FaultRunner(Ledger.for_cluster("adhoc"), recover_on_enter=False, handle_signals=False)
     stream = ObservedStream(api_url, CompletionRequest(prompt=prompt, max_tokens=max_tokens, ignore_eos=True),
                             after_tokens, timeout_s=stream_timeout_s, name=f"{phase}-stream-{index}").start()
     attempt = MigrationAttempt(phase, index, "unobservable")
@@ -136,20 +141,21 @@ def migrate_observed_stream(api_url: str, admin_url: str, *, phase: str, index: 
                               f"(needs {after_tokens} before migrating)")
         else:
             attempt.source, attempt.request_id, attempt.at_tokens = stream.worker, stream.request_id, stream.tokens
-            _ask(admin_url, attempt)
+            _ask(admin_url, attempt, faults)
     finally:
         record = stream.join(stream_timeout_s + 30.0)
     return attempt, record
 
 
-def _ask(admin_url: str, attempt: MigrationAttempt) -> None:
+def _ask(admin_url: str, attempt: MigrationAttempt, faults: Any) -> None:
     assert attempt.source is not None and attempt.request_id is not None
+    migration = LiveMigration(admin_url=admin_url, source=attempt.source, rid=attempt.request_id)
     try:
-        with AdminClient(admin_url, timeout_s=60.0) as admin:
-            result = admin.migrate(attempt.source, rid=attempt.request_id)
-        attempt.done = result.raw  # the event as the router sent it: evidence
+        faults.inject(migration)
+        attempt.done = migration.reply
+        faults.revert(migration)  # nothing left in flight
         attempt.outcome = "migrated"
-        attempt.detail = f"{attempt.source} -> {result.target}"
+        attempt.detail = f"{attempt.source} -> {migration.reply.get('target')}"
     except AdminError as exc:
         if exc.code in NOT_THERE_CODES or (exc.status == 404 and exc.param == "rid"):
             # the stream ended, or moved (the health detector may have moved it first), between its
@@ -160,6 +166,8 @@ def _ask(admin_url: str, attempt: MigrationAttempt) -> None:
             attempt.outcome, attempt.detail = "refused", f"HTTP {exc.status}: {exc.message}"
     except ProbeError as exc:  # transport error: the admin API did not answer
         attempt.outcome, attempt.detail = "refused", str(exc)
+    finally:
+        faults.revert(migration)  # a no-op once reverted
     if attempt.outcome != "migrated":
         log.info("migration attempt %s-%d: %s (%s)", attempt.phase, attempt.index, attempt.outcome, attempt.detail)
 
