@@ -22,18 +22,17 @@ import logging
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from harness.checks.degradation import ITEM, Step, degradation_verdict
 from harness.checks.degradation_load import load_degradation_verdict
-from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
 from harness.faults import HbmFill, SpeculativeDecoding
+from harness.probes.admin import AdminClient
 from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
 from harness.probes.streaming import AsyncStreamingClient
-from harness.probes.timeline import merge_timeline
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +45,9 @@ STEP_DOWN_TIMEOUT_S = 60.0
 
 
 def _degradation(admin: str) -> dict[str, Any]:
-    resp = httpx.get(f"{admin}/admin/degradation", timeout=10)
-    resp.raise_for_status()
-    return resp.json()
+    """``GET /admin/degradation`` through the typed admin client (its JSON, read like a dict)."""
+    with AdminClient(admin) as client:
+        return dict(client.degradation().raw)
 
 
 def _decodes(timeline: Any) -> list[dict[str, Any]]:
@@ -148,19 +147,13 @@ def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options,
     events = timeline.events()
     verdict = degradation_verdict(steps, events, round(step_down_s, 3), checklist,
                                   controller_enabled=bool(state.get("enabled", True)))
-    links = [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}"]
+    links = run_links(run)
     verdict.evidence.update(links=links, baseline_kv_use=round(base, 4), dwell_s=dwell,
                             speculative_turned_on_first=spec_was_on)
     conformance.record(verdict)
 
-    expected = oracle_expectation(cluster.oracle, ignore_eos=run.profile.ignore_eos) if cluster.oracle else None
-    lost = nothing_lost_verdict(check_history(records, expected), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(faults=faults.records,
-                                            events=[e for e in events if e["type"] in ("degradation_level", "fault_state")],
-                                            records=records, failed_requests_only=True))
+    finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos, links=links, faults=faults,
+                 events=events, event_filter=lambda e: e["type"] in ("degradation_level", "fault_state"))
 
 
 # -- a foreign engine: KV use driven by load, the cluster file's stated actions checked on the API --------
@@ -236,9 +229,4 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
     verdict.evidence.update(links=links, load=load_line, metrics_urls=meter.urls,
                             metrics_urls_dropped=meter.dropped, scrape_errors=meter.errors[:20])
     conformance.record(verdict)
-    records = result.records
-    lost = nothing_lost_verdict(check_history(records, None), checklist)
-    lost.evidence["links"] = links
-    conformance.record(lost)
-    conformance.add_latency(records)
-    conformance.add_timeline(merge_timeline(records=records, failed_requests_only=True))
+    finish_suite(conformance, cluster, result.records, expected=None, links=links)

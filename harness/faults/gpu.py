@@ -18,15 +18,13 @@ The fault id is sent to the router, so a later process can revert from the ledge
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import httpx
-
-from harness.errors import ConfigError, FaultError
+from harness.errors import ConfigError, FaultError, HarnessError
 from harness.faults.base import Fault, new_fault_id
 from harness.faults.executor import Executor
+from harness.waiting import WaitTimeoutError, wait_until
 
 HTTP_TIMEOUT_S = 15.0
 POLL_S = 0.1  # polling the admin API while a heartbeat carries the new state
@@ -60,17 +58,20 @@ class AdminFault(Fault):
         return f"{self.worker_id} via {self.admin_url}/admin"
 
     def _call(self, method: str, path: str, body: dict | None = None, *, ok_404: bool = False) -> dict | list | None:
-        url = f"{self.admin_url}/admin{path}"
+        """One admin call through the typed client, as the engine's JSON (the reply goes to the ledger)."""
+        from harness.probes.admin import AdminClient, AdminError
+
         try:
-            resp = httpx.request(method, url, json=body, timeout=HTTP_TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            raise FaultError(f"{self.kind}: {method} {url} failed: {exc}", fix="check that the router is up") from exc
-        if resp.status_code == 404 and ok_404:
-            return None
-        if resp.status_code != 200:
-            raise FaultError(f"{self.kind}: {method} {url} answered HTTP {resp.status_code}: {resp.text[:300]}",
-                             fix="see the router's log; the engine must serve the resilience admin API (docs/pd.md)")
-        return resp.json()
+            with AdminClient(self.admin_url, timeout_s=HTTP_TIMEOUT_S) as admin:
+                return admin.request(method, path, body)
+        except AdminError as exc:
+            if exc.status == 404 and ok_404:
+                return None
+            raise FaultError(f"{self.kind}: {exc}", fix="see the router's log; the engine must serve the "
+                                                        "resilience admin API (docs/pd.md)") from exc
+        except HarnessError as exc:  # transport: the router did not answer
+            raise FaultError(f"{self.kind}: {method} {self.admin_url}/admin{path} failed: {exc}",
+                             fix="check that the router is up") from exc
 
     def worker(self) -> dict[str, Any]:
         for w in self._call("GET", "/workers") or []:
@@ -80,15 +81,11 @@ class AdminFault(Fault):
                          fix="refresh the worker list and retarget")
 
     def _wait(self, what: str, done) -> dict[str, Any]:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            w = self.worker()
-            if done(w):
-                return w
-            if time.monotonic() >= deadline:
-                raise FaultError(f"{self.kind}: {what} not seen on {self.worker_id} within {self.timeout_s:.0f} s "
-                                 f"(worker reports {_brief(w)})", fix="see the worker's log")
-            time.sleep(POLL_S)
+        try:  # heartbeats carry the worker's state to the router's table
+            return wait_until(self.worker, self.timeout_s, POLL_S, what=f"{what} on {self.worker_id}", accept=done)
+        except WaitTimeoutError as exc:
+            raise FaultError(f"{self.kind}: {what} not seen on {self.worker_id} within {self.timeout_s:.0f} s "
+                             f"(worker reports {_brief(self.worker())})", fix="see the worker's log") from exc
 
     def prepare(self, ex: Executor) -> str:
         w = self.worker()

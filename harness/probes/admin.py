@@ -82,6 +82,12 @@ class AdminClient:
             raise ProbeError(f"{endpoint} answered 200 with no JSON: {resp.text[:200]!r}",
                              fix="point the admin URL at the bundled engine's PD router") from exc
 
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Any admin call as plain JSON (``path`` under /admin), with this client's errors
+        (:class:`AdminError` naming the endpoint and status): for callers that keep the engine's
+        reply as it is, e.g. a fault hook's refusal carrying an ``error`` field, or the ledger."""
+        return self._call(method, path, body=body)
+
     def _list(self, cls: type[R], path: str, key: str, **kw: Any) -> list[R]:
         payload = self._call("GET", path, **kw)
         items = payload.get(key) if isinstance(payload, dict) else payload
