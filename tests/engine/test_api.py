@@ -324,13 +324,17 @@ async def _asgi_post(app, path: str, body: dict, disconnect_after_chunks: int | 
         if disconnect_after_chunks is not None and len(bodies) >= disconnect_after_chunks:
             gone.set()
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "headers": [(b"content-type", b"application/json"),
-                                          (b"content-length", str(len(raw)).encode())],
-             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80)}
-    await app(scope, receive, send)
+    await app(_post_scope(path, raw), receive, send)
     return sent
+
+
+def _post_scope(path: str, raw: bytes) -> dict:
+    """The ASGI scope of a JSON POST of ``raw`` to ``path``."""
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+            "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(raw)).encode())],
+            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80)}
 
 
 def _wait_kv_free(engine, deadline_s: float = 60.0) -> None:
@@ -464,13 +468,8 @@ def test_streamed_ttft_is_stamped_when_the_first_chunk_is_written_not_when_the_e
             first_body = False
             await asyncio.sleep(hold_s)
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 80),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
-
     async def go():
-        await app(scope, receive, slow_first_chunk)
+        await app(_post_scope("/v1/completions", raw), receive, slow_first_chunk)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
             return (await http.get("/metrics")).text
