@@ -70,6 +70,7 @@ class KVBlockPool:
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.quarantined: set[int] = set()   # out of service: never handed out
         self.poisoned: set[int] = set()      # memory bad now (an ECC fault), quarantined or not
+        self.restore_on_free: set[int] = set()  # quarantined, restored while still referenced: back when freed
         self.num_held = 0  # allocated to no request (an HBM-fill fault): not usable for KV either
         self.views: dict[int, SeqView] = {}  # first block of a sequence -> its contiguous K/V
 
@@ -114,6 +115,11 @@ class KVBlockPool:
         for b in blocks:
             assert self.ref_counts[b] > 0, f"double free of KV block {b}"
             self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0 and b in self.restore_on_free:  # its page was replaced meanwhile
+                self.restore_on_free.discard(b)
+                self.storage[b].zero_()
+                self.poisoned.discard(b)
+                self.quarantined.discard(b)
             if self.ref_counts[b] == 0 and b not in self.quarantined:
                 self.free_blocks.append(b)
         self.drop_views(b for b in blocks if self.ref_counts[b] == 0)
@@ -142,9 +148,13 @@ class KVBlockPool:
 
     def restore(self, blocks: list[int] | None = None) -> int:
         """The "replaced page": poisoned or quarantined blocks (all, or ``blocks``) get zeroed
-        memory; quarantined ones that nobody references return to service. A block left in
-        service while poisoned is zeroed where it is. Returns how many blocks were restored."""
+        memory; quarantined ones that nobody references return to service, and those a request
+        still references return when it frees them (never zeroed under a holder, never left out of
+        service for good). A block left in service while poisoned is zeroed where it is. Returns how
+        many blocks were restored or will be on their release."""
         wanted = self.quarantined | self.poisoned if blocks is None else set(blocks)
+        held = {b for b in wanted & self.quarantined if self.ref_counts[b] > 0}
+        self.restore_on_free |= held
         back = [b for b in wanted & self.quarantined if self.ref_counts[b] == 0]
         in_place = [b for b in wanted & self.poisoned if b not in self.quarantined]
         self.drop_views(back + in_place)
@@ -154,7 +164,7 @@ class KVBlockPool:
         for b in back:
             self.quarantined.discard(b)
             self.free_blocks.append(b)
-        return len(back) + len(in_place)
+        return len(back) + len(in_place) + len(held)
 
     def check_invariants(self) -> None:
         free = set(self.free_blocks)

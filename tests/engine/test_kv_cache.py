@@ -71,6 +71,21 @@ def test_poisoned_block_is_quarantined_or_left_in_service_and_restore_zeroes_it(
     pool.check_invariants()
 
 
+def test_a_block_restored_while_still_held_returns_to_service_when_its_holder_frees_it():
+    """The ECC fault is reverted while the poisoned block's request still references it: the page
+    is replaced when the request lets go (zeroed then, never under the holder), not left out of
+    service for good (a kill-point run found it quarantined after its revert)."""
+    pool = _pool(4)
+    a, b = pool.allocate(2)
+    pool.poison(a)
+    assert pool.restore() == 1 and a in pool.quarantined and a not in pool.free_blocks  # still held
+    assert torch.isnan(pool.storage[a]).all()  # not zeroed under its holder
+    pool.free([a, b])
+    assert not pool.quarantined and not pool.poisoned and pool.num_free == 4
+    assert (pool.storage[a] == 0).all()
+    pool.check_invariants()
+
+
 def test_paged_attention_matches_dense_attention_over_scattered_blocks():
     """Tolerance: 1e-12 absolute in float64 (paged only gathers the same numbers)."""
     pool = _pool(8, block_size=4)
