@@ -15,10 +15,12 @@ receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import socket
 import statistics
 import threading
 import time
+import zlib
 
 import torch
 
@@ -112,6 +114,104 @@ def kv_seconds(endpoint: Endpoint, sink: CacheSink, kv: torch.Tensor, rid: str, 
     return seconds
 
 
+class ReceiverProcess:
+    """The decode side in its own process, as in a PD cluster (a prefill and a decode worker are two
+    processes; one process with both ends shares one GIL and measures that, not the path). It owns
+    a CacheSink with its KVReceiver and a raw TCP receiver for the baseline, driven over a pipe."""
+
+    def __init__(self, cfg: ModelConfig, max_tokens: int, host: str) -> None:
+        ctx = mp.get_context("fork")  # before the parent starts any thread
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_receiver_main, args=(child, cfg.name, max_tokens, host), daemon=True)
+        self._proc.start()
+        self.kv_port, self.raw_port = self._conn.recv()
+
+    def call(self, *msg):
+        self._conn.send(msg)
+        reply = self._conn.recv()
+        if isinstance(reply, tuple) and reply and reply[0] == "error":
+            raise RuntimeError(f"receiver process: {reply[1]}")
+        return reply
+
+    def close(self) -> None:
+        try:
+            self.call("quit")
+        finally:
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+
+
+def _receiver_main(conn, preset: str, max_tokens: int, host: str) -> None:
+    cfg = ModelConfig.from_name(preset)
+    sink = CacheSink(cfg, max_tokens)
+    receiver = KVReceiver(sink, TransferStats())
+    _, kv_port = receiver.listen(host, 0, PATH_FABRIC)
+    raw = socket.create_server((host, 0))
+    conn.send((kv_port, raw.getsockname()[1]))
+    buf = memoryview(bytearray(1 << 22))
+    try:
+        while True:
+            msg = conn.recv()
+            try:
+                if msg[0] == "quit":
+                    conn.send("ok")
+                    return
+                if msg[0] == "expect":  # (rid, layers, tokens, heads, head_dim, dtype name)
+                    _, rid, layers, tokens, heads, dim, dtype = msg
+                    sink.expect(rid, KVLayout(layers, tokens, heads, dim, getattr(torch, dtype)))
+                    conn.send("ok")
+                elif msg[0] == "received":  # wait for the commit, then the bytes' checksum
+                    rid = msg[1]
+                    if not sink.done[rid].wait(120):
+                        conn.send(("error", f"{rid} never completed"))
+                        continue
+                    conn.send(zlib.crc32(sink.received(rid).contiguous().numpy().tobytes()))
+                elif msg[0] == "raw":  # accept one connection, read nbytes, acknowledge
+                    conn.send("ok")
+                    c, _ = raw.accept()
+                    with c:
+                        got = 0
+                        while got < msg[1]:
+                            n = c.recv_into(buf)
+                            if not n:
+                                break
+                            got += n
+                        c.sendall(b"k")
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+                conn.send(("error", repr(exc)))
+    finally:
+        receiver.close()
+        raw.close()
+
+
+def raw_tcp_seconds_to(proc: ReceiverProcess, host: str, nbytes: int) -> float:
+    """The baseline across processes: one sendall to the receiver process's recv_into loop."""
+    payload = bytearray(nbytes)
+    proc.call("raw", nbytes)
+    with socket.create_connection((host, proc.raw_port)) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.perf_counter()
+        c.sendall(payload)
+        c.recv(1)
+        return time.perf_counter() - t0
+
+
+def kv_seconds_to(proc: ReceiverProcess, endpoint: Endpoint, kv: torch.Tensor, rid: str,
+                  config: TransferConfig) -> float:
+    proc.call("expect", rid, kv.shape[0], kv.shape[2], kv.shape[3], kv.shape[4], str(kv.dtype).split(".")[-1])
+    t0 = time.perf_counter()
+    sender = KVSender(rid, kv.shape[0], endpoint, None, config, TransferStats())
+    for layer in range(kv.shape[0]):
+        sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+    sender.finish(0)
+    seconds = time.perf_counter() - t0
+    assert proc.call("received", rid) == zlib.crc32(kv.contiguous().numpy().tobytes()), \
+        "received KV differs from what was sent"
+    return seconds
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small")
@@ -119,15 +219,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--host", default="127.0.0.1", help="address both ends use (the path under test)")
     p.add_argument("--compression", choices=("zstd",), default=None)
+    p.add_argument("--same-process", action="store_true",
+                   help="both ends as threads of this process (the old layout: one GIL for both)")
     args = p.parse_args()
     cfg = ModelConfig.from_name(args.preset)
     sizes = [int(s) for s in args.sizes.split(",")]
-    sink = CacheSink(cfg, max(sizes))
-    receiver = KVReceiver(sink, TransferStats())
-    endpoint = Endpoint(*receiver.listen(args.host, 0, PATH_FABRIC), PATH_FABRIC)
     config = TransferConfig(compression=args.compression, timeout_s=60)
+    proc = None if args.same_process else ReceiverProcess(cfg, max(sizes), args.host)
+    if proc is None:
+        sink = CacheSink(cfg, max(sizes))
+        receiver = KVReceiver(sink, TransferStats())
+        endpoint = Endpoint(*receiver.listen(args.host, 0, PATH_FABRIC), PATH_FABRIC)
+    else:
+        endpoint = Endpoint(args.host, proc.kv_port, PATH_FABRIC)
     print(f"preset {cfg.name}: {cfg.kv_bytes_per_token()} KV bytes/token ({cfg.dtype}), {cfg.n_layers} layers, "
-          f"host {args.host}, compression {args.compression}, median of {args.repeats}")
+          f"host {args.host}, compression {args.compression}, median of {args.repeats}, receiver "
+          f"{'a thread of this process' if proc is None else 'its own process'}")
     print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}")
     try:
         for tokens in sizes:
@@ -137,13 +244,21 @@ def main() -> None:
             nbytes = kv.numel() * kv.element_size()
             raw, ours = [], []
             for r in range(args.repeats):  # interleaved so drift hits both alike
-                raw.append(raw_tcp_seconds(args.host, nbytes))
-                ours.append(kv_seconds(endpoint, sink, kv, f"bench-{tokens}-{r}", config))
+                rid = f"bench-{tokens}-{r}"
+                if proc is None:
+                    raw.append(raw_tcp_seconds(args.host, nbytes))
+                    ours.append(kv_seconds(endpoint, sink, kv, rid, config))
+                else:
+                    raw.append(raw_tcp_seconds_to(proc, args.host, nbytes))
+                    ours.append(kv_seconds_to(proc, endpoint, kv, rid, config))
             raw_gbs, kv_gbs = nbytes / statistics.median(raw) / 1e9, nbytes / statistics.median(ours) / 1e9
             print(f"{tokens:>7} {nbytes / 2**20:>8.1f} {raw_gbs:>9.2f} {kv_gbs:>8.2f} {kv_gbs / raw_gbs:>7.2f}",
                   flush=True)
     finally:
-        receiver.close()
+        if proc is None:
+            receiver.close()
+        else:
+            proc.close()
 
 
 if __name__ == "__main__":
