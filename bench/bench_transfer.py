@@ -101,15 +101,19 @@ def raw_tcp_seconds(host: str, nbytes: int) -> float:
         srv.close()
 
 
-def kv_seconds(endpoint: Endpoint, sink: CacheSink, kv: torch.Tensor, rid: str, config: TransferConfig) -> float:
-    layout = KVLayout(kv.shape[0], kv.shape[2], kv.shape[3], kv.shape[4], kv.dtype)
-    sink.expect(rid, layout)
+def send_kv_seconds(endpoint: Endpoint, kv: torch.Tensor, rid: str, config: TransferConfig) -> float:
+    """Send ``kv`` layer by layer as a prefill worker does; seconds until the receiver committed it."""
     t0 = time.perf_counter()
     sender = KVSender(rid, kv.shape[0], endpoint, None, config, TransferStats())
     for layer in range(kv.shape[0]):
         sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
     sender.finish(0)
-    seconds = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def kv_seconds(endpoint: Endpoint, sink: CacheSink, kv: torch.Tensor, rid: str, config: TransferConfig) -> float:
+    sink.expect(rid, KVLayout(kv.shape[0], kv.shape[2], kv.shape[3], kv.shape[4], kv.dtype))
+    seconds = send_kv_seconds(endpoint, kv, rid, config)
     assert torch.equal(sink.received(rid), kv), "received KV differs from what was sent"
     return seconds
 
@@ -201,12 +205,7 @@ def raw_tcp_seconds_to(proc: ReceiverProcess, host: str, nbytes: int) -> float:
 def kv_seconds_to(proc: ReceiverProcess, endpoint: Endpoint, kv: torch.Tensor, rid: str,
                   config: TransferConfig) -> float:
     proc.call("expect", rid, kv.shape[0], kv.shape[2], kv.shape[3], kv.shape[4], str(kv.dtype).split(".")[-1])
-    t0 = time.perf_counter()
-    sender = KVSender(rid, kv.shape[0], endpoint, None, config, TransferStats())
-    for layer in range(kv.shape[0]):
-        sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
-    sender.finish(0)
-    seconds = time.perf_counter() - t0
+    seconds = send_kv_seconds(endpoint, kv, rid, config)
     assert proc.call("received", rid) == zlib.crc32(kv.contiguous().numpy().tobytes()), \
         "received KV differs from what was sent"
     return seconds

@@ -153,7 +153,6 @@ LOSS_TOKENS_AFTER = 320    # tokens a stream still wants after the kill (it must
 def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
     """6.1.2 from the client on an engine that migrates on worker loss (see the module doc)."""
     from harness.checks.migration_blackbox import DEFINITION, measure as measure_crossings
-    from harness.errors import FaultError
     from harness.probes import blackbox_faults as blackbox
     from harness.probes.migration_on_loss import kill_role, kill_under_streams
 
@@ -189,16 +188,23 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
             windows.append(window)
             victims.extend(recs)
 
-    phase("idle")
-    run = load(duration_s=harness_options.load_duration or LOADED_MAX_S, max_tokens=LOADED_MAX_TOKENS)
-    try:
-        phase("loaded", still_loaded=lambda: run.running)
-    finally:
-        load_records = run.finish() if run.running else run.wait()
-        links = run_links(run)
-    assessed = measure_crossings(windows, victims)
-    verdict = migration_verdict(assessed, checklist=checklist)
-    verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
-                            migration_counter=[w.migrations for w in windows])
+    failed_kill = None
+    try:  # a worker the cluster file names but the host cannot find or bring back: say so, never crash
+        phase("idle")
+        run = load(duration_s=harness_options.load_duration or LOADED_MAX_S, max_tokens=LOADED_MAX_TOKENS)
+        try:
+            phase("loaded", still_loaded=lambda: run.running)
+        finally:
+            load_records = run.finish() if run.running else run.wait()
+            links = run_links(run)
+    except FaultError as exc:  # the fault runner has reverted what it injected
+        failed_kill = exc
+    if failed_kill is not None:
+        verdict = inconclusive(checklist, ITEM, f"a kill could not be made or undone: {failed_kill}", plan=plan,
+                               kills=len(windows))
+    else:
+        verdict = migration_verdict(measure_crossings(windows, victims), checklist=checklist)
+        verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
+                                migration_counter=[w.migrations for w in windows])
     conformance.record(verdict)
     finish_suite(conformance, cluster, victims + load_records, ignore_eos=True, links=links, faults=faults)

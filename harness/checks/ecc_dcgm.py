@@ -48,12 +48,14 @@ class Injection:
     problem: str | None = None
 
     def observe(self, t: float, health: int | None, running: float | None, ran_before: bool) -> None:
-        """One poll ``t`` s after the injection: the health URL's status and the running-requests gauge."""
+        """One poll ``t`` s after the injection: the health URL's status (0: no answer; None: no URL)
+        and the running-requests gauge (None: not read)."""
         self.samples.append((round(t, 3), health, running))
         if self.drained_after_s is not None:
             return
         if health is not None and health != 200:
-            self.drained_after_s, self.drained_how = t, f"its health URL answered {health}"
+            self.drained_after_s, self.drained_how = t, (f"its health URL answered {health}" if health
+                                                         else "its health URL stopped answering")
             return
         quiet = [s for s in self.samples if s[2] is not None]
         if not ran_before or not quiet or quiet[-1][2] != 0:

@@ -18,7 +18,7 @@ import pytest
 from harness.fabric.builder import leftovers
 from harness.fabric.sshdtest import PREFIX, unavailable_reason
 
-from tests.fabric.conftest import require_fabric
+from tests.fabric.conftest import missing, require_fabric
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -27,11 +27,11 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 def _require() -> None:
     require_fabric()
     if reason := unavailable_reason():
-        pytest.skip(reason)
+        missing(reason)
     if shutil.which("iperf3") is None:
-        pytest.skip("iperf3 is not installed (apt-get install iperf3; .ci/run installs it)")
+        missing("iperf3 is not installed (apt-get install iperf3; .ci/run installs it)")
     if leftovers(prefix=PREFIX):
-        pytest.skip(f"an sshd-test fabric is already up ({leftovers(prefix=PREFIX)}): `python -m harness sshd-test down`")
+        missing(f"an sshd-test fabric is already up ({leftovers(prefix=PREFIX)}): `python -m harness sshd-test down`")
 
 
 class Hosts:

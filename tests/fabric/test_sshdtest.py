@@ -15,6 +15,7 @@ from harness.clusterfile import load_cluster
 from harness.errors import ConfigError, HarnessError
 from harness.fabric.sshdtest import LOOPBACK_PORT, SshdTest, known_hosts_line, unavailable_reason
 from harness.faults import SSHExecutor, SSHTarget
+from tests.fabric.conftest import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def test_known_hosts_lines_bracket_only_non_default_ports():
 
 def test_loopback_mode_has_no_fabric_and_no_engine(tmp_path):
     if unavailable_reason():
-        pytest.skip(unavailable_reason())
+        missing(unavailable_reason())
     with pytest.raises(ConfigError, match="--loopback"):
         SshdTest(tmp_path, loopback=True, engine=True)
 
@@ -34,10 +35,10 @@ def test_loopback_mode_has_no_fabric_and_no_engine(tmp_path):
 @pytest.mark.slow
 def test_ssh_test_cluster_file_works_after_sshd_test_up_loopback(tmp_path):
     if reason := unavailable_reason():
-        pytest.skip(reason)
+        missing(reason)
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", LOOPBACK_PORT)) == 0:
-            pytest.skip(f"port {LOOPBACK_PORT} is taken (another sshd-test --loopback?)")
+            missing(f"port {LOOPBACK_PORT} is taken (another sshd-test --loopback?)")
     up = subprocess.Popen([sys.executable, "-m", "harness", "sshd-test", "up", "--loopback",
                            f"--state-dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
