@@ -324,6 +324,22 @@ def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memor
     return len(head) + payload_len(parts) + _U32.size
 
 
+def frame_buffers(head: bytes, wire: bytes | bytearray | memoryview | list, crc: int | None = None) -> list:
+    """One frame as a list of buffers (header, payload parts, crc32c trailer) for a gather write
+    together with other frames (``send_buffers``); ``crc`` overrides the trailer as in send_frame.
+    For small frames: a large one goes through send_frame, which checksums slice by slice."""
+    parts = wire if isinstance(wire, list) else [wire]
+    running = 0
+    for part in parts:
+        running = crc32c.crc32c(part, running)
+    return [head, *parts, _U32.pack(running if crc is None else crc)]
+
+
+def send_buffers(sock: socket.socket, buffers: list) -> None:
+    """Send several frames' buffers in as few system calls as the socket takes."""
+    _sendmsg_all(sock, buffers)
+
+
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
     """``sendall`` for a list of buffers (gather write): resumes after a partial send."""
     views = [memoryview(b).cast("B") for b in buffers if len(b)]

@@ -9,19 +9,21 @@ missing, resends them with exponential backoff (tenacity), and when the primary 
 fabric NIC) is spent, delivers over the fallback path (the decode worker's listener on the
 control network). Bytes, seconds, retries, failures and fallbacks are counted per path.
 
-The wire format and shared pieces are in kv_wire.py, the receiver in kv_receiver.py; this module
-is the sender and its configuration, and re-exports the rest so callers import from one place.
+Layer-wise frames and the END go out on the decode endpoint's persistent lane (kv_lane.py: one
+connection and one sender thread per decode worker, shared by every transfer to it); retries and
+the fallback use connections of their own. The wire format and shared pieces are in kv_wire.py,
+the receiver in kv_receiver.py; this module is the sender and its configuration, and re-exports the rest so callers import from one place.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import select
 import socket
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import crc32c
@@ -29,9 +31,10 @@ import torch
 import zstandard
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from harness.engine.kv_lane import LANES, LaneBroken
 from harness.engine.kv_receiver import KVReceiver, KVSink
 from harness.engine.kv_wire import (PATH_CONTROL, PATH_FABRIC, BufferPool, CorruptFrameError, Frame, FrameKind,
-                                    KVLayout, TransferStats, TruncatedFrameError, close_socket, encode_frame,
+                                    KVLayout, TransferStats, TruncatedFrameError, close_socket, encode_frame, frame_buffers,
                                     read_frame, send_frame, tensor_bytes)
 from harness.engine.transfer_config import TransferConfig, config_from_dict
 from harness.errors import KVIntegrityError, KVTransferError
@@ -85,18 +88,16 @@ class KVSender:
         self._frames: dict[int, tuple[int, int, bytes, bytes]] = {}  # start -> (start, end, head, wire)
         self._open: tuple | None = None  # (start, layers, parts) of the frame being filled
         self._last_layer = -1
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._stream_sock: socket.socket | None = None
-        self._stream_broken = False
+        self._whole: list[Frame] = []   # mode "whole": frames kept until finish
+        self._lane = config.mode == "layerwise"  # else every frame goes after prefill, in finish
+        self.lane_broken = False
+        self._lane_t0: float | None = None
         self._cancelled = threading.Event()
         self._sent_bytes = 0
         self._frames_sent = 0
         self._t0 = time.perf_counter()
         self._end_body: bytes | None = None
-        self._thread: threading.Thread | None = None
-        if config.mode == "layerwise":
-            self._thread = threading.Thread(target=self._stream, name=f"kv-send-{request_id}", daemon=True)
-            self._thread.start()
+        self._first_token_id = 0
 
     # -- producer side (prefill loop)
     def send_layer(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -114,33 +115,61 @@ class KVSender:
         parts += [tensor_bytes(k), tensor_bytes(v)]
         if layer_idx - start + 1 == n:
             self._open = None
-            self._queue.put(Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype,
-                                  (n, 2, *k.shape), parts))
+            frame = Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, (n, 2, *k.shape), parts)
+            if self._lane:  # the decode endpoint's lane sends it now, while later layers compute
+                LANES.submit(self.primary.host, self.primary.port, ("data", self, frame))
+            else:
+                self._whole.append(frame)
 
     def cancel(self) -> None:
+        """Stop sending: frames not yet out are dropped and ``finish`` raises KVTransferError. The
+        lane's connection stays up (other transfers share it)."""
         self._cancelled.set()
-        sock = self._stream_sock
-        if sock is not None:
-            close_socket(sock)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
 
     def finish(self, first_token_id: int, tokens: list[int] | None = None) -> TransferResult:
         """``tokens`` (live migration): output tokens the receiver must learn with the KV, ending
         with ``first_token_id``; they travel in the END frame."""
         self._end_body = None if tokens is None else json.dumps({"tokens": [int(t) for t in tokens]}).encode()
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join()
-        else:
-            self._encode_all_queued()
+        self._first_token_id = first_token_id
         try:
-            if len(self._covered()) != self.num_layers:
-                raise KVIntegrityError(f"{self.request_id}: {len(self._covered())} of {self.num_layers} layers "
+            if self._last_layer + 1 != self.num_layers:
+                raise KVIntegrityError(f"{self.request_id}: {self._last_layer + 1} of {self.num_layers} layers "
                                        "produced", fix="call send_layer for every layer before finish")
-            return self._deliver(first_token_id)
+            lane_reply: Future | None = None
+            if self._lane:  # END follows this transfer's last frame on the lane
+                lane_reply = Future()
+                LANES.submit(self.primary.host, self.primary.port, ("end", self, lane_reply))
+            else:
+                for frame in self._whole:
+                    self._encode(frame)
+            return self._deliver(first_token_id, lane_reply)
         finally:
             self._frames.clear()
+            self._whole.clear()
 
-    def _deliver(self, first_token_id: int) -> TransferResult:
+    # -- called by the lane's writer thread (kv_lane.py)
+    def end_frame(self) -> Frame:
+        body = self._end_body or b""
+        return Frame(FrameKind.END, self.request_id, 0, self.num_layers, shape=(len(body),), payload=body,
+                     aux=self._first_token_id)
+
+    def lane_started(self) -> None:
+        if self._lane_t0 is None:
+            self._lane_t0 = time.perf_counter()
+
+    def lane_failed(self, exc: Exception) -> None:
+        if self.lane_broken:
+            return
+        self.lane_broken = True
+        log.info("%s: layer stream to %s broke: %s", self.request_id, self.primary, exc)
+        self.stats.add(self.primary.path, failures=1)
+        self._on_event("stream_error", path=self.primary.path, error=str(exc))
+
+    def _deliver(self, first_token_id: int, lane_reply: Future | None) -> TransferResult:
         retries, used_fallback = 0, False
         paths = [self.primary] + ([self.fallback] if self.fallback else [])
         last_error: Exception | None = None
@@ -164,7 +193,10 @@ class KVSender:
                             self.stats.add(endpoint.path, retries=1)
                             self._on_event("retry", path=endpoint.path, attempt=n, error=str(last_error))
                         try:
-                            self._attempt(endpoint, first=(n_path == 0 and n == 1), first_token_id=first_token_id)
+                            if lane_reply is not None and n_path == 0 and n == 1:
+                                self._lane_attempt(lane_reply)
+                            else:
+                                self._attempt(endpoint, first_token_id=first_token_id)
                         except _AttemptFailed as exc:
                             last_error = exc
                             self.stats.add(endpoint.path, failures=1)
@@ -188,73 +220,68 @@ class KVSender:
         self._frames[frame.layer_start] = entry
         return entry
 
-    def _encode_all_queued(self) -> None:
-        while (frame := self._queue.get()) is not None:
-            self._encode(frame)
+    def _lane_attempt(self, reply: Future) -> None:
+        """The first attempt of a layer-wise transfer: the END sent on the lane after its frames."""
+        try:
+            body = reply.result()  # the lane resolves it within the timeout (kv_lane.py)
+        except LaneBroken as exc:
+            if self._cancelled.is_set():
+                raise KVTransferError(f"transfer of {self.request_id} cancelled") from exc
+            raise _AttemptFailed(f"{self.primary.path} {self.primary.host}:{self.primary.port}: {exc}") from exc
+        finally:
+            if self._lane_t0 is not None:
+                self.stats.add(self.primary.path, seconds=time.perf_counter() - self._lane_t0)
+        self._check_reply(body)
 
-    def _stream(self) -> None:
-        """Layer-wise mode: send each frame as soon as its layers are computed."""
-        t_path = None
-        while (frame := self._queue.get()) is not None:
-            entry = self._encode(frame)
-            if self._stream_broken or self._cancelled.is_set():
-                continue
-            try:
-                if self._stream_sock is None:
-                    t_path = time.perf_counter()
-                    self._stream_sock = _connect(self.primary, self.config.timeout_s)
-                self._send(self._stream_sock, entry, self.primary.path)
-            except OSError as exc:
-                log.info("%s: layer stream to %s broke: %s", self.request_id, self.primary, exc)
-                self._stream_broken = True
-                self.stats.add(self.primary.path, failures=1)
-                self._on_event("stream_error", path=self.primary.path, error=str(exc))
-                if self._stream_sock is not None:
-                    close_socket(self._stream_sock)
-                    self._stream_sock = None
-        if t_path is not None:
-            self.stats.add(self.primary.path, seconds=time.perf_counter() - t_path)
+    def wire_buffers(self, entry: tuple[int, int, bytes, bytes]) -> list:
+        """A small frame's buffers for the lane's gather write (the corruption hook applies)."""
+        _, _, head, wire = entry
+        wire, crc = self._maybe_corrupt(entry)
+        return frame_buffers(head, wire, crc)
+
+    def count_sent(self, nbytes: int, path: str) -> None:
+        self._sent_bytes += nbytes
+        self._frames_sent += 1
+        self.stats.add(path, bytes=nbytes, frames=1)
+
+    def _maybe_corrupt(self, entry: tuple[int, int, bytes, bytes]) -> tuple[object, int | None]:
+        """The wire payload to send and the trailer to claim: the fault hook damages the next N
+        frames' payload while the trailer stays that of the intact one."""
+        wire = entry[3]
+        if self._corrupt_left <= 0:
+            return wire, None
+        self._corrupt_left -= 1
+        wire = b"".join(wire) if isinstance(wire, list) else wire
+        crc = crc32c.crc32c(wire)  # the trailer of the intact payload
+        damaged = bytearray(wire)
+        damaged[len(damaged) // 2] ^= 0xFF
+        log.warning("%s: fault hook corrupted the frame of layers %d-%d", self.request_id, entry[0], entry[1])
+        return damaged, crc
 
     def _send(self, sock: socket.socket, entry: tuple[int, int, bytes, bytes], path: str) -> None:
-        _, _, head, wire = entry
-        crc = None
-        if self._corrupt_left > 0:
-            self._corrupt_left -= 1
-            wire = b"".join(wire) if isinstance(wire, list) else wire
-            crc = crc32c.crc32c(wire)  # the trailer of the intact payload
-            damaged = bytearray(wire)
-            damaged[len(damaged) // 2] ^= 0xFF
-            wire = damaged
-            log.warning("%s: fault hook corrupted the frame of layers %d-%d", self.request_id, entry[0], entry[1])
-        n = send_frame(sock, head, wire, crc)
-        self._sent_bytes += n
-        self._frames_sent += 1
-        self.stats.add(path, bytes=n, frames=1)
+        wire, crc = self._maybe_corrupt(entry)
+        self.count_sent(send_frame(sock, entry[2], wire, crc), path)
 
-    def _attempt(self, endpoint: Endpoint, *, first: bool, first_token_id: int) -> None:
+    def _attempt(self, endpoint: Endpoint, *, first_token_id: int) -> None:
+        """One delivery on a connection of its own: ask what is missing (when anything was sent
+        before), resend it, END."""
         if self._cancelled.is_set():
             raise KVTransferError(f"transfer of {self.request_id} cancelled")
         t0 = time.perf_counter()
-        sock = self._stream_sock if (first and not self._stream_broken) else None
-        self._stream_sock = None
+        sock = None
         try:
-            if sock is None:
-                sock = _connect(endpoint, self.config.timeout_s)
-                if self._frames_sent:  # something may have arrived earlier: ask what is missing
-                    send_frame(sock, *encode_frame(Frame(FrameKind.QUERY, self.request_id)))
-                    missing = self._reply(sock)["missing"]
-                else:
-                    missing = sorted(self._covered())
-                for start in sorted({s for s, e, _, _ in self._frames.values() for m in missing if s <= m < e}):
-                    if self._cancelled.is_set():
-                        raise KVTransferError(f"transfer of {self.request_id} cancelled")
-                    self._send(sock, self._frames[start], endpoint.path)
-            body = self._end_body or b""
-            send_frame(sock, *encode_frame(Frame(FrameKind.END, self.request_id, 0, self.num_layers,
-                                                 shape=(len(body),), payload=body, aux=first_token_id)))
-            body = self._reply(sock)
-            if not body["ok"]:
-                raise _AttemptFailed(f"receiver misses layers {body['missing']}")
+            sock = _connect(endpoint, self.config.timeout_s)
+            if self._frames_sent:  # something may have arrived earlier: ask what is missing
+                send_frame(sock, *encode_frame(Frame(FrameKind.QUERY, self.request_id)))
+                missing = self._reply(sock)["missing"]
+            else:
+                missing = sorted(self._covered())
+            for start in sorted({s for s, e, _, _ in self._frames.values() for m in missing if s <= m < e}):
+                if self._cancelled.is_set():
+                    raise KVTransferError(f"transfer of {self.request_id} cancelled")
+                self._send(sock, self._frames[start], endpoint.path)
+            send_frame(sock, *encode_frame(self.end_frame()))
+            self._check_reply(self._reply(sock))
             CONNECTIONS.give(endpoint, sock)  # in sync at a frame boundary: the next transfer reuses it
             sock = None
         except (OSError, KVIntegrityError) as exc:
@@ -275,6 +302,13 @@ class KVSender:
             raise KVTransferError(f"decode worker refused KV of {self.request_id}: {body['fatal']}",
                                   fix="the decode side no longer expects this request (cancelled or unknown)")
         return body
+
+    def _check_reply(self, body: dict) -> None:
+        if body.get("fatal"):
+            raise KVTransferError(f"decode worker refused KV of {self.request_id}: {body['fatal']}",
+                                  fix="the decode side no longer expects this request (cancelled or unknown)")
+        if not body["ok"]:
+            raise _AttemptFailed(f"receiver misses layers {body['missing']}")
 
 
 class _Connections:

@@ -70,6 +70,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def written_layers(sink: DictSink) -> list[int]:
+    """Every layer the sink was handed, in order, once per time (a frame may carry several)."""
+    return sorted(start + i for _, start, kv in sink.writes for i in range(kv.shape[0]))
+
+
 def deliver(sender: KVSender, kv: torch.Tensor, first_token: int = 42):
     for layer in range(kv.shape[0]):
         sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
@@ -147,10 +152,12 @@ def test_delivery_is_exact_and_counted(receiver, mode, compression):
                               stats), kv, first_token=77)
     assert sink.completed == {"r1": 77}
     assert torch.equal(sink.assembled("r1"), kv)
-    assert (result.path, result.retries, result.fallback, result.frames) == (PATH_FABRIC, 0, False, LAYERS)
+    assert (result.path, result.retries, result.fallback) == (PATH_FABRIC, 0, False)
+    # layers queued together on the lane go out as one frame (kv_lane._merge_frames): 1..LAYERS frames
+    assert 1 <= result.frames <= LAYERS
     snap = stats.snapshot()["paths"][PATH_FABRIC]
-    assert snap["transfers"] == 1 and snap["frames"] == LAYERS and snap["bytes"] == result.bytes > 0
-    assert rx_stats.snapshot()["received"]["frames"] == LAYERS
+    assert snap["transfers"] == 1 and snap["frames"] == result.frames and snap["bytes"] == result.bytes > 0
+    assert rx_stats.snapshot()["received"]["frames"] == result.frames
 
 
 def test_corrupt_frames_are_detected_retried_and_never_handed_to_the_engine(receiver):
@@ -159,11 +166,13 @@ def test_corrupt_frames_are_detected_retried_and_never_handed_to_the_engine(rece
     kv, stats = make_kv(seed=3), TransferStats()
     result = deliver(KVSender("r2", LAYERS, fabric, control, TransferConfig(), stats, corrupt_frames=2), kv)
     assert rx_stats.snapshot()["rejected"] == {"crc": 2}
-    assert result.retries == 1 and not result.fallback
+    # both damaged frames on the lane (one retry), or the lane merged the layers into one frame and
+    # the second damage hit its resend (two retries)
+    assert result.retries in (1, 2) and not result.fallback
     for rid, start, written in sink.writes:  # every write the engine saw is the true KV
         assert torch.equal(written, kv[start:start + written.shape[0]])
     assert torch.equal(sink.assembled("r2"), kv)
-    assert stats.snapshot()["paths"][PATH_FABRIC]["retries"] == 1
+    assert stats.snapshot()["paths"][PATH_FABRIC]["retries"] == result.retries
 
 
 def test_dead_primary_falls_back_to_control_path_after_backoff(receiver):
@@ -192,7 +201,8 @@ def test_unknown_request_is_refused_without_retries(receiver):
     with pytest.raises(KVTransferError, match="no import pending"):
         deliver(KVSender("ghost", LAYERS, fabric, control, TransferConfig(), stats), make_kv())
     assert stats.snapshot()["paths"][PATH_FABRIC]["retries"] == 0
-    assert rx_stats.snapshot()["rejected"]["unknown_request"] == LAYERS
+    # every frame refused: one per layer, fewer when the lane merged queued layers into one frame
+    assert 1 <= rx_stats.snapshot()["rejected"]["unknown_request"] <= LAYERS
 
 
 def test_truncated_connection_resends_only_missing_layers(receiver):
@@ -255,7 +265,7 @@ def test_truncated_connection_resends_only_missing_layers(receiver):
     assert not result.fallback and result.retries in (0, 1)
     assert rx_stats.snapshot()["rejected"].get("truncated") == 1
     assert torch.equal(sink.assembled("r5"), kv)
-    assert sorted(start for _, start, _ in sink.writes) == [0, 1, 2, 3]  # layer 0 was not sent twice
+    assert written_layers(sink) == [0, 1, 2, 3]  # layer 0 was not sent twice
 
 
 # ---------------------------------------------------------------- idle connections
@@ -278,7 +288,7 @@ def test_a_layer_that_takes_longer_than_the_timeout_keeps_the_stream_open():
         result = sender.finish(7)
         assert result.retries == 0 and stats.snapshot()["paths"][PATH_FABRIC]["failures"] == 0
         assert sink.completed == {"slow": 7} and torch.equal(sink.assembled("slow"), kv)
-        assert result.frames == LAYERS  # every layer went once, none resent
+        assert written_layers(sink) == list(range(LAYERS))  # every layer went once, none resent
     finally:
         rx.close()
 
