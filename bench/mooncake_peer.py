@@ -59,10 +59,13 @@ class _Peer:
         self._proc = subprocess.Popen([python, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
         self._buf = b""
-        first = self._reply()
-        if "unavailable" in first:
+        try:
+            first = self._reply()
+            if "unavailable" in first:
+                raise MooncakeUnavailable(first["unavailable"])
+        except BaseException:
             self.close()
-            raise MooncakeUnavailable(first["unavailable"])
+            raise
 
     def log_tail(self, chars: int = 1500) -> str:
         self._log.seek(0)
