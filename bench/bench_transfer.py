@@ -13,7 +13,7 @@ address (mooncake_peer.py), interleaved with the others, and the ratio KV / Moon
 
     .venv/bin/python bench/bench_transfer.py                 # small preset, 128 .. 32768 tokens
     .venv/bin/python bench/bench_transfer.py --compression zstd --sizes 128,2048
-    .venv/bin/python bench/bench_transfer.py --mooncake-python /work/venv-mooncake
+    .venv/bin/python bench/bench_transfer.py --mooncake-python ../venv-mooncake  # a venv with the bench extra
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def main() -> None:
         if not args.no_mooncake:
             mc = start_mooncake(mc_python, args.host, cfg, max(sizes), required=args.mooncake_python is not None)
         print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}"
-              + (f" {'MC GB/s':>8} {'KV/MC':>6}" if mc else ""))
+              + (f" {'MC GB/s':>8} {'KV/MC':>6}" if mc is not None else ""))
         for tokens in sizes:
             g = torch.Generator().manual_seed(tokens)
             kv = torch.randn(cfg.n_layers, 2, tokens, cfg.n_kv_heads, cfg.head_dim, generator=g,
@@ -277,7 +277,7 @@ def main() -> None:
             nbytes = kv.numel() * kv.element_size()
             raw, ours, theirs = [], [], []
             with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as same_bytes:
-                if mc:  # the Mooncake sender loads these bytes into its registered buffer, untimed
+                if mc is not None:  # the Mooncake sender loads these bytes into its registered buffer, untimed
                     kv_bytes = kv.contiguous().view(torch.uint8).numpy().data
                     same_bytes.write(kv_bytes)
                     same_bytes.flush()
@@ -290,16 +290,16 @@ def main() -> None:
                     else:
                         raw.append(raw_tcp_seconds_to(proc, args.host, nbytes))
                         ours.append(kv_seconds_to(proc, endpoint, kv, rid, config))
-                    if mc:
+                    if mc is not None:
                         theirs.append(mc.seconds(same_bytes.name, nbytes, crc))
             raw_gbs, kv_gbs = nbytes / statistics.median(raw) / 1e9, nbytes / statistics.median(ours) / 1e9
             row = f"{tokens:>7} {nbytes / 2**20:>8.1f} {raw_gbs:>9.2f} {kv_gbs:>8.2f} {kv_gbs / raw_gbs:>7.2f}"
-            if mc:
+            if mc is not None:
                 mc_gbs = nbytes / statistics.median(theirs) / 1e9
                 row += f" {mc_gbs:>8.2f} {kv_gbs / mc_gbs:>6.2f}"
             print(row, flush=True)
     finally:
-        if mc:
+        if mc is not None:
             mc.close()
         if proc is None:
             receiver.close()

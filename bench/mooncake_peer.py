@@ -45,7 +45,7 @@ def interpreter(path: str | None) -> str:
         p = p / "bin" / "python"
     if not (p.is_file() and os.access(p, os.X_OK)):
         raise ValueError(f"--mooncake-python {path}: no Python interpreter there (fix: give a virtualenv "
-                         f"folder or its bin/python, e.g. /work/venv-mooncake)")
+                         f"folder or its bin/python)")
     return str(p)
 
 
