@@ -7,17 +7,23 @@ sink is a decode worker's block pool: frames land straight in the request's rese
 receiver's commit. The sender reuses its connection across transfers, as a prefill worker does. The baseline in the same run: one ``sendall`` of
 the same number of bytes over a fresh TCP connection to a ``recv_into`` loop, timed to the
 receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
+When Mooncake's transfer engine can be imported (here, or in the virtualenv --mooncake-python
+names), the same bytes also go through it over TCP between two processes on the same host
+address (mooncake_peer.py), interleaved with the others, and the ratio KV / Mooncake is printed.
 
     .venv/bin/python bench/bench_transfer.py                 # small preset, 128 .. 32768 tokens
     .venv/bin/python bench/bench_transfer.py --compression zstd --sizes 128,2048
+    .venv/bin/python bench/bench_transfer.py --mooncake-python ../venv-mooncake  # a venv with the bench extra
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
+import tempfile
 import threading
 import time
 import zlib
@@ -29,6 +35,7 @@ from harness.engine.kv_cache import KVBlockPool
 from harness.engine.kv_landing import block_views
 from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)
+from mooncake_peer import INSTALL_HINT, MooncakePair, MooncakeUnavailable, interpreter
 
 
 class CacheSink:
@@ -211,6 +218,22 @@ def kv_seconds_to(proc: ReceiverProcess, endpoint: Endpoint, kv: torch.Tensor, r
     return seconds
 
 
+def start_mooncake(python: str, host: str, cfg: ModelConfig, max_tokens: int, required: bool):
+    """Mooncake's sender and receiver peers, or None (with one line saying why) when not installed."""
+    capacity = max_tokens * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * \
+        torch.empty((), dtype=cfg.torch_dtype).element_size()
+    try:
+        mc = MooncakePair(python, host, capacity)
+    except MooncakeUnavailable as exc:
+        if required:
+            raise SystemExit(f"Mooncake: {exc}; {INSTALL_HINT}") from None
+        print(f"Mooncake: not measured: {exc}; {INSTALL_HINT}")
+        return None
+    print(f"Mooncake: {mc.description}; each size's bytes written into a registered buffer of the "
+          f"receiver process, checked by crc32")
+    return mc
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small")
@@ -220,7 +243,14 @@ def main() -> None:
     p.add_argument("--compression", choices=("zstd",), default=None)
     p.add_argument("--same-process", action="store_true",
                    help="both ends as threads of this process (the old layout: one GIL for both)")
+    p.add_argument("--mooncake-python", metavar="PATH", default=None,
+                   help="a virtualenv (or its python) with Mooncake installed; default: this interpreter")
+    p.add_argument("--no-mooncake", action="store_true", help="leave the Mooncake baseline out")
     args = p.parse_args()
+    try:
+        mc_python = interpreter(args.mooncake_python)
+    except ValueError as exc:
+        p.error(str(exc))
     cfg = ModelConfig.from_name(args.preset)
     sizes = [int(s) for s in args.sizes.split(",")]
     config = TransferConfig(compression=args.compression, timeout_s=60)
@@ -234,26 +264,43 @@ def main() -> None:
     print(f"preset {cfg.name}: {cfg.kv_bytes_per_token()} KV bytes/token ({cfg.dtype}), {cfg.n_layers} layers, "
           f"host {args.host}, compression {args.compression}, median of {args.repeats}, receiver "
           f"{'a thread of this process' if proc is None else 'its own process'}")
-    print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}")
+    mc = None
     try:
+        if not args.no_mooncake:
+            mc = start_mooncake(mc_python, args.host, cfg, max(sizes), required=args.mooncake_python is not None)
+        print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}"
+              + (f" {'MC GB/s':>8} {'KV/MC':>6}" if mc is not None else ""))
         for tokens in sizes:
             g = torch.Generator().manual_seed(tokens)
             kv = torch.randn(cfg.n_layers, 2, tokens, cfg.n_kv_heads, cfg.head_dim, generator=g,
                              dtype=torch.float32).to(cfg.torch_dtype)  # [L, 2, T, H, D]
             nbytes = kv.numel() * kv.element_size()
-            raw, ours = [], []
-            for r in range(args.repeats):  # interleaved so drift hits both alike
-                rid = f"bench-{tokens}-{r}"
-                if proc is None:
-                    raw.append(raw_tcp_seconds(args.host, nbytes))
-                    ours.append(kv_seconds(endpoint, sink, kv, rid, config))
-                else:
-                    raw.append(raw_tcp_seconds_to(proc, args.host, nbytes))
-                    ours.append(kv_seconds_to(proc, endpoint, kv, rid, config))
+            raw, ours, theirs = [], [], []
+            with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as same_bytes:
+                if mc is not None:  # the Mooncake sender loads these bytes into its registered buffer, untimed
+                    kv_bytes = kv.contiguous().view(torch.uint8).numpy().data
+                    same_bytes.write(kv_bytes)
+                    same_bytes.flush()
+                    crc = zlib.crc32(kv_bytes)
+                for r in range(args.repeats):  # interleaved so drift hits all alike
+                    rid = f"bench-{tokens}-{r}"
+                    if proc is None:
+                        raw.append(raw_tcp_seconds(args.host, nbytes))
+                        ours.append(kv_seconds(endpoint, sink, kv, rid, config))
+                    else:
+                        raw.append(raw_tcp_seconds_to(proc, args.host, nbytes))
+                        ours.append(kv_seconds_to(proc, endpoint, kv, rid, config))
+                    if mc is not None:
+                        theirs.append(mc.seconds(same_bytes.name, nbytes, crc))
             raw_gbs, kv_gbs = nbytes / statistics.median(raw) / 1e9, nbytes / statistics.median(ours) / 1e9
-            print(f"{tokens:>7} {nbytes / 2**20:>8.1f} {raw_gbs:>9.2f} {kv_gbs:>8.2f} {kv_gbs / raw_gbs:>7.2f}",
-                  flush=True)
+            row = f"{tokens:>7} {nbytes / 2**20:>8.1f} {raw_gbs:>9.2f} {kv_gbs:>8.2f} {kv_gbs / raw_gbs:>7.2f}"
+            if mc is not None:
+                mc_gbs = nbytes / statistics.median(theirs) / 1e9
+                row += f" {mc_gbs:>8.2f} {kv_gbs / mc_gbs:>6.2f}"
+            print(row, flush=True)
     finally:
+        if mc is not None:
+            mc.close()
         if proc is None:
             receiver.close()
         else:
