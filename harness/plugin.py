@@ -476,7 +476,8 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
                       out: Any = None) -> Any:
     """A FaultRunner for ``cluster`` (a ClusterHandle) that refuses, before touching anything, every
     fault the cluster's safety settings do not allow (production clusters: all but those listed)."""
-    from harness.faults import ExecutorPool, FaultRunner, Ledger
+    from harness.faults import FaultRunner, Ledger
+    from harness.hosts import ExecutorPool
 
     class SafeFaultRunner(FaultRunner):
         def inject(self, fault: Any) -> Any:
