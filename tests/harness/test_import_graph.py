@@ -206,3 +206,18 @@ def test_no_harness_file_is_over_the_line_limit():
     if over:
         pytest.fail(f"files over {MAX_LINES} lines (fix: split each by what its parts are):\n" +
                     "\n".join(f"{path}: {n}" for path, n in over.items()))
+
+
+def test_fabric_reaches_hosts_without_the_fault_package():
+    """Faults use the fabric (links, traffic classes); the fabric runs its commands through
+    harness.hosts, never through harness.faults, so the two packages do not depend on each other."""
+    found = []
+    for name, path in module_names(ROOT, "harness").items():
+        if not (name.startswith("harness.fabric") or name == "harness.hosts"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):  # function-level imports too
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness.faults"):
+                found.append(f"{name}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                found += [f"{name}: import {a.name}" for a in node.names if a.name.startswith("harness.faults")]
+    assert found == []
