@@ -25,7 +25,7 @@ from harness.fabric.kvbandwidth import measure_kv_curve
 from harness.fabric.linerate import read_line_rate
 from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
                                    raw_bandwidth_verdict, ssh_nodes)
-from harness.faults import LocalExecutor
+from harness.hosts import LocalExecutor
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]
 

@@ -108,7 +108,7 @@ class ClusterHandle:
         """The SSH target for a worker's host (matched by host name or address), or None when
         commands for that host run locally. Built on demand: key files are checked only for
         hosts a fault actually touches."""
-        from harness.faults import SSHTarget
+        from harness.hosts import SSHTarget
 
         h = next((h for h in self.hosts if host in (h.name, h.address) and h.ssh is not None), None)
         if h is None or h.ssh is None:

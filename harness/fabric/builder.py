@@ -27,14 +27,12 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from harness.errors import ConfigError, HarnessError
 from harness.fabric.shaping import ShapingSpec, apply_shaping
+from harness.hosts import Executor, LocalExecutor
 from harness.waiting import wait_until
-
-if TYPE_CHECKING:  # harness.faults imports this package: no import cycle at run time
-    from harness.faults.executor import Executor
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +130,7 @@ class Fabric:
                  slot_lock: Any = None) -> None:
         self.config = config or FabricConfig()
         self._slot_lock = slot_lock  # an open, flock()ed file: released at teardown
-        self.ex = executor or _local()
+        self.ex = executor or LocalExecutor()
         p = self.config.prefix
         self.fabric_bridge, self.control_bridge = f"{p}fab", f"{p}ctl"
         fab = list(ipaddress.ip_network(self.config.fabric_subnet).hosts())
@@ -325,7 +323,7 @@ def link_state(ex: Executor, dev: str, netns: str | None = None) -> str:
 
 def leftovers(ex: Executor | None = None, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Every namespace and root-namespace link whose name starts with ``prefix``."""
-    ex = ex or _local()
+    ex = ex or LocalExecutor()
     return ([f"netns {ns}" for ns in list_netns(ex) if ns.startswith(prefix)]
             + [f"link {link}" for link in list_links(ex) if link.startswith(prefix)])
 
@@ -339,8 +337,3 @@ def remove_prefixed(ex: Executor, prefix: str = DEFAULT_PREFIX) -> None:
         if link.startswith(prefix):
             ex.run(["ip", "link", "del", link], timeout=IP_TIMEOUT_S, check=False)
 
-
-def _local() -> Executor:
-    from harness.faults.executor import LocalExecutor
-
-    return LocalExecutor()

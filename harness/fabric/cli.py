@@ -14,6 +14,7 @@ import re
 
 from harness.errors import HarnessError
 from harness.fabric.builder import MAX_SLOTS, SLOT_DIR, Fabric, fabric_unavailable_reason, leftovers, remove_prefixed
+from harness.hosts import LocalExecutor
 
 _SLOT_PREFIX = re.compile(r"^pdh(\d*)-")
 
@@ -71,8 +72,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"no fabric on this machine (slots 0..{MAX_SLOTS - 1} free)")
         return 0
     if args.fabric_cmd == "down":
-        from harness.faults import LocalExecutor
-
         for prefix in sorted(_slots()):
             if _slot_held(_slot_of(prefix)) and not args.force:
                 print(f"{prefix}: a live run holds it; kept (use --force to remove it anyway)")
@@ -85,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     from harness.fabric.kvbandwidth import measure_kv_curve
     from harness.fabric.linerate import read_line_rate
     from harness.fabric.shaping import ShapingSpec
-    from harness.faults import LocalExecutor
 
     with Fabric.in_free_slot(2, ShapingSpec(line_rate_bps=args.line_rate)) as fabric:
         a, b = fabric.hosts

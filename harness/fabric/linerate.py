@@ -12,13 +12,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from harness.errors import ExecutorError, ProbeError
 from harness.fabric.shaping import ROOT_CLASS, read_classes
-
-if TYPE_CHECKING:  # harness.faults imports this package: no import cycle at run time
-    from harness.faults.executor import Executor
+from harness.hosts import Executor
 
 log = logging.getLogger(__name__)
 

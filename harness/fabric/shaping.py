@@ -18,12 +18,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from harness.errors import ConfigError, ProbeError
-
-if TYPE_CHECKING:  # harness.faults imports this package: no import cycle at run time
-    from harness.faults.executor import Executor
+from harness.hosts import Executor
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, HarnessError
+from harness.hosts import LocalExecutor
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,6 @@ def down(state_dir: str | os.PathLike[str] = "state", timeout_s: float = 60.0, *
     they have, and remove what a killed one left; the ``pds-`` fabric goes when this state dir
     had one up (or ``force``). Returns what still remains of them (empty: nothing)."""
     from harness.fabric.builder import leftovers, remove_prefixed
-    from harness.faults.executor import LocalExecutor
 
     ours_fabric = force
     for sub in ("sshd-test", "ssh-test"):

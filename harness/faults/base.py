@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from harness.errors import FaultError
-from harness.faults.executor import Executor
+from harness.hosts import Executor
 
 LEDGER_FIELD = "ledger"  # dataclass field metadata key: False keeps a field out of the ledger
 
@@ -85,7 +85,7 @@ def new_fault_id() -> str:
 class Fault(ABC):
     """Base of every fault. Subclasses are dataclasses that set ``kind`` and implement the steps.
 
-    Each step takes the :class:`~harness.faults.executor.Executor` for ``self.host`` and returns a
+    Each step takes the :class:`~harness.hosts.Executor` for ``self.host`` and returns a
     one-line description of what it did (the record's output). ``verify`` and ``verify_reverted``
     raise :class:`FaultError` when the effect (or its absence) cannot be proven; ``revert`` must be
     idempotent and must never touch anything but the original target (a reused pid, say).

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from harness.errors import ConfigError, FaultError, HarnessError
 from harness.faults.base import Fault, new_fault_id
-from harness.faults.executor import Executor
+from harness.hosts import Executor
 from harness.waiting import WaitTimeoutError, wait_until
 
 HTTP_TIMEOUT_S = 15.0

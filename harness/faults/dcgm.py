@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ExecutorError, FaultError
 from harness.faults.base import Fault, new_fault_id, no_ledger
-from harness.faults.executor import Executor, describe_command
+from harness.hosts import Executor, describe_command
 
 STATE_DIR = "/tmp/pdh-faults"
 COMMAND_TIMEOUT_S = 15.0

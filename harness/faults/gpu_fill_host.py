@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar
 
 from harness.errors import ConfigError, FaultError
 from harness.faults.base import Fault, new_fault_id, no_ledger
-from harness.faults.executor import Executor, LocalExecutor
+from harness.hosts import Executor, LocalExecutor
 
 STATE_DIR = "/tmp/pdh-faults"
 COMMAND_TIMEOUT_S = 15.0

@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from harness.errors import ConfigError, ExecutorError, FaultError
 from harness.faults.base import Fault, new_fault_id, no_ledger
-from harness.faults.executor import Executor, describe_command
+from harness.hosts import Executor, describe_command
 from harness.faults.procstat import ProcStat, parse_proc_stat
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar, Iterator, TextIO
 
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
-from harness.faults.executor import AuditLog, Executor, ExecutorFactory, ExecutorPool, executor_from_spec
+from harness.hosts import AuditLog, Executor, ExecutorFactory, ExecutorPool, executor_from_spec
 from harness.faults.ledger import Ledger, LedgerStatus
 
 log = logging.getLogger(__name__)

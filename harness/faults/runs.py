@@ -223,7 +223,7 @@ def _remove_fabric(record: dict[str, Any], run: str, dry_run: bool, say: Callabl
     say(f"{run}: {'would remove' if dry_run else 'removing'} {', '.join(found)}")
     if dry_run:
         return []
-    from harness.faults.executor import LocalExecutor
+    from harness.hosts import LocalExecutor
 
     remove_prefixed(LocalExecutor(), prefix)
     still = leftovers(prefix=prefix)

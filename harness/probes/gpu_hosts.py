@@ -152,7 +152,7 @@ class HostGpuWatch:
     command written to the fault runner's audit log; :meth:`environment` is the report's part."""
 
     def __init__(self, cluster: Any, audit_path: Any) -> None:
-        from harness.faults import AuditLog, ExecutorPool
+        from harness.hosts import AuditLog, ExecutorPool
 
         targets = {h.name: cluster.ssh_target(h.name) for h in cluster.spec.hosts if h.ssh is not None}
         self._pool = ExecutorPool(targets, audit=AuditLog(audit_path))

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 import httpx
 
 from harness.errors import ConfigError, ExecutorError, FaultError
-from harness.faults.executor import Executor
+from harness.hosts import Executor
 from harness.waiting import wait_until
 
 log = logging.getLogger(__name__)

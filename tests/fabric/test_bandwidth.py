@@ -14,7 +14,7 @@ from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import measure_kv_curve
 from harness.fabric.linerate import read_line_rate
 from harness.checks.fabric import kv_bandwidth_verdict
-from harness.faults import LocalExecutor
+from harness.hosts import LocalExecutor
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

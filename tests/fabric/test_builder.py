@@ -9,7 +9,7 @@ import pytest
 from harness.errors import ConfigError
 from harness.fabric.builder import Fabric, FabricConfig, leftovers, link_state, list_links, list_netns
 from harness.fabric.shaping import LOSSLESS_CLASS, ROOT_CLASS, TCP_CLASS, read_classes
-from harness.faults import LocalExecutor
+from harness.hosts import LocalExecutor
 
 TEST_PREFIX = "pdt-"  # as in conftest.py
 

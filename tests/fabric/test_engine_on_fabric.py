@@ -14,7 +14,8 @@ from harness.engine.oracle import greedy_reference
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.topology import Topology
 from harness.fabric.shaping import LOSSLESS_CLASS, TCP_CLASS, read_classes
-from harness.faults import FaultRunner, Ledger, LocalExecutor, NicFlap
+from harness.faults import FaultRunner, Ledger, NicFlap
+from harness.hosts import LocalExecutor
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

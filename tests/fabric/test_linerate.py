@@ -6,7 +6,7 @@ import pytest
 
 from harness.errors import ProbeError
 from harness.fabric.linerate import parse_ethtool, parse_ibstat, read_line_rate
-from harness.faults import LocalExecutor
+from harness.hosts import LocalExecutor
 
 from tests.faults.conftest import sshd  # noqa: F401  (fixture: a real sshd on loopback)
 
@@ -54,7 +54,7 @@ def test_line_rate_comes_from_the_shaping_then_from_sysfs(make_fabric):
 @pytest.mark.root
 @pytest.mark.slow
 def test_line_rate_is_read_over_ssh_like_on_a_real_host(make_fabric, sshd):
-    from harness.faults import SSHExecutor, SSHTarget
+    from harness.hosts import SSHExecutor, SSHTarget
 
     fabric = make_fabric(hosts=1, line_rate_bps=6e8)
     port = fabric.hosts[0].fabric_port  # the switch-side end: shaped in the root namespace sshd runs in

@@ -17,7 +17,7 @@ from harness.fabric.procs import remote_command
 from harness.fabric.remote import (FabricNode, ib_write_bw_argv, parse_ib_write_bw, pick, ssh_fabric_reason,
                                    ssh_prefix)
 from harness.fabric.bandwidth import Station
-from harness.faults import SSHTarget
+from harness.hosts import SSHTarget
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]

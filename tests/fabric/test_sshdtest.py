@@ -14,7 +14,7 @@ import pytest
 from harness.clusterfile import load_cluster
 from harness.errors import ConfigError, HarnessError
 from harness.fabric.sshdtest import LOOPBACK_PORT, SshdTest, known_hosts_line, unavailable_reason
-from harness.faults import SSHExecutor, SSHTarget
+from harness.hosts import SSHExecutor, SSHTarget
 from tests.fabric.conftest import missing
 
 ROOT = Path(__file__).resolve().parents[2]

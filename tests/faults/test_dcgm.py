@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import FaultError
-from harness.faults import DcgmInject, FaultRunner, Ledger, LocalExecutor
+from harness.faults import DcgmInject, FaultRunner, Ledger
+from harness.hosts import LocalExecutor
 
 STAND_IN = """#!/bin/sh
 # dcgmi stand-in: `discovery -l` lists one GPU; `test --inject --gpuid G -f F -v V` records "G F V"

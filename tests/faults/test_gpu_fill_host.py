@@ -17,7 +17,8 @@ import pytest
 
 from harness.errors import ConfigError, FaultError, RevertError
 from harness.fabric.sshdtest import _children, _kill_and_reap
-from harness.faults import ExecutorPool, FaultRunner, HostHbmFill, Ledger
+from harness.faults import FaultRunner, HostHbmFill, Ledger
+from harness.hosts import ExecutorPool
 from harness.faults.gpu_fill import amount_bytes
 from harness.probes.gpu import nvml_memory
 

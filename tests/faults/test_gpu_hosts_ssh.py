@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_host_without_nvidia_smi_says_so_and_is_left_out_of_the_changes(sshd):
-    from harness.faults import SSHExecutor, SSHTarget
+    from harness.hosts import SSHExecutor, SSHTarget
 
     target = SSHTarget(host="127.0.0.1", port=sshd.port, user=sshd.user, key_filename=str(sshd.user_key),
                        known_hosts_file=str(sshd.known_hosts))

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from harness.faults import ExecutorPool, FaultRunner, HostHbmFill, Ledger, LocalExecutor
+from harness.faults import FaultRunner, HostHbmFill, Ledger
+from harness.hosts import ExecutorPool, LocalExecutor
 from harness.probes.nvsmi import read_gpus
 
 from tests.faults.test_gpu_fill_host import adopt  # noqa: F401  (the fixture: fillers are reaped)

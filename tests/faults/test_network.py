@@ -10,7 +10,8 @@ import pytest
 from harness.errors import ConfigError, FaultError
 from harness.fabric.builder import link_state
 from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, read_classes
-from harness.faults import Fault, FaultRunner, Ledger, LocalExecutor, NicFlap, PfcStorm
+from harness.faults import Fault, FaultRunner, Ledger, NicFlap, PfcStorm
+from harness.hosts import LocalExecutor
 
 from tests.fabric.conftest import make_fabric  # noqa: F401  (fixture)
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from harness.errors import ConfigError, FaultError
-from harness.faults import AuditLog, FaultRunner, Ledger, LocalExecutor, ProcessHang, ProcessKill, select_targets
+from harness.faults import FaultRunner, Ledger, ProcessHang, ProcessKill, select_targets
+from harness.hosts import AuditLog, LocalExecutor
 
 from .conftest import proc_state
 

@@ -12,8 +12,8 @@ from typing import ClassVar
 import pytest
 
 from harness.errors import FaultError, RevertError
-from harness.faults import ExecutorPool, Fault, FaultRunner, Ledger, LedgerStatus, ProcessHang, Terminated, new_fault_id
-from harness.faults.executor import describe_command
+from harness.faults import Fault, FaultRunner, Ledger, LedgerStatus, ProcessHang, Terminated, new_fault_id
+from harness.hosts import ExecutorPool, describe_command
 
 from .conftest import harness_with_hang, proc_state
 

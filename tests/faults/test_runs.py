@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import RevertError
-from harness.faults import FaultRunner, HbmFill, Ledger, SSHTarget
+from harness.faults import FaultRunner, HbmFill, Ledger
+from harness.hosts import SSHTarget
 from harness.faults.procstat import read_local
 from harness.faults.runner import signals_deferred
 from harness.faults.runs import RUN_ENV, RunRecord, clean_dead_runs, target_gone

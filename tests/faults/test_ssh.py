@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import ConfigError, ExecutorError
-from harness.faults import (AuditLog, ExecutorPool, FaultRunner, Ledger, ProcessHang, SSHExecutor, SSHTarget,
-                            executor_from_spec)
+from harness.faults import FaultRunner, Ledger, ProcessHang
+from harness.hosts import AuditLog, ExecutorPool, SSHExecutor, SSHTarget, executor_from_spec
 
 from .conftest import free_port, keygen, proc_state
 

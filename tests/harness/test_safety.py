@@ -8,7 +8,7 @@ import pytest
 from harness.cluster import ClusterHandle, load_cluster
 from harness.errors import FaultError
 from harness.faults import ProcessKill
-from harness.plugin import make_fault_runner
+from harness.fixtures import make_fault_runner
 
 pytestmark = pytest.mark.slow  # starts (and reaps) a real target process
 

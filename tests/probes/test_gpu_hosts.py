@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from harness.faults import AuditLog, LocalExecutor
+from harness.hosts import AuditLog, LocalExecutor
 from harness.probes.gpu_hosts import HostGpus, changes, read_host
 
 DATA = Path(__file__).parent / "data"

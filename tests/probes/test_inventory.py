@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from harness.errors import ConfigError, FaultError
-from harness.faults.executor import LocalExecutor
+from harness.hosts import LocalExecutor
 from harness.faults.process import ProcessKill
 from harness.probes.inventory import is_healthy, locate_pid, resolve, wait_healthy
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ProbeError
-from harness.faults import LocalExecutor
+from harness.hosts import LocalExecutor
 from harness.probes.nvsmi import DCGM_FIELDS, parse_nvsmi_xml, parse_xid_lines, read_gpus
 
 DATA = Path(__file__).parent / "data"

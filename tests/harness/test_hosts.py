@@ -5,7 +5,7 @@ import io
 import pytest
 
 from harness.errors import ConfigError, ExecutorError
-from harness.faults import AuditLog, ExecutorPool, LocalExecutor, SSHTarget, executor_from_spec
+from harness.hosts import AuditLog, ExecutorPool, LocalExecutor, SSHTarget, executor_from_spec
 
 
 def test_local_run_captures_output_rc_and_audits(tmp_path):

@@ -1,0 +1,77 @@
+"""The conformance run's state inside pytest: the parsed options, what the run collects (its
+RunResult), and printing to the terminal past pytest's capture. Kept in ``config.stash`` under
+:data:`STATE` by the plugin (harness/plugin.py) and read by its fixtures (harness/fixtures.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.checks.verdict import Verdict
+from harness.report import RunResult
+
+MARKER = "conformance"
+
+
+@dataclass(frozen=True)
+class HarnessOptions:
+    cluster: str
+    report_dir: Path
+    dry_run: bool
+    load_users: int
+    load_rate: float | None
+    load_duration: float | None
+    kills: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "report_dir": str(self.report_dir), "dry_run": self.dry_run,
+                "load_users": self.load_users, "load_rate": self.load_rate, "load_duration": self.load_duration,
+                "kills": self.kills, "harness_seed": self.seed}
+
+
+@dataclass
+class HarnessState:
+    options: HarnessOptions
+    result: RunResult
+    active: bool = False
+    config_error: str | None = None
+    run_dir: Path | None = None
+    spec: Any = None  # ClusterSpec once loaded
+    verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
+    live: Any = None  # harness.report.live.LiveStatus once suites were collected
+    terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
+    signals: Any = None   # harness.faults.session.RunSignals once conformance suites were collected
+
+
+STATE = pytest.StashKey[HarnessState]()
+
+
+def harness_state(config: pytest.Config) -> HarnessState:
+    return config.stash[STATE]
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    out = Console(file=sys.stdout)
+    if not out.is_terminal:  # CI logs: rich would assume 80 columns and fold every reason
+        out = Console(file=sys.stdout, width=160)
+    return out
+
+
+def show(config: pytest.Config, markup: Any) -> None:
+    """Print to the terminal during a test (outside pytest's output capture)."""
+    state = config.stash.get(STATE, None)
+    if state is not None and state.live is not None and state.live.print(markup):
+        return  # printed above the live panel
+    capman = config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+    with ctx:
+        console().print(markup, soft_wrap=True)
