@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import zlib
@@ -57,8 +58,12 @@ def test_python_without_mooncake_is_reported_with_the_import_error(bare_venv, ca
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_mooncake(), reason=f"Mooncake not installed here (optional bench extra): {INSTALL_HINT}")
 def test_mooncake_write_lands_the_bytes_in_the_receiver(tmp_path):
+    if not _has_mooncake():
+        reason = f"Mooncake not installed here (optional bench extra): {INSTALL_HINT}"
+        if os.environ.get("CI", "").lower() == "true":  # .ci/run installs it: a skip there would hide a gap
+            pytest.fail(f"{reason} (in CI this is a failure, not a skip)")
+        pytest.skip(reason)
     payload = bytes(range(256)) * 4096  # 1 MiB
     src = tmp_path / "kv.bin"
     src.write_bytes(payload)
