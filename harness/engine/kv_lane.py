@@ -26,14 +26,39 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from harness.engine.kv_wire import (Frame, FrameKind, close_socket, encode_frame, frame_buffers, read_frame,
                                     send_buffers)
 from harness.errors import KVIntegrityError
 
-if TYPE_CHECKING:  # the sender passes itself; no import at run time (transfer.py imports this module)
-    from harness.engine.transfer import KVSender
+
+
+class LaneSender(Protocol):
+    """What the lane needs of a transfer (transfer.KVSender; a protocol, so this module does not
+    import the sender that imports it)."""
+
+    request_id: str
+    config: Any             # TransferConfig: timeout_s, backoff_base_s
+    primary: Any            # Endpoint: host, port, path
+    lane_broken: bool
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def encode(self, frame: Frame) -> tuple: ...
+
+    def send_entry(self, sock: socket.socket, entry: tuple, path: str) -> None: ...
+
+    def wire_buffers(self, entry: tuple) -> list: ...
+
+    def count_sent(self, nbytes: int, path: str) -> None: ...
+
+    def end_frame(self) -> Frame: ...
+
+    def lane_started(self) -> None: ...
+
+    def lane_failed(self, exc: Exception) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +78,17 @@ class _Conn:
     def __init__(self, sock: socket.socket, timeout_s: float) -> None:
         self.sock, self.timeout_s = sock, timeout_s
         self.pending: dict[str, collections.deque[tuple[Future, float]]] = {}
-        self.users: weakref.WeakValueDictionary[int, "KVSender"] = weakref.WeakValueDictionary()  # an abandoned one goes
+        self.users: weakref.WeakValueDictionary[int, LaneSender] = weakref.WeakValueDictionary()  # an abandoned one goes
         self.lock = threading.Lock()
         self.dead = False
 
-    def use(self, sender: "KVSender") -> None:
+    def use(self, sender: LaneSender) -> None:
         with self.lock:
             if self.dead:
                 raise OSError("connection closed")
             self.users[id(sender)] = sender
 
-    def done_with(self, sender: "KVSender") -> None:
+    def done_with(self, sender: LaneSender) -> None:
         with self.lock:
             self.users.pop(id(sender), None)
 
@@ -141,7 +166,7 @@ class _Lane:
                     if kind == "end":
                         _settle(arg, LaneBroken(f"lane error: {exc!r}"))
 
-    def _connection(self, sender: "KVSender") -> _Conn:
+    def _connection(self, sender: LaneSender) -> _Conn:
         conn = self._conn
         if conn is not None and not conn.dead:
             return conn
@@ -163,7 +188,7 @@ class _Lane:
         its own (send_frame checksums it slice by slice while cached)."""
         live = []
         for kind, sender, arg in _merge_frames(batch):
-            entry = sender._encode(arg) if kind == "data" else None  # kept for a retry even if not sent now
+            entry = sender.encode(arg) if kind == "data" else None  # kept for a retry even if not sent now
             if sender.cancelled or sender.lane_broken:
                 if kind == "end":
                     _settle(arg, LaneBroken("cancelled" if sender.cancelled else "the layer stream broke"))
@@ -180,7 +205,7 @@ class _Lane:
                     _settle(arg, LaneBroken(str(exc)))
             return
         gather: list = []
-        counted: list[tuple["KVSender", int]] = []
+        counted: list[tuple[LaneSender, int]] = []
         try:
             for kind, sender, arg, entry in live:
                 if sender.lane_broken:  # its earlier frames died with a connection: the retry sends
@@ -195,7 +220,7 @@ class _Lane:
                     bufs = frame_buffers(*encode_frame(sender.end_frame()))
                 elif _wire_bytes(entry[3]) > COALESCE_BYTES:
                     _flush(conn, gather, counted)
-                    sender._send(conn.sock, entry, sender.primary.path)
+                    sender.send_entry(conn.sock, entry, sender.primary.path)
                     continue
                 else:
                     bufs = sender.wire_buffers(entry)

@@ -145,7 +145,7 @@ class KVSender:
                 LANES.submit(self.primary.host, self.primary.port, ("end", self, lane_reply))
             else:
                 for frame in self._whole:
-                    self._encode(frame)
+                    self.encode(frame)
             return self._deliver(first_token_id, lane_reply)
         finally:
             self._frames.clear()
@@ -214,7 +214,7 @@ class KVSender:
     def _covered(self) -> set[int]:
         return {layer for s, e, _, _ in self._frames.values() for layer in range(s, e)}
 
-    def _encode(self, frame: Frame) -> tuple[int, int, bytes, bytes]:
+    def encode(self, frame: Frame) -> tuple[int, int, bytes, bytes]:
         head, wire = encode_frame(frame, self._compressor)
         entry = (frame.layer_start, frame.layer_end, head, wire)
         self._frames[frame.layer_start] = entry
@@ -258,7 +258,7 @@ class KVSender:
         log.warning("%s: fault hook corrupted the frame of layers %d-%d", self.request_id, entry[0], entry[1])
         return damaged, crc
 
-    def _send(self, sock: socket.socket, entry: tuple[int, int, bytes, bytes], path: str) -> None:
+    def send_entry(self, sock: socket.socket, entry: tuple[int, int, bytes, bytes], path: str) -> None:
         wire, crc = self._maybe_corrupt(entry)
         self.count_sent(send_frame(sock, entry[2], wire, crc), path)
 
@@ -279,7 +279,7 @@ class KVSender:
             for start in sorted({s for s, e, _, _ in self._frames.values() for m in missing if s <= m < e}):
                 if self._cancelled.is_set():
                     raise KVTransferError(f"transfer of {self.request_id} cancelled")
-                self._send(sock, self._frames[start], endpoint.path)
+                self.send_entry(sock, self._frames[start], endpoint.path)
             send_frame(sock, *encode_frame(self.end_frame()))
             self._check_reply(self._reply(sock))
             CONNECTIONS.give(endpoint, sock)  # in sync at a frame boundary: the next transfer reuses it
