@@ -128,7 +128,7 @@ def _check_preset(source: str, preset: str) -> None:
 def _check_router(source: str, raw: dict[str, Any]) -> None:
     """``bundled.router``: RouterConfig fields, each key by name, then the whole (before the
     cluster starts: a misspelt knob must not be found by a router that is already running)."""
-    from harness.engine.router import RouterConfig
+    from harness.engine.router_config import RouterConfig
 
     allowed = set(RouterConfig.__dataclass_fields__)
     for key in raw:

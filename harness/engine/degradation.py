@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
-from harness.errors import ConfigError
+from harness.engine.messages import Message, SetOffload, SetSpeculative
+from harness.engine.protocol import GenerateRequest
+from harness.engine.routing import EventLog, RoutingTable, Worker
+from harness.errors import ConfigError, InvalidRequestError
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ class LevelChange:
 
 @dataclass
 class DegradationController:
-    """Decides the level; the router applies each change's actions (see ``Router``)."""
+    """Decides the level; ``DegradationActions`` applies each change."""
 
     config: DegradationConfig = field(default_factory=DegradationConfig)
     level: int = 0
@@ -181,4 +184,105 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None  # JSON has no infinity
 
 
-__all__ = ["DegradationConfig", "DegradationController", "LEVEL_NAMES", "LevelChange", "MAX_LEVEL", "Signals"]
+class DegradationActions:
+    """What each level does, applied to the routing table's workers (the controller's ``on_change``):
+
+    - L1+: admission control: a new request is answered 429 with Retry-After once
+      ``l1_queue_cap`` requests already wait for a placement (``admit``);
+    - L2+: speculative decoding off on every worker (restored on the way down if it was on);
+    - L3+: KV offload on (``SetOffload``, threshold 85 %) unless ``offload_enabled`` is false;
+    - L4+: max_tokens capped and long prompts cut to their last tokens, marked in the response;
+    - L5: new requests answered 503 while in-flight ones finish.
+
+    Workers that (re)join, or missed a command, are reconciled from their heartbeat: a worker that
+    still reports speculation on at L2+ is told again."""
+
+    def __init__(self, config: DegradationConfig, table: RoutingTable, events: EventLog, *,
+                 offload_enabled: bool, offload_threshold: float) -> None:
+        self.controller = DegradationController(config, on_change=self.apply)
+        self.table, self.events = table, events
+        self.offload_enabled, self.offload_threshold = offload_enabled, offload_threshold
+        self.counters = {"rejected_429": 0, "rejected_503": 0, "degraded_requests": 0}
+        self._spec_before = False
+
+    def admit(self, request: GenerateRequest) -> tuple[GenerateRequest, str | None]:
+        """Admission under the current level: raises 429/503, or returns the (capped) request and
+        the marker the response carries when Level 4 changed it."""
+        level, c, waiting = self.controller.level, self.controller.config, self.table.waiting
+        if level >= 5:
+            self.counters["rejected_503"] += 1
+            raise _retry_later(f"the cluster is at degradation Level 5 (circuit open): new requests are refused "
+                               f"while in-flight ones finish; retry after {c.retry_after_s} s", 503, "circuit_open",
+                               c.retry_after_s)
+        if level >= 1 and waiting >= c.l1_queue_cap:
+            self.counters["rejected_429"] += 1
+            raise _retry_later(f"admission control (degradation Level {level}): {waiting} requests "
+                               f"already wait for KV capacity (cap {c.l1_queue_cap}); retry after {c.retry_after_s} s",
+                               429, "overloaded", c.retry_after_s)
+        if level < 4:
+            return request, None
+        notes = []
+        params, prompt = request.params, request.prompt_token_ids
+        if params.max_tokens > c.l4_max_tokens:
+            notes.append(f"max_tokens capped from {params.max_tokens} to {c.l4_max_tokens}")
+            params = replace(params, max_tokens=c.l4_max_tokens)
+        if len(prompt) > c.l4_max_prompt_tokens and not request.resume_token_ids:
+            notes.append(f"context truncated from {len(prompt)} to its last {c.l4_max_prompt_tokens} tokens")
+            prompt = prompt[-c.l4_max_prompt_tokens:]
+        if not notes:
+            return request, None
+        self.counters["degraded_requests"] += 1
+        marker = f"degradation Level {level}: " + "; ".join(notes)
+        return replace(request, params=params, prompt_token_ids=list(prompt)), marker
+
+    def _send_all(self, msg: Message) -> None:
+        for w in self.table.workers.values():
+            w.send(msg)
+
+    def apply(self, change: LevelChange) -> None:
+        c = self.controller.config
+        a, b = change.from_level, change.to_level
+        actions: dict[str, Any] = {}
+        if a < 2 <= b:
+            self._spec_before = any(bool(w.stats.get("spec_enabled")) for w in self.table.healthy("decode"))
+            self._send_all(SetSpeculative(False))
+            actions["speculative"] = "off"
+        elif b < 2 <= a:
+            if self._spec_before:
+                self._send_all(SetSpeculative(True))
+            actions["speculative"] = "restored" if self._spec_before else "stays off (was off before Level 2)"
+        if a < 3 <= b:
+            if self.offload_enabled:
+                self._send_all(SetOffload(True, self.offload_threshold))
+                actions["offload"] = f"on (threshold {self.offload_threshold})"
+            else:
+                actions["offload"] = "NOT enabled: router.offload_enabled is false"
+        elif b < 3 <= a:
+            self._send_all(SetOffload(False, self.offload_threshold))
+            actions["offload"] = "off"
+        if b >= 1:
+            actions["admission_queue_cap"] = c.l1_queue_cap
+        if b >= 4:
+            actions["max_tokens_cap"] = c.l4_max_tokens
+            actions["max_prompt_tokens"] = c.l4_max_prompt_tokens
+        if b >= 5:
+            actions["new_requests"] = "rejected (503)"
+        self.events.record("degradation_level", **change.to_event(), actions=actions)
+
+    def reconcile(self, w: Worker) -> None:
+        level = self.controller.level
+        if level >= 2 and w.stats.get("spec_enabled"):
+            w.send(SetSpeculative(False))
+        offload_on = w.stats.get("offload_enabled")
+        if offload_on is not None and self.offload_enabled and bool(offload_on) != (level >= 3):
+            w.send(SetOffload(level >= 3, self.offload_threshold))
+
+
+def _retry_later(message: str, status: int, code: str, retry_after: int) -> InvalidRequestError:
+    exc = InvalidRequestError(message, status=status, code=code)
+    exc.retry_after = retry_after  # the API answers it as a Retry-After header
+    return exc
+
+
+__all__ = ["DegradationActions", "DegradationConfig", "DegradationController", "LEVEL_NAMES", "LevelChange",
+           "MAX_LEVEL", "Signals"]

@@ -113,8 +113,6 @@ class ResilienceMetrics:
         self.router = router
 
     def collect(self):
-        from harness.engine.resilience import kv_used_ratio
-
         control = self.router.resilience
         yield GaugeMetricFamily(f"{PREFIX}_degradation_level", "Degradation level 0..5 (seed Section 4.1)",
                                 value=control.degradation.level)
@@ -125,11 +123,11 @@ class ResilienceMetrics:
         rejected = CounterMetricFamily(f"{PREFIX}_degradation_rejected_requests",
                                        "New requests refused by admission control (429) or the open circuit (503)",
                                        labels=["status"])
-        rejected.add_metric(["429"], control.counters["rejected_429"])
-        rejected.add_metric(["503"], control.counters["rejected_503"])
+        rejected.add_metric(["429"], control.actions.counters["rejected_429"])
+        rejected.add_metric(["503"], control.actions.counters["rejected_503"])
         yield rejected
         yield CounterMetricFamily(f"{PREFIX}_degradation_capped_requests",
-                                  "Requests whose max_tokens or context Level 4 cut", value=control.counters["degraded_requests"])
+                                  "Requests whose max_tokens or context Level 4 cut", value=control.actions.counters["degraded_requests"])
         migrations = CounterMetricFamily(f"{PREFIX}_migrations", "Live KV migrations by outcome", labels=["outcome"])
         for outcome, n in control.migration.counters.items():
             migrations.add_metric([outcome], n)
@@ -149,8 +147,8 @@ class ResilienceMetrics:
                                   labels=["worker", "tier"])
         fetch = GaugeMetricFamily(f"{PREFIX}_kv_offload_fetch_seconds", "Recent mean on-demand fetch latency",
                                   labels=["worker"])
-        for w in control.decode_workers():
-            used.add_metric([w.id], kv_used_ratio(w))
+        for w in control.table.healthy("decode"):
+            used.add_metric([w.id], w.kv_used_ratio())
             poisoned.add_metric([w.id], float(w.stats.get("kv_blocks_poisoned", 0)))
             for tier, n in (w.stats.get("offload") or {}).items():
                 tiers.add_metric([w.id, tier], float(n))

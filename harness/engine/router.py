@@ -1,7 +1,7 @@
 """PD router: the global scheduler in front of N prefill and M decode worker processes.
 
 - Control plane: workers connect to the router's control port and register; each connection
-  carries length-prefixed JSON messages both ways (commands down, heartbeats and tokens up).
+  carries the typed messages of messages.py both ways (commands down, heartbeats and tokens up).
   A broken connection marks the worker dead at once; a silent one is marked dead after
   ``heartbeat_timeout_s`` (seed Section 5.1, layer 1), or after ``hang_timeout_s`` when it holds
   requests it serves (``no_progress``: a SIGSTOPped worker stops its progress beats, see
@@ -23,188 +23,26 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import math
-import struct
 import time
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from typing import AsyncIterator
 
 from harness.engine.config import EngineConfig
-from harness.engine.degradation import DegradationConfig
-from harness.engine.health import HealthConfig
-from harness.engine.resilience import ResilienceControl
+from harness.engine.messages import (ClientAbort, CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message,
+                                     MessageError, Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register,
+                                     SetSpeculative, Tokens, TransferEvent, Welcome, WorkerLost, encode, params_dict,
+                                     read_message)
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
+from harness.engine.resilience import ResilienceControl
+from harness.engine.router_config import RouterConfig
+from harness.engine.routing import Attempt, EventLog, RoutingTable, Worker
 from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.transfer_config import TransferConfig, config_from_dict
+from harness.engine.transfer_config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
 
 log = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------- control protocol
-
-_LEN = struct.Struct("!I")
-MAX_MSG_BYTES = 64 << 20
-
-
-def encode_msg(msg: dict) -> bytes:
-    data = json.dumps(msg, separators=(",", ":")).encode()
-    return _LEN.pack(len(data)) + data
-
-
-async def read_msg(reader: asyncio.StreamReader) -> dict | None:
-    """One control message, or None when the peer closed the connection."""
-    try:
-        (n,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-        if n > MAX_MSG_BYTES:
-            raise EngineError(f"control message of {n} bytes exceeds {MAX_MSG_BYTES}")
-        return json.loads(await reader.readexactly(n))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
-
-
-# ---------------------------------------------------------------- configuration
-
-
-@dataclass
-class RouterConfig:
-    """Knobs a cluster file can set (docs/pd.md). The sabotage knobs (``reschedule_enabled=False``,
-    ``reschedule_delay_s``) exist so the harness can prove its suites fail on a bad cluster."""
-
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 2.0
-    # progress beats (worker.py) every progress_interval_s; a worker serving requests that sends
-    # nothing for hang_timeout_s is declared down (no_progress), well before heartbeat_timeout_s
-    progress_interval_s: float = 0.1
-    hang_timeout_s: float = 0.8
-    reschedule_enabled: bool = True
-    reschedule_delay_s: float = 0.0
-    max_reschedules: int = 3
-    admission_timeout_s: float = 30.0   # a new request waits this long for KV headroom
-    reschedule_wait_s: float = 5.0      # a rescheduled request waits this long for a worker
-    kv_headroom_factor: float = 1.2     # seed 5.3: free KV must exceed 1.2 x the request's KV
-    max_events: int = 10000
-    transfer: dict = field(default_factory=dict)  # TransferConfig fields, sent to prefill workers
-    # resilience (docs/pd.md); turning one off is how a suite proves it fails without the feature
-    degradation_enabled: bool = True
-    degradation: dict = field(default_factory=dict)  # DegradationConfig fields (thresholds, dwell, caps)
-    offload_enabled: bool = True        # Level 3 turns KV offload on
-    offload_threshold: float = 0.85     # seed 4.3
-    migration_enabled: bool = True      # live KV migration (admin API, drain, health decisions)
-    auto_migrate: bool = True           # health decisions (seed 5.3) migrate without an operator
-    migration_timeout_s: float = 10.0
-    health: dict = field(default_factory=dict)       # HealthConfig fields (window, weights, threshold)
-    control_interval_s: float = 0.25    # how often the degradation level and health scores are evaluated
-
-    def __post_init__(self) -> None:
-        positive = ("heartbeat_interval_s", "heartbeat_timeout_s", "admission_timeout_s", "kv_headroom_factor",
-                    "progress_interval_s", "hang_timeout_s")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"router.{name} must be positive, got {getattr(self, name)!r}",
-                                  fix=f"set router.{name} to a positive number")
-        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
-            raise ConfigError(f"router.heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
-                              f"heartbeat_interval_s ({self.heartbeat_interval_s})",
-                              fix="use e.g. interval 1 s and timeout 2 s")
-        if self.hang_timeout_s < 4 * self.progress_interval_s:
-            raise ConfigError(f"router.hang_timeout_s ({self.hang_timeout_s}) must be at least 4 x "
-                              f"progress_interval_s ({self.progress_interval_s}), or one late beat is a false alarm",
-                              fix="use e.g. progress_interval_s 0.1 and hang_timeout_s 0.8")
-        if self.reschedule_delay_s < 0 or self.reschedule_wait_s < 0 or self.max_reschedules < 0:
-            raise ConfigError("router.reschedule_delay_s, reschedule_wait_s and max_reschedules must be >= 0",
-                              fix="use non-negative values")
-        TransferConfig.from_dict(self.transfer)  # validate now, not at the first request
-        for name in ("migration_timeout_s", "control_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"router.{name} must be positive, got {getattr(self, name)!r}",
-                                  fix=f"set router.{name} to a positive number")
-        if not 0 < self.offload_threshold < 1:
-            raise ConfigError(f"router.offload_threshold must be in (0, 1), got {self.offload_threshold!r}",
-                              fix="use 0.85 (seed Section 4.3)")
-        DegradationConfig.from_dict(self.degradation)
-        try:
-            HealthConfig(**self.health)
-        except TypeError as exc:
-            raise ConfigError(f"router.health: {exc}", fix="use HealthConfig fields (docs/pd.md)") from None
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> "RouterConfig":
-        return config_from_dict(cls, data, "router")
-
-
-# ---------------------------------------------------------------- state
-
-
-@dataclass
-class Worker:
-    id: str
-    role: str  # "prefill" | "decode"
-    pid: int
-    kv_addr: tuple[str, int]
-    control_addr: tuple[str, int]
-    writer: asyncio.StreamWriter
-    kv_blocks_total: int
-    block_size: int
-    health: str = "healthy"  # "healthy" | "dead"
-    down_reason: str | None = None
-    last_heartbeat: float = field(default_factory=time.monotonic)  # last message of any kind
-    steps: int | None = None      # the worker's progress counter (None: it sends no progress beats)
-    joined_wall: float = field(default_factory=time.time)
-    queue_depth: int = 0          # prefill: placed here, KV not yet delivered; decode: active requests
-    kv_blocks_used: int = 0       # as the worker reported it
-    stats: dict = field(default_factory=dict)
-    transfer: dict = field(default_factory=dict)
-    attempts: set[str] = field(default_factory=set)  # attempt ids placed here
-    reserved_blocks: int = 0
-
-    def send(self, msg: dict) -> None:
-        if self.health == "healthy" and not self.writer.is_closing():
-            self.writer.write(encode_msg(msg))
-
-    def free_blocks(self) -> int:
-        return self.kv_blocks_total - max(self.kv_blocks_used, self.reserved_blocks)
-
-    def public(self) -> dict:
-        return {"id": self.id, "role": self.role, "pid": self.pid, "health": self.health,
-                "down_reason": self.down_reason,
-                "addresses": {"control": "%s:%d" % self.control_addr, "kv": "%s:%d" % self.kv_addr},
-                "queue_depth": self.queue_depth,
-                "active_requests": len(self.attempts),
-                "kv_blocks_used": self.kv_blocks_used, "kv_blocks_total": self.kv_blocks_total,
-                "kv_blocks_reserved": self.reserved_blocks,
-                "kv_used_ratio": self.stats.get("kv_used_ratio"),
-                "kv_blocks_poisoned": int(self.stats.get("kv_blocks_poisoned", 0)),
-                "kv_blocks_quarantined": int(self.stats.get("kv_blocks_quarantined", 0)),
-                "spec_enabled": bool(self.stats.get("spec_enabled")),
-                "offload": self.stats.get("offload") or {},
-                "offload_enabled": self.stats.get("offload_enabled"),
-                "num_running": int(self.stats.get("num_running", 0)),
-                "generation_tokens_total": int(self.stats.get("generation_tokens_total", 0)),
-                "heartbeat_age_s": round(time.monotonic() - self.last_heartbeat, 3), "steps": self.steps,
-                "joined_at": self.joined_wall, "transfer": self.transfer}
-
-
-@dataclass
-class _Attempt:
-    id: str                 # "<request id>#<n>": stale messages of an earlier attempt never match
-    prefill: str
-    decode: str
-    blocks: int
-    inbox: asyncio.Queue
-    request: GenerateRequest | None = None
-    streamed: list[int] = field(default_factory=list)  # the request's stream so far (shared list)
-    kv_arrived: bool = False
-    last_active: float = field(default_factory=time.monotonic)  # last token (migration victim order)
-    last_worker: str | None = None                               # who sent the last token
-    gaps: deque = field(default_factory=lambda: deque(maxlen=16))  # recent inter-token gaps, seconds
-    pending: list[dict] = field(default_factory=list)           # tokens messages not yet in order
-
-    @property
-    def priority(self) -> int:
-        return self.request.params.priority if self.request else 0
 
 
 class _Lost(Exception):
@@ -224,22 +62,26 @@ class Router:
         self.model_name = preset
         self.max_model_len = engine.context_len
         self._tokenizer = ByteTokenizer()
-        self.workers: dict[str, Worker] = {}
-        self.events: deque[dict] = deque(maxlen=self.config.max_events)
-        self._event_seq = itertools.count(1)
-        self._attempts: dict[str, _Attempt] = {}
+        self.table = RoutingTable(self.config.kv_headroom_factor)
+        self.events = EventLog(self.config.max_events)
         self._capacity = asyncio.Condition()
-        self.waiting = 0
         self.counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}
         self._server: asyncio.AbstractServer | None = None
         self._monitor: asyncio.Task | None = None
         self._conn_tasks: set[asyncio.Task] = set()
-        self.resilience = ResilienceControl(self)
+        self.resilience = ResilienceControl(self.config, self.table, self.events)
 
     @property
-    def attempts(self) -> dict[str, _Attempt]:
-        """Placements in flight by attempt id (the migration manager reads them)."""
-        return self._attempts
+    def workers(self) -> dict[str, Worker]:
+        return self.table.workers
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a placement (the admission queue)."""
+        return self.table.waiting
+
+    def record_event(self, kind: str, **detail) -> None:
+        self.events.record(kind, **detail)
 
     # -- EngineClient
     def tokenizer(self) -> ByteTokenizer:
@@ -265,12 +107,12 @@ class Router:
 
     async def set_speculative(self, enabled: bool) -> None:
         for w in self.workers.values():
-            w.send({"type": "set_speculative", "enabled": bool(enabled)})
+            w.send(SetSpeculative(bool(enabled)))
 
     async def abort(self, request_id: str) -> None:
-        for att in list(self._attempts.values()):
-            if att.id.rsplit("#", 1)[0] == request_id:
-                att.inbox.put_nowait({"type": "client_abort"})
+        for att in list(self.table.attempts.values()):
+            if att.request_id == request_id:
+                att.inbox.put_nowait(ClientAbort())
 
     async def close(self) -> None:
         if self._monitor:
@@ -357,14 +199,14 @@ class Router:
                     self.max_model_len)
         return math.ceil(total / block_size)
 
-    async def _place(self, request: GenerateRequest, n: int, streamed: list[int], resumed: bool) -> _Attempt:
+    async def _place(self, request: GenerateRequest, n: int, streamed: list[int], resumed: bool) -> Attempt:
         timeout = self.config.reschedule_wait_s if resumed else self.config.admission_timeout_s
         deadline = time.monotonic() + timeout
-        self.waiting += 1
+        self.table.waiting += 1
         try:
             async with self._capacity:
                 while True:
-                    picked = self._pick(request, streamed)
+                    picked = self.table.pick(lambda block_size: self._blocks_needed(request, streamed, block_size))
                     if isinstance(picked, tuple):
                         break
                     remaining = deadline - time.monotonic()
@@ -377,47 +219,17 @@ class Router:
                     except asyncio.TimeoutError:
                         pass
         finally:
-            self.waiting -= 1
+            self.table.waiting -= 1
         prefill, decode, blocks = picked
-        att = _Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue(), request, streamed)
-        self._attempts[att.id] = att
-        prefill.attempts.add(att.id)
-        decode.attempts.add(att.id)
-        decode.reserved_blocks += blocks
-        prefill.queue_depth += 1
-        decode.queue_depth += 1
+        att = Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue(), request, streamed)
+        self.table.place(att)
         return att
 
-    def _pick(self, request: GenerateRequest, streamed: list[int]) -> tuple[Worker, Worker, int] | str:
-        healthy = [w for w in self.workers.values() if w.health == "healthy"]
-        prefills = [w for w in healthy if w.role == "prefill"]
-        decodes = [w for w in healthy if w.role == "decode" and w.id not in self.resilience.migration.draining]
-        if not prefills or not decodes:
-            return f"{len(prefills)} healthy prefill and {len(decodes)} healthy decode workers"
-        fits = []
-        for w in decodes:
-            need = self._blocks_needed(request, streamed, w.block_size)
-            if w.free_blocks() > self.config.kv_headroom_factor * need:
-                fits.append((len(w.attempts), w.id, w, need))
-        if not fits:
-            return "no decode worker has KV headroom of %.1fx the request's KV" % self.config.kv_headroom_factor
-        _, _, decode, need = min(fits)
-        prefill = min(prefills, key=lambda w: (w.queue_depth, w.id))
-        return prefill, decode, need
-
-    def _release(self, att: _Attempt, how: str = "ended") -> None:
-        if self._attempts.pop(att.id, None) is None:
+    def _release(self, att: Attempt, how: str = "ended") -> None:
+        if att.id not in self.table.attempts:
             return
         self.resilience.migration.cancel(att, how)
-        for wid in (att.prefill, att.decode):
-            w = self.workers.get(wid)
-            if w is not None and att.id in w.attempts:
-                w.attempts.discard(att.id)
-                if wid == att.decode or not att.kv_arrived:
-                    w.queue_depth -= 1
-                w.send({"type": "abort", "rid": att.id})  # no-op on the worker when already finished
-                if wid == att.decode:
-                    w.reserved_blocks -= att.blocks
+        self.table.release(att)
         asyncio.get_running_loop().create_task(self._notify_capacity())
 
     async def _notify_capacity(self) -> None:
@@ -425,84 +237,78 @@ class Router:
             self._capacity.notify_all()
 
     # -- one placement of a request
-    async def _run(self, att: _Attempt, request: GenerateRequest, streamed: list[int]) -> AsyncIterator[TokenEvent]:
+    async def _run(self, att: Attempt, request: GenerateRequest, streamed: list[int]) -> AsyncIterator[TokenEvent]:
         decode, prefill = self.workers[att.decode], self.workers[att.prefill]
-        body = {"rid": att.id, "prompt_token_ids": request.prompt_token_ids, "resume_token_ids": streamed,
-                "params": asdict(request.params)}
-        decode.send({"type": "import", **body})
+        body = dict(rid=att.id, prompt_token_ids=list(request.prompt_token_ids), resume_token_ids=list(streamed),
+                    params=params_dict(request.params))
+        decode.send(Import(**body))
         prefill_sent = False
         while True:
-            msg = await att.inbox.get()
-            kind = msg["type"]
-            if kind == "import_ready" and not prefill_sent:
-                prefill.send({"type": "prefill", **body, "transfer": self.config.transfer,
-                              "target": {"kv": list(decode.kv_addr), "control": list(decode.control_addr)}})
-                prefill_sent = True
-            elif kind == "tokens":
-                self._kv_arrived(att)
-                att.pending.append(msg)
-                while (part := self._next_in_order(att, len(streamed))) is not None:
-                    yield self._token_event(request, att, part)
-            elif kind == "prefill_done":
-                self._kv_arrived(att)
-                self.record_event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
-                            mode=self.config.transfer.get("mode", "layerwise"), prefill_s=msg["prefill_s"],
-                            transfer_s=msg["seconds"], bytes=msg["bytes"], path=msg["path"],
-                            retries=msg["retries"], fallback=msg["fallback"])
-            elif kind in ("import_failed", "prefill_failed"):
-                raise _Lost(f"{kind} on {msg.get('worker')}: {msg.get('error')}", msg.get("worker"), time.monotonic())
-            elif kind == "worker_lost":
-                if msg["worker"] == att.decode or not att.kv_arrived:
-                    raise _Lost(f"worker {msg['worker']} lost ({msg['reason']})", msg["worker"], msg["at"])
-            elif kind == "client_abort":
+            item = await att.inbox.get()
+            if isinstance(item, WorkerLost):
+                if item.worker == att.decode or not att.kv_arrived:
+                    raise _Lost(f"worker {item.worker} lost ({item.reason})", item.worker, item.at)
+                continue
+            if isinstance(item, ClientAbort):
                 yield TokenEvent(request.request_id, [], "", True, FinishReason.ABORT,
                                  num_output_tokens=len(streamed))
                 return
+            worker, msg = item
+            if isinstance(msg, ImportReady) and not prefill_sent:
+                prefill.send(Prefill(**body, transfer=dict(self.config.transfer),
+                                     target={"kv": list(decode.kv_addr), "control": list(decode.control_addr)}))
+                prefill_sent = True
+            elif isinstance(msg, Tokens):
+                self.table.kv_arrived(att)
+                att.pending.append((worker, msg))
+                while (part := self._next_in_order(att, len(streamed))) is not None:
+                    yield self._token_event(request, att, *part)
+            elif isinstance(msg, PrefillDone):
+                self.table.kv_arrived(att)
+                self.record_event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
+                            mode=self.config.transfer.get("mode", "layerwise"), prefill_s=msg.prefill_s,
+                            transfer_s=msg.seconds, bytes=msg.bytes, path=msg.path,
+                            retries=msg.retries, fallback=msg.fallback)
+            elif isinstance(msg, (ImportFailed, PrefillFailed)):
+                raise _Lost(f"{msg.TYPE} on {worker}: {msg.error}", worker, time.monotonic())
 
-    def _next_in_order(self, att: _Attempt, have: int) -> dict | None:
+    def _next_in_order(self, att: Attempt, have: int) -> tuple[str, Tokens] | None:
         """The next tokens message that continues the stream at ``have`` tokens. During a live
         migration both the source (until it paused) and the target may send the same positions,
         and the target's first tokens may overtake the source's last ones: duplicates are dropped,
         overlaps trimmed, and a message that starts past ``have`` waits for the gap to fill."""
-        for m in list(att.pending):
-            end = m["num_output_tokens"]
-            start = end - len(m["token_ids"])
-            if end <= have and not (m["finished"] and start == end):
-                att.pending.remove(m)  # everything in it was streamed already
-                if m["finished"]:      # ...but the end of the stream still counts
-                    return {**m, "token_ids": [], "text": ""}
+        for item in list(att.pending):
+            worker, m = item
+            end = m.num_output_tokens
+            start = end - len(m.token_ids)
+            if end <= have and not (m.finished and start == end):
+                att.pending.remove(item)  # everything in it was streamed already
+                if m.finished:            # ...but the end of the stream still counts
+                    return worker, replace(m, token_ids=[], text="")
             elif start <= have:
-                att.pending.remove(m)
+                att.pending.remove(item)
                 if start < have:
-                    tokens = m["token_ids"][have - start:]
-                    m = {**m, "token_ids": tokens, "text": self._tokenizer.decode(tokens)}
-                return m
+                    tokens = m.token_ids[have - start:]
+                    m = replace(m, token_ids=tokens, text=self._tokenizer.decode(tokens))
+                return worker, m
         return None
 
-    def _token_event(self, request: GenerateRequest, att: _Attempt, msg: dict) -> TokenEvent:
-        now, worker = time.monotonic(), msg["worker"]
-        if msg["token_ids"]:
+    def _token_event(self, request: GenerateRequest, att: Attempt, worker: str, msg: Tokens) -> TokenEvent:
+        now = time.monotonic()
+        if msg.token_ids:
             if att.last_worker is not None and worker != att.last_worker:
                 # the stall a migrated stream sees: last token from the source to first from the target
                 gaps = sorted(att.gaps)
                 self.record_event("migration_resumed", request_id=request.request_id, from_worker=att.last_worker,
                                   to_worker=worker, stall_s=round(now - att.last_active, 6),
-                                  at_token=msg["num_output_tokens"] - len(msg["token_ids"]),
+                                  at_token=msg.num_output_tokens - len(msg.token_ids),
                                   typical_gap_s=round(gaps[len(gaps) // 2], 6) if gaps else None)
             elif att.last_worker is not None:
                 att.gaps.append(now - att.last_active)
             att.last_active, att.last_worker = now, worker
-        return TokenEvent(request.request_id, msg["token_ids"], msg["text"], msg["finished"],
-                          FinishReason(msg["finish_reason"]) if msg["finish_reason"] else None,
-                          num_output_tokens=msg["num_output_tokens"], worker=worker, error=msg.get("error"))
-
-    def _kv_arrived(self, att: _Attempt) -> None:
-        if not att.kv_arrived:
-            att.kv_arrived = True
-            prefill = self.workers.get(att.prefill)
-            if prefill is not None and att.id in prefill.attempts:
-                prefill.attempts.discard(att.id)
-                prefill.queue_depth -= 1
+        return TokenEvent(request.request_id, msg.token_ids, msg.text, msg.finished,
+                          FinishReason(msg.finish_reason) if msg.finish_reason else None,
+                          num_output_tokens=msg.num_output_tokens, worker=worker, error=msg.error)
 
     # -- control plane
     async def start_control(self, host: str, port: int, sock=None) -> tuple[str, int]:
@@ -518,26 +324,35 @@ class Router:
         task = asyncio.current_task()
         self._conn_tasks.add(task)
         worker = None
+        peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
         try:
-            hello = await read_msg(reader)
-            if not hello or hello.get("type") != "register":
+            hello = await read_message(reader, peer)
+            if not isinstance(hello, Register):
+                if hello is not None:
+                    log.warning("refused control connection from %s: it sent %s before register", peer, hello.TYPE)
+                    writer.write(encode(Refused(f"the first message must be register, got {hello.TYPE}")))
                 return
-            old = self.workers.get(hello["id"])
-            if old is not None and old.health == "healthy":
-                writer.write(encode_msg({"type": "refused", "error": f"worker id {hello['id']} is already "
-                                         "registered and healthy"}))
+            if hello.role not in ("prefill", "decode"):
+                log.warning("refused worker %s from %s: role %r", hello.id, peer, hello.role)
+                writer.write(encode(Refused(f"worker role {hello.role!r} is not prefill or decode")))
                 return
-            worker = Worker(hello["id"], hello["role"], hello["pid"], tuple(hello["kv_addr"]),
-                            tuple(hello["control_addr"]), writer, hello["kv_blocks_total"], hello["block_size"])
-            self.workers[worker.id] = worker
-            writer.write(encode_msg({"type": "welcome", "heartbeat_interval_s": self.config.heartbeat_interval_s,
-                                     "progress_interval_s": self.config.progress_interval_s}))
+            if any(w.id == hello.id for w in self.table.healthy()):
+                writer.write(encode(Refused(f"worker id {hello.id} is already registered and healthy")))
+                return
+            worker = Worker(hello.id, hello.role, hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
+                            hello.kv_blocks_total, hello.block_size)
+            old = self.table.join(worker)
+            writer.write(encode(Welcome(self.config.heartbeat_interval_s, self.config.progress_interval_s)))
             self.record_event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
                         rejoined=old is not None)
             await self._notify_capacity()
-            while (msg := await read_msg(reader)) is not None:
+            while (msg := await read_message(reader, worker.id)) is not None:
                 self._on_message(worker, msg)
             self._worker_lost(worker, "connection_lost")
+        except MessageError as exc:  # the stream lost its framing: hang up
+            log.warning("control connection from %s refused: %s", worker.id if worker else peer, exc)
+            if worker is not None:
+                self._worker_lost(worker, "protocol_error")
         except Exception:
             log.exception("control connection failed")
             if worker is not None:
@@ -546,54 +361,39 @@ class Router:
             writer.close()
             self._conn_tasks.discard(task)
 
-    def _on_message(self, w: Worker, msg: dict) -> None:
+    def _on_message(self, w: Worker, msg: Message) -> None:
         if w.health != "healthy":
             return  # a worker declared dead stays dead until it reconnects
-        kind = msg["type"]
         w.last_heartbeat = time.monotonic()  # any message proves liveness
-        if kind == "progress":
-            w.steps = msg["steps"]
+        if isinstance(msg, Progress):
+            w.steps = msg.steps
             return
-        if kind == "heartbeat":
-            w.stats, w.transfer = msg["stats"], msg["transfer"]
-            w.kv_blocks_used = msg["stats"].get("kv_blocks_used", 0)
+        if isinstance(msg, Heartbeat):
+            self.table.heartbeat(w, msg.stats, msg.transfer)
             self.resilience.on_heartbeat(w)
             return
         if self.resilience.on_message(w, msg):
             return  # a fault or migration reply, not part of a request's stream
-        if kind == "transfer_event":
-            self.record_event(f"transfer_{msg['event']}", worker=w.id, request_id=msg["rid"].rsplit("#", 1)[0],
-                        **msg.get("detail", {}))
-        att = self._attempts.get(msg.get("rid", ""))
-        if att is not None and kind != "transfer_event":
-            att.inbox.put_nowait({**msg, "worker": w.id})
+        if isinstance(msg, TransferEvent):
+            self.record_event(f"transfer_{msg.event}", worker=w.id, request_id=msg.rid.rsplit("#", 1)[0],
+                              **msg.detail)
+            return
+        if not isinstance(msg, (ImportReady, ImportFailed, PrefillDone, PrefillFailed, Tokens)):
+            log.warning("refused a %s message from worker %s: workers do not send it", msg.TYPE, w.id)
+            return
+        att = self.table.attempts.get(msg.rid)
+        if att is not None:
+            att.inbox.put_nowait((w.id, msg))
 
     def _worker_lost(self, w: Worker, reason: str, **detail) -> None:
         if w.health != "healthy":
             return
-        now = time.monotonic()
-        w.health, w.down_reason = "dead", reason
+        # affected: the requests this worker was serving (their prefill, or their decode)
+        affected = self.table.lose(w, reason, time.monotonic())
         self.resilience.on_worker_lost(w)
-        # affected: the requests this worker was serving (their prefill, or their decode). A request
-        # it only held a reservation for, as the target of a live migration in flight, keeps running
-        # on its source (the migration fails) and is not the worker's to reschedule
-        serving = [a for a in w.attempts if (att := self._attempts.get(a)) is None
-                   or att.decode == w.id or (att.prefill == w.id and not att.kv_arrived)]
         self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
-                    affected=sorted(serving), **detail)
-        for att_id in list(w.attempts):
-            att = self._attempts.get(att_id)
-            if att is not None:
-                att.inbox.put_nowait({"type": "worker_lost", "worker": w.id, "reason": reason, "at": now})
+                          affected=affected, **detail)
         w.writer.close()  # a hung worker that wakes up finds its connection gone and rejoins
-
-    def _serves(self, w: Worker) -> bool:
-        """Whether requests wait on ``w``: it decodes them, or their KV has yet to come from it."""
-        for att_id in w.attempts:
-            att = self._attempts.get(att_id)
-            if att is not None and (att.decode == w.id or not att.kv_arrived):
-                return True
-        return False
 
     async def _watch_heartbeats(self) -> None:
         """Declares silent workers down. Progress beats come from the worker's event loop, which runs
@@ -614,14 +414,8 @@ class Router:
                 if silent > self.config.heartbeat_timeout_s:
                     self._worker_lost(w, "heartbeat_timeout", silent_s=round(silent, 4))
                 elif (on_time and w.steps is not None and silent > self.config.hang_timeout_s
-                      and self._serves(w)):
+                      and self.table.serves(w)):
                     self._worker_lost(w, "no_progress", silent_s=round(silent, 4), steps=w.steps)
-
-    def record_event(self, kind: str, **detail) -> None:
-        event = {"seq": next(self._event_seq), "type": kind, "wall_time": time.time(),
-                 "monotonic": time.monotonic(), **detail}
-        self.events.append(event)
-        log.info("event %s", event)
 
     def fault(self, worker_id: str, spec: dict) -> dict:
         w = self.workers.get(worker_id)
@@ -631,7 +425,7 @@ class Router:
         if not spec or set(spec) - allowed or not all(isinstance(v, int) and v >= 0 for v in spec.values()):
             raise InvalidRequestError(f"fault must be an object with {sorted(allowed)} as non-negative integers, "
                                       f"got {spec!r}", param="fault")
-        w.send({"type": "fault", **spec})
+        w.send(CorruptFrames(**spec))
         self.record_event("fault_hook", worker=worker_id, **spec)
         return {"worker": worker_id, **spec}
 

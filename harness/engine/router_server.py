@@ -22,7 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from harness.engine.metrics import PREFIX
 from harness.engine.resilience_admin import ResilienceMetrics, resilience_api
-from harness.engine.router import Router, RouterConfig
+from harness.engine.router import Router
+from harness.engine.router_config import RouterConfig
 from harness.engine import DEFAULT_PRESET
 from harness.errors import InvalidRequestError
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from harness.engine.router import RouterConfig
+from harness.engine.router_config import RouterConfig
 from harness.engine import DEFAULT_PRESET
 from harness.errors import ConfigError, EngineError, ProbeError
 from harness.probes.admin import AdminClient

@@ -37,8 +37,10 @@ from typing import Callable
 
 from harness.engine.config import EngineConfig
 from harness.engine.core import EngineCore, ImportHandle
-from harness.engine.protocol import GenerateRequest, SamplingParams
-from harness.engine.router import encode_msg, read_msg
+from harness.engine.messages import (FAULT_COMMANDS, Abort, CorruptFrames, Heartbeat, Import, ImportFailed,
+                                     ImportReady, Message, MigrateIn, MigrateOut, Prefill, PrefillDone, PrefillFailed,
+                                     Progress, Register, SetOffload, SetSpeculative, Tokens, TransferEvent, Welcome,
+                                     MessageError, encode, read_message)
 from harness.engine.kv_landing import ImportLanding
 from harness.engine.worker_faults import WorkerFaults, kv_block_faults, kv_used_ratio
 from harness.engine.worker_migration import LiveMigration
@@ -54,13 +56,6 @@ log = logging.getLogger(__name__)
 STATS_REFRESH_S = 0.1
 
 
-def _request(msg: dict) -> GenerateRequest:
-    params = dict(msg["params"])
-    params["stop"] = tuple(params.get("stop", ()))
-    return GenerateRequest(msg["rid"], list(msg["prompt_token_ids"]), SamplingParams(**params),
-                           resume_token_ids=list(msg["resume_token_ids"]))
-
-
 class PDWorker:
     def __init__(self, worker_id: str, role: str, engine_config: EngineConfig) -> None:
         if role not in ("prefill", "decode"):
@@ -72,7 +67,7 @@ class PDWorker:
         self._cmds: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._imports: dict[str, ImportHandle] = {}   # decode: KV arriving
         self._layouts: dict[str, KVLayout] = {}
-        self._jobs: deque[dict] = deque()             # prefill: queued requests
+        self._jobs: deque[Prefill] = deque()          # prefill: queued requests
         self._senders: dict[str, KVSender] = {}       # prefill: transfers in flight
         self._corrupt_frames = 0                      # fault hook (admin API)
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
@@ -130,10 +125,9 @@ class PDWorker:
                 stalled = not events and not self.core.scheduler.running
                 for ev in events:
                     self.window.on_tokens(ev.request_id, len(ev.token_ids), ev.finished)
-                    self.publish({"type": "tokens", "rid": ev.request_id, "token_ids": ev.token_ids,
-                                  "text": ev.text, "finished": ev.finished,
-                                  "finish_reason": ev.finish_reason.value if ev.finish_reason else None,
-                                  "num_output_tokens": ev.num_output_tokens, "error": ev.error})
+                    self.publish(Tokens(ev.request_id, list(ev.token_ids), ev.text, ev.finished,
+                                        ev.finish_reason.value if ev.finish_reason else None,
+                                        ev.num_output_tokens, ev.error))
             if time.monotonic() - self._stats_at >= STATS_REFRESH_S:
                 self._stats_cache, self._stats_at = self._stats(), time.monotonic()
 
@@ -151,23 +145,22 @@ class PDWorker:
                      **self.core.offload_stats())
         return stats
 
-    def _run_prefill(self, job: dict) -> None:
-        rid = job["rid"]
-        target = job["target"]
+    def _run_prefill(self, job: Prefill) -> None:
+        rid = job.rid
+        target = job.target
         sender = KVSender(rid, self.model.n_layers, Endpoint(*target["kv"], PATH_FABRIC),
-                          Endpoint(*target["control"], PATH_CONTROL), TransferConfig.from_dict(job["transfer"]),
+                          Endpoint(*target["control"], PATH_CONTROL), TransferConfig.from_dict(job.transfer),
                           self.transfer_stats, corrupt_frames=self._corrupt_frames,
-                          on_event=lambda kind, **d: self.publish({"type": "transfer_event", "rid": rid,
-                                                                   "event": kind, "detail": d}))
+                          on_event=lambda kind, **d: self.publish(TransferEvent(rid, kind, d)))
         self._corrupt_frames = 0
         self._senders[rid] = sender
         t0 = time.perf_counter()
         try:
-            result = self.core.prefill_for_transfer(_request(job), on_layer=lambda *a: self._layer_done(sender, *a))
+            result = self.core.prefill_for_transfer(job.request(), on_layer=lambda *a: self._layer_done(sender, *a))
         except Exception as exc:
             sender.cancel()
             self._senders.pop(rid, None)
-            self.publish({"type": "prefill_failed", "rid": rid, "error": f"prefill: {exc}"})
+            self.publish(PrefillFailed(rid, f"prefill: {exc}"))
             return
         self._finisher.submit(self._finish_transfer, rid, sender, result.first_token_id,
                               time.perf_counter() - t0)
@@ -179,27 +172,25 @@ class PDWorker:
     def _finish_transfer(self, rid: str, sender: KVSender, first_token_id: int, prefill_s: float) -> None:
         try:
             res = sender.finish(first_token_id)
-            self.publish({"type": "prefill_done", "rid": rid, "prefill_s": prefill_s, "path": res.path,
-                          "bytes": res.bytes, "seconds": res.seconds, "retries": res.retries,
-                          "fallback": res.fallback})
+            self.publish(PrefillDone(rid, prefill_s, res.path, res.bytes, res.seconds, res.retries, res.fallback))
         except HarnessError as exc:
-            self.publish({"type": "prefill_failed", "rid": rid, "error": str(exc)})
+            self.publish(PrefillFailed(rid, str(exc)))
         finally:
             self._senders.pop(rid, None)
 
-    def _import(self, msg: dict) -> None:
-        req = _request(msg)
+    def _import(self, msg: Import) -> None:
+        req = msg.request()
         n = len(req.prompt_token_ids) + len(req.resume_token_ids)
         try:
             handle = self.core.begin_import(req, n)
         except HarnessError as exc:
-            self.publish({"type": "import_failed", "rid": req.request_id, "error": str(exc)})
+            self.publish(ImportFailed(req.request_id, str(exc)))
             return
         self._imports[req.request_id] = handle
         self.landing.register(req.request_id, handle)
         self._layouts[req.request_id] = KVLayout(self.model.n_layers, n, self.model.n_kv_heads, self.model.head_dim,
                                                  self.core.pool.storage.dtype)
-        self.publish({"type": "import_ready", "rid": req.request_id})
+        self.publish(ImportReady(req.request_id))
 
     def _write(self, rid: str, layer_start: int, kv, release) -> None:
         try:
@@ -220,13 +211,13 @@ class PDWorker:
         try:
             self.core.commit_import(handle, first_token_id)
         except HarnessError as exc:
-            self.publish({"type": "import_failed", "rid": rid, "error": str(exc)})
+            self.publish(ImportFailed(rid, str(exc)))
 
     def _abort(self, rid: str) -> None:
         for tid in self.migration.forget(rid):  # a migration into this worker that was called off
             self._abort(tid)
         self.window.forget(rid)
-        self._jobs = deque(j for j in self._jobs if j["rid"] != rid)
+        self._jobs = deque(j for j in self._jobs if j.rid != rid)
         sender = self._senders.get(rid)
         if sender is not None:
             sender.cancel()
@@ -241,7 +232,7 @@ class PDWorker:
 
     def _reset(self) -> None:
         """The router forgot us: drop every request so nothing stale is streamed after rejoining."""
-        for rid in {*self._imports, *self.core.requests, *self._senders, *(j["rid"] for j in self._jobs),
+        for rid in {*self._imports, *self.core.requests, *self._senders, *(j.rid for j in self._jobs),
                     *self.migration.pending()}:
             self._abort(rid)
 
@@ -267,33 +258,33 @@ class PDWorker:
         self._cmds.put(lambda: self._commit(rid, first_token_id))
 
     # -- control plane (asyncio, main thread)
-    def publish(self, msg: dict) -> None:
+    def publish(self, msg: Message) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._outbox.put_nowait, msg)
 
-    def _on_command(self, msg: dict) -> None:
-        kind = msg["type"]
-        if kind == "import":
+    def _on_command(self, msg: Message) -> None:
+        kind = type(msg)
+        if kind is Import:
             self._cmds.put(lambda: self._import(msg))
-        elif kind == "prefill":
+        elif kind is Prefill:
             self._cmds.put(lambda: self._jobs.append(msg))
-        elif kind == "abort":
-            self._cmds.put(lambda: self._abort(msg["rid"]))
-        elif kind == "set_speculative":
-            self._cmds.put(lambda: self.core.set_speculative(msg["enabled"]))
-        elif kind in ("hbm_fill", "hbm_release", "ecc_poison", "ecc_clear"):
+        elif kind is Abort:
+            self._cmds.put(lambda: self._abort(msg.rid))
+        elif kind is SetSpeculative:
+            self._cmds.put(lambda: self.core.set_speculative(msg.enabled))
+        elif kind in FAULT_COMMANDS:
             self._cmds.put(lambda: self.publish(self.faults.handle(msg)))
-        elif kind == "set_offload":
-            self._cmds.put(lambda: self.core.set_offload(bool(msg["enabled"]), msg.get("threshold")))
-        elif kind == "migrate_in":
+        elif kind is SetOffload:
+            self._cmds.put(lambda: self.core.set_offload(bool(msg.enabled), msg.threshold))
+        elif kind is MigrateIn:
             self._cmds.put(lambda: self.migration.migrate_in(msg))
-        elif kind == "migrate_out":
+        elif kind is MigrateOut:
             self._cmds.put(lambda: self.migration.migrate_out(msg))
-        elif kind == "fault":
-            self._corrupt_frames = int(msg.get("corrupt_frames", 0))
+        elif kind is CorruptFrames:
+            self._corrupt_frames = msg.corrupt_frames
             log.warning("fault hook armed: corrupt the next %d KV frames", self._corrupt_frames)
         else:
-            log.warning("unknown command %s", kind)
+            log.warning("refused a %s message: the router does not send it to workers", msg.TYPE)
 
     async def serve(self, router: tuple[str, int], kv_host: str, control_host: str, *, grace_s: float,
                     parent_pid: int, kv_port: int = 0) -> int:
@@ -343,45 +334,45 @@ class PDWorker:
         return 70 if self.engine_failed else code
 
     async def _session(self, reader, writer, kv_addr, control_addr, stopper: asyncio.Task) -> None:
-        writer.write(encode_msg({"type": "register", "id": self.id, "role": self.role, "pid": os.getpid(),
-                                 "kv_addr": list(kv_addr), "control_addr": list(control_addr),
-                                 "kv_blocks_total": self.core.pool.num_blocks,
-                                 "block_size": self.core.config.block_size}))
+        writer.write(encode(Register(self.id, self.role, os.getpid(), list(kv_addr), list(control_addr),
+                                     self.core.pool.num_blocks, self.core.config.block_size)))
         try:  # a router that is shutting down may still accept connections but never answer
-            welcome = await asyncio.wait_for(read_msg(reader), 5.0)
-        except asyncio.TimeoutError:
+            welcome = await asyncio.wait_for(read_message(reader, "router"), 5.0)
+        except (asyncio.TimeoutError, MessageError):
             welcome = None
-        if not welcome or welcome["type"] != "welcome":
+        if not isinstance(welcome, Welcome):
             log.warning("router refused registration: %s", welcome)
             writer.close()
             await asyncio.sleep(0.5)
             return
-        interval = float(welcome["heartbeat_interval_s"])
-        progress_interval = float(welcome.get("progress_interval_s", 0))
+        interval = float(welcome.heartbeat_interval_s)
+        progress_interval = float(welcome.progress_interval_s)
         log.info("registered with the router as %s", self.id)
 
         async def heartbeats() -> None:
             while True:
-                writer.write(encode_msg({"type": "heartbeat", "stats": self._stats_cache,
-                                         "transfer": self.transfer_stats.snapshot(),
-                                         "queue_depth": len(self._jobs) + len(self._senders)}))
+                writer.write(encode(Heartbeat(self._stats_cache, self.transfer_stats.snapshot(),
+                                              len(self._jobs) + len(self._senders))))
                 await asyncio.sleep(interval)
 
         async def progress() -> None:
             # From this event loop, not the engine thread: it runs while the engine is deep in a
             # long step, so only a stopped (or wedged) process goes silent.
             while progress_interval:
-                writer.write(encode_msg({"type": "progress", "steps": self.steps}))
+                writer.write(encode(Progress(self.steps)))
                 await asyncio.sleep(progress_interval)
 
         async def pump_outbox() -> None:
             while True:
-                writer.write(encode_msg(await self._outbox.get()))
+                writer.write(encode(await self._outbox.get()))
                 await writer.drain()
 
         async def commands() -> None:
-            while (msg := await read_msg(reader)) is not None:
-                self._on_command(msg)
+            try:
+                while (msg := await read_message(reader, "router")) is not None:
+                    self._on_command(msg)
+            except MessageError as exc:  # the stream lost its framing: rejoin on a fresh connection
+                log.warning("control connection to the router refused: %s", exc)
 
         tasks = [asyncio.ensure_future(t) for t in (commands(), heartbeats(), pump_outbox(), progress())]
         try:

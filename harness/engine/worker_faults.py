@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.engine.core import EngineCore
+from harness.engine.messages import EccClear, EccPoison, FaultState, HbmFill, HbmRelease
 from harness.errors import EngineError, HarnessError
 
 log = logging.getLogger(__name__)
@@ -47,25 +48,24 @@ class WorkerFaults:
     fills: dict[str, _Fill] = field(default_factory=dict)
     poisons: dict[str, list[int]] = field(default_factory=dict)
 
-    def handle(self, msg: dict) -> dict:
-        """Apply one fault command; returns the ``fault_state`` event (``error`` set on refusal)."""
-        kind, fault_id = msg["type"], str(msg.get("fault_id", ""))
-        base = {"type": "fault_state", "fault_id": fault_id,
-                "kind": "hbm_fill" if kind.startswith("hbm") else "ecc_poison"}
+    def handle(self, msg: HbmFill | HbmRelease | EccPoison | EccClear) -> FaultState:
+        """Apply one fault command; returns its ``FaultState`` (``error`` set on refusal)."""
+        kind, fault_id = msg.TYPE, msg.fault_id
         try:
             if not fault_id:
                 raise EngineError(f"{kind} needs a fault_id", fix="send a unique fault_id with every fault")
-            state = {"hbm_fill": self.hbm_fill, "hbm_release": self.hbm_release,
-                     "ecc_poison": self.ecc_poison, "ecc_clear": self.ecc_clear}[kind](fault_id, msg)
+            state = {HbmFill: self.hbm_fill, HbmRelease: self.hbm_release,
+                     EccPoison: self.ecc_poison, EccClear: self.ecc_clear}[type(msg)](fault_id, msg)
         except (HarnessError, ValueError, TypeError, KeyError) as exc:
             log.warning("fault %s %s refused: %s", kind, fault_id, exc)
             state = {"active": False, "error": str(exc)}
-        return {**base, **state, "kv_used_ratio": kv_used_ratio(self.core), **kv_block_faults(self.core)}
+        return FaultState(fault_id, "hbm_fill" if kind.startswith("hbm") else "ecc_poison", **state,
+                          kv_used_ratio=kv_used_ratio(self.core), **kv_block_faults(self.core))
 
-    def hbm_fill(self, fault_id: str, msg: dict) -> dict:
+    def hbm_fill(self, fault_id: str, msg: HbmFill) -> dict:
         if fault_id in self.fills:  # a repeated inject is answered, not applied twice
             return {"active": True, "blocks": len(self.fills[fault_id].blocks)}
-        share = float(msg["share"])
+        share = float(msg.share)
         if not 0.0 < share <= 1.0:
             raise ValueError(f"hbm_fill share must be in (0, 1], got {share}; e.g. 0.5 fills half the KV pool")
         pool = self.core.pool
@@ -86,7 +86,7 @@ class WorkerFaults:
         return {"active": True, "blocks": len(blocks), "requested_blocks": wanted,
                 "device_bytes": memory.numel() if memory is not None else 0}
 
-    def hbm_release(self, fault_id: str, msg: dict) -> dict:
+    def hbm_release(self, fault_id: str, msg: HbmRelease) -> dict:
         fill = self.fills.pop(fault_id, None)
         released = self.core.release_kv_blocks(fill.blocks) if fill else 0
         if fill is not None and fill.device_memory is not None:
@@ -94,14 +94,14 @@ class WorkerFaults:
             torch.cuda.empty_cache()  # give the bytes back to the device, not only to torch's cache
         return {"active": False, "blocks": released}
 
-    def ecc_poison(self, fault_id: str, msg: dict) -> dict:
+    def ecc_poison(self, fault_id: str, msg: EccPoison) -> dict:
         handling = self.core.config.ecc_handling
         if fault_id in self.poisons:
             return {"active": True, "blocks": self.poisons[fault_id], "affected": [], "ecc_handling": handling}
-        if msg.get("blocks") is not None:
-            result = self.core.poison_kv_blocks(blocks=[int(b) for b in msg["blocks"]])
+        if msg.blocks is not None:
+            result = self.core.poison_kv_blocks(blocks=[int(b) for b in msg.blocks])
         else:
-            count = int(msg.get("count", 1))
+            count = 1 if msg.count is None else msg.count
             if count < 1:
                 raise ValueError(f"ecc_poison count must be >= 1, got {count}")
             result = self.core.poison_kv_blocks(count=count)
@@ -117,7 +117,7 @@ class WorkerFaults:
         return {"active": True, "blocks": result["blocks"], "affected": result["request_ids"],
                 "ecc_handling": handling}
 
-    def ecc_clear(self, fault_id: str, msg: dict) -> dict:
+    def ecc_clear(self, fault_id: str, msg: EccClear) -> dict:
         blocks = self.poisons.pop(fault_id, [])
         restored = self.core.restore_quarantined_blocks(blocks) if blocks else 0
         return {"active": False, "blocks": blocks, "restored": restored}

@@ -2,10 +2,10 @@
 
 Protocol (the router orchestrates; ``num_tokens`` = prompt + every output token streamed so far):
 
-1. target gets ``{"type": "migrate_in", "rid", "request", "num_tokens", "generated"}``: it reserves
+1. target gets ``MigrateIn`` {rid, request, num_tokens, generated} (messages.py): it reserves
    blocks for the KV of all tokens but the last generated one, plus ``EXTRA_KV_TOKENS`` more, and
    answers ``migrate_ready`` {max_kv_tokens}.
-2. source gets ``{"type": "migrate_out", "rid", "num_tokens", "max_kv_tokens", "target_kv": [host,
+2. source gets ``MigrateOut`` {rid, num_tokens, max_kv_tokens, target_kv: [host,
    port], "target_control": [host, port] (optional fallback), "target_id", "transfer": {...}}``: it
    pauses the request (no more tokens), reads its KV out of the blocks and sends it with the PD
    sender (checksummed frames, retries, fallback path). The source kept decoding while the target
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.engine.core import ImportHandle
-from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.messages import (MigrateCommitted, MigrateFailed, MigrateIn, MigrateOut, MigrateReady, Migrated,
+                                     TransferEvent, request_from_dict)
 from harness.engine.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig
 from harness.errors import EngineError, HarnessError, KVIntegrityError
 
@@ -57,14 +58,6 @@ def parse_transfer_id(tid: str) -> tuple[str, int] | None:
     return (rid, int(n)) if sep and n.isdigit() else None
 
 
-def request_from_dict(data: dict, rid: str) -> GenerateRequest:
-    """A GenerateRequest sent as a dict (``dataclasses.asdict``) over the control connection."""
-    params = dict(data.get("params") or {})
-    params["stop"] = tuple(params.get("stop", ()))
-    return GenerateRequest(rid, list(data["prompt_token_ids"]), SamplingParams(**params),
-                           resume_token_ids=list(data.get("resume_token_ids", ())))
-
-
 @dataclass
 class _Incoming:
     rid: str
@@ -83,17 +76,17 @@ class LiveMigration:
 
     # ---- target side (engine thread) -----------------------------------------------------
 
-    def migrate_in(self, msg: dict) -> None:
-        rid = msg["rid"]
+    def migrate_in(self, msg: MigrateIn) -> None:
+        rid = msg.rid
         try:
-            req = request_from_dict(msg["request"], rid)
-            generated = [int(t) for t in msg["generated"]]
+            req = request_from_dict(msg.request, rid)
+            generated = list(msg.generated)
             if not generated:
                 raise EngineError(f"migrate_in {rid}: no generated token yet",
                                   fix="migrate a request after its first token")
             num_tokens = len(req.prompt_token_ids) + len(generated)
-            if int(msg.get("num_tokens", num_tokens)) != num_tokens:
-                raise EngineError(f"migrate_in {rid}: num_tokens {msg['num_tokens']} != prompt "
+            if msg.num_tokens != num_tokens:
+                raise EngineError(f"migrate_in {rid}: num_tokens {msg.num_tokens} != prompt "
                                   f"{len(req.prompt_token_ids)} + generated {len(generated)}",
                                   fix="num_tokens counts the prompt and every output token streamed so far")
             if rid in self._incoming:
@@ -102,11 +95,10 @@ class LiveMigration:
             req.resume_token_ids = generated[:-1]
             handle = self.core.begin_import(req, num_tokens - 1, extra_tokens=EXTRA_KV_TOKENS)
         except (HarnessError, KeyError, TypeError, ValueError) as exc:
-            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "target", "error": str(exc)})
+            self.worker.publish(MigrateFailed(rid, str(exc), side="target"))
             return
         self._incoming[rid] = _Incoming(rid, handle, generated, time.perf_counter())
-        self.worker.publish({"type": "migrate_ready", "rid": rid, "num_tokens": num_tokens,
-                             "max_kv_tokens": handle.capacity})
+        self.worker.publish(MigrateReady(rid, num_tokens, handle.capacity))
 
     def layout(self, tid: str) -> KVLayout | None:
         """Receiver thread: the layout of migration transfer ``tid`` (``{rid}@m{kv_tokens}``),
@@ -158,11 +150,9 @@ class LiveMigration:
         try:
             self.core.commit_import(incoming.handle, first_token_id, stream_first=False)
         except HarnessError as exc:
-            self.worker.publish({"type": "migrate_failed", "rid": incoming.rid, "side": "target",
-                                 "error": str(exc)})
+            self.worker.publish(MigrateFailed(incoming.rid, str(exc), side="target"))
             return True
-        self.worker.publish({"type": "migrate_committed", "rid": incoming.rid,
-                             "import_s": time.perf_counter() - incoming.started})
+        self.worker.publish(MigrateCommitted(incoming.rid, time.perf_counter() - incoming.started))
         return True
 
     def pending(self) -> list[str]:
@@ -184,43 +174,40 @@ class LiveMigration:
 
     # ---- source side ---------------------------------------------------------------------
 
-    def migrate_out(self, msg: dict) -> None:
+    def migrate_out(self, msg: MigrateOut) -> None:
         """Engine thread: pause, read the KV out, hand the delivery to a finisher thread."""
-        rid, t0 = msg["rid"], time.perf_counter()
+        rid, t0 = msg.rid, time.perf_counter()
         try:
-            if "num_tokens" not in msg:
-                raise EngineError(f"migrate_out {rid} has no num_tokens",
-                                  fix="send the same num_tokens as in the target's migrate_in")
             tokens = self.core.pause_request(rid)
         except HarnessError as exc:
-            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": str(exc)})
+            self.worker.publish(MigrateFailed(rid, str(exc), side="source"))
             return
-        num_tokens = int(msg["num_tokens"])
+        num_tokens = msg.num_tokens
         if not 1 < num_tokens <= len(tokens):
             self.core.resume_request(rid)
-            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": (
-                f"num_tokens {num_tokens} is outside (1, {len(tokens)}]: the source holds {len(tokens)} tokens")})
+            self.worker.publish(MigrateFailed(rid, side="source", error=(
+                f"num_tokens {num_tokens} is outside (1, {len(tokens)}]: the source holds {len(tokens)} tokens")))
             return
         # everything decoded here since the router's snapshot goes along, as far as the target reserved
-        kv_tokens = max(num_tokens - 1, min(len(tokens) - 1, int(msg.get("max_kv_tokens", num_tokens - 1))))
-        control = msg.get("target_control")
+        max_kv = num_tokens - 1 if msg.max_kv_tokens is None else msg.max_kv_tokens
+        kv_tokens = max(num_tokens - 1, min(len(tokens) - 1, max_kv))
+        control = msg.target_control
         sender = KVSender(transfer_id(rid, kv_tokens), self.core.model_config.n_layers,
-                          Endpoint(*msg["target_kv"], PATH_FABRIC),
+                          Endpoint(*msg.target_kv, PATH_FABRIC),
                           Endpoint(*control, PATH_CONTROL) if control else None,
-                          TransferConfig.from_dict(msg.get("transfer")), self.worker.transfer_stats,
-                          on_event=lambda kind, **d: self.worker.publish(
-                              {"type": "transfer_event", "rid": rid, "event": kind, "detail": d}))
+                          TransferConfig.from_dict(msg.transfer), self.worker.transfer_stats,
+                          on_event=lambda kind, **d: self.worker.publish(TransferEvent(rid, kind, d)))
         try:
             for layer, (k, v) in enumerate(self.core.read_kv(rid, kv_tokens)):  # k, v: [kv_tokens, KVH, hd]
                 sender.send_layer(layer, k, v)
         except Exception as exc:
             sender.cancel()
             self.core.resume_request(rid)
-            self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": str(exc)})
+            self.worker.publish(MigrateFailed(rid, str(exc), side="source"))
             return
         export_s = time.perf_counter() - t0
         self.worker._finisher.submit(self._deliver, rid, sender, tokens[num_tokens - 1:kv_tokens + 1],
-                                     msg.get("target_id"), export_s)
+                                     msg.target_id, export_s)
 
     def _deliver(self, rid: str, sender: KVSender, tail: list[int], target: str | None, export_s: float) -> None:
         """Finisher thread: wait for the target's confirmation, then free or resume on the engine thread.
@@ -232,17 +219,15 @@ class LiveMigration:
             log.warning("migration of %s to %s failed (%s); it continues here", rid, target, error)
             self.worker._cmds.put(lambda: self._resume(rid, error))
             return
-        done = {"type": "migrated", "rid": rid, "source": self.worker.id, "target": target, "export_s": export_s,
-                "transfer_s": res.seconds, "bytes": res.bytes, "path": res.path, "retries": res.retries,
-                "fallback": res.fallback, "extra_tokens": len(tail) - 1}
+        done = Migrated(rid, self.worker.id, target, export_s, res.seconds, res.bytes, res.path, res.retries,
+                        res.fallback, len(tail) - 1)
         self.worker._cmds.put(lambda: self._release(rid, done))
 
-    def _release(self, rid: str, done: dict) -> None:
+    def _release(self, rid: str, done: Migrated) -> None:
         self.core.release_paused(rid)
         self.worker.window.forget(rid)
         self.worker.publish(done)
 
     def _resume(self, rid: str, error: str) -> None:
         resumed = self.core.resume_request(rid)
-        self.worker.publish({"type": "migrate_failed", "rid": rid, "side": "source", "error": error,
-                             "resumed": resumed})
+        self.worker.publish(MigrateFailed(rid, error, side="source", resumed=resumed))

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from harness.engine.oracle import greedy_reference
-from harness.engine.router import RouterConfig
+from harness.engine.router_config import RouterConfig
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.topology import Topology
 from harness.probes.streaming import CompletionRequest, StreamingClient

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.engine.router import RouterConfig
+from harness.engine.router_config import RouterConfig
 from harness.engine.topology import Topology
 from harness.errors import ConfigError
 
