@@ -49,7 +49,9 @@ KINDS: dict[str, type[Message]] = {}
 
 
 def _kind(name: str):
+    """Class decorator: a dataclass message of wire type ``name``, registered for ``decode``."""
     def register(cls: type[Message]) -> type[Message]:
+        cls = dataclass(cls)
         cls.TYPE = name
         KINDS[name] = cls
         return cls
@@ -60,7 +62,6 @@ def _kind(name: str):
 
 
 @_kind("register")
-@dataclass
 class Register(Message):
     id: str
     role: str
@@ -72,14 +73,12 @@ class Register(Message):
 
 
 @_kind("welcome")
-@dataclass
 class Welcome(Message):
     heartbeat_interval_s: float
     progress_interval_s: float = 0.0
 
 
 @_kind("refused")
-@dataclass
 class Refused(Message):
     error: str
 
@@ -88,7 +87,6 @@ class Refused(Message):
 
 
 @_kind("heartbeat")
-@dataclass
 class Heartbeat(Message):
     stats: dict
     transfer: dict
@@ -96,7 +94,6 @@ class Heartbeat(Message):
 
 
 @_kind("progress")
-@dataclass
 class Progress(Message):
     steps: int
 
@@ -105,7 +102,6 @@ class Progress(Message):
 
 
 @_kind("import")
-@dataclass
 class Import(Message):
     """Decode worker: reserve blocks for ``rid``'s KV and wait for it."""
     rid: str
@@ -119,7 +115,6 @@ class Import(Message):
 
 
 @_kind("prefill")
-@dataclass
 class Prefill(Import):
     """Prefill worker: compute ``rid``'s KV and send it to ``target`` ({"kv": [host, port], "control": ...})."""
     transfer: dict = field(default_factory=dict)   # TransferConfig fields
@@ -127,26 +122,22 @@ class Prefill(Import):
 
 
 @_kind("abort")
-@dataclass
 class Abort(Message):
     rid: str
 
 
 @_kind("set_speculative")
-@dataclass
 class SetSpeculative(Message):
     enabled: bool
 
 
 @_kind("set_offload")
-@dataclass
 class SetOffload(Message):
     enabled: bool
     threshold: float | None = None
 
 
 @_kind("fault")
-@dataclass
 class CorruptFrames(Message):
     """Fault hook: corrupt the next ``corrupt_frames`` KV frames this prefill worker sends."""
     corrupt_frames: int = 0
@@ -156,20 +147,17 @@ class CorruptFrames(Message):
 
 
 @_kind("hbm_fill")
-@dataclass
 class HbmFill(Message):
     fault_id: str = ""
     share: float = 0.0
 
 
 @_kind("hbm_release")
-@dataclass
 class HbmRelease(Message):
     fault_id: str = ""
 
 
 @_kind("ecc_poison")
-@dataclass
 class EccPoison(Message):
     fault_id: str = ""
     count: int | None = None
@@ -177,7 +165,6 @@ class EccPoison(Message):
 
 
 @_kind("ecc_clear")
-@dataclass
 class EccClear(Message):
     fault_id: str = ""
 
@@ -186,7 +173,6 @@ FAULT_COMMANDS = (HbmFill, HbmRelease, EccPoison, EccClear)
 
 
 @_kind("fault_state")
-@dataclass
 class FaultState(Message):
     fault_id: str
     kind: str                       # "hbm_fill" | "ecc_poison"
@@ -211,27 +197,23 @@ class FaultState(Message):
 
 
 @_kind("import_ready")
-@dataclass
 class ImportReady(Message):
     rid: str
 
 
 @_kind("import_failed")
-@dataclass
 class ImportFailed(Message):
     rid: str
     error: str
 
 
 @_kind("prefill_failed")
-@dataclass
 class PrefillFailed(Message):
     rid: str
     error: str
 
 
 @_kind("prefill_done")
-@dataclass
 class PrefillDone(Message):
     rid: str
     prefill_s: float
@@ -243,7 +225,6 @@ class PrefillDone(Message):
 
 
 @_kind("tokens")
-@dataclass
 class Tokens(Message):
     rid: str
     token_ids: list[int]
@@ -255,7 +236,6 @@ class Tokens(Message):
 
 
 @_kind("transfer_event")
-@dataclass
 class TransferEvent(Message):
     rid: str
     event: str
@@ -266,7 +246,6 @@ class TransferEvent(Message):
 
 
 @_kind("migrate_in")
-@dataclass
 class MigrateIn(Message):
     rid: str
     request: dict       # GenerateRequest fields (request_dict)
@@ -275,7 +254,6 @@ class MigrateIn(Message):
 
 
 @_kind("migrate_out")
-@dataclass
 class MigrateOut(Message):
     rid: str
     num_tokens: int
@@ -287,7 +265,6 @@ class MigrateOut(Message):
 
 
 @_kind("migrate_ready")
-@dataclass
 class MigrateReady(Message):
     rid: str
     num_tokens: int
@@ -295,14 +272,12 @@ class MigrateReady(Message):
 
 
 @_kind("migrate_committed")
-@dataclass
 class MigrateCommitted(Message):
     rid: str
     import_s: float
 
 
 @_kind("migrated")
-@dataclass
 class Migrated(Message):
     rid: str
     source: str
@@ -317,7 +292,6 @@ class Migrated(Message):
 
 
 @_kind("migrate_failed")
-@dataclass
 class MigrateFailed(Message):
     rid: str
     error: str
@@ -467,22 +441,6 @@ def _fits(value: Any, hint: Any) -> bool:
 
 
 
-# ---------------------------------------------------------------- router-internal stream events (never on the wire)
-
-
-@dataclass
-class WorkerLost:
-    """A worker the attempt depends on is gone (or a migration left the request nowhere)."""
-    worker: str
-    reason: str
-    at: float
-
-
-@dataclass
-class ClientAbort:
-    """The client went away; the attempt ends with an abort event."""
-
-
-__all__ = ["KINDS", "MAX_MSG_BYTES", "ClientAbort", "Message", "MessageError", "VERSION", "WorkerLost", "decode",
+__all__ = ["KINDS", "MAX_MSG_BYTES", "Message", "MessageError", "VERSION", "decode",
            "encode", "frame", "from_dict", "read_message", "read_raw", "to_dict",
            *(c.__name__ for c in KINDS.values())]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.engine.health import Candidate, TargetWorker, order_victims, pick_target
-from harness.engine.messages import (MIGRATION_REPLIES, Abort, Message, MigrateCommitted, MigrateFailed, MigrateIn,
+from harness.engine.messages import (MIGRATION_REPLIES, Message, MigrateCommitted, MigrateFailed, MigrateIn,
                                      MigrateOut, MigrateReady, Migrated, request_dict)
 from harness.engine.router_config import RouterConfig
 from harness.engine.routing import Attempt, EventLog, RoutingTable, Worker

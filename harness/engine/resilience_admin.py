@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from harness.engine.metrics import PREFIX
 from harness.errors import InvalidRequestError
-from harness.faults.base import new_fault_id
+from harness.ids import new_fault_id
 
 if TYPE_CHECKING:
     from harness.engine.router import Router

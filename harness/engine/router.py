@@ -30,14 +30,13 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from harness.engine.config import EngineConfig
-from harness.engine.messages import (ClientAbort, CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message,
-                                     MessageError, Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register,
-                                     SetSpeculative, Tokens, TransferEvent, Welcome, WorkerLost, encode, params_dict,
-                                     read_message)
+from harness.engine.messages import (CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message, MessageError,
+                                     Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register, SetSpeculative,
+                                     Tokens, TransferEvent, Welcome, encode, params_dict, read_message)
 from harness.engine.protocol import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.resilience import ResilienceControl
 from harness.engine.router_config import RouterConfig
-from harness.engine.routing import Attempt, EventLog, RoutingTable, Worker
+from harness.engine.routing import Attempt, ClientAbort, EventLog, RoutingTable, Worker, WorkerLost
 from harness.engine.tokenizer import ByteTokenizer
 from harness.engine.transfer_config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
@@ -364,9 +363,9 @@ class Router:
     def _on_message(self, w: Worker, msg: Message) -> None:
         if w.health != "healthy":
             return  # a worker declared dead stays dead until it reconnects
-        w.last_heartbeat = time.monotonic()  # any message proves liveness
+        self.table.heard_from(w)  # any message proves liveness
         if isinstance(msg, Progress):
-            w.steps = msg.steps
+            self.table.progress(w, msg.steps)
             return
         if isinstance(msg, Heartbeat):
             self.table.heartbeat(w, msg.stats, msg.transfer)

@@ -23,10 +23,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from harness.engine.messages import Abort, Message, Tokens, WorkerLost, encode
+from harness.engine.messages import Abort, Message, Tokens, encode
 from harness.engine.protocol import GenerateRequest
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerLost:
+    """Stream event (never on the wire): a worker the attempt depends on is gone, or a migration
+    left the request nowhere."""
+    worker: str
+    reason: str
+    at: float
+
+
+@dataclass
+class ClientAbort:
+    """Stream event (never on the wire): the client went away; the attempt ends with an abort."""
 
 
 class EventLog:
@@ -186,8 +200,13 @@ class RoutingTable:
         self.workers[worker.id] = worker
         return old
 
-    def heartbeat(self, w: Worker, stats: dict, transfer: dict) -> None:
+    def heard_from(self, w: Worker) -> None:
         w.last_heartbeat = time.monotonic()
+
+    def progress(self, w: Worker, steps: int) -> None:
+        w.steps = steps
+
+    def heartbeat(self, w: Worker, stats: dict, transfer: dict) -> None:
         w.stats, w.transfer = stats, transfer
         w.kv_blocks_used = stats.get("kv_blocks_used", 0)
 
@@ -265,4 +284,4 @@ class RoutingTable:
             source.queue_depth -= 1
 
 
-__all__ = ["Attempt", "EventLog", "RoutingTable", "Worker"]
+__all__ = ["Attempt", "ClientAbort", "EventLog", "RoutingTable", "Worker", "WorkerLost"]

@@ -30,16 +30,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
-from harness.engine.core import ImportHandle
-from harness.engine.messages import (MigrateCommitted, MigrateFailed, MigrateIn, MigrateOut, MigrateReady, Migrated,
-                                     TransferEvent, request_from_dict)
-from harness.engine.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig
+from harness.engine.core import EngineCore, ImportHandle
+from harness.engine.messages import (Message, MigrateCommitted, MigrateFailed, MigrateIn, MigrateOut, MigrateReady,
+                                     Migrated, TransferEvent, request_from_dict)
+from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig,
+                                     TransferStats)
+from harness.engine.worker_stats import RecentWindow
 from harness.errors import EngineError, HarnessError, KVIntegrityError
-
-if TYPE_CHECKING:
-    from harness.engine.worker import PDWorker
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +66,24 @@ class _Incoming:
     tid: str | None = None      # bound when the source's first frame names its KV length
 
 
+class MigrationHost(Protocol):
+    """What live migration needs from the worker's engine half (worker_engine.WorkerEngine)."""
+    id: str
+    transfer_stats: TransferStats
+    window: RecentWindow
+
+    def publish(self, msg: Message) -> None: ...
+    def run_on_engine(self, fn: Callable[[], None]) -> None: ...
+    def run_in_background(self, fn: Callable, *args) -> None: ...
+    def bind_import(self, tid: str, handle: ImportHandle, num_tokens: int) -> KVLayout: ...
+    def take_import(self, tid: str) -> ImportHandle | None: ...
+    def layout(self, tid: str) -> KVLayout | None: ...
+
+
 class LiveMigration:
-    def __init__(self, worker: "PDWorker") -> None:
-        self.worker = worker
-        self.core = worker.core
+    def __init__(self, core: EngineCore, host: MigrationHost) -> None:
+        self.worker = host
+        self.core = core
         self._incoming: dict[str, _Incoming] = {}   # attempt id -> import in progress
         self._bind_lock = threading.Lock()           # receiver threads bind transfers
 
@@ -115,12 +128,9 @@ class LiveMigration:
                                 parsed[1], base, incoming.handle.capacity)
                     return None
                 incoming.handle.resize(parsed[1])
-                model = self.core.model_config
-                self.worker._imports[tid] = incoming.handle
-                self.worker._layouts[tid] = KVLayout(model.n_layers, parsed[1], model.n_kv_heads, model.head_dim,
-                                                     self.core.pool.storage.dtype)
+                self.worker.bind_import(tid, incoming.handle, parsed[1])
                 incoming.tid = tid
-        return self.worker._layouts.get(tid) if incoming.tid == tid else None
+        return self.worker.layout(tid) if incoming.tid == tid else None
 
     def check_complete(self, tid: str, last_token: int, tokens: list[int] | None) -> None:
         """Receiver thread, before the END reply: refuse a stream that ends elsewhere than expected.
@@ -146,7 +156,7 @@ class LiveMigration:
         if incoming is None or incoming.tid != tid:
             return False
         del self._incoming[incoming.rid]
-        self.worker._imports.pop(tid, None)
+        self.worker.take_import(tid)
         try:
             self.core.commit_import(incoming.handle, first_token_id, stream_first=False)
         except HarnessError as exc:
@@ -206,7 +216,7 @@ class LiveMigration:
             self.worker.publish(MigrateFailed(rid, str(exc), side="source"))
             return
         export_s = time.perf_counter() - t0
-        self.worker._finisher.submit(self._deliver, rid, sender, tokens[num_tokens - 1:kv_tokens + 1],
+        self.worker.run_in_background(self._deliver, rid, sender, tokens[num_tokens - 1:kv_tokens + 1],
                                      msg.target_id, export_s)
 
     def _deliver(self, rid: str, sender: KVSender, tail: list[int], target: str | None, export_s: float) -> None:
@@ -217,11 +227,11 @@ class LiveMigration:
         except Exception as exc:  # whatever went wrong, the stream must go on here
             error = str(exc)
             log.warning("migration of %s to %s failed (%s); it continues here", rid, target, error)
-            self.worker._cmds.put(lambda: self._resume(rid, error))
+            self.worker.run_on_engine(lambda: self._resume(rid, error))
             return
         done = Migrated(rid, self.worker.id, target, export_s, res.seconds, res.bytes, res.path, res.retries,
                         res.fallback, len(tail) - 1)
-        self.worker._cmds.put(lambda: self._release(rid, done))
+        self.worker.run_on_engine(lambda: self._release(rid, done))
 
     def _release(self, rid: str, done: Migrated) -> None:
         self.core.release_paused(rid)
