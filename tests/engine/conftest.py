@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from harness.engine.core import EngineCore
+from harness.engine.core.engine_core import EngineCore
 
 
 def _drive(core: EngineCore, on_step: Callable[[EngineCore], None] | None = None) -> dict[str, list[int]]:

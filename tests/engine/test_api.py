@@ -11,11 +11,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.engine.api import build_app
-from harness.engine.client import InProcessClient
-from harness.engine.config import EngineConfig
-from harness.engine.oracle import greedy_reference
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.serving.api import build_app
+from harness.engine.core.client import InProcessClient
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

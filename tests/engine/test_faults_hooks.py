@@ -4,13 +4,13 @@ outputs token-exact, and revert exactly (tiny preset, in-process)."""
 import pytest
 import torch
 
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
-from harness.engine.messages import VERSION, from_dict
-from harness.engine.oracle import greedy_reference
-from harness.engine.protocol import GenerateRequest, SamplingParams
-from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.worker_faults import WorkerFaults, kv_used_ratio
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.pd.messages import VERSION, from_dict
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.types import GenerateRequest, SamplingParams
+from harness.engine.core.tokenizer import ByteTokenizer
+from harness.engine.resilience.worker_faults import WorkerFaults, kv_used_ratio
 from harness.errors import ConfigError
 
 tok = ByteTokenizer()

@@ -1,4 +1,4 @@
-"""The router <-> worker control protocol (harness/engine/messages.py): every kind round-trips,
+"""The router <-> worker control protocol (harness/engine/pd/messages.py): every kind round-trips,
 malformed frames are refused with a reason, and a peer that sends one does not take the router down."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import struct
 
 import pytest
 
-from harness.engine import messages as m
-from harness.engine.protocol import GenerateRequest, SamplingParams
-from harness.engine.router import Router
-from harness.engine.router_config import RouterConfig
+from harness.engine.pd import messages as m
+from harness.engine.core.types import GenerateRequest, SamplingParams
+from harness.engine.pd.router import Router
+from harness.engine.pd.router_config import RouterConfig
 
 PARAMS = {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": ["\n"], "ignore_eos": False,
           "priority": 1}
@@ -115,7 +115,7 @@ def test_read_message_skips_a_bad_frame_with_a_logged_reason(caplog):
     async def main():
         bad = m.frame({"v": 1, "type": "teleport"})
         reader = _reader(bad, struct.pack("!I", 5) + b"nope!", m.encode(m.Abort("r9")))
-        with caplog.at_level(logging.WARNING, logger="harness.engine.messages"):
+        with caplog.at_level(logging.WARNING, logger="harness.engine.pd.messages"):
             first = await m.read_message(reader, "decode-0")
             rest = await m.read_message(reader, "decode-0")
         return first, rest

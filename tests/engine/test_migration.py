@@ -20,14 +20,14 @@ from dataclasses import asdict
 
 import pytest
 
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
-from harness.engine.oracle import greedy_reference
-from harness.engine.protocol import GenerateRequest, SamplingParams
-from harness.engine.messages import VERSION, frame, read_raw
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.types import GenerateRequest, SamplingParams
+from harness.engine.pd.messages import VERSION, frame, read_raw
+from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
-from harness.engine.worker_migration import transfer_id
+from harness.engine.resilience.worker_migration import transfer_id
 from harness.errors import KVTransferError
 
 tok = ByteTokenizer()
@@ -119,7 +119,7 @@ def cluster():
     try:
         for wid in ("dA", "dB"):
             procs[wid] = subprocess.Popen(
-                [sys.executable, "-m", "harness.engine.worker", "--role", "decode", "--id", wid, "--router",
+                [sys.executable, "-m", "harness.engine.pd.worker", "--role", "decode", "--id", wid, "--router",
                  f"127.0.0.1:{router.port}", "--preset", "tiny", "--parent-pid", str(os.getpid()),
                  "--router-grace-s", "3"], stderr=open(os.devnull, "w") if not os.environ.get("H8_DEBUG") else None)
         deadline = time.monotonic() + 60

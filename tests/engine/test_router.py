@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from harness.engine.protocol import FinishReason, GenerateRequest, SamplingParams
-from harness.engine.messages import VERSION, frame, read_raw
-from harness.engine.router import Router
-from harness.engine.router_config import RouterConfig
+from harness.engine.core.types import FinishReason, GenerateRequest, SamplingParams
+from harness.engine.pd.messages import VERSION, frame, read_raw
+from harness.engine.pd.router import Router
+from harness.engine.pd.router_config import RouterConfig
 
 FAST = {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 0.5}
 
@@ -263,10 +263,10 @@ def test_router_config_validation():
 
 def test_router_process_does_not_import_torch():
     """The router only routes: importing torch cost it seconds of start-up and ~200 MiB it never used."""
-    code = ("import sys, harness.engine.router_server as rs\n"
-            "from harness.engine.api import build_app\n"
-            "from harness.engine.router import Router\n"
-            "from harness.engine.router_config import RouterConfig\n"
+    code = ("import sys, harness.engine.pd.router_server as rs\n"
+            "from harness.engine.serving.api import build_app\n"
+            "from harness.engine.pd.router import Router\n"
+            "from harness.engine.pd.router_config import RouterConfig\n"
             "router = Router('tiny', RouterConfig.from_dict({'transfer': {'mode': 'whole'}}))\n"
             "build_app(router, extra_routers=[rs.admin_api(router)])\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
