@@ -10,21 +10,23 @@ prompt (+ resumed tokens), a running one its last token, a preempted one everyth
 
 The engine is not thread-safe: call it from one thread (clients run it in a dedicated thread
 or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...), migration
-(``export_request``, ``import_request``) and fault hooks are methods here too; see docs/engine.md.
+(``export_request``, ``import_request``) and fault hooks are methods here too (what they hand over:
+handoff.py); see docs/engine.md.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from harness.engine.core.config import EngineConfig
-from harness.engine.core.kv_cache import KVBlockData, KVBlockPool, PagedAttention
+from harness.engine.core.handoff import ExportedRequest, ImportHandle, PrefillResult
+from harness.engine.core.kv_cache import KVBlockPool, PagedAttention
 from harness.engine.core.model import DenseKV, load_model
 from harness.engine.core.offload import OffloadManager
 from harness.engine.core.output import OutputTracker
@@ -36,71 +38,6 @@ from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import EngineError, InvalidRequestError, KVCapacityError, KVIntegrityError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PrefillResult:
-    first_token_id: int
-    num_tokens: int                        # prompt + resume tokens whose K/V are in ``kv``
-    kv: list[tuple[Tensor, Tensor]]        # per layer (k, v), each [num_tokens, KVH, hd]
-
-
-@dataclass
-class ExportedRequest:
-    """A running request lifted out of an engine with its KV (live migration)."""
-
-    request: GenerateRequest
-    output_token_ids: list[int]            # everything already streamed (incl. resumed tokens)
-    seed: int
-    num_computed: int                      # tokens covered by ``blocks``
-    blocks: list[KVBlockData]
-    pending_token: int | None = None
-
-
-class ImportHandle:
-    """Blocks reserved on the decode side while a request's KV arrives layer by layer."""
-
-    def __init__(self, engine: "EngineCore", req: GenerateRequest, num_tokens: int, blocks: list[int]) -> None:
-        self.engine = engine
-        self.req = req
-        self.num_tokens = num_tokens
-        self.blocks = blocks
-        self.layers_written: set[int] = set()
-        self._slots = engine.pool.slots(blocks, 0, num_tokens)
-
-    @property
-    def capacity(self) -> int:
-        """KV tokens the reserved blocks can take (one slot stays free for the first decode)."""
-        return len(self.blocks) * self.engine.pool.block_size - 1
-
-    def resize(self, num_tokens: int) -> None:
-        """Expect ``num_tokens`` tokens of KV instead (live migration: the source decoded on while
-        the import was being prepared); only before any layer is written."""
-        if self.layers_written or not 1 <= num_tokens <= self.capacity:
-            raise KVIntegrityError(f"cannot resize the import of {self.req.request_id} to {num_tokens} tokens "
-                                   f"(capacity {self.capacity}, {len(self.layers_written)} layers written)",
-                                   fix="send at most the reserved number of tokens, before any layer")
-        self.num_tokens = num_tokens
-        self._slots = self.engine.pool.slots(self.blocks, 0, num_tokens)
-
-    def write_layer(self, layer_idx: int, k: Tensor, v: Tensor) -> None:
-        """k, v: [num_tokens, n_kv_heads, head_dim] of layer ``layer_idx``."""
-        cfg = self.engine.model_config
-        expected = (self.num_tokens, cfg.n_kv_heads, cfg.head_dim)
-        if not 0 <= layer_idx < cfg.n_layers:
-            raise KVIntegrityError(f"layer index {layer_idx} outside [0, {cfg.n_layers})",
-                                   fix="sender and receiver must run the same preset")
-        if tuple(k.shape) != expected or tuple(v.shape) != expected:
-            raise KVIntegrityError(f"layer {layer_idx} K/V shapes {tuple(k.shape)}/{tuple(v.shape)} "
-                                   f"differ from the expected {expected}",
-                                   fix="sender and receiver must run the same preset")
-        dtype = self.engine.pool.storage.dtype
-        if k.dtype != dtype or v.dtype != dtype:
-            raise KVIntegrityError(f"layer {layer_idx} K/V dtype {k.dtype} differs from the cache's {dtype}",
-                                   fix="run both sides with the same dtype")
-        device = self.engine.pool.storage.device
-        self.engine.pool.write(layer_idx, *self._slots, k.to(device), v.to(device))
-        self.layers_written.add(layer_idx)
 
 
 def validate_request(config: EngineConfig, req: GenerateRequest) -> None:
@@ -331,7 +268,7 @@ class EngineCore:
         extra_tokens = max(0, min(extra_tokens, self.config.context_len - 1 - num_tokens))
         more = self.pool.blocks_for(num_tokens + 1 + extra_tokens) - need
         blocks = self.pool.allocate(need + (more if self.pool.num_free >= need + more else 0))
-        return ImportHandle(self, req, num_tokens, blocks)
+        return ImportHandle(self.pool, self.model_config, req, num_tokens, blocks)
 
     def commit_import(self, handle: ImportHandle, first_token_id: int, *, stream_first: bool = True) -> None:
         """Join the imported request. ``stream_first=False`` (live migration): the first token was
