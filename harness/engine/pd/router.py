@@ -201,8 +201,7 @@ class Router:
     async def _place(self, request: GenerateRequest, n: int, streamed: list[int], resumed: bool) -> Attempt:
         timeout = self.config.reschedule_wait_s if resumed else self.config.admission_timeout_s
         deadline = time.monotonic() + timeout
-        self.table.waiting += 1
-        try:
+        with self.table.waiting_for_placement():
             async with self._capacity:
                 while True:
                     picked = self.table.pick(lambda block_size: self._blocks_needed(request, streamed, block_size))
@@ -217,8 +216,6 @@ class Router:
                         await asyncio.wait_for(self._capacity.wait(), remaining)
                     except asyncio.TimeoutError:
                         pass
-        finally:
-            self.table.waiting -= 1
         prefill, decode, blocks = picked
         att = Attempt(f"{request.request_id}#{n}", prefill.id, decode.id, blocks, asyncio.Queue(), request, streamed)
         self.table.place(att)

@@ -16,6 +16,7 @@ changes a worker's ``attempts``, ``queue_depth`` or ``reserved_blocks`` by hand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -192,6 +193,15 @@ class RoutingTable:
         _, _, decode, need = min(fits)
         prefill = min(prefills, key=lambda w: (w.queue_depth, w.id))
         return prefill, decode, need
+
+    @contextlib.contextmanager
+    def waiting_for_placement(self) -> Iterator[None]:
+        """A request waits in the admission queue while inside (``waiting`` counts it)."""
+        self.waiting += 1
+        try:
+            yield
+        finally:
+            self.waiting -= 1
 
     # -- workers telling
     def join(self, worker: Worker) -> Worker | None:
