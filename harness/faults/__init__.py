@@ -6,8 +6,7 @@ the kind in a fresh process (``python -m harness revert``). See docs/faults.md.
 """
 
 from harness.faults.cluster_settings import LiveMigration, SpeculativeDecoding
-from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, no_ledger
-from harness.ids import new_fault_id
+from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fault_id, no_ledger
 from harness.faults.executor import (AuditLog, CommandResult, Executor, ExecutorPool, LocalExecutor, SSHExecutor,
                                      SSHTarget, executor_from_spec)
 from harness.faults.dcgm import DcgmInject

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from harness.errors import FaultError
+from harness.ids import new_fault_id  # noqa: F401  (the fault modules import it from here)
 from harness.faults.executor import Executor
 
 LEDGER_FIELD = "ledger"  # dataclass field metadata key: False keeps a field out of the ledger

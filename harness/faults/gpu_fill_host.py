@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from harness.errors import ConfigError, FaultError
-from harness.faults.base import Fault, no_ledger
-from harness.ids import new_fault_id
+from harness.faults.base import Fault, new_fault_id, no_ledger
 from harness.faults.executor import Executor, LocalExecutor
 
 STATE_DIR = "/tmp/pdh-faults"
