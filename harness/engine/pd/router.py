@@ -5,8 +5,8 @@
   A broken connection marks the worker dead at once; a silent one is marked dead after
   ``heartbeat_timeout_s`` (seed Section 5.1, layer 1), or after ``hang_timeout_s`` when it holds
   requests it serves (``no_progress``: a SIGSTOPped worker stops its progress beats, see
-  ``_watch_heartbeats``). A worker that reconnects, or a new
-  one, joins the routing table without a router restart.
+  ``_watch_heartbeats``). A worker that reconnects, or a new one, joins the routing table
+  (routing.py: the one owner of worker state and counters) without a router restart.
 - Scheduling (seed Section 5.3): the least-queued prefill worker; the decode target is the
   least-loaded worker whose free KV exceeds ``kv_headroom_factor`` (1.2) x the request's KV;
   when none fits the request waits in the admission queue.
