@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from harness.engine.config import EngineConfig, ModelConfig
-from harness.engine.core import EngineCore
-from harness.engine.kv_cache import KVBlockPool, PagedAttention
-from harness.engine.model import causal_attention, load_model
-from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.core.config import EngineConfig, ModelConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.core.kv_cache import KVBlockPool, PagedAttention
+from harness.engine.core.model import causal_attention, load_model
+from harness.engine.core.types import GenerateRequest, SamplingParams
 
 
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:

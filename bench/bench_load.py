@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from harness.engine.server import ServerProcess
+from harness.engine.serving.server import ServerProcess
 from harness.probes.analysis import summarize
 from harness.probes.load import LoadRunner
 from harness.probes.prometheus import PrometheusScraper

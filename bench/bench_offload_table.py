@@ -17,9 +17,9 @@ import time
 
 from bench_engine import prompt, table
 from bench_speculative_table import table_args
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
-from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.core.types import GenerateRequest, SamplingParams
 
 PROMPT_TOKENS, MAX_TOKENS = 40, 24   # 64 tokens = 4 blocks of 16 per request
 

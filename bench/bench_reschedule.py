@@ -28,7 +28,7 @@ import statistics
 import threading
 import time
 
-from harness.engine.topology import Topology
+from harness.engine.pd.topology import Topology
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 PRESET = "tiny"

@@ -16,9 +16,9 @@ import argparse
 import torch
 
 from bench_engine import bench_decode, prompt, table
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
-from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.core.types import GenerateRequest, SamplingParams
 
 PROMPT_TOKENS, MAX_TOKENS = 64, 64
 

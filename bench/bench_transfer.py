@@ -30,8 +30,8 @@ import zlib
 
 import torch
 
-from harness.engine.config import ModelConfig
-from harness.engine.kv_cache import KVBlockPool
+from harness.engine.core.config import ModelConfig
+from harness.engine.core.kv_cache import KVBlockPool
 from harness.engine.kv_landing import block_views
 from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)

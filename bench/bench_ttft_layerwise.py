@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from harness.engine.topology import Topology
+from harness.engine.pd.topology import Topology
 from harness.probes.admin import AdminClient
 from harness.probes.streaming import CompletionRequest, StreamingClient
 

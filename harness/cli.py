@@ -15,9 +15,9 @@ from harness.errors import HarnessError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("harness.engine.server", "serve the single-process reference engine (OpenAI-compatible API)"),
-    "up": ("harness.engine.topology", "start a PD topology: router + prefill and decode worker processes"),
-    "presets": ("harness.engine.config", "list model presets with their KV bytes per token"),
+    "serve": ("harness.engine.serving.server", "serve the single-process reference engine (OpenAI-compatible API)"),
+    "up": ("harness.engine.pd.topology", "start a PD topology: router + prefill and decode worker processes"),
+    "presets": ("harness.engine.core.config", "list model presets with their KV bytes per token"),
     "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
     "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
     "fabric": ("harness.fabric.cli", "the emulated fabric: status, remove a dead run's leftovers, measure"),

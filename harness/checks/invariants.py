@@ -131,7 +131,7 @@ def oracle_expectation(oracle: Callable[..., list[int]], *, ignore_eos: bool, ch
     """Adapt a cluster oracle ``oracle(prompt_token_ids, max_tokens, stop=, ignore_eos=)`` to
     request records of a completions load run, caching per (prompt, max_tokens): load runs
     reuse a small prompt set, so the oracle runs once per distinct request."""
-    from harness.engine.tokenizer import ByteTokenizer
+    from harness.engine.core.tokenizer import ByteTokenizer
 
     tokenizer = ByteTokenizer()
     cache: dict[tuple[str, int], list[int]] = {}

@@ -153,8 +153,8 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
         yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
         return
     with signals_deferred():  # an interrupt raised inside torch's import can abort the process (-6)
-        from harness.engine.oracle import greedy_reference
-        from harness.engine.topology import Topology
+        from harness.engine.core.oracle import greedy_reference
+        from harness.engine.pd.topology import Topology
 
     b = spec.bundled
     assert b is not None

@@ -117,7 +117,7 @@ def _check_utf8(path: Path) -> None:
 
 
 def _check_preset(source: str, preset: str) -> None:
-    from harness.engine.config import PRESETS  # no torch at import
+    from harness.engine.core.config import PRESETS  # no torch at import
 
     if preset not in PRESETS:
         raise field_error(source, "bundled.preset", f"unknown model preset {preset!r}",
@@ -128,7 +128,7 @@ def _check_preset(source: str, preset: str) -> None:
 def _check_router(source: str, raw: dict[str, Any]) -> None:
     """``bundled.router``: RouterConfig fields, each key by name, then the whole (before the
     cluster starts: a misspelt knob must not be found by a router that is already running)."""
-    from harness.engine.router import RouterConfig
+    from harness.engine.pd.router_config import RouterConfig
 
     allowed = set(RouterConfig.__dataclass_fields__)
     for key in raw:
@@ -140,7 +140,7 @@ def _check_router(source: str, raw: dict[str, Any]) -> None:
     except (ConfigError, TypeError, ValueError) as exc:
         fix = getattr(exc, "fix", None)
         problem = str(exc).removesuffix(f" (fix: {fix})") if fix else str(exc)
-        raise field_error(source, "bundled.router", problem, fix or "see RouterConfig in harness/engine/router.py") \
+        raise field_error(source, "bundled.router", problem, fix or "see RouterConfig in harness/engine/pd/router.py") \
             from None
 
 
@@ -220,7 +220,7 @@ def _join(path: list[Any]) -> str:
 def _check_engine(source: str, raw: dict[str, Any], preset: str) -> None:
     """``bundled.engine``: EngineConfig fields, checked by EngineConfig's own validation one key
     at a time (so the error names the key), then together."""
-    from harness.engine.config import EngineConfig  # imports torch: only when a file sets engine fields
+    from harness.engine.core.config import EngineConfig  # imports torch: only when a file sets engine fields
 
     def check(where: str, **values: Any) -> None:
         try:
@@ -228,7 +228,7 @@ def _check_engine(source: str, raw: dict[str, Any], preset: str) -> None:
         except (ConfigError, TypeError, ValueError) as exc:
             fix = getattr(exc, "fix", None)
             problem = str(exc).removesuffix(f" (fix: {fix})") if fix else str(exc)
-            raise field_error(source, where, problem, fix or "see EngineConfig in harness/engine/config.py") from exc
+            raise field_error(source, where, problem, fix or "see EngineConfig in harness/engine/core/config.py") from exc
 
     check("bundled.preset")
     allowed = {f.name for f in fields(EngineConfig)} - set(_ENGINE_RESERVED)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from harness.engine.core import EngineCore, ImportHandle
+from harness.engine.core.engine_core import EngineCore, ImportHandle
 
 
 def block_views(storage: torch.Tensor, blocks: list[int], num_tokens: int, layer_start: int,

@@ -233,7 +233,7 @@ class Fabric:
     def topology_kwargs(self, worker_ids: Sequence[str]) -> dict[str, Any]:
         """``Topology(**kwargs)`` arguments that run each worker in its host: KV on the fabric NIC
         at the lossless port, heartbeats and the fallback path on the control NIC."""
-        from harness.engine.topology import WorkerAddress
+        from harness.engine.pd.topology import WorkerAddress
 
         placed = self.placement(worker_ids)
 

@@ -70,7 +70,7 @@ class KVCurve:
 
 
 def _layout(preset: str) -> tuple[int, int, int, str, int]:
-    from harness.engine.config import ModelConfig
+    from harness.engine.core.config import ModelConfig
 
     cfg = ModelConfig.from_name(preset)
     return cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype, cfg.kv_bytes_per_token()
@@ -197,7 +197,7 @@ class _BenchSink:
 def _receive(host: str, port: int) -> None:
     import torch
 
-    from harness.engine.config import DTYPES
+    from harness.engine.core.config import DTYPES
     from harness.engine.transfer import PATH_FABRIC, KVLayout, KVReceiver, TransferStats
 
     sink = _BenchSink()
@@ -217,7 +217,7 @@ def _receive(host: str, port: int) -> None:
 def _send(transfer_json: str) -> None:
     import torch
 
-    from harness.engine.config import DTYPES
+    from harness.engine.core.config import DTYPES
     from harness.engine.transfer import PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
 
     config = TransferConfig.from_dict(json.loads(transfer_json))

@@ -164,7 +164,7 @@ class SshdTest:
                 time.sleep(0.05)  # sshd binds a moment after it starts
 
     def _start_engine(self) -> None:
-        from harness.engine.topology import Topology
+        from harness.engine.pd.topology import Topology
 
         decode = self.hosts - 1
         ids = ["prefill-0"] + [f"decode-{i}" for i in range(decode)]

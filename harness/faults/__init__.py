@@ -7,7 +7,8 @@ the kind in a fresh process (``python -m harness revert``). See docs/faults.md.
 """
 
 from harness.faults.cluster_settings import LiveMigration, SpeculativeDecoding
-from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, new_fault_id, no_ledger
+from harness.faults.base import Action, Fault, FaultRecord, RecordStatus, no_ledger
+from harness.ids import new_fault_id
 from harness.faults.dcgm import DcgmInject
 from harness.faults.gpu import EccPoison, HbmFill
 from harness.faults.gpu_fill_host import HostHbmFill

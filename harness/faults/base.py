@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -76,10 +75,6 @@ class FaultRecord:
         d["status"] = self.status.value
         d["duration_s"] = self.duration_s
         return d
-
-
-def new_fault_id() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 class Fault(ABC):

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from harness.errors import ConfigError, ExecutorError, FaultError
-from harness.faults.base import Fault, new_fault_id, no_ledger
+from harness.faults.base import Fault, no_ledger
+from harness.ids import new_fault_id
 from harness.hosts import Executor, describe_command
 
 STATE_DIR = "/tmp/pdh-faults"

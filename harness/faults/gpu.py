@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from harness.errors import ConfigError, FaultError, HarnessError
-from harness.faults.base import Fault, new_fault_id
+from harness.faults.base import Fault
+from harness.ids import new_fault_id
 from harness.hosts import Executor
 from harness.waiting import WaitTimeoutError, wait_until
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 from harness.errors import ConfigError, FaultError
-from harness.faults.base import Fault, new_fault_id, no_ledger
+from harness.faults.base import Fault, no_ledger
+from harness.ids import new_fault_id
 from harness.hosts import Executor, LocalExecutor
 
 STATE_DIR = "/tmp/pdh-faults"

@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Sequence
 from harness.errors import ConfigError, FaultError
 from harness.fabric.builder import fabric_unavailable_reason, link_state
 from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, change_class_command, read_classes
-from harness.faults.base import Fault, new_fault_id, no_ledger
+from harness.faults.base import Fault, no_ledger
+from harness.ids import new_fault_id
 from harness.hosts import CommandResult, Executor, LocalExecutor, describe_command
 
 log = logging.getLogger(__name__)

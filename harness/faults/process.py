@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from harness.errors import ConfigError, ExecutorError, FaultError
-from harness.faults.base import Fault, new_fault_id, no_ledger
+from harness.faults.base import Fault, no_ledger
+from harness.ids import new_fault_id
 from harness.hosts import Executor, describe_command
 from harness.faults.procstat import ProcStat, parse_proc_stat
 

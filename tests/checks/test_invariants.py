@@ -84,8 +84,8 @@ def test_an_engine_without_an_oracle_is_judged_on_consistency_and_says_so():
 
 
 def test_oracle_expectation_uses_the_reference_model_and_caches():
-    from harness.engine.oracle import greedy_reference
-    from harness.engine.tokenizer import ByteTokenizer
+    from harness.engine.core.oracle import greedy_reference
+    from harness.engine.core.tokenizer import ByteTokenizer
 
     calls = []
 

@@ -6,10 +6,10 @@ import signal
 
 import pytest
 
-from harness.engine.client import InProcessClient, QueueClient, make_client
-from harness.engine.config import EngineConfig
-from harness.engine.oracle import greedy_reference
-from harness.engine.protocol import EngineClient, FinishReason, GenerateRequest, SamplingParams
+from harness.engine.core.client import InProcessClient, QueueClient, make_client
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.types import EngineClient, FinishReason, GenerateRequest, SamplingParams
 from harness.errors import ConfigError, InvalidRequestError
 
 CONFIG = EngineConfig(preset="tiny")
@@ -137,8 +137,8 @@ def _children_of(pid: int) -> set[int]:
 
 ORPHAN_SCRIPT = """
 import asyncio
-from harness.engine.client import QueueClient
-from harness.engine.config import EngineConfig
+from harness.engine.core.client import QueueClient
+from harness.engine.core.config import EngineConfig
 if __name__ == "__main__":
     client = QueueClient(EngineConfig(preset="tiny"))
     print(client.pid, flush=True)

@@ -1,7 +1,7 @@
 import pytest
 
 from harness.cli import main
-from harness.engine.config import PRESETS, EngineConfig, ModelConfig
+from harness.engine.core.config import PRESETS, EngineConfig, ModelConfig
 from harness.errors import ConfigError
 
 
@@ -63,7 +63,7 @@ def test_presets_subcommand_prints_kv_bytes(capsys):
 
 
 def test_engine_dtype_override_is_validated_without_torch_at_import():
-    from harness.engine.config import DTYPES, EngineConfig
+    from harness.engine.core.config import DTYPES, EngineConfig
     assert EngineConfig(preset="tiny", dtype="float32").model.dtype == "float32"
     assert EngineConfig(preset="tiny", dtype="float32").model.torch_dtype == DTYPES["float32"]
     with pytest.raises(ConfigError, match="unknown dtype 'int3'"):

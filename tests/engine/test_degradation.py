@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from harness.engine.degradation import DegradationConfig, DegradationController, Signals
+from harness.engine.resilience.degradation import DegradationConfig, DegradationController, Signals
 from harness.errors import ConfigError
 
 
@@ -104,8 +104,8 @@ def _wait_level(url, level, timeout_s=30.0):
 def test_levels_4_and_5_cap_and_refuse_then_recover():
     import httpx
 
-    from harness.engine.oracle import greedy_reference
-    from harness.engine.topology import Topology
+    from harness.engine.core.oracle import greedy_reference
+    from harness.engine.pd.topology import Topology
 
     with Topology(prefill=1, decode=1, preset="tiny",
                   router_config={"degradation": FAST, "auto_migrate": False}) as topo:
@@ -141,7 +141,7 @@ def test_level_1_answers_429_with_retry_after_while_requests_wait_for_kv():
 
     import httpx
 
-    from harness.engine.topology import Topology
+    from harness.engine.pd.topology import Topology
 
     l1_only = {"hbm": [0.1, None, None, None, None], "queue": [None] * 5, "health": [None] * 5,
                "min_dwell_s": 0.2, "l1_queue_cap": 1, "retry_after_s": 2}

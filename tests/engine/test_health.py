@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.engine.health import (Candidate, DeltaHealthDetector, HealthConfig, HealthSnapshot, TargetWorker,
+from harness.engine.resilience.health import (Candidate, DeltaHealthDetector, HealthConfig, HealthSnapshot, TargetWorker,
                                    decide, evict_count, order_victims, pick_target)
 from harness.errors import ConfigError
 

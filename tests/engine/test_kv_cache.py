@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from harness.engine.config import ModelConfig
-from harness.engine.kv_cache import KVBlockData, KVBlockPool, PagedAttention
-from harness.engine.model import DenseKV, Transformer, causal_attention, torch_threads
+from harness.engine.core.config import ModelConfig
+from harness.engine.core.kv_cache import KVBlockData, KVBlockPool, PagedAttention
+from harness.engine.core.model import DenseKV, Transformer, causal_attention, torch_threads
 from harness.errors import KVCapacityError, KVIntegrityError
 
 CFG = ModelConfig.from_name("tiny")
@@ -154,7 +154,7 @@ def test_payload_of_the_wrong_size_is_rejected():
 @pytest.mark.parametrize("chunk_bytes, view_min", [(1, 10**9), (2**30, 10**9), (2**30, 0)])
 def test_batched_decode_attention_matches_dense_per_sequence(monkeypatch, chunk_bytes, view_min):
     """Padded batches (one sequence per chunk / all in one) and contiguous views agree with dense."""
-    import harness.engine.kv_cache as kv_cache
+    import harness.engine.core.kv_cache as kv_cache
     monkeypatch.setattr(kv_cache, "BATCH_CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(kv_cache, "VIEW_MIN_CONTEXT", view_min)
     model = Transformer(CFG)
@@ -199,7 +199,7 @@ def _decode_logits(model, pool, seq, table):
 
 
 def test_a_write_outside_attention_drops_the_contiguous_view_and_the_next_step_reads_the_blocks(monkeypatch):
-    import harness.engine.kv_cache as kv_cache
+    import harness.engine.core.kv_cache as kv_cache
     monkeypatch.setattr(kv_cache, "VIEW_MIN_CONTEXT", 0)  # every sequence attends over its view
     model = Transformer(CFG)
     pool = _pool(16, block_size=4)
@@ -218,7 +218,7 @@ def test_a_write_outside_attention_drops_the_contiguous_view_and_the_next_step_r
 
 
 def test_poisoned_block_in_service_is_read_by_its_owner_and_a_released_block_takes_no_stale_view(monkeypatch):
-    import harness.engine.kv_cache as kv_cache
+    import harness.engine.core.kv_cache as kv_cache
     monkeypatch.setattr(kv_cache, "VIEW_MIN_CONTEXT", 0)
     model = Transformer(CFG)
     pool = _pool(16, block_size=4)

@@ -7,10 +7,10 @@ import threading
 
 import torch
 
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
 from harness.engine.kv_landing import ImportLanding
-from harness.engine.protocol import GenerateRequest, SamplingParams
+from harness.engine.core.types import GenerateRequest, SamplingParams
 from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from harness.engine.config import ModelConfig
-from harness.engine.model import DenseKV, Transformer, causal_attention, torch_threads
+from harness.engine.core.config import ModelConfig
+from harness.engine.core.model import DenseKV, Transformer, causal_attention, torch_threads
 
 CFG = ModelConfig.from_name("tiny")
 
@@ -80,7 +80,7 @@ def test_grouped_query_attention_matches_repeated_heads():
 
 
 def test_long_prompts_attend_in_query_blocks_with_the_same_result(monkeypatch):
-    import harness.engine.model as model_module
+    import harness.engine.core.model as model_module
 
     q = torch.randn(50, 4, 8, dtype=torch.float64)
     k = torch.randn(60, 2, 8, dtype=torch.float64)

@@ -5,11 +5,11 @@ import os
 
 import pytest
 
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
-from harness.engine.oracle import greedy_reference
-from harness.engine.protocol import GenerateRequest, SamplingParams
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.types import GenerateRequest, SamplingParams
+from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import ConfigError, EngineError
 
 tok = ByteTokenizer()

@@ -1,7 +1,7 @@
 import pytest
 
-from harness.engine.oracle import greedy_reference
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import InvalidRequestError
 
 tok = ByteTokenizer()

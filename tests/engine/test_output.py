@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.engine.output import OutputTracker
-from harness.engine.protocol import FinishReason, SamplingParams
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.output import OutputTracker
+from harness.engine.core.types import FinishReason, SamplingParams
+from harness.engine.core.tokenizer import ByteTokenizer
 
 tok = ByteTokenizer()
 

@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from harness.engine.oracle import greedy_reference
-from harness.engine.router import RouterConfig
-from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.topology import Topology
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.pd.router_config import RouterConfig
+from harness.engine.core.tokenizer import ByteTokenizer
+from harness.engine.pd.topology import Topology
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 pytestmark = pytest.mark.slow

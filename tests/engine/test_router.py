@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from harness.engine.protocol import FinishReason, GenerateRequest, SamplingParams
-from harness.engine.router import Router, RouterConfig, encode_msg, read_msg
+from harness.engine.core.types import FinishReason, GenerateRequest, SamplingParams
+from harness.engine.pd.messages import VERSION, frame, read_raw
+from harness.engine.pd.router import Router
+from harness.engine.pd.router_config import RouterConfig
 
 FAST = {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 0.5}
 
@@ -29,13 +31,13 @@ class ScriptedWorker:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
         self.send({"type": "register", "id": self.id, "role": self.role, "pid": 1, "kv_addr": ["127.0.0.1", 1],
                    "control_addr": ["127.0.0.1", 2], "kv_blocks_total": self.blocks, "block_size": self.block_size})
-        welcome = await read_msg(self.reader)
+        welcome = await read_raw(self.reader)
         if welcome["type"] == "welcome":
             self._tasks = [asyncio.create_task(self._beat()), asyncio.create_task(self._read())]
         return welcome
 
     def send(self, msg: dict) -> None:
-        self.writer.write(encode_msg(msg))
+        self.writer.write(frame({"v": VERSION, **msg}))
 
     async def _beat(self) -> None:
         while True:
@@ -46,7 +48,7 @@ class ScriptedWorker:
             await asyncio.sleep(0.1)
 
     async def _read(self) -> None:
-        while (msg := await read_msg(self.reader)) is not None:
+        while (msg := await read_raw(self.reader)) is not None:
             await self.commands.put(msg)
         await self.commands.put({"type": "closed"})
 
@@ -261,9 +263,10 @@ def test_router_config_validation():
 
 def test_router_process_does_not_import_torch():
     """The router only routes: importing torch cost it seconds of start-up and ~200 MiB it never used."""
-    code = ("import sys, harness.engine.router_server as rs\n"
-            "from harness.engine.api import build_app\n"
-            "from harness.engine.router import Router, RouterConfig\n"
+    code = ("import sys, harness.engine.pd.router_server as rs\n"
+            "from harness.engine.serving.api import build_app\n"
+            "from harness.engine.pd.router import Router\n"
+            "from harness.engine.pd.router_config import RouterConfig\n"
             "router = Router('tiny', RouterConfig.from_dict({'transfer': {'mode': 'whole'}}))\n"
             "build_app(router, extra_routers=[rs.admin_api(router)])\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.cli import main as cli_main
-from harness.engine.oracle import greedy_reference
-from harness.engine.server import ServerProcess
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.serving.server import ServerProcess
+from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import ConfigError
 
 TOK = ByteTokenizer()
@@ -205,7 +205,7 @@ def test_accepted_api_connections_have_tcp_nodelay():
     SSE chunk until the client's delayed ACK (~40 ms of false TTFT)."""
     import asyncio
 
-    from harness.engine.server import _bind
+    from harness.engine.serving.server import _bind
 
     async def main() -> int:
         seen: asyncio.Future = asyncio.get_running_loop().create_future()

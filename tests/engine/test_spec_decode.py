@@ -1,10 +1,10 @@
 """Speculative decoding is lossless: the same tokens on or off, with real draft acceptance."""
 
-from harness.engine.config import EngineConfig
-from harness.engine.core import EngineCore
-from harness.engine.oracle import greedy_reference
-from harness.engine.protocol import GenerateRequest, SamplingParams
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.config import EngineConfig
+from harness.engine.core.engine_core import EngineCore
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.types import GenerateRequest, SamplingParams
+from harness.engine.core.tokenizer import ByteTokenizer
 
 tok = ByteTokenizer()
 PROMPTS = ["speculate on this", "draft and verify", "zzz", "The quick brown fox jumps"]

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import InvalidRequestError
 
 tok = ByteTokenizer()

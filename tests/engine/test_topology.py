@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.engine.router import RouterConfig
-from harness.engine.topology import Topology
+from harness.engine.pd.router_config import RouterConfig
+from harness.engine.pd.topology import Topology
 from harness.errors import ConfigError
 
 PRESET = "tiny"

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from harness.engine.oracle import greedy_reference
-from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.topology import Topology
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.tokenizer import ByteTokenizer
+from harness.engine.pd.topology import Topology
 from harness.fabric.shaping import LOSSLESS_CLASS, TCP_CLASS, read_classes
 from harness.faults import FaultRunner, Ledger, NicFlap
 from harness.hosts import LocalExecutor

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from harness.engine.oracle import greedy_reference
-from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.topology import Topology
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.tokenizer import ByteTokenizer
+from harness.engine.pd.topology import Topology
 from harness.errors import ConfigError, FaultError
 from harness.faults import EccPoison, Fault, FaultRunner, HbmFill, Ledger
 from harness.probes.streaming import CompletionRequest, StreamingClient

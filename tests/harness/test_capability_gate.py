@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.checks.capabilities import ITEM_NEEDS
-from harness.engine.server import ServerProcess
+from harness.engine.serving.server import ServerProcess
 
 pytestmark = pytest.mark.slow  # runs pytest as a subprocess; the last test starts a real server
 

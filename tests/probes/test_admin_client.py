@@ -1,7 +1,7 @@
 """AdminClient: typed results, the requests it sends, and errors that name the endpoint.
 
 The unit tests talk HTTP to a real local server that answers in the bundled engine's shapes
-(recorded from harness/engine/router_server.py and resilience_admin.py); the slow test runs the
+(recorded from harness/engine/pd/router_server.py and resilience_admin.py); the slow test runs the
 client against a real PD topology."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def test_transport_failure_names_the_endpoint():
 
 @pytest.mark.slow
 def test_against_a_real_pd_topology(tmp_path):
-    from harness.engine.topology import Topology
+    from harness.engine.pd.topology import Topology
 
     with Topology(prefill=1, decode=1, preset="tiny", log_dir=tmp_path / "pd") as topo, \
             AdminClient(topo.admin_url, timeout_s=30) as admin:

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from harness.cli import main
-from harness.engine.server import ServerProcess
+from harness.engine.serving.server import ServerProcess
 
 
 def _load(*args: str) -> subprocess.CompletedProcess:

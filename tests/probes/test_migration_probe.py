@@ -12,9 +12,9 @@ import pytest
 
 from harness.checks.migration import assess, measure, migration_verdict
 from harness.checks.thresholds import Checklist
-from harness.engine.oracle import greedy_reference
-from harness.engine.tokenizer import ByteTokenizer
-from harness.engine.topology import Topology
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.core.tokenizer import ByteTokenizer
+from harness.engine.pd.topology import Topology
 from harness.errors import ProbeError
 from harness.probes.migration import MigrationAttempt, migrate_observed_stream
 from harness.probes.records import RequestRecord

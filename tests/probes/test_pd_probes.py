@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness.engine.topology import Topology
+from harness.engine.pd.topology import Topology
 from harness.probes.admin import AdminClient, WorkerPoller
 from harness.probes.analysis import summarize
 from harness.probes.load import LoadRunner

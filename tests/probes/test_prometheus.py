@@ -69,7 +69,7 @@ def test_scraper_rejects_bad_configuration_and_an_unreachable_endpoint():
 
 @pytest.mark.slow
 def test_scraper_collects_series_from_a_real_server():
-    from harness.engine.server import ServerProcess
+    from harness.engine.serving.server import ServerProcess
     from harness.probes.streaming import CompletionRequest, StreamingClient
 
     with ServerProcess("tiny") as server:

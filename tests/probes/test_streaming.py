@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from harness.engine.oracle import greedy_reference
-from harness.engine.server import ServerProcess
-from harness.engine.tokenizer import ByteTokenizer
+from harness.engine.core.oracle import greedy_reference
+from harness.engine.serving.server import ServerProcess
+from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import ProbeError
 from harness.probes.streaming import AsyncStreamingClient, CompletionRequest, StreamingClient
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.engine.api import build_app
-from harness.engine.client import InProcessClient
-from harness.engine.config import EngineConfig
+from harness.engine.serving.api import build_app
+from harness.engine.core.client import InProcessClient
+from harness.engine.core.config import EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def _errors_by_status(text: str) -> dict[str, float]:
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_disconnect_mid_upload_is_not_a_500(engine, path, caplog):
     app = build_app(engine)
-    with caplog.at_level(logging.INFO, logger="harness.engine.api"):
+    with caplog.at_level(logging.INFO, logger="harness.engine.serving.api"):
         sent = asyncio.run(_half_upload(app, path))
     starts = [m for m in sent if m["type"] == "http.response.start"]
     assert starts and starts[0]["status"] == 499, sent
