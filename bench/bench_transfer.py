@@ -3,7 +3,7 @@
 For each size (tokens of context) this builds the KV of one request with the shape of a model
 preset ([layers, 2, tokens, kv_heads, head_dim]), sends it with KVSender to a KVReceiver whose
 sink is a decode worker's block pool: frames land straight in the request's reserved blocks
-(kv_landing.py, as a worker does), and times it from the first layer handed over to the
+(kvtransfer/landing.py, as a worker does), and times it from the first layer handed over to the
 receiver's commit. The sender reuses its connection across transfers, as a prefill worker does. The baseline in the same run: one ``sendall`` of
 the same number of bytes over a fresh TCP connection to a ``recv_into`` loop, timed to the
 receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
@@ -32,8 +32,8 @@ import torch
 
 from harness.engine.core.config import ModelConfig
 from harness.engine.core.kv_cache import KVBlockPool
-from harness.engine.kv_landing import block_views
-from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
+from harness.engine.kvtransfer.landing import block_views
+from harness.engine.kvtransfer.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)
 from mooncake_peer import INSTALL_HINT, MooncakePair, MooncakeUnavailable, interpreter
 

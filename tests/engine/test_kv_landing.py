@@ -1,4 +1,4 @@
-"""KV frames landing straight in an import's reserved blocks (kv_landing.py), over real sockets
+"""KV frames landing straight in an import's reserved blocks (kvtransfer/landing.py), over real sockets
 into a real engine's block pool."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 
 from harness.engine.core.config import EngineConfig
 from harness.engine.core.engine_core import EngineCore
-from harness.engine.kv_landing import ImportLanding
+from harness.engine.kvtransfer.landing import ImportLanding
 from harness.engine.core.types import GenerateRequest, SamplingParams
-from harness.engine.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
+from harness.engine.kvtransfer.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)
 
 TOKENS = 37  # not a multiple of the block size: the last block is partly filled

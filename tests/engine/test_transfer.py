@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.errors import ConfigError, KVTransferError
-from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, CorruptFrameError, Endpoint, Frame, KVLayout,
+from harness.engine.kvtransfer.transfer import (PATH_CONTROL, PATH_FABRIC, CorruptFrameError, Endpoint, Frame, KVLayout,
                                      KVReceiver, KVSender, TransferConfig, TransferStats, TruncatedFrameError,
                                      encode_frame, read_frame, send_frame)
 
@@ -153,7 +153,7 @@ def test_delivery_is_exact_and_counted(receiver, mode, compression):
     assert sink.completed == {"r1": 77}
     assert torch.equal(sink.assembled("r1"), kv)
     assert (result.path, result.retries, result.fallback) == (PATH_FABRIC, 0, False)
-    # layers queued together on the lane go out as one frame (kv_lane._merge_frames): 1..LAYERS frames
+    # layers queued together on the lane go out as one frame (kvtransfer/lane._merge_frames): 1..LAYERS frames
     assert 1 <= result.frames <= LAYERS
     snap = stats.snapshot()["paths"][PATH_FABRIC]
     assert snap["transfers"] == 1 and snap["frames"] == result.frames and snap["bytes"] == result.bytes > 0

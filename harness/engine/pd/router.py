@@ -38,7 +38,7 @@ from harness.engine.resilience.control import ResilienceControl
 from harness.engine.pd.router_config import RouterConfig
 from harness.engine.pd.routing import Attempt, ClientAbort, EventLog, RoutingTable, Worker, WorkerLost
 from harness.engine.core.tokenizer import ByteTokenizer
-from harness.engine.transfer_config import TransferConfig
+from harness.engine.kvtransfer.config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from harness.engine.resilience.degradation import DegradationConfig
 from harness.engine.resilience.health import HealthConfig
-from harness.engine.transfer_config import TransferConfig, config_from_dict
+from harness.engine.kvtransfer.config import TransferConfig, config_from_dict
 from harness.errors import ConfigError
 
 

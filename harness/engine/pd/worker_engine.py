@@ -22,11 +22,11 @@ from typing import Callable
 
 from harness.engine.core.config import EngineConfig
 from harness.engine.core.engine_core import EngineCore, ImportHandle
-from harness.engine.kv_landing import ImportLanding
+from harness.engine.kvtransfer.landing import ImportLanding
 from harness.engine.pd.messages import (Abort, CorruptFrames, EccClear, EccPoison, HbmFill, HbmRelease, Heartbeat, Import,
                                      ImportFailed, ImportReady, Message, MigrateIn, MigrateOut, Prefill, PrefillDone,
                                      PrefillFailed, SetOffload, SetSpeculative, Tokens, TransferEvent)
-from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
+from harness.engine.kvtransfer.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
                                      TransferConfig, TransferStats)
 from harness.engine.resilience.worker_faults import WorkerFaults, kv_block_faults, kv_used_ratio
 from harness.engine.resilience.worker_migration import LiveMigration

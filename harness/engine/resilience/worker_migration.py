@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 from harness.engine.core.engine_core import EngineCore, ImportHandle
 from harness.engine.pd.messages import (Message, MigrateCommitted, MigrateFailed, MigrateIn, MigrateOut, MigrateReady,
                                      Migrated, TransferEvent, request_from_dict)
-from harness.engine.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig,
+from harness.engine.kvtransfer.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig,
                                      TransferStats)
 from harness.engine.pd.worker_stats import RecentWindow
 from harness.errors import EngineError, HarnessError, KVIntegrityError

@@ -1,6 +1,6 @@
 """KV transfer wire format and what both ends share: frames, checksums, pooled host buffers
 and per-path counters (seed Section 3.2). The protocol that moves frames is in transfer.py
-(sender) and kv_receiver.py (receiver).
+(sender) and receiver.py (receiver).
 
 Wire format of one frame (network byte order)::
 

@@ -9,10 +9,10 @@ missing, resends them with exponential backoff (tenacity), and when the primary 
 fabric NIC) is spent, delivers over the fallback path (the decode worker's listener on the
 control network). Bytes, seconds, retries, failures and fallbacks are counted per path.
 
-Layer-wise frames and the END go out on the decode endpoint's persistent lane (kv_lane.py: one
+Layer-wise frames and the END go out on the decode endpoint's persistent lane (lane.py: one
 connection and one sender thread per decode worker, shared by every transfer to it); retries and
-the fallback use connections of their own. The wire format and shared pieces are in kv_wire.py,
-the receiver in kv_receiver.py; this module is the sender and its configuration, and re-exports the rest so callers import from one place.
+the fallback use connections of their own. The wire format and shared pieces are in wire.py,
+the receiver in receiver.py; this module is the sender and its configuration, and re-exports the rest so callers import from one place.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import torch
 import zstandard
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from harness.engine.kv_lane import LANES, LaneBroken
-from harness.engine.kv_receiver import KVReceiver, KVSink
-from harness.engine.kv_wire import (PATH_CONTROL, PATH_FABRIC, BufferPool, CorruptFrameError, Frame, FrameKind,
+from harness.engine.kvtransfer.lane import LANES, LaneBroken
+from harness.engine.kvtransfer.receiver import KVReceiver, KVSink
+from harness.engine.kvtransfer.wire import (PATH_CONTROL, PATH_FABRIC, BufferPool, CorruptFrameError, Frame, FrameKind,
                                     KVLayout, TransferStats, TruncatedFrameError, close_socket, encode_frame, frame_buffers,
                                     read_frame, send_frame, tensor_bytes)
-from harness.engine.transfer_config import TransferConfig, config_from_dict
+from harness.engine.kvtransfer.config import TransferConfig, config_from_dict
 from harness.errors import KVIntegrityError, KVTransferError
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class KVSender:
             self._frames.clear()
             self._whole.clear()
 
-    # -- called by the lane's writer thread (kv_lane.py)
+    # -- called by the lane's writer thread (lane.py)
     def end_frame(self) -> Frame:
         body = self._end_body or b""
         return Frame(FrameKind.END, self.request_id, 0, self.num_layers, shape=(len(body),), payload=body,
@@ -223,7 +223,7 @@ class KVSender:
     def _lane_attempt(self, reply: Future) -> None:
         """The first attempt of a layer-wise transfer: the END sent on the lane after its frames."""
         try:
-            body = reply.result()  # the lane resolves it within the timeout (kv_lane.py)
+            body = reply.result()  # the lane resolves it within the timeout (lane.py)
         except LaneBroken as exc:
             if self._cancelled.is_set():
                 raise KVTransferError(f"transfer of {self.request_id} cancelled") from exc

@@ -28,7 +28,7 @@ import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
 
-from harness.engine.kv_wire import (Frame, FrameKind, close_socket, encode_frame, frame_buffers, read_frame,
+from harness.engine.kvtransfer.wire import (Frame, FrameKind, close_socket, encode_frame, frame_buffers, read_frame,
                                     send_buffers)
 from harness.errors import KVIntegrityError
 

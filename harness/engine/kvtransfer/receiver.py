@@ -1,5 +1,5 @@
 """KV transfer receiver (decode side): accepts KV connections on the fabric and control
-addresses, verifies every frame (kv_wire.py) and hands verified layers to a KVSink; progress per
+addresses, verifies every frame (wire.py) and hands verified layers to a KVSink; progress per
 request survives across connections, so a retry or the fallback path resends only what is missing.
 
 ``timeout_s`` bounds a frame that stalls half-way (a network stall). Between frames a connection
@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from harness.engine.kv_wire import (BufferPool, CorruptFrameError, Frame, FrameKind, KVLayout, TransferStats,
+from harness.engine.kvtransfer.wire import (BufferPool, CorruptFrameError, Frame, FrameKind, KVLayout, TransferStats,
                                     TruncatedFrameError, close_socket, encode_frame, read_frame, send_frame)
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class KVSink(Protocol):
         receive buffer: call ``release()`` once it is copied (the buffer then takes later frames)."""
 
     # Optional: kv_recv_into(request_id, layer_start, layer_end, nbytes) -> (views, done) | None
-    # lets verified-later payloads land straight in the KV (kv_landing.py).
+    # lets verified-later payloads land straight in the KV (landing.py).
 
     def kv_complete(self, request_id: str, first_token_id: int) -> None:
         """Every layer arrived. A live migration's END also names the output tokens behind the
