@@ -1,9 +1,9 @@
 """KV transfer bandwidth over the fabric, as a curve over transfer sizes (checklist item 1).
 
 The engine's own data plane does the work: a sender process in one host runs
-:class:`harness.engine.transfer.KVSender` (crc32c frames, layer by layer, retries) exactly as a
+:class:`harness.engine.kvtransfer.transfer.KVSender` (crc32c frames, layer by layer, retries) exactly as a
 prefill worker does, and a receiver process in another host runs
-:class:`~harness.engine.transfer.KVReceiver` with a sink that verifies every frame against the
+:class:`~harness.engine.kvtransfer.transfer.KVReceiver` with a sink that verifies every frame against the
 expected layout and copies it into place (as a decode worker's import does). KV tensors have the
 preset's layout ``[layers, 2, tokens, kv_heads, head_dim]``; a transfer size is a number of
 tokens. Bandwidth = wire bytes / the sender's transfer time (from the first layer handed over to
@@ -198,7 +198,7 @@ def _receive(host: str, port: int) -> None:
     import torch
 
     from harness.engine.core.config import DTYPES
-    from harness.engine.transfer import PATH_FABRIC, KVLayout, KVReceiver, TransferStats
+    from harness.engine.kvtransfer.transfer import PATH_FABRIC, KVLayout, KVReceiver, TransferStats
 
     sink = _BenchSink()
     receiver = KVReceiver(sink, TransferStats())
@@ -218,7 +218,7 @@ def _send(transfer_json: str) -> None:
     import torch
 
     from harness.engine.core.config import DTYPES
-    from harness.engine.transfer import PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
+    from harness.engine.kvtransfer.transfer import PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
 
     config = TransferConfig.from_dict(json.loads(transfer_json))
     stats = TransferStats()
