@@ -48,7 +48,7 @@ def test_python_without_mooncake_is_reported_with_the_import_error(bare_venv, ca
     with pytest.raises(MooncakeUnavailable, match=r"cannot import mooncake.engine \(No module named 'mooncake'\)"):
         MooncakePair(interpreter(str(bare_venv)), "127.0.0.1", 4096)
     import bench_transfer  # the bench's own line: says so, says how to install, and goes on
-    from harness.engine.config import ModelConfig
+    from harness.engine.core.config import ModelConfig
     assert bench_transfer.start_mooncake(interpreter(str(bare_venv)), "127.0.0.1", ModelConfig.from_name("tiny"),
                                          16, required=False) is None
     assert f"Mooncake: not measured: {bare_venv}" in capsys.readouterr().out
