@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--engine", action="store_true", help="also run the bundled engine on the fabric hosts")
     up.add_argument("--sabotaged", action="store_true", help="TCP/IP shares the lossless class (must fail 6.1.5)")
     up.add_argument("--hosts", type=int, default=3, help="fabric hosts (default 3: 1 prefill + 2 decode)")
-    up.add_argument("--line-rate", type=float, default=5e8, help="fabric line rate in bit/s (default 5e8)")
+    up.add_argument("--line-rate", type=float, default=1e9, help="fabric line rate in bit/s (default 1e9)")
     up.add_argument("--state-dir", default="state", help="where keys and known_hosts go (default ./state)")
     down = sub.add_parser("down", help="stop every sshd-test and remove what it made")
     down.add_argument("--state-dir", default="state")

@@ -142,7 +142,7 @@ class FabricSettings(_Model):
     """The bundled cluster's emulated fabric (docs/fabric.md); needs root and iproute2."""
 
     enabled: bool = _fix("write `enabled: true` or `enabled: false`", default=False)
-    line_rate_bps: float = _fix("write a plain number such as 5.0e+8", default=5e8, allow_inf_nan=False)
+    line_rate_bps: float = _fix("write a plain number such as 1.0e+9", default=1e9, allow_inf_nan=False)
     mtu: int = _fix("write a whole number such as 9000", default=9000, ge=1)
     lossless_share: float = _fix("write a plain number such as 0.5", default=0.5, allow_inf_nan=False)
     tcp_in_lossless: bool = _fix("write `tcp_in_lossless: true` or `tcp_in_lossless: false`",

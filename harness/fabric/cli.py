@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     down = sub.add_parser("down", help="remove fabrics no live run holds")
     down.add_argument("--force", action="store_true", help="also remove fabrics a live run holds")
     m = sub.add_parser("measure", help="line rate, raw bulk and KV curve on a throw-away 2-host fabric")
-    m.add_argument("--line-rate", type=float, default=5e8, help="bit/s (default 5e8)")
+    m.add_argument("--line-rate", type=float, default=1e9, help="bit/s (default 1e9)")
     m.add_argument("--preset", default="tiny", help="KV layout of this model preset (default tiny)")
     m.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 32, 128])
 

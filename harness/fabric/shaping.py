@@ -99,7 +99,7 @@ class ShapingSpec:
     """How one fabric NIC is shaped. ``tcp_in_lossless`` misconfigures it on purpose: unclassified
     (TCP/IP) traffic then lands in the lossless class, so a PFC storm spreads to it."""
 
-    line_rate_bps: float = 5e8  # the KV data plane (Python, crc32c, copies) saturates it on 2 loaded cores
+    line_rate_bps: float = 1e9  # the KV data plane reaches 0.9+ of it on 2 cores (docs/fabric.md, measured)
     mtu: int = 9000
     lossless_share: float = 0.5          # guaranteed fraction of the line rate for the lossless class
     lossless_ports: tuple[int, ...] = DEFAULT_LOSSLESS_PORTS
@@ -108,7 +108,7 @@ class ShapingSpec:
     def __post_init__(self) -> None:
         if not 1e6 <= self.line_rate_bps <= 100e9:
             raise ConfigError(f"fabric line rate {self.line_rate_bps:g} bit/s is out of range",
-                              fix="use 1e6..1e11 bit/s (the bundled default, 5e8, is what 2 busy cores saturate)")
+                              fix="use 1e6..1e11 bit/s (the bundled default, 1e9, is what the KV data plane fills on 2 cores)")
         if not 1280 <= self.mtu <= 65000:
             raise ConfigError(f"fabric MTU {self.mtu} is out of range", fix="use 1280..65000 (9000 = jumbo frames)")
         if not 0.05 <= self.lossless_share <= 0.95:

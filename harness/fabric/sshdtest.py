@@ -74,7 +74,7 @@ class SshdTest:
     """The servers (and optionally the engine) of one ``sshd-test up``; a context manager."""
 
     def __init__(self, state_dir: str | os.PathLike[str] = "state", *, hosts: int = 3, loopback: bool = False,
-                 sabotaged: bool = False, line_rate_bps: float = 5e8, engine: bool = False) -> None:
+                 sabotaged: bool = False, line_rate_bps: float = 1e9, engine: bool = False) -> None:
         if reason := unavailable_reason():
             raise HarnessError(f"sshd-test: {reason}", fix="install OpenSSH and run as root")
         if loopback and (engine or sabotaged):
