@@ -1,7 +1,7 @@
 """Acceptance: on a 3-host fabric, the measured line rate is reached by the raw probe and a large
 KV transfer over the engine's data plane reaches >= 80 % of it.
 
-The line rate is 250 Mbit/s here (half the cluster's 500 Mbit/s) so the check measures the fabric,
+The line rate is 250 Mbit/s here (a quarter of the cluster's 1 Gbit/s) so the check measures the fabric,
 with CPU headroom left for the other tests sharing this 2-core machine."""
 
 from __future__ import annotations
