@@ -202,7 +202,8 @@ def test_unknown_request_is_refused_without_retries(receiver):
         deliver(KVSender("ghost", LAYERS, fabric, control, TransferConfig(), stats), make_kv())
     assert stats.snapshot()["paths"][PATH_FABRIC]["retries"] == 0
     # every frame refused: one per layer, fewer when the lane merged queued layers into one frame
-    assert 1 <= rx_stats.snapshot()["rejected"]["unknown_request"] <= LAYERS
+    sent = stats.snapshot()["paths"][PATH_FABRIC]["frames"]
+    assert 1 <= sent <= LAYERS and rx_stats.snapshot()["rejected"]["unknown_request"] == sent
 
 
 def test_truncated_connection_resends_only_missing_layers(receiver):

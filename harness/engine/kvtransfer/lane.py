@@ -42,6 +42,7 @@ class LaneSender(Protocol):
     config: Any             # TransferConfig: timeout_s, backoff_base_s
     primary: Any            # Endpoint: host, port, path
     lane_broken: bool
+    lane_conn: Any          # the lane connection that carries its frames (set by the lane)
 
     @property
     def cancelled(self) -> bool: ...
@@ -169,6 +170,9 @@ class _Lane:
     def _connection(self, sender: LaneSender) -> _Conn:
         conn = self._conn
         if conn is not None and not conn.dead:
+            if conn.timeout_s != sender.config.timeout_s:  # changed at run time (POST /admin/transfer)
+                conn.timeout_s = sender.config.timeout_s
+                conn.sock.settimeout(conn.timeout_s)
             return conn
         if time.monotonic() < self._down_until:
             raise OSError(f"{self.host}:{self.port} refused a connection moments ago")
@@ -208,10 +212,15 @@ class _Lane:
         counted: list[tuple[LaneSender, int]] = []
         try:
             for kind, sender, arg, entry in live:
+                if sender.lane_conn is not None and sender.lane_conn is not conn:
+                    # its earlier frames went on a connection that has died (the reader may not have
+                    # marked it yet): never continue a transfer on another one
+                    sender.lane_failed(LaneBroken("its lane connection broke"))
                 if sender.lane_broken:  # its earlier frames died with a connection: the retry sends
                     if kind == "end":
                         _settle(arg, LaneBroken("the layer stream broke"))
                     continue
+                sender.lane_conn = conn
                 conn.use(sender)
                 sender.lane_started()
                 if kind == "end":

@@ -91,6 +91,7 @@ class KVSender:
         self._whole: list[Frame] = []   # mode "whole": frames kept until finish
         self._lane = config.mode == "layerwise"  # else every frame goes after prefill, in finish
         self.lane_broken = False
+        self.lane_conn = None  # the one lane connection its frames may go on (kv_lane sets it)
         self._lane_t0: float | None = None
         self._cancelled = threading.Event()
         self._sent_bytes = 0

@@ -1,0 +1,126 @@
+"""The KV lane (kvtransfer/lane.py): one persistent connection and sender thread per decode
+endpoint, shared by every transfer to it; what queued together is merged and gathered."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from harness.engine.kvtransfer import lane
+from harness.engine.kvtransfer.transfer import (PATH_FABRIC, Endpoint, Frame, FrameKind, KVLayout, KVReceiver,
+                                                KVSender, TransferConfig, TransferStats)
+
+LAYERS, TOKENS, HEADS, DIM = 4, 8, 2, 4
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.layouts: dict[str, KVLayout] = {}
+        self.kv: dict[str, torch.Tensor] = {}
+        self.completed: dict[str, int] = {}
+
+    def expect(self, rid: str) -> None:
+        self.layouts[rid] = KVLayout(LAYERS, TOKENS, HEADS, DIM, torch.float32)
+        self.kv[rid] = torch.full((LAYERS, 2, TOKENS, HEADS, DIM), float("nan"))
+
+    def kv_layout(self, rid):
+        return self.layouts.get(rid)
+
+    def kv_write(self, rid, layer_start, kv, release):
+        self.kv[rid][layer_start:layer_start + kv.shape[0]] = kv
+        release()
+
+    def kv_complete(self, rid, first_token_id):
+        self.completed[rid] = first_token_id
+
+
+def send(endpoint: Endpoint, rid: str, kv: torch.Tensor, stats: TransferStats, first: int = 5):
+    sender = KVSender(rid, LAYERS, endpoint, None, TransferConfig(timeout_s=5.0), stats)
+    for layer in range(LAYERS):
+        sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+    return sender.finish(first)
+
+
+def wait_until(cond, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def lane_threads(port: int) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"kv-lane-127.0.0.1:{port}"]
+
+
+def test_transfers_to_one_decode_worker_share_one_connection_and_one_sender_thread():
+    sink, rx_stats = Sink(), TransferStats()
+    rx = KVReceiver(sink, rx_stats, timeout_s=30)
+    try:
+        endpoint = Endpoint(*rx.listen("127.0.0.1", 0, PATH_FABRIC), PATH_FABRIC)
+        stats = TransferStats()
+        threads_before = threading.active_count()
+        for n in range(6):
+            rid = f"r{n}"
+            sink.expect(rid)
+            kv = torch.randn(LAYERS, 2, TOKENS, HEADS, DIM, generator=torch.Generator().manual_seed(n))
+            result = send(endpoint, rid, kv, stats, first=n)
+            assert result.retries == 0 and not result.fallback
+            assert sink.completed[rid] == n and torch.equal(sink.kv[rid], kv)
+        serving = [t for t in rx._threads if t.name.startswith("kv-recv-")]  # one a connection accepted
+        assert len(rx._conns) == 1 and len(serving) == 1                         # one connection
+        assert len(lane_threads(endpoint.port)) == 1                                  # one sender thread
+        assert not [t for t in threading.enumerate() if t.name.startswith("kv-send-")]  # none per transfer
+        # the lane's writer, its reply reader and the receiver's one connection thread, whatever
+        # the number of transfers
+        assert threading.active_count() <= threads_before + 3
+        assert stats.snapshot()["paths"][PATH_FABRIC]["transfers"] == 6
+    finally:
+        rx.close()
+
+
+def test_a_connection_the_receiver_closed_is_replaced_before_the_next_transfer():
+    sink = Sink()
+    rx = KVReceiver(sink, TransferStats(), timeout_s=0.3)  # closes idle connections with nothing pending
+    try:
+        endpoint = Endpoint(*rx.listen("127.0.0.1", 0, PATH_FABRIC), PATH_FABRIC)
+        stats = TransferStats()
+        sink.expect("a")
+        kv = torch.randn(LAYERS, 2, TOKENS, HEADS, DIM)
+        assert send(endpoint, "a", kv, stats).retries == 0
+        first = lane.LANES._lanes[("127.0.0.1", endpoint.port)]._conn
+        assert wait_until(lambda: first.dead), "the lane never noticed the receiver closing its connection"
+        sink.expect("b")
+        result = send(endpoint, "b", kv, stats)
+        assert result.retries == 0 and not result.fallback and torch.equal(sink.kv["b"], kv)
+        assert lane.LANES._lanes[("127.0.0.1", endpoint.port)]._conn is not first
+        assert stats.snapshot()["paths"][PATH_FABRIC]["failures"] == 0
+    finally:
+        rx.close()
+
+
+class _Sender:  # _merge_frames only compares senders by identity
+    pass
+
+
+def _data(sender, start: int, end: int, nbytes: int = 8) -> tuple:
+    parts = [memoryview(bytes([start]) * nbytes) for _ in range(end - start)]
+    return ("data", sender, Frame(FrameKind.DATA, "r", start, end, torch.float32, (end - start, 2, 1, 1, 1), parts))
+
+
+def test_adjacent_layers_of_one_transfer_queued_together_become_one_frame():
+    a, b = _Sender(), _Sender()
+    end = ("end", a, None)
+    out = lane._merge_frames([_data(a, 0, 1), _data(a, 1, 2), _data(a, 2, 3), end, _data(a, 3, 4)])
+    assert [(k, f.layer_start, f.layer_end) if k == "data" else (k,) for k, _, f in out] == \
+        [("data", 0, 3), ("end",), ("data", 3, 4)]
+    merged = out[0][2]
+    assert merged.shape == (3, 2, 1, 1, 1) and [bytes(p)[0] for p in merged.payload] == [0, 1, 2]
+    # another transfer between, a gap in the layers, or too many bytes: no merge
+    assert len(lane._merge_frames([_data(a, 0, 1), _data(b, 1, 2), _data(a, 1, 2)])) == 3
+    assert len(lane._merge_frames([_data(a, 0, 1), _data(a, 2, 3)])) == 2
+    big = lane.COALESCE_BYTES // 2 + 1
+    assert len(lane._merge_frames([_data(a, 0, 1, big), _data(a, 1, 2, big)])) == 2
