@@ -30,12 +30,18 @@ import zlib
 
 import torch
 
-from harness.engine.core.config import ModelConfig
+from harness.engine.core.config import EngineConfig, ModelConfig
 from harness.engine.core.kv_cache import KVBlockPool
-from harness.engine.kvtransfer.landing import block_views
+from harness.engine.kvtransfer.landing import block_views, layer_views
 from harness.engine.kvtransfer.transfer import (PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender, TransferConfig,
                                      TransferStats)
 from mooncake_peer import INSTALL_HINT, MooncakePair, MooncakeUnavailable, interpreter
+
+
+# Both ends run with the torch threads of an engine process (EngineConfig.num_threads): with the
+# default (one per core), torch's idle OpenMP workers spin on the other core after every parallel
+# copy, and the decode side then runs on the prefill side's core, after it instead of alongside.
+ENGINE_THREADS = EngineConfig().num_threads or torch.get_num_threads()
 
 
 class CacheSink:
@@ -48,19 +54,22 @@ class CacheSink:
                                 cfg.head_dim, cfg.torch_dtype)  # zeroed once: a worker's pool is touched at start
         self.layouts: dict[str, KVLayout] = {}
         self.blocks: dict[str, list[int]] = {}
+        self.views: dict[str, list] = {}
         self.done: dict[str, threading.Event] = {}
 
     def expect(self, rid: str, layout: KVLayout) -> None:
+        """The import begins: blocks reserved and their views worked out before the KV comes,
+        as a worker does (landing.ImportLanding.register)."""
         self.layouts[rid] = layout
         self.blocks[rid] = self.pool.allocate(self.pool.blocks_for(layout.num_tokens))
+        self.views[rid] = block_views(self.pool.storage, self.blocks[rid], layout.num_tokens, 0, layout.num_layers)
         self.done[rid] = threading.Event()
 
     def kv_layout(self, rid):
         return self.layouts.get(rid)
 
     def kv_recv_into(self, rid, layer_start, layer_end, nbytes):
-        views = block_views(self.pool.storage, self.blocks[rid], self.layouts[rid].num_tokens, layer_start, layer_end)
-        return views, lambda ok: None
+        return layer_views(self.views[rid], self.layouts[rid].num_layers, layer_start, layer_end), lambda ok: None
 
     def kv_write(self, rid, layer_start, kv, release):
         raise AssertionError("every frame should have landed in the blocks")
@@ -71,15 +80,16 @@ class CacheSink:
     def received(self, rid: str) -> torch.Tensor:
         layout = self.layouts.pop(rid)
         blocks = self.blocks.pop(rid)
+        self.views.pop(rid)
         kv = torch.stack([torch.stack(self.pool.gather(layer, blocks, layout.num_tokens))
                           for layer in range(layout.num_layers)])
         self.pool.free(blocks)
         return kv
 
 
-def raw_tcp_seconds(host: str, nbytes: int) -> float:
-    """One sendall of nbytes to a recv_into loop; timed until the receiver acknowledges."""
-    payload = bytearray(nbytes)
+def raw_tcp_seconds(host: str, payload: memoryview) -> float:
+    """One sendall of ``payload`` to a recv_into loop; timed until the receiver acknowledges."""
+    nbytes = payload.nbytes
     srv = socket.create_server((host, 0))
 
     def receive() -> None:
@@ -109,11 +119,14 @@ def raw_tcp_seconds(host: str, nbytes: int) -> float:
 
 
 def send_kv_seconds(endpoint: Endpoint, kv: torch.Tensor, rid: str, config: TransferConfig) -> float:
-    """Send ``kv`` layer by layer as a prefill worker does; seconds until the receiver committed it."""
+    """Send ``kv`` layer by layer as a prefill worker does; seconds until the receiver committed it.
+    Each layer's K and V are separate tensors before the clock starts, as a model's forward hands
+    them over (indexing them out of one tensor is the bench's doing, not the transfer's)."""
+    layers = [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])]
     t0 = time.perf_counter()
     sender = KVSender(rid, kv.shape[0], endpoint, None, config, TransferStats())
-    for layer in range(kv.shape[0]):
-        sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+    for layer, (k, v) in enumerate(layers):
+        sender.send_layer(layer, k, v)
     sender.finish(0)
     return time.perf_counter() - t0
 
@@ -155,6 +168,7 @@ class ReceiverProcess:
 
 
 def _receiver_main(conn, preset: str, max_tokens: int, host: str) -> None:
+    torch.set_num_threads(ENGINE_THREADS)
     cfg = ModelConfig.from_name(preset)
     sink = CacheSink(cfg, max_tokens)
     receiver = KVReceiver(sink, TransferStats())
@@ -197,10 +211,9 @@ def _receiver_main(conn, preset: str, max_tokens: int, host: str) -> None:
         raw.close()
 
 
-def raw_tcp_seconds_to(proc: ReceiverProcess, host: str, nbytes: int) -> float:
+def raw_tcp_seconds_to(proc: ReceiverProcess, host: str, payload: memoryview) -> float:
     """The baseline across processes: one sendall to the receiver process's recv_into loop."""
-    payload = bytearray(nbytes)
-    proc.call("raw", nbytes)
+    proc.call("raw", payload.nbytes)
     with socket.create_connection((host, proc.raw_port)) as c:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         t0 = time.perf_counter()
@@ -247,6 +260,7 @@ def main() -> None:
                    help="a virtualenv (or its python) with Mooncake installed; default: this interpreter")
     p.add_argument("--no-mooncake", action="store_true", help="leave the Mooncake baseline out")
     args = p.parse_args()
+    torch.set_num_threads(ENGINE_THREADS)
     try:
         mc_python = interpreter(args.mooncake_python)
     except ValueError as exc:
@@ -270,7 +284,7 @@ def main() -> None:
             mc = start_mooncake(mc_python, args.host, cfg, max(sizes), required=args.mooncake_python is not None)
         print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}"
               + (f" {'MC GB/s':>8} {'KV/MC':>6}" if mc is not None else ""))
-        for tokens in sizes:
+        for n_size, tokens in enumerate(sizes):
             g = torch.Generator().manual_seed(tokens)
             kv = torch.randn(cfg.n_layers, 2, tokens, cfg.n_kv_heads, cfg.head_dim, generator=g,
                              dtype=torch.float32).to(cfg.torch_dtype)  # [L, 2, T, H, D]
@@ -282,14 +296,29 @@ def main() -> None:
                     same_bytes.write(kv_bytes)
                     same_bytes.flush()
                     crc = zlib.crc32(kv_bytes)
-                for r in range(args.repeats):  # interleaved so drift hits all alike
-                    rid = f"bench-{tokens}-{r}"
-                    if proc is None:
-                        raw.append(raw_tcp_seconds(args.host, nbytes))
-                        ours.append(kv_seconds(endpoint, sink, kv, rid, config))
-                    else:
-                        raw.append(raw_tcp_seconds_to(proc, args.host, nbytes))
-                        ours.append(kv_seconds_to(proc, endpoint, kv, rid, config))
+                # raw TCP sends the KV's own bytes (a fresh zeroed buffer would be read from the
+                # kernel's one zero page, always in cache)
+                payload = memoryview(kv.contiguous().view(torch.uint8).numpy()).cast("B")
+                for r in range(args.repeats):  # interleaved so drift hits all alike; each measured
+                    # transfer follows an unmeasured one of its own kind, as in a steady stream of
+                    # them: right after the other kind, its caches held the other's buffers and
+                    # the first 1 MiB transfer took 1.3-1.6x as long, whichever kind
+                    for measured in (False, True):
+                        rid = f"bench-{n_size}-{tokens}-{r}-{int(measured)}"
+                        if proc is None:
+                            t_raw = raw_tcp_seconds(args.host, payload)
+                        else:
+                            t_raw = raw_tcp_seconds_to(proc, args.host, payload)
+                        if measured:
+                            raw.append(t_raw)
+                    for measured in (False, True):
+                        rid = f"bench-{n_size}-{tokens}-{r}-{int(measured)}"
+                        if proc is None:
+                            t_kv = kv_seconds(endpoint, sink, kv, rid, config)
+                        else:
+                            t_kv = kv_seconds_to(proc, endpoint, kv, rid, config)
+                        if measured:
+                            ours.append(t_kv)
                     if mc is not None:
                         theirs.append(mc.seconds(same_bytes.name, nbytes, crc))
             raw_gbs, kv_gbs = nbytes / statistics.median(raw) / 1e9, nbytes / statistics.median(ours) / 1e9

@@ -1,5 +1,6 @@
-"""The KV lane (kvtransfer/lane.py): one persistent connection and sender thread per decode
-endpoint, shared by every transfer to it; what queued together is merged and gathered."""
+"""The KV lane (kvtransfer/lane.py): one persistent connection and one writer thread per decode
+endpoint, shared by every transfer to it; producers write their own frames when nothing is ahead
+of them and read their own replies; what queued together is merged and gathered."""
 
 from __future__ import annotations
 
@@ -74,9 +75,10 @@ def test_transfers_to_one_decode_worker_share_one_connection_and_one_sender_thre
         assert len(rx._conns) == 1 and len(serving) == 1                         # one connection
         assert len(lane_threads(endpoint.port)) == 1                                  # one sender thread
         assert not [t for t in threading.enumerate() if t.name.startswith("kv-send-")]  # none per transfer
-        # the lane's writer, its reply reader and the receiver's one connection thread, whatever
-        # the number of transfers
-        assert threading.active_count() <= threads_before + 3
+        # the lane's writer and the receiver's one connection thread, whatever the number of
+        # transfers (replies are read by the transfers waiting for them)
+        assert threading.active_count() <= threads_before + 2
+        assert not [t for t in threading.enumerate() if t.name.startswith("kv-lane-replies")]
         assert stats.snapshot()["paths"][PATH_FABRIC]["transfers"] == 6
     finally:
         rx.close()
@@ -91,13 +93,46 @@ def test_a_connection_the_receiver_closed_is_replaced_before_the_next_transfer()
         sink.expect("a")
         kv = torch.randn(LAYERS, 2, TOKENS, HEADS, DIM)
         assert send(endpoint, "a", kv, stats).retries == 0
-        first = lane.LANES._lanes[("127.0.0.1", endpoint.port)]._conn
-        assert wait_until(lambda: first.dead), "the lane never noticed the receiver closing its connection"
+        first = lane.LANES._lanes[("127.0.0.1", endpoint.port)].conn
+        assert wait_until(lambda: not rx._conns), "the receiver never closed its idle connection"
+        assert not first.dead  # nobody reads an idle lane connection: noticed when a transfer starts
         sink.expect("b")
         result = send(endpoint, "b", kv, stats)
         assert result.retries == 0 and not result.fallback and torch.equal(sink.kv["b"], kv)
-        assert lane.LANES._lanes[("127.0.0.1", endpoint.port)]._conn is not first
+        assert first.dead and lane.LANES._lanes[("127.0.0.1", endpoint.port)].conn is not first
         assert stats.snapshot()["paths"][PATH_FABRIC]["failures"] == 0
+    finally:
+        rx.close()
+
+
+def test_small_layers_ride_together_until_a_frame_holds_min_frame_bytes():
+    sink, rx_stats = Sink(), TransferStats()
+    rx = KVReceiver(sink, rx_stats, timeout_s=30)
+    layer_bytes = 2 * TOKENS * HEADS * DIM * 4
+    try:
+        endpoint = Endpoint(*rx.listen("127.0.0.1", 0, PATH_FABRIC), PATH_FABRIC)
+        sink.expect("warm")  # the lane's connection is up: no frame waits for the writer thread to open it
+        send(endpoint, "warm", torch.randn(LAYERS, 2, TOKENS, HEADS, DIM), TransferStats())
+        for n, (min_bytes, frames) in enumerate([(0, LAYERS), (2 * layer_bytes, 2), (3 * layer_bytes, 2),
+                                                  (1 << 20, 1)]):
+            rid = f"m{n}"
+            sink.expect(rid)
+            kv = torch.randn(LAYERS, 2, TOKENS, HEADS, DIM, generator=torch.Generator().manual_seed(n))
+            sender = KVSender(rid, LAYERS, endpoint, None, TransferConfig(timeout_s=5.0, min_frame_bytes=min_bytes),
+                              TransferStats())
+            sent_before = []
+            for layer in range(LAYERS):
+                sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+                sent_before.append(sender._frames_sent)
+            result = sender.finish(n)
+            # 3 layers' worth: layers 0-2 in one frame, the last layer alone (the rest of the KV)
+            assert result.frames == frames and result.retries == 0, (min_bytes, result)
+            assert torch.equal(sink.kv[rid], kv) and sink.completed[rid] == n
+            if min_bytes == 0:  # a frame a layer, written by the producer as it hands the layer over
+                assert sent_before == [1, 2, 3, 4]
+            elif min_bytes == 1 << 20:  # nothing out before the last layer
+                assert sent_before == [0, 0, 0, 1]
+        assert rx_stats.snapshot()["received"]["frames"] == 1 + LAYERS + 2 + 2 + 1
     finally:
         rx.close()
 

@@ -253,7 +253,8 @@ def test_truncated_connection_resends_only_missing_layers(receiver):
     stats = TransferStats()
     try:
         via_proxy = Endpoint(*proxy.getsockname()[:2], PATH_FABRIC)
-        result = deliver(KVSender("r5", LAYERS, via_proxy, control, TransferConfig(timeout_s=20.0), stats), kv)
+        result = deliver(KVSender("r5", LAYERS, via_proxy, control,
+                                  TransferConfig(timeout_s=20.0, min_frame_bytes=0), stats), kv)  # a frame a layer
     finally:
         proxy.close()
         acceptor.join(5)
@@ -281,7 +282,7 @@ def test_a_layer_that_takes_longer_than_the_timeout_keeps_the_stream_open():
         fabric = Endpoint(*rx.listen("127.0.0.1", 0, PATH_FABRIC), PATH_FABRIC)
         sink.expect("slow")
         kv = make_kv()
-        sender = KVSender("slow", LAYERS, fabric, None, TransferConfig(timeout_s=5.0), stats)
+        sender = KVSender("slow", LAYERS, fabric, None, TransferConfig(timeout_s=5.0, min_frame_bytes=0), stats)
         sender.send_layer(0, kv[0, 0], kv[0, 1])
         threading.Event().wait(1.2)  # four receiver timeouts with nothing on the wire
         for layer in range(1, LAYERS):

@@ -13,7 +13,12 @@ class TransferConfig:
     mode: str = "layerwise"          # "layerwise" (stream during prefill) or "whole" (after prefill)
     compression: str | None = None   # None or "zstd"
     zstd_level: int = 1
-    layers_per_frame: int = 1
+    layers_per_frame: int = 1        # layers per DATA frame at least
+    # ... and bytes per DATA frame at least (the last frame of a transfer may hold fewer): every
+    # frame costs each end a fixed 0.05-0.1 ms of Python (header, checksum, landing), which at
+    # small layers is longer than the layer's bytes take on a fast path; 0 = one frame per
+    # layers_per_frame layers whatever their size
+    min_frame_bytes: int = 1 << 20
     timeout_s: float = 2.0           # a socket operation making no progress this long fails the attempt
     max_retries: int = 3             # per path, after the first attempt
     backoff_base_s: float = 0.01     # seed 3.3: 10 ms x 2^attempt
@@ -26,8 +31,10 @@ class TransferConfig:
             raise ConfigError(f"transfer mode {self.mode!r} is unknown", fix="use 'layerwise' or 'whole'")
         if self.compression not in (None, "zstd"):
             raise ConfigError(f"compression {self.compression!r} is unknown", fix="use null or 'zstd'")
-        if self.layers_per_frame < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.backoff_base_s < 0:
-            raise ConfigError("layers_per_frame >= 1, max_retries >= 0, timeout_s > 0 and backoff_base_s >= 0 "
+        if (self.layers_per_frame < 1 or self.min_frame_bytes < 0 or self.max_retries < 0 or self.timeout_s <= 0
+                or self.backoff_base_s < 0):
+            raise ConfigError("layers_per_frame >= 1, min_frame_bytes >= 0, max_retries >= 0, timeout_s > 0 and "
+                              "backoff_base_s >= 0 "
                               f"are required, got {self}", fix="correct the transfer section of the config")
 
     @classmethod

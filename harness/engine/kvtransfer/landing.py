@@ -23,6 +23,12 @@ import torch
 from harness.engine.core.engine_core import EngineCore, ImportHandle
 
 
+def layer_views(views: list[memoryview], num_layers: int, layer_start: int, layer_end: int) -> list[memoryview]:
+    """Layers [layer_start, layer_end) of the views ``block_views`` gave for all ``num_layers``."""
+    per_layer = len(views) // num_layers
+    return views[layer_start * per_layer:layer_end * per_layer]
+
+
 def block_views(storage: torch.Tensor, blocks: list[int], num_tokens: int, layer_start: int,
                 layer_end: int) -> list[memoryview]:
     """Writable views of layers [layer_start, layer_end) of a sequence's first ``num_tokens``
@@ -53,10 +59,22 @@ class ImportLanding:
         self._handles: dict[str, ImportHandle] = {}
         self._pins: collections.Counter[str] = collections.Counter()
         self._deferred: dict[str, ImportHandle] = {}  # cancelled while pinned: freed on the last unpin
+        self._views: dict[str, tuple[int, list[memoryview]]] = {}  # rid -> (num_tokens, every layer's views)
 
     def register(self, rid: str, handle: ImportHandle) -> None:
+        """An import begins: its views are worked out now, before its KV arrives, so a frame
+        lands as soon as its header is read (working them out took longer than landing 256 KiB)."""
+        views = self._all_views(handle)
         with self._cond:
             self._handles[rid] = handle
+            if views is not None:
+                self._views[rid] = (handle.num_tokens, views)
+
+    def _all_views(self, handle: ImportHandle) -> list[memoryview] | None:
+        storage = self.core.pool.storage
+        if storage.device.type != "cpu":
+            return None
+        return block_views(storage, handle.blocks, handle.num_tokens, 0, storage.shape[1])
 
     def take(self, rid: str, layer_start: int, layer_end: int,
              nbytes: int) -> tuple[list[memoryview], Callable[[bool], None]] | None:
@@ -70,7 +88,12 @@ class ImportLanding:
             if handle is None:
                 return None
             self._pins[rid] += 1
-        views = block_views(storage, handle.blocks, handle.num_tokens, layer_start, layer_end)
+            cached = self._views.get(rid)
+        if cached is None or cached[0] != handle.num_tokens:  # resized since it registered (live migration)
+            cached = (handle.num_tokens, self._all_views(handle))
+            with self._cond:
+                self._views[rid] = cached
+        views = layer_views(cached[1], storage.shape[1], layer_start, layer_end)
         if sum(map(len, views)) != nbytes:
             self._unpin(rid)
             return None
@@ -98,6 +121,7 @@ class ImportLanding:
         in flight and frees them when it finishes."""
         with self._cond:
             self._handles.pop(rid, None)
+            self._views.pop(rid, None)
             if self._pins[rid] > 0:
                 self._deferred[rid] = handle
                 return False

@@ -1,25 +1,34 @@
-"""One persistent KV connection and sender thread per decode worker (a "lane").
+"""One persistent KV connection per decode worker (a "lane"), shared by every transfer to it.
 
 A prefill worker used to start a thread per transfer and take a pooled connection for it: at
-small sizes that fixed cost was most of a transfer (a 1 MiB transfer took 10x a raw socket). Now
-every transfer to one decode endpoint goes through that endpoint's lane: its writer thread sends
-the frames of all transfers in the order they are produced (frames carry their request id, so
-transfers interleave at frame boundaries), and the END of a transfer follows its last frame on
-the same connection. A reader thread per connection hands each REPLY to the transfer that waits
-for it. A transfer whose frames could not go out on the lane (connection refused or broken) is
-marked broken and its ``finish`` takes the retry path (a fresh connection, ask the receiver what
-is missing, resend). Every wait here is bounded by the transfer's ``timeout_s``: a reply that does
-not come in time fails the transfers waiting on that connection, which is then dropped.
+small sizes that fixed cost was most of a transfer (a 1 MiB transfer took 10x a raw socket).
+Now every transfer to one decode endpoint goes through that endpoint's lane, in the order its
+frames are produced (frames carry their request id, so transfers interleave at frame
+boundaries), and the END of a transfer follows its last frame on the same connection.
 
-The writer thread ends after ``IDLE_EXIT_S`` with nothing to send, so idle endpoints cost no
-thread; the next transfer to it starts a new lane.
+Who writes: the thread that produced a frame writes it itself when nothing is ahead of it, with
+a non-blocking write, so the prefill loop never waits on the network; what the socket does not
+take at once (a slow or congested link, a large frame, a connection still to open) goes to the
+lane's writer thread, which sends it and everything queued behind it with blocking writes.
+Handing each frame to another thread cost a wake-up per frame and per reply (about half of a
+1 MiB transfer on loopback). Who reads: a transfer waiting for its END's reply reads the
+replies itself (one waiter reads at a time and hands each reply to the transfer it names),
+so there is no reader thread either.
+
+A transfer whose frames could not go out on the lane (connection refused or broken) is marked
+broken and its ``finish`` takes the retry path (a fresh connection, ask the receiver what is
+missing, resend). A transfer never spans two lane connections. Every wait here is bounded by
+the transfer's ``timeout_s``: a reply that does not come in time fails the transfers waiting
+on that connection, which is then dropped. A connection the receiver closed while idle is
+noticed (and replaced) before the next transfer starts on it. The writer thread ends, and the
+lane with its connection, after ``IDLE_EXIT_S`` unused.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import queue
+import os
 import select
 import socket
 import threading
@@ -29,9 +38,14 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
 
 from harness.engine.kvtransfer.wire import (Frame, FrameKind, close_socket, encode_frame, frame_buffers, read_frame,
-                                    send_buffers)
+                                            send_buffers)
 from harness.errors import KVIntegrityError
 
+log = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 30.0
+COALESCE_BYTES = 4 << 20  # frames queued together up to this size go out in one gather write
+_IOV_MAX = 1024           # buffers one writev takes
 
 
 class LaneSender(Protocol):
@@ -61,11 +75,6 @@ class LaneSender(Protocol):
 
     def lane_failed(self, exc: Exception) -> None: ...
 
-log = logging.getLogger(__name__)
-
-IDLE_EXIT_S = 30.0
-COALESCE_BYTES = 4 << 20  # frames queued together up to this size go out in one gather write
-
 
 class LaneBroken(Exception):
     """The lane could not carry a transfer's frames or END; the transfer takes the retry path."""
@@ -73,57 +82,57 @@ class LaneBroken(Exception):
 
 class _Conn:
     """One connection of a lane, the transfers whose frames it carries and the END replies
-    awaited on it (per request id, in send order). A transfer never spans two connections: when
-    this one dies, every transfer on it is broken for the lane and its retry sends what is missing."""
+    awaited on it (per request id, in send order). Its lock is its lane's condition, so waiters
+    learn of every reply and of its end. A transfer never spans two connections: when this one
+    dies, every transfer on it is broken for the lane and its retry sends what is missing."""
 
-    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
-        self.sock, self.timeout_s = sock, timeout_s
-        self.pending: dict[str, collections.deque[tuple[Future, float]]] = {}
+    def __init__(self, sock: socket.socket, timeout_s: float, cv: threading.Condition) -> None:
+        self.sock, self.timeout_s, self.cv = sock, timeout_s, cv
+        self.pending: dict[str, collections.deque[tuple[Future, float, LaneSender]]] = {}
         self.users: weakref.WeakValueDictionary[int, LaneSender] = weakref.WeakValueDictionary()  # an abandoned one goes
-        self.lock = threading.Lock()
         self.dead = False
 
     def use(self, sender: LaneSender) -> None:
-        with self.lock:
+        with self.cv:
             if self.dead:
                 raise OSError("connection closed")
             self.users[id(sender)] = sender
 
-    def done_with(self, sender: LaneSender) -> None:
-        with self.lock:
-            self.users.pop(id(sender), None)
-
-    def expect(self, rid: str) -> Future:
-        fut: Future = Future()
-        with self.lock:
+    def expect(self, sender: LaneSender, fut: Future) -> None:
+        with self.cv:
             if self.dead:
                 raise OSError("connection closed")
-            self.pending.setdefault(rid, collections.deque()).append((fut, time.monotonic()))
-        return fut
+            self.pending.setdefault(sender.request_id, collections.deque()).append((fut, time.monotonic(), sender))
+            self.cv.notify_all()
 
     def resolve(self, rid: str, body: dict) -> None:
-        with self.lock:
+        with self.cv:
             waiting = self.pending.get(rid)
-            fut = waiting.popleft()[0] if waiting else None
+            entry = waiting.popleft() if waiting else None
             if waiting is not None and not waiting:
                 del self.pending[rid]
-        if fut is not None:
-            _settle(fut, result=body)
+            if entry is not None:
+                self.users.pop(id(entry[2]), None)
+            self.cv.notify_all()
+        if entry is not None:
+            _settle(entry[0], result=body)
 
-    def oldest_wait_s(self) -> float:
-        with self.lock:
-            starts = [t for waits in self.pending.values() for _, t in waits]
-        return time.monotonic() - min(starts) if starts else 0.0
+    def reply_due(self) -> float | None:
+        """When the oldest awaited reply is overdue (monotonic), or None when none is awaited."""
+        with self.cv:
+            starts = [t for waits in self.pending.values() for _, t, _ in waits]
+        return min(starts) + self.timeout_s if starts else None
 
     def kill(self, reason: str) -> None:
-        with self.lock:
+        with self.cv:
             if self.dead:
                 return
             self.dead = True
-            waiting = [f for waits in self.pending.values() for f, _ in waits]
+            waiting = [f for waits in self.pending.values() for f, _, _ in waits]
             self.pending.clear()
             users = list(self.users.values())
             self.users.clear()
+            self.cv.notify_all()
         close_socket(self.sock)
         for sender in users:
             sender.lane_failed(LaneBroken(reason))
@@ -132,48 +141,104 @@ class _Conn:
 
 
 class _Lane:
+    """The lane to one decode endpoint: its connection, the jobs its writer thread has to send,
+    who writes now and who reads replies now (all under ``cv``)."""
+
     def __init__(self, host: str, port: int, lanes: "Lanes") -> None:
         self.host, self.port, self._lanes = host, port, lanes
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._conn: _Conn | None = None
+        lock = threading.RLock()
+        self.cv = threading.Condition(lock)    # reply waiters: a reply, a written END, a death
+        self.work = threading.Condition(lock)  # the writer thread: jobs queued for it
+        self.queue: collections.deque[tuple] = collections.deque()  # for the writer thread, in order
+        self.writing = False   # a thread is writing on the connection (the producer or the writer)
+        self.reading = False   # a waiter is reading replies
+        self.retired = False   # ended idle: takes no more jobs
+        self.conn: _Conn | None = None
+        self.last_used = time.monotonic()
         self._down_until = 0.0  # after a failed connect, transfers skip the lane until then
         self.thread = threading.Thread(target=self._run, name=f"kv-lane-{host}:{port}", daemon=True)
 
-    # -- writer thread
+    # -- writing
+    def offer(self, job: tuple) -> bool:
+        """Send ``job`` now from this thread when nothing is ahead of it and the connection
+        takes it without blocking; whatever is left goes to the writer thread. False: the lane
+        has retired (Lanes.submit gives the endpoint's lane now)."""
+        with self.cv:
+            if self.retired:
+                return False
+            self.last_used = time.monotonic()
+            if self.queue or self.writing or not self._inline_ok(job):
+                self.queue.append(job)
+                self.work.notify()
+                return True
+            self.writing = True
+        left = None
+        try:
+            left = self._send_batch([job], inline=True)
+        finally:
+            with self.cv:
+                self.writing = False
+                if left is not None:
+                    self.queue.appendleft(left)
+                if self.queue:  # only then: a wake-up per frame would cost the producer the GIL
+                    self.work.notify()
+                if job[0] == "end":  # its END went out or failed: its waiter learns which
+                    self.cv.notify_all()
+        return True
+
+    def _inline_ok(self, job: tuple) -> bool:
+        kind, _, arg = job
+        return self.conn is not None and not self.conn.dead and (kind == "end" or _wire_bytes(arg.payload)
+                                                                 <= COALESCE_BYTES)
+
     def _run(self) -> None:
+        """The writer thread: sends what producers could not, in order; ends the lane when idle."""
         while True:
+            with self.cv:
+                while not self.queue or self.writing:
+                    idle = time.monotonic() - self.last_used
+                    if idle >= IDLE_EXIT_S and not self.queue and self._lanes.retire(self):
+                        if self.conn is not None:
+                            self.conn.kill("lane idle")
+                        return
+                    self.work.wait(max(0.05, IDLE_EXIT_S - idle))
+                self.writing = True
+                batch = [self.queue.popleft()]
+                if batch[0][0] != "cont":  # what queued meanwhile goes out in the same system call
+                    size = _job_bytes(batch[0])
+                    while self.queue and self.queue[0][0] != "cont" and size < COALESCE_BYTES:
+                        batch.append(self.queue.popleft())
+                        size += _job_bytes(batch[-1])
             try:
-                job = self.jobs.get(timeout=IDLE_EXIT_S)
-            except queue.Empty:
-                if self._lanes.retire(self):
-                    if self._conn is not None:
-                        self._conn.kill("lane idle")
-                    return
-                continue
-            batch, size = [job], _job_bytes(job)
-            while size < COALESCE_BYTES:  # what queued meanwhile goes out in the same system call
-                try:
-                    job = self.jobs.get_nowait()
-                except queue.Empty:
-                    break
-                batch.append(job)
-                size += _job_bytes(job)
-            try:
-                self._send_batch(batch)
+                self._send_batch(batch, inline=False)
             except Exception as exc:  # noqa: BLE001 - a bug here must not kill the lane of every transfer
                 log.exception("KV lane to %s:%d failed a batch of %d jobs", self.host, self.port, len(batch))
                 for kind, sender, arg in batch:
-                    sender.lane_failed(exc)
+                    if sender is not None:
+                        sender.lane_failed(exc)
                     if kind == "end":
                         _settle(arg, LaneBroken(f"lane error: {exc!r}"))
+            finally:
+                with self.cv:
+                    self.writing = False
+                    self.last_used = time.monotonic()
+                    self.cv.notify_all()  # ENDs of the batch went out or failed
 
-    def _connection(self, sender: LaneSender) -> _Conn:
-        conn = self._conn
+    def _connection(self, sender: LaneSender, may_connect: bool) -> _Conn | None:
+        conn = self.conn
         if conn is not None and not conn.dead:
             if conn.timeout_s != sender.config.timeout_s:  # changed at run time (POST /admin/transfer)
                 conn.timeout_s = sender.config.timeout_s
                 conn.sock.settimeout(conn.timeout_s)
-            return conn
+            with self.cv:
+                idle = not conn.pending and not self.reading
+            if not (idle and sender.lane_conn is None and select.select([conn.sock], [], [], 0)[0]):
+                return conn
+            # nothing awaited, yet readable: the receiver closed it while idle; a new transfer
+            # must not start on it
+            conn.kill("receiver closed the idle connection")
+        if not may_connect:
+            return None
         if time.monotonic() < self._down_until:
             raise OSError(f"{self.host}:{self.port} refused a connection moments ago")
         try:
@@ -182,15 +247,29 @@ class _Lane:
             self._down_until = time.monotonic() + max(sender.config.backoff_base_s, 0.01)
             raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = self._conn = _Conn(sock, sender.config.timeout_s)
-        threading.Thread(target=_read_replies, args=(conn,), name=f"kv-lane-replies-{self.host}:{self.port}",
-                         daemon=True).start()
+        conn = self.conn = _Conn(sock, sender.config.timeout_s, self.cv)
         return conn
 
-    def _send_batch(self, batch: list[tuple]) -> None:
+    def _send_batch(self, batch: list[tuple], inline: bool) -> tuple | None:
         """Frames and ENDs in queue order: small ones gathered into one write, a large frame on
-        its own (send_frame checksums it slice by slice while cached)."""
-        live = []
+        its own (send_frame checksums it slice by slice while cached). ``inline``: one job from
+        its producer, written without blocking; returns what the writer thread must finish."""
+        if batch[0][0] == "cont":
+            _, _, (conn, views, counted) = batch[0]
+            if not conn.dead:
+                try:
+                    _flush(conn, views, counted)
+                except OSError as exc:
+                    conn.kill(f"send failed: {exc}")
+            return None
+        live, conn = [], None
+        if inline:
+            try:
+                conn = self._connection(batch[0][1], may_connect=False)
+            except OSError:
+                conn = None
+            if conn is None:
+                return batch[0]  # a connection to open: the writer thread does it
         for kind, sender, arg in _merge_frames(batch):
             entry = sender.encode(arg) if kind == "data" else None  # kept for a retry even if not sent now
             if sender.cancelled or sender.lane_broken:
@@ -199,15 +278,15 @@ class _Lane:
                 continue
             live.append((kind, sender, arg, entry))
         if not live:
-            return
+            return None
         try:
-            conn = self._connection(live[0][1])
+            conn = conn or self._connection(live[0][1], may_connect=True)
         except OSError as exc:
             for kind, sender, arg, _ in live:
                 sender.lane_failed(exc)
                 if kind == "end":
                     _settle(arg, LaneBroken(str(exc)))
-            return
+            return None
         gather: list = []
         counted: list[tuple[LaneSender, int]] = []
         try:
@@ -224,8 +303,7 @@ class _Lane:
                 conn.use(sender)
                 sender.lane_started()
                 if kind == "end":
-                    reply = conn.expect(sender.request_id)
-                    reply.add_done_callback(lambda f, fut=arg, s_=sender: (conn.done_with(s_), _chain(f, fut)))
+                    conn.expect(sender, arg)
                     bufs = frame_buffers(*encode_frame(sender.end_frame()))
                 elif _wire_bytes(entry[3]) > COALESCE_BYTES:
                     _flush(conn, gather, counted)
@@ -235,6 +313,11 @@ class _Lane:
                     bufs = sender.wire_buffers(entry)
                     counted.append((sender, sum(memoryview(b_).nbytes for b_ in bufs)))
                 gather += bufs
+            if inline:
+                rest = _write_now(conn, gather)
+                if rest:
+                    return ("cont", None, (conn, rest, counted))
+                gather.clear()
             _flush(conn, gather, counted)
         except (OSError, KVIntegrityError) as exc:
             conn.kill(f"send failed: {exc}")  # fails the ENDs awaited on it
@@ -242,6 +325,69 @@ class _Lane:
                 sender.lane_failed(exc)
                 if kind == "end":
                     _settle(arg, LaneBroken(str(exc)))
+        return None
+
+    # -- reading
+    def wait_reply(self, fut: Future) -> dict:
+        """The reply to an END submitted with ``fut``: read by this thread when no other waiter
+        is reading; raises LaneBroken when the connection failed or the reply is overdue."""
+        while True:
+            with self.cv:
+                while True:
+                    if fut.done():
+                        return fut.result()
+                    conn = self.conn
+                    if not self.reading and conn is not None and not conn.dead and conn.pending:
+                        self.reading = True
+                        break
+                    self.cv.wait(1.0)  # a reply, a written END, a dead connection or a reader leaving
+            try:
+                self._read_replies(conn, fut)
+            finally:
+                with self.cv:
+                    self.reading = False
+                    self.cv.notify_all()
+
+    def _read_replies(self, conn: _Conn, fut: Future) -> None:
+        """Hand each REPLY to the transfer it names until ``fut``'s came; EOF, a broken stream or
+        a reply overdue by the timeout ends the connection and fails whoever waits on it."""
+        while not fut.done() and not conn.dead:
+            due = conn.reply_due()
+            if due is None:
+                return  # nothing awaited on it yet (this END is still queued): wait for the writer
+            left = due - time.monotonic()
+            if left <= 0:
+                conn.kill(f"no reply within {conn.timeout_s:.1f} s")
+                return
+            try:  # wait at a frame boundary only: a timeout inside a frame loses sync
+                if not select.select([conn.sock], [], [], left)[0]:
+                    continue
+                frame = read_frame(conn.sock)  # a started reply completes within the socket's timeout
+            except (OSError, ValueError, KVIntegrityError) as exc:  # ValueError: select on a closed socket
+                conn.kill(f"reply stream broke: {exc}")
+                return
+            if frame is None or frame.kind != FrameKind.REPLY:
+                conn.kill("receiver closed the connection" if frame is None
+                          else f"unexpected {frame.kind.name} frame from the receiver")
+                return
+            conn.resolve(frame.request_id, frame.body())
+
+
+def _write_now(conn: _Conn, buffers: list) -> list:
+    """Write what the socket takes without blocking; returns the views left unsent."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    fd = conn.sock.fileno()  # non-blocking: a socket with a timeout is, underneath
+    while views:
+        try:
+            sent = os.writev(fd, views[:_IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            return views
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
+    return views
 
 
 def _merge_frames(batch: list[tuple]) -> list[tuple]:
@@ -277,22 +423,14 @@ def _job_bytes(job: tuple) -> int:
 def _flush(conn: _Conn, gather: list, counted: list) -> None:
     if gather:
         send_buffers(conn.sock, gather)
-        for sender, nbytes in counted:
-            sender.count_sent(nbytes, sender.primary.path)
+    for sender, nbytes in counted:
+        sender.count_sent(nbytes, sender.primary.path)
     gather.clear()
     counted.clear()
 
 
-def _chain(src: Future, dst: Future) -> None:
-    exc = src.exception()
-    if exc is not None:
-        _settle(dst, exc)
-    else:
-        _settle(dst, result=src.result())
-
-
 def _settle(fut: Future, exc: BaseException | None = None, result: object = None) -> None:
-    """Resolve ``fut`` unless it already is (the reader and the writer may both try)."""
+    """Resolve ``fut`` unless it already is (a reader and a writer may both try)."""
     try:
         if exc is not None:
             fut.set_exception(exc)
@@ -302,30 +440,6 @@ def _settle(fut: Future, exc: BaseException | None = None, result: object = None
         pass
 
 
-def _read_replies(conn: _Conn) -> None:
-    """A lane connection's reader: each REPLY goes to the transfer waiting for it; EOF, a broken
-    stream or a reply overdue by the timeout ends the connection and fails whoever waits on it."""
-    reason = "receiver closed the connection"
-    try:
-        while not conn.dead:
-            readable, _, _ = select.select([conn.sock], [], [], conn.timeout_s)
-            if not readable:  # wait at a frame boundary only: a timeout inside a frame loses sync
-                if conn.oldest_wait_s() > conn.timeout_s:
-                    reason = f"no reply within {conn.timeout_s:.1f} s"
-                    break
-                continue
-            frame = read_frame(conn.sock)  # a started reply completes within the socket's timeout
-            if frame is None:
-                break
-            if frame.kind != FrameKind.REPLY:
-                reason = f"unexpected {frame.kind.name} frame from the receiver"
-                break
-            conn.resolve(frame.request_id, frame.body())
-    except (OSError, ValueError, KVIntegrityError) as exc:  # ValueError: select on a closed socket
-        reason = f"reply stream broke: {exc}"
-    conn.kill(reason)
-
-
 class Lanes:
     """The lanes of this process, one per decode endpoint (host, port)."""
 
@@ -333,19 +447,26 @@ class Lanes:
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._lock = threading.Lock()
 
-    def submit(self, host: str, port: int, job: tuple) -> None:
-        with self._lock:  # under the lock retire() takes too: a job never lands on a lane that left
-            lane = self._lanes.get((host, port))
-            if lane is None:
-                lane = self._lanes[(host, port)] = _Lane(host, port, self)
-                lane.thread.start()
-            lane.jobs.put(job)
+    def submit(self, host: str, port: int, job: tuple) -> _Lane:
+        """Send a ("data", sender, frame) or ("end", sender, future) job on the endpoint's lane;
+        returns the lane, which takes the transfer's later jobs (``offer``) and hands back its
+        END's reply (``wait_reply``)."""
+        while True:
+            with self._lock:
+                lane = self._lanes.get((host, port))
+                if lane is None:
+                    lane = self._lanes[(host, port)] = _Lane(host, port, self)
+                    lane.thread.start()
+            if lane.offer(job):  # False only when it retired since: its successor takes it
+                return lane
 
     def retire(self, lane: _Lane) -> bool:
-        """Called by an idle lane: True when it may end (nothing was queued meanwhile)."""
+        """Called by an idle lane's writer, holding its condition (which ``offer`` takes): True
+        when it may end; it then takes no more jobs."""
         with self._lock:
-            if not lane.jobs.empty():
+            if lane.queue or lane.writing or lane.reading or (lane.conn and lane.conn.pending):
                 return False
+            lane.retired = True
             if self._lanes.get((lane.host, lane.port)) is lane:
                 del self._lanes[(lane.host, lane.port)]
             return True

@@ -5,7 +5,7 @@ while later layers still compute (``mode="layerwise"``), or all at once after pr
 (``mode="whole"``, kept for comparison). Every frame carries the request id, layer range, dtype,
 shape and crc32c checksums of its header and payload; the receiver verifies both and never hands
 a corrupt or truncated frame to the engine. The sender asks the receiver which layers are still
-missing, resends them with exponential backoff (tenacity), and when the primary path (the
+missing, resends them with exponential backoff (seed 3.3), and when the primary path (the
 fabric NIC) is spent, delivers over the fallback path (the decode worker's listener on the
 control network). Bytes, seconds, retries, failures and fallbacks are counted per path.
 
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import crc32c
 import torch
 import zstandard
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from harness.engine.kvtransfer.lane import LANES, LaneBroken
 from harness.engine.kvtransfer.receiver import KVReceiver, KVSink
@@ -93,6 +92,7 @@ class KVSender:
         self.lane_broken = False
         self.lane_conn = None  # the one lane connection its frames may go on (kv_lane sets it)
         self._lane_t0: float | None = None
+        self._lane_ref = None  # the lane its frames and END go on, which hands back the reply
         self._cancelled = threading.Event()
         self._sent_bytes = 0
         self._frames_sent = 0
@@ -108,19 +108,29 @@ class KVSender:
                                    f"(of {self.num_layers})", fix="call send_layer once per layer, in order")
         self._last_layer = layer_idx
         if self._open is None:
-            n = min(self.config.layers_per_frame, self.num_layers - layer_idx)
-            self._open = (layer_idx, n, [])
-        start, n, parts = self._open
+            self._open = (layer_idx, [], 0)
+        start, parts, nbytes = self._open
         # the frame payload [n, 2, T, H, D] is each layer's K then V back to back: sent straight
         # from the tensors' memory (they are not written again), no staging copy
-        parts += [tensor_bytes(k), tensor_bytes(v)]
-        if layer_idx - start + 1 == n:
-            self._open = None
-            frame = Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, (n, 2, *k.shape), parts)
-            if self._lane:  # the decode endpoint's lane sends it now, while later layers compute
-                LANES.submit(self.primary.host, self.primary.port, ("data", self, frame))
-            else:
-                self._whole.append(frame)
+        kb, vb = tensor_bytes(k), tensor_bytes(v)
+        parts += [kb, vb]
+        nbytes += kb.nbytes + vb.nbytes
+        n = layer_idx - start + 1
+        if layer_idx + 1 < self.num_layers and (n < self.config.layers_per_frame
+                                                or nbytes < self.config.min_frame_bytes):
+            self._open = (start, parts, nbytes)  # small layers ride together (config.min_frame_bytes)
+            return
+        self._open = None
+        frame = Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, (n, 2, *k.shape), parts)
+        if self._lane:  # the decode endpoint's lane sends it now, while later layers compute
+            self._to_lane(("data", self, frame))
+        else:
+            self._whole.append(frame)
+
+    def _to_lane(self, job: tuple) -> None:
+        lane = self._lane_ref
+        if lane is None or not lane.offer(job):  # none yet, or it retired (idle): the endpoint's lane now
+            self._lane_ref = LANES.submit(self.primary.host, self.primary.port, job)
 
     def cancel(self) -> None:
         """Stop sending: frames not yet out are dropped and ``finish`` raises KVTransferError. The
@@ -143,7 +153,7 @@ class KVSender:
             lane_reply: Future | None = None
             if self._lane:  # END follows this transfer's last frame on the lane
                 lane_reply = Future()
-                LANES.submit(self.primary.host, self.primary.port, ("end", self, lane_reply))
+                self._to_lane(("end", self, lane_reply))
             else:
                 for frame in self._whole:
                     self.encode(frame)
@@ -152,7 +162,7 @@ class KVSender:
             self._frames.clear()
             self._whole.clear()
 
-    # -- called by the lane's writer thread (lane.py)
+    # -- called by the lane (lane.py), from whichever thread writes
     def end_frame(self) -> Frame:
         body = self._end_body or b""
         return Frame(FrameKind.END, self.request_id, 0, self.num_layers, shape=(len(body),), payload=body,
@@ -171,6 +181,9 @@ class KVSender:
         self._on_event("stream_error", path=self.primary.path, error=str(exc))
 
     def _deliver(self, first_token_id: int, lane_reply: Future | None) -> TransferResult:
+        """Path by path (primary, then the fallback), up to 1 + max_retries attempts each, waiting
+        backoff_base_s x 2^(attempt - 2) (at most backoff_max_s) before each retry (seed 3.3). A
+        layer-wise transfer's first attempt is the END sent on its lane, and most end there."""
         retries, used_fallback = 0, False
         paths = [self.primary] + ([self.fallback] if self.fallback else [])
         last_error: Exception | None = None
@@ -181,33 +194,25 @@ class KVSender:
                 self._on_event("fallback", path=endpoint.path, error=str(last_error))
                 log.warning("%s: %s path failed (%s); falling back to %s", self.request_id, self.primary.path,
                             last_error, endpoint.path)
-            retrying = Retrying(stop=stop_after_attempt(self.config.max_retries + 1),
-                                wait=wait_exponential(multiplier=self.config.backoff_base_s,
-                                                      max=self.config.backoff_max_s),
-                                retry=retry_if_exception_type(_AttemptFailed), reraise=True)
-            try:
-                for attempt in retrying:
-                    with attempt:
-                        n = attempt.retry_state.attempt_number
-                        if n > 1:
-                            retries += 1
-                            self.stats.add(endpoint.path, retries=1)
-                            self._on_event("retry", path=endpoint.path, attempt=n, error=str(last_error))
-                        try:
-                            if lane_reply is not None and n_path == 0 and n == 1:
-                                self._lane_attempt(lane_reply)
-                            else:
-                                self._attempt(endpoint, first_token_id=first_token_id)
-                        except _AttemptFailed as exc:
-                            last_error = exc
-                            self.stats.add(endpoint.path, failures=1)
-                            raise
-            except _AttemptFailed:
-                continue
-            seconds = time.perf_counter() - self._t0
-            self.stats.add(endpoint.path, transfers=1)
-            return TransferResult(self.request_id, endpoint.path, self._sent_bytes, seconds, retries,
-                                  used_fallback, self._frames_sent)
+            for n in range(1, self.config.max_retries + 2):
+                if n > 1:
+                    time.sleep(min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (n - 2)))
+                    retries += 1
+                    self.stats.add(endpoint.path, retries=1)
+                    self._on_event("retry", path=endpoint.path, attempt=n, error=str(last_error))
+                try:
+                    if lane_reply is not None and n_path == 0 and n == 1:
+                        self._lane_attempt(lane_reply)
+                    else:
+                        self._attempt(endpoint, first_token_id=first_token_id)
+                except _AttemptFailed as exc:
+                    last_error = exc
+                    self.stats.add(endpoint.path, failures=1)
+                    continue
+                seconds = time.perf_counter() - self._t0
+                self.stats.add(endpoint.path, transfers=1)
+                return TransferResult(self.request_id, endpoint.path, self._sent_bytes, seconds, retries,
+                                      used_fallback, self._frames_sent)
         raise KVTransferError(f"KV of {self.request_id} not delivered on {[p.path for p in paths]}: {last_error}",
                               fix="check the decode worker's KV listeners and the fabric/control links")
 
@@ -224,7 +229,7 @@ class KVSender:
     def _lane_attempt(self, reply: Future) -> None:
         """The first attempt of a layer-wise transfer: the END sent on the lane after its frames."""
         try:
-            body = reply.result()  # the lane resolves it within the timeout (lane.py)
+            body = self._lane_ref.wait_reply(reply)  # within the timeout (lane.py)
         except LaneBroken as exc:
             if self._cancelled.is_set():
                 raise KVTransferError(f"transfer of {self.request_id} cancelled") from exc

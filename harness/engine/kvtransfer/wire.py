@@ -40,6 +40,8 @@ PATH_CONTROL = "control"  # fallback: relayed over the control network
 _FIXED = struct.Struct("!4sBBBBBBHHHQQq")
 _U32 = struct.Struct("!I")
 _MAX_RID_BYTES = 256
+_SMALL_FRAME = 64 << 10  # payloads up to this size are read in one go into fresh memory
+_LAND_IOV = 16  # views one read lands in at most (16 KiB each for a 16-token block)
 _SEND_SLICE = 1 << 20  # slices: the socket timeout means "no progress", and each is checksummed while cached
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4,
@@ -167,6 +169,8 @@ def payload_len(payload) -> int:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The bytes of a CPU tensor, without a copy when it is contiguous (any dtype, bfloat16 too)."""
+    if t.is_contiguous() and t.dim() and t.device.type == "cpu" and not t.requires_grad:
+        return memoryview(t.view(torch.uint8).numpy()).cast("B")  # the common case, in 2 torch calls
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -231,6 +235,11 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
         landing = into(rid, ls, le, _DTYPES[dtype_code], shape, raw_len)
         if landing is not None:
             return _land(sock, landing, rid, ls, le, _DTYPES[dtype_code], shape, wire_len, aux)
+    if wire_len <= _SMALL_FRAME:  # END, QUERY, REPLY: payload and trailer in one read, no pooled buffer
+        rest = _recv_exact(sock, wire_len + _U32.size)
+        payload = memoryview(rest)[:wire_len]
+        return _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc32c.crc32c(payload),
+                       _U32.unpack_from(rest, wire_len)[0], raw_len, aux, None)
     buffer = pool.take(wire_len) if pool is not None else None
     try:
         payload, crc = _recv_payload(sock, wire_len, buffer)
@@ -255,24 +264,25 @@ def _land(sock: socket.socket, landing: tuple[list[memoryview], Callable[[bool],
     views, done = landing
     ok = False
     try:
-        crc, i, off, left = 0, 0, 0, n
-        # about 256 KiB of views per call: one read rarely returns more, and a longer list is
-        # rebuilt for nothing on every call
-        batch = max(1, min(256, (256 << 10) // max(1, len(views[0]))))
+        trailer = bytearray(_U32.size)
+        bufs = [*views, memoryview(trailer)]  # the payload's crc32c trailer comes in the last read
+        i, left, crc, summed = 0, n + _U32.size, 0, 0
         while left:
-            got = sock.recvmsg_into([views[i][off:], *views[i + 1:i + batch]])[0]
+            got = sock.recvmsg_into(bufs[i:i + _LAND_IOV])[0]
             if got == 0:
-                raise TruncatedFrameError(f"connection closed after {n - left} of {n} payload bytes")
+                raise TruncatedFrameError(f"connection closed after {n + _U32.size - left} of {n} payload bytes")
             left -= got
-            while got:  # checksum what landed, view by view, while it is still in cache
-                take = min(got, len(views[i]) - off)
-                crc = crc32c.crc32c(views[i][off:off + take], crc)
-                got -= take
-                off += take
-                if off == len(views[i]):
-                    i, off = i + 1, 0
-        (payload_crc,) = _U32.unpack(_recv_exact(sock, _U32.size))
-        ok = crc == payload_crc
+            while got and got >= len(bufs[i]):
+                got -= len(bufs[i])
+                i += 1
+            if got:
+                bufs[i] = bufs[i][got:]
+            # checksum the views filled so far, whole, while the sender still sends and they are
+            # in cache (a partly filled view waits for the next read)
+            for view in views[summed:i]:
+                crc = crc32c.crc32c(view, crc)
+            summed = i
+        ok = crc == _U32.unpack(trailer)[0]
     finally:
         done(ok)
     if not ok:
