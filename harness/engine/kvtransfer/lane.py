@@ -28,116 +28,20 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import select
 import socket
 import threading
 import time
-import weakref
-from concurrent.futures import Future, InvalidStateError
-from typing import Any, Protocol
+from concurrent.futures import Future
 
-from harness.engine.kvtransfer.wire import (Frame, FrameKind, close_socket, encode_frame, frame_buffers, read_frame,
-                                            send_buffers)
+from harness.engine.kvtransfer.lane_conn import LaneBroken, LaneConn, LaneSender, flush, settle, write_now
+from harness.engine.kvtransfer.wire import Frame, FrameKind, encode_frame, frame_buffers, read_frame
 from harness.errors import KVIntegrityError
 
 log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 30.0
 COALESCE_BYTES = 4 << 20  # frames queued together up to this size go out in one gather write
-_IOV_MAX = 1024           # buffers one writev takes
-
-
-class LaneSender(Protocol):
-    """What the lane needs of a transfer (transfer.KVSender; a protocol, so this module does not
-    import the sender that imports it)."""
-
-    request_id: str
-    config: Any             # TransferConfig: timeout_s, backoff_base_s
-    primary: Any            # Endpoint: host, port, path
-    lane_broken: bool
-    lane_conn: Any          # the lane connection that carries its frames (set by the lane)
-
-    @property
-    def cancelled(self) -> bool: ...
-
-    def encode(self, frame: Frame) -> tuple: ...
-
-    def send_entry(self, sock: socket.socket, entry: tuple, path: str) -> None: ...
-
-    def wire_buffers(self, entry: tuple) -> list: ...
-
-    def count_sent(self, nbytes: int, path: str) -> None: ...
-
-    def end_frame(self) -> Frame: ...
-
-    def lane_started(self) -> None: ...
-
-    def lane_failed(self, exc: Exception) -> None: ...
-
-
-class LaneBroken(Exception):
-    """The lane could not carry a transfer's frames or END; the transfer takes the retry path."""
-
-
-class _Conn:
-    """One connection of a lane, the transfers whose frames it carries and the END replies
-    awaited on it (per request id, in send order). Its lock is its lane's condition, so waiters
-    learn of every reply and of its end. A transfer never spans two connections: when this one
-    dies, every transfer on it is broken for the lane and its retry sends what is missing."""
-
-    def __init__(self, sock: socket.socket, timeout_s: float, cv: threading.Condition) -> None:
-        self.sock, self.timeout_s, self.cv = sock, timeout_s, cv
-        self.pending: dict[str, collections.deque[tuple[Future, float, LaneSender]]] = {}
-        self.users: weakref.WeakValueDictionary[int, LaneSender] = weakref.WeakValueDictionary()  # an abandoned one goes
-        self.dead = False
-
-    def use(self, sender: LaneSender) -> None:
-        with self.cv:
-            if self.dead:
-                raise OSError("connection closed")
-            self.users[id(sender)] = sender
-
-    def expect(self, sender: LaneSender, fut: Future) -> None:
-        with self.cv:
-            if self.dead:
-                raise OSError("connection closed")
-            self.pending.setdefault(sender.request_id, collections.deque()).append((fut, time.monotonic(), sender))
-            self.cv.notify_all()
-
-    def resolve(self, rid: str, body: dict) -> None:
-        with self.cv:
-            waiting = self.pending.get(rid)
-            entry = waiting.popleft() if waiting else None
-            if waiting is not None and not waiting:
-                del self.pending[rid]
-            if entry is not None:
-                self.users.pop(id(entry[2]), None)
-            self.cv.notify_all()
-        if entry is not None:
-            _settle(entry[0], result=body)
-
-    def reply_due(self) -> float | None:
-        """When the oldest awaited reply is overdue (monotonic), or None when none is awaited."""
-        with self.cv:
-            starts = [t for waits in self.pending.values() for _, t, _ in waits]
-        return min(starts) + self.timeout_s if starts else None
-
-    def kill(self, reason: str) -> None:
-        with self.cv:
-            if self.dead:
-                return
-            self.dead = True
-            waiting = [f for waits in self.pending.values() for f, _, _ in waits]
-            self.pending.clear()
-            users = list(self.users.values())
-            self.users.clear()
-            self.cv.notify_all()
-        close_socket(self.sock)
-        for sender in users:
-            sender.lane_failed(LaneBroken(reason))
-        for fut in waiting:
-            _settle(fut, LaneBroken(reason))
 
 
 class _Lane:
@@ -153,7 +57,7 @@ class _Lane:
         self.writing = False   # a thread is writing on the connection (the producer or the writer)
         self.reading = False   # a waiter is reading replies
         self.retired = False   # ended idle: takes no more jobs
-        self.conn: _Conn | None = None
+        self.conn: LaneConn | None = None
         self.last_used = time.monotonic()
         self._down_until = 0.0  # after a failed connect, transfers skip the lane until then
         self.thread = threading.Thread(target=self._run, name=f"kv-lane-{host}:{port}", daemon=True)
@@ -217,14 +121,14 @@ class _Lane:
                     if sender is not None:
                         sender.lane_failed(exc)
                     if kind == "end":
-                        _settle(arg, LaneBroken(f"lane error: {exc!r}"))
+                        settle(arg, LaneBroken(f"lane error: {exc!r}"))
             finally:
                 with self.cv:
                     self.writing = False
                     self.last_used = time.monotonic()
                     self.cv.notify_all()  # ENDs of the batch went out or failed
 
-    def _connection(self, sender: LaneSender, may_connect: bool) -> _Conn | None:
+    def _connection(self, sender: LaneSender, may_connect: bool) -> LaneConn | None:
         conn = self.conn
         if conn is not None and not conn.dead:
             if conn.timeout_s != sender.config.timeout_s:  # changed at run time (POST /admin/transfer)
@@ -247,7 +151,7 @@ class _Lane:
             self._down_until = time.monotonic() + max(sender.config.backoff_base_s, 0.01)
             raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = self.conn = _Conn(sock, sender.config.timeout_s, self.cv)
+        conn = self.conn = LaneConn(sock, sender.config.timeout_s, self.cv)
         return conn
 
     def _send_batch(self, batch: list[tuple], inline: bool) -> tuple | None:
@@ -258,7 +162,7 @@ class _Lane:
             _, _, (conn, views, counted) = batch[0]
             if not conn.dead:
                 try:
-                    _flush(conn, views, counted)
+                    flush(conn, views, counted)
                 except OSError as exc:
                     conn.kill(f"send failed: {exc}")
             return None
@@ -274,7 +178,7 @@ class _Lane:
             entry = sender.encode(arg) if kind == "data" else None  # kept for a retry even if not sent now
             if sender.cancelled or sender.lane_broken:
                 if kind == "end":
-                    _settle(arg, LaneBroken("cancelled" if sender.cancelled else "the layer stream broke"))
+                    settle(arg, LaneBroken("cancelled" if sender.cancelled else "the layer stream broke"))
                 continue
             live.append((kind, sender, arg, entry))
         if not live:
@@ -285,7 +189,7 @@ class _Lane:
             for kind, sender, arg, _ in live:
                 sender.lane_failed(exc)
                 if kind == "end":
-                    _settle(arg, LaneBroken(str(exc)))
+                    settle(arg, LaneBroken(str(exc)))
             return None
         gather: list = []
         counted: list[tuple[LaneSender, int]] = []
@@ -297,7 +201,7 @@ class _Lane:
                     sender.lane_failed(LaneBroken("its lane connection broke"))
                 if sender.lane_broken:  # its earlier frames died with a connection: the retry sends
                     if kind == "end":
-                        _settle(arg, LaneBroken("the layer stream broke"))
+                        settle(arg, LaneBroken("the layer stream broke"))
                     continue
                 sender.lane_conn = conn
                 conn.use(sender)
@@ -306,7 +210,7 @@ class _Lane:
                     conn.expect(sender, arg)
                     bufs = frame_buffers(*encode_frame(sender.end_frame()))
                 elif _wire_bytes(entry[3]) > COALESCE_BYTES:
-                    _flush(conn, gather, counted)
+                    flush(conn, gather, counted)
                     sender.send_entry(conn.sock, entry, sender.primary.path)
                     continue
                 else:
@@ -314,17 +218,17 @@ class _Lane:
                     counted.append((sender, sum(memoryview(b_).nbytes for b_ in bufs)))
                 gather += bufs
             if inline:
-                rest = _write_now(conn, gather)
+                rest = write_now(conn, gather)
                 if rest:
                     return ("cont", None, (conn, rest, counted))
                 gather.clear()
-            _flush(conn, gather, counted)
+            flush(conn, gather, counted)
         except (OSError, KVIntegrityError) as exc:
             conn.kill(f"send failed: {exc}")  # fails the ENDs awaited on it
             for kind, sender, arg, _ in live:
                 sender.lane_failed(exc)
                 if kind == "end":
-                    _settle(arg, LaneBroken(str(exc)))
+                    settle(arg, LaneBroken(str(exc)))
         return None
 
     # -- reading
@@ -348,7 +252,7 @@ class _Lane:
                     self.reading = False
                     self.cv.notify_all()
 
-    def _read_replies(self, conn: _Conn, fut: Future) -> None:
+    def _read_replies(self, conn: LaneConn, fut: Future) -> None:
         """Hand each REPLY to the transfer it names until ``fut``'s came; EOF, a broken stream or
         a reply overdue by the timeout ends the connection and fails whoever waits on it."""
         while not fut.done() and not conn.dead:
@@ -371,23 +275,6 @@ class _Lane:
                           else f"unexpected {frame.kind.name} frame from the receiver")
                 return
             conn.resolve(frame.request_id, frame.body())
-
-
-def _write_now(conn: _Conn, buffers: list) -> list:
-    """Write what the socket takes without blocking; returns the views left unsent."""
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    fd = conn.sock.fileno()  # non-blocking: a socket with a timeout is, underneath
-    while views:
-        try:
-            sent = os.writev(fd, views[:_IOV_MAX])
-        except (BlockingIOError, InterruptedError):
-            return views
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if sent:
-            views[0] = views[0][sent:]
-    return views
 
 
 def _merge_frames(batch: list[tuple]) -> list[tuple]:
@@ -418,26 +305,6 @@ def _wire_bytes(payload) -> int:
 def _job_bytes(job: tuple) -> int:
     kind, _, arg = job
     return _wire_bytes(arg.payload) if kind == "data" else 0
-
-
-def _flush(conn: _Conn, gather: list, counted: list) -> None:
-    if gather:
-        send_buffers(conn.sock, gather)
-    for sender, nbytes in counted:
-        sender.count_sent(nbytes, sender.primary.path)
-    gather.clear()
-    counted.clear()
-
-
-def _settle(fut: Future, exc: BaseException | None = None, result: object = None) -> None:
-    """Resolve ``fut`` unless it already is (a reader and a writer may both try)."""
-    try:
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-    except InvalidStateError:
-        pass
 
 
 class Lanes:
