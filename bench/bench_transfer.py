@@ -5,8 +5,8 @@ preset ([layers, 2, tokens, kv_heads, head_dim]), sends it with KVSender to a KV
 sink is a decode worker's block pool: frames land straight in the request's reserved blocks
 (kvtransfer/landing.py, as a worker does), and times it from the first layer handed over to the
 receiver's commit. The sender reuses its connection across transfers, as a prefill worker does. The baseline in the same run: one ``sendall`` of
-the same number of bytes over a fresh TCP connection to a ``recv_into`` loop, timed to the
-receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
+the same bytes to a ``recv_into`` loop in the receiver process, over a TCP connection also kept
+across transfers, timed to the receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
 When Mooncake's transfer engine can be imported (here, or in the virtualenv --mooncake-python
 names), the same bytes also go through it over TCP between two processes on the same host
 address (mooncake_peer.py), interleaved with the others, and the ratio KV / Mooncake is printed.
@@ -149,6 +149,7 @@ class ReceiverProcess:
         self._proc = ctx.Process(target=_receiver_main, args=(child, cfg.name, max_tokens, host), daemon=True)
         self._proc.start()
         self.kv_port, self.raw_port = self._conn.recv()
+        self.raw_sock: socket.socket | None = None  # the baseline's connection, opened by its first transfer
 
     def call(self, *msg):
         self._conn.send(msg)
@@ -158,6 +159,8 @@ class ReceiverProcess:
         return reply
 
     def close(self) -> None:
+        if self.raw_sock is not None:
+            self.raw_sock.close()
         try:
             self.call("quit")
         finally:
@@ -176,6 +179,7 @@ def _receiver_main(conn, preset: str, max_tokens: int, host: str) -> None:
     raw = socket.create_server((host, 0))
     conn.send((kv_port, raw.getsockname()[1]))
     buf = memoryview(bytearray(1 << 22))
+    raw_conn = None
     try:
         while True:
             msg = conn.recv()
@@ -193,7 +197,7 @@ def _receiver_main(conn, preset: str, max_tokens: int, host: str) -> None:
                         conn.send(("error", f"{rid} never completed"))
                         continue
                     conn.send(zlib.crc32(sink.received(rid).contiguous().numpy().tobytes()))
-                elif msg[0] == "raw":  # accept one connection, read nbytes, acknowledge
+                elif msg[0] == "raw_new":  # accept one connection, read nbytes, acknowledge, close
                     conn.send("ok")
                     c, _ = raw.accept()
                     with c:
@@ -204,16 +208,45 @@ def _receiver_main(conn, preset: str, max_tokens: int, host: str) -> None:
                                 break
                             got += n
                         c.sendall(b"k")
+                elif msg[0] == "raw":  # read nbytes on the baseline's connection, acknowledge
+                    conn.send("ok")
+                    if raw_conn is None:  # one connection for every baseline transfer, as the KV lane
+                        raw_conn, _ = raw.accept()
+                    got = 0
+                    while got < msg[1]:
+                        n = raw_conn.recv_into(buf)
+                        if not n:
+                            raise ConnectionError("the baseline's connection closed")
+                        got += n
+                    raw_conn.sendall(b"k")
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the run
                 conn.send(("error", repr(exc)))
     finally:
         receiver.close()
+        if raw_conn is not None:
+            raw_conn.close()
         raw.close()
 
 
 def raw_tcp_seconds_to(proc: ReceiverProcess, host: str, payload: memoryview) -> float:
-    """The baseline across processes: one sendall to the receiver process's recv_into loop."""
+    """The baseline across processes: one sendall to the receiver process's recv_into loop, on a
+    connection kept from one transfer to the next (as the KV lane keeps its own): a fresh one
+    starts with a small receive window, which made the baseline slower and noisier at 1 MiB."""
     proc.call("raw", payload.nbytes)
+    if proc.raw_sock is None:
+        # accepted by the receiver after any fresh connection it was told to take (raw_new_seconds_to)
+        proc.raw_sock = socket.create_connection((host, proc.raw_port))
+        proc.raw_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t0 = time.perf_counter()
+    proc.raw_sock.sendall(payload)
+    proc.raw_sock.recv(1)
+    return time.perf_counter() - t0
+
+
+def raw_new_seconds_to(proc: ReceiverProcess, host: str, payload: memoryview) -> float:
+    """The baseline the KV transfer was first measured against: a fresh connection a transfer
+    (its receive window starts small), timed from after the handshake."""
+    proc.call("raw_new", payload.nbytes)
     with socket.create_connection((host, proc.raw_port)) as c:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         t0 = time.perf_counter()
@@ -282,50 +315,46 @@ def main() -> None:
     try:
         if not args.no_mooncake:
             mc = start_mooncake(mc_python, args.host, cfg, max(sizes), required=args.mooncake_python is not None)
-        print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7}"
+        print("raw: the same bytes over a TCP connection kept across transfers, as the KV lane keeps its own; "
+              "new: over a fresh connection each (the baseline of the first measurements, slower: its receive "
+              "window starts small)")
+        print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'new GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7} {'KV/new':>7}"
               + (f" {'MC GB/s':>8} {'KV/MC':>6}" if mc is not None else ""))
         for n_size, tokens in enumerate(sizes):
             g = torch.Generator().manual_seed(tokens)
             kv = torch.randn(cfg.n_layers, 2, tokens, cfg.n_kv_heads, cfg.head_dim, generator=g,
                              dtype=torch.float32).to(cfg.torch_dtype)  # [L, 2, T, H, D]
             nbytes = kv.numel() * kv.element_size()
-            raw, ours, theirs = [], [], []
+            times: dict[str, list[float]] = {"raw": [], "new": [], "kv": [], "mc": []}
+            # raw TCP sends the KV's own bytes (a fresh zeroed buffer would be read from the
+            # kernel's one zero page, always in cache)
+            payload = memoryview(kv.contiguous().view(torch.uint8).numpy()).cast("B")
+            kinds = {"new": lambda rid: raw_tcp_seconds(args.host, payload),
+                     "kv": lambda rid: kv_seconds(endpoint, sink, kv, rid, config)} if proc is None else {
+                     "raw": lambda rid: raw_tcp_seconds_to(proc, args.host, payload),
+                     "new": lambda rid: raw_new_seconds_to(proc, args.host, payload),
+                     "kv": lambda rid: kv_seconds_to(proc, endpoint, kv, rid, config)}
             with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as same_bytes:
                 if mc is not None:  # the Mooncake sender loads these bytes into its registered buffer, untimed
                     kv_bytes = kv.contiguous().view(torch.uint8).numpy().data
                     same_bytes.write(kv_bytes)
                     same_bytes.flush()
                     crc = zlib.crc32(kv_bytes)
-                # raw TCP sends the KV's own bytes (a fresh zeroed buffer would be read from the
-                # kernel's one zero page, always in cache)
-                payload = memoryview(kv.contiguous().view(torch.uint8).numpy()).cast("B")
+                    kinds["mc"] = lambda rid: mc.seconds(same_bytes.name, nbytes, crc)
                 for r in range(args.repeats):  # interleaved so drift hits all alike; each measured
                     # transfer follows an unmeasured one of its own kind, as in a steady stream of
-                    # them: right after the other kind, its caches held the other's buffers and
-                    # the first 1 MiB transfer took 1.3-1.6x as long, whichever kind
-                    for measured in (False, True):
-                        rid = f"bench-{n_size}-{tokens}-{r}-{int(measured)}"
-                        if proc is None:
-                            t_raw = raw_tcp_seconds(args.host, payload)
-                        else:
-                            t_raw = raw_tcp_seconds_to(proc, args.host, payload)
-                        if measured:
-                            raw.append(t_raw)
-                    for measured in (False, True):
-                        rid = f"bench-{n_size}-{tokens}-{r}-{int(measured)}"
-                        if proc is None:
-                            t_kv = kv_seconds(endpoint, sink, kv, rid, config)
-                        else:
-                            t_kv = kv_seconds_to(proc, endpoint, kv, rid, config)
-                        if measured:
-                            ours.append(t_kv)
-                    if mc is not None:
-                        theirs.append(mc.seconds(same_bytes.name, nbytes, crc))
-            raw_gbs, kv_gbs = nbytes / statistics.median(raw) / 1e9, nbytes / statistics.median(ours) / 1e9
-            row = f"{tokens:>7} {nbytes / 2**20:>8.1f} {raw_gbs:>9.2f} {kv_gbs:>8.2f} {kv_gbs / raw_gbs:>7.2f}"
+                    # them: right after another kind, its caches held the other's buffers and the
+                    # first 1 MiB transfer took 1.3-1.6x as long, whichever kind
+                    for kind, run in kinds.items():
+                        run(f"bench-{n_size}-{tokens}-{r}-warm")
+                        times[kind].append(run(f"bench-{n_size}-{tokens}-{r}"))
+            gbs = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items() if v}
+            row = (f"{tokens:>7} {nbytes / 2**20:>8.1f} " + (f"{gbs['raw']:>9.2f}" if "raw" in gbs else f"{'n/a':>9}")
+                   + f" {gbs['new']:>9.2f} {gbs['kv']:>8.2f} "
+                   + (f"{gbs['kv'] / gbs['raw']:>7.2f}" if "raw" in gbs else f"{'n/a':>7}")
+                   + f" {gbs['kv'] / gbs['new']:>7.2f}")
             if mc is not None:
-                mc_gbs = nbytes / statistics.median(theirs) / 1e9
-                row += f" {mc_gbs:>8.2f} {kv_gbs / mc_gbs:>6.2f}"
+                row += f" {gbs['mc']:>8.2f} {gbs['kv'] / gbs['mc']:>6.2f}"
             print(row, flush=True)
     finally:
         if mc is not None:

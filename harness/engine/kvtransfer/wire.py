@@ -15,8 +15,10 @@ Wire format of one frame (network byte order)::
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
+import itertools
 import json
 import math
 import os
@@ -43,7 +45,7 @@ _FIXED = struct.Struct("!4sBBBBBBHHHQQq")
 _U32 = struct.Struct("!I")
 _MAX_RID_BYTES = 256
 _SMALL_FRAME = 64 << 10  # payloads up to this size are read in one go into fresh memory
-_LAND_IOV = 16  # views one read lands in at most (16 KiB each for a 16-token block)
+_LAND_IOV = 64  # views one read lands in at most: 1 MiB of 16 KiB views, about the L2 cache, measured best
 _PARALLEL_CRC_SLICES = 4  # frames of more slices than this are checksummed aside (send_frame)
 _SEND_SLICE = 1 << 20  # slices: the socket timeout means "no progress", and each is checksummed while cached
 
@@ -269,17 +271,16 @@ def _land(sock: socket.socket, landing: tuple[list[memoryview], Callable[[bool],
     try:
         trailer = bytearray(_U32.size)
         bufs = [*views, memoryview(trailer)]  # the payload's crc32c trailer comes in the last read
-        i, left, crc, summed = 0, n + _U32.size, 0, 0
-        while left:
-            got = sock.recvmsg_into(bufs[i:i + _LAND_IOV])[0]
+        ends = list(itertools.accumulate(map(len, bufs)))  # where each buffer ends in the payload
+        total, i, crc, summed = 0, 0, 0, 0
+        while total < ends[-1]:
+            start = total - (ends[i - 1] if i else 0)  # into buffer i, partly filled by the last read
+            got = sock.recvmsg_into([bufs[i][start:], *bufs[i + 1:i + _LAND_IOV]] if start
+                                    else bufs[i:i + _LAND_IOV])[0]
             if got == 0:
-                raise TruncatedFrameError(f"connection closed after {n + _U32.size - left} of {n} payload bytes")
-            left -= got
-            while got and got >= len(bufs[i]):
-                got -= len(bufs[i])
-                i += 1
-            if got:
-                bufs[i] = bufs[i][got:]
+                raise TruncatedFrameError(f"connection closed after {total} of {n} payload bytes")
+            total += got
+            i = bisect.bisect_right(ends, total)  # buffers filled so far
             # checksum the views filled so far, whole, while the sender still sends and they are
             # in cache (a partly filled view waits for the next read)
             for view in views[summed:i]:
