@@ -35,7 +35,7 @@ import time
 from concurrent.futures import Future
 
 from harness.engine.kvtransfer.lane_conn import LaneBroken, LaneConn, LaneSender, flush, settle, write_now
-from harness.engine.kvtransfer.wire import Frame, FrameKind, encode_frame, frame_buffers, read_frame
+from harness.engine.kvtransfer.wire import Frame, FrameKind, crc_trailer, encode_frame, frame_buffers, read_frame
 from harness.errors import KVIntegrityError
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,7 @@ class _Lane:
             return None
         gather: list = []
         counted: list[tuple[LaneSender, int]] = []
+        late = None  # inline DATA: (parts, claimed crc) of the trailer written after the payload
         try:
             for kind, sender, arg, entry in live:
                 if sender.lane_conn is not None and sender.lane_conn is not conn:
@@ -213,12 +214,21 @@ class _Lane:
                     flush(conn, gather, counted)
                     sender.send_entry(conn.sock, entry, sender.primary.path)
                     continue
+                elif inline:  # its checksum is worked out after the payload is written: meanwhile
+                    # the receiver lands it on its core instead of waiting
+                    head, parts, claimed = sender.wire_parts(entry)
+                    late = (parts, claimed)
+                    bufs = [head, *parts]
+                    counted.append((sender, len(head) + _wire_bytes(parts) + 4))
                 else:
                     bufs = sender.wire_buffers(entry)
                     counted.append((sender, sum(memoryview(b_).nbytes for b_ in bufs)))
                 gather += bufs
             if inline:
                 rest = write_now(conn, gather)
+                if late is not None:
+                    trailer = crc_trailer(late[0], late[1])
+                    rest = rest + [trailer] if rest else write_now(conn, [trailer])
                 if rest:
                     return ("cont", None, (conn, rest, counted))
                 gather.clear()

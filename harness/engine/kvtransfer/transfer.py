@@ -245,6 +245,12 @@ class KVSender:
         wire, crc = self._maybe_corrupt(entry)
         return frame_buffers(head, wire, crc)
 
+    def wire_parts(self, entry: tuple[int, int, bytes, bytes]) -> tuple[bytes, list, int | None]:
+        """A frame's header, payload parts and the trailer to claim (None: the parts' own crc32c,
+        which the lane computes once they are written; the corruption hook applies)."""
+        wire, crc = self._maybe_corrupt(entry)
+        return entry[2], wire if isinstance(wire, list) else [wire], crc
+
     def count_sent(self, nbytes: int, path: str) -> None:
         self._sent_bytes += nbytes
         self._frames_sent += 1

@@ -365,15 +365,21 @@ def _crc_of(slices: list) -> int:
     return crc
 
 
+def crc_trailer(parts: list, crc: int | None = None) -> bytes:
+    """A payload's crc32c trailer: of ``parts``, or ``crc`` when given (the corruption hook)."""
+    if crc is None:
+        crc = 0
+        for part in parts:
+            crc = crc32c.crc32c(part, crc)
+    return _U32.pack(crc)
+
+
 def frame_buffers(head: bytes, wire: bytes | bytearray | memoryview | list, crc: int | None = None) -> list:
     """One frame as a list of buffers (header, payload parts, crc32c trailer) for a gather write
     together with other frames (``send_buffers``); ``crc`` overrides the trailer as in send_frame.
     For small frames: a large one goes through send_frame, which checksums slice by slice."""
     parts = wire if isinstance(wire, list) else [wire]
-    running = 0
-    for part in parts:
-        running = crc32c.crc32c(part, running)
-    return [head, *parts, _U32.pack(running if crc is None else crc)]
+    return [head, *parts, crc_trailer(parts, crc)]
 
 
 def send_buffers(sock: socket.socket, buffers: list) -> None:
