@@ -4,6 +4,7 @@ of them and read their own replies; what queued together is merged and gathered.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -159,3 +160,84 @@ def test_adjacent_layers_of_one_transfer_queued_together_become_one_frame():
     assert len(lane._merge_frames([_data(a, 0, 1), _data(a, 2, 3)])) == 2
     big = lane.COALESCE_BYTES // 2 + 1
     assert len(lane._merge_frames([_data(a, 0, 1, big), _data(a, 1, 2, big)])) == 2
+
+
+def test_a_frame_the_socket_cannot_take_now_is_finished_by_the_writer_without_blocking_the_producer():
+    """A proxy stops reading (a stalled link): the producer's layers do not fit the socket
+    buffers, yet every send_layer returns while the link is stalled; the writer thread sends the
+    rest once it moves again, and every byte arrives."""
+    tokens, heads, dim = 8192, 8, 8  # 4 MiB a layer (float32), 16 MiB a transfer: more than loopback buffers
+    layouts: dict[str, KVLayout] = {}
+    got: dict[str, torch.Tensor] = {}
+
+    class BigSink(Sink):
+        def kv_layout(self, rid):
+            return layouts.get(rid)
+
+        def kv_write(self, rid, layer_start, kv, release):
+            got[rid][layer_start:layer_start + kv.shape[0]] = kv
+            release()
+
+    sink = BigSink()
+    rx = KVReceiver(sink, TransferStats(), timeout_s=30)
+    gate = threading.Event()
+    gate.set()
+    proxy = socket.create_server(("127.0.0.1", 0))
+    threads: list[threading.Thread] = []
+
+    def pump(src, dst, gated):
+        try:
+            while True:
+                if gated:
+                    gate.wait()
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def serve():
+        try:
+            c, _ = proxy.accept()
+        except OSError:
+            return
+        up = socket.create_connection(rx_addr)
+        for args in ((c, up, True), (up, c, False)):
+            threads.append(threading.Thread(target=pump, args=args, daemon=True))
+            threads[-1].start()
+
+    try:
+        rx_addr = rx.listen("127.0.0.1", 0, PATH_FABRIC)
+        acceptor = threading.Thread(target=serve, daemon=True)
+        acceptor.start()
+        endpoint = Endpoint(*proxy.getsockname()[:2], PATH_FABRIC)
+        config = TransferConfig(timeout_s=30.0, min_frame_bytes=0)
+        for rid in ("warm", "big"):  # the first opens the lane's connection through the proxy
+            layouts[rid] = KVLayout(LAYERS, tokens, heads, dim, torch.float32)
+            got[rid] = torch.full((LAYERS, 2, tokens, heads, dim), float("nan"))
+        kv = torch.randn(LAYERS, 2, tokens, heads, dim, generator=torch.Generator().manual_seed(9))
+        warm = KVSender("warm", LAYERS, endpoint, None, config, TransferStats())
+        for layer in range(LAYERS):
+            warm.send_layer(layer, kv[layer, 0], kv[layer, 1])
+        assert warm.finish(1).retries == 0
+        gate.clear()  # the link stalls
+        opened_by_timer = threading.Event()
+        timer = threading.Timer(20.0, lambda: (opened_by_timer.set(), gate.set()))
+        timer.start()
+        sender = KVSender("big", LAYERS, endpoint, None, config, TransferStats())
+        for layer in range(LAYERS):
+            sender.send_layer(layer, kv[layer, 0], kv[layer, 1])
+        written_while_stalled = sender._frames_sent
+        gate.set()  # every send_layer returned while the link was stalled
+        timer.cancel()
+        assert not opened_by_timer.is_set(), "send_layer blocked on a stalled link"
+        assert written_while_stalled < LAYERS  # the rest was left to the writer thread
+        result = sender.finish(2)
+        assert result.retries == 0 and result.frames == LAYERS and torch.equal(got["big"], kv)
+    finally:
+        gate.set()
+        proxy.close()
+        rx.close()
+        for t in threads:
+            t.join(5)

@@ -79,6 +79,11 @@ class _Lane:
         left = None
         try:
             left = self._send_batch([job], inline=True)
+        except Exception as exc:  # noqa: BLE001 - a bug here fails the transfer, never the caller
+            log.exception("KV lane to %s:%d failed to write a %s frame", self.host, self.port, job[0])
+            job[1].lane_failed(exc)
+            if job[0] == "end":
+                settle(job[2], LaneBroken(f"lane error: {exc!r}"))
         finally:
             with self.cv:
                 self.writing = False
