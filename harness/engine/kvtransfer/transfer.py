@@ -10,7 +10,8 @@ fabric NIC) is spent, delivers over the fallback path (the decode worker's liste
 control network). Bytes, seconds, retries, failures and fallbacks are counted per path.
 
 Layer-wise frames and the END go out on the decode endpoint's persistent lane (lane.py: one
-connection and one sender thread per decode worker, shared by every transfer to it); retries and
+connection per decode worker, shared by every transfer to it, written by the producing thread
+when it can and by the lane's writer thread otherwise); retries and
 the fallback use connections of their own. The wire format and shared pieces are in wire.py,
 the receiver in receiver.py; this module is the sender and its configuration, and re-exports the rest so callers import from one place.
 """
@@ -90,7 +91,7 @@ class KVSender:
         self._whole: list[Frame] = []   # mode "whole": frames kept until finish
         self._lane = config.mode == "layerwise"  # else every frame goes after prefill, in finish
         self.lane_broken = False
-        self.lane_conn = None  # the one lane connection its frames may go on (kv_lane sets it)
+        self.lane_conn = None  # the one lane connection its frames may go on (the lane sets it)
         self._lane_t0: float | None = None
         self._lane_ref = None  # the lane its frames and END go on, which hands back the reply
         self._cancelled = threading.Event()
@@ -122,7 +123,7 @@ class KVSender:
             return
         self._open = None
         frame = Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, (n, 2, *k.shape), parts)
-        if self._lane:  # the decode endpoint's lane sends it now, while later layers compute
+        if self._lane:  # out now on the decode endpoint's lane, without waiting on the network
             self._to_lane(("data", self, frame))
         else:
             self._whole.append(frame)
