@@ -4,9 +4,12 @@ For each size (tokens of context) this builds the KV of one request with the sha
 preset ([layers, 2, tokens, kv_heads, head_dim]), sends it with KVSender to a KVReceiver whose
 sink is a decode worker's block pool: frames land straight in the request's reserved blocks
 (kvtransfer/landing.py, as a worker does), and times it from the first layer handed over to the
-receiver's commit. The sender reuses its connection across transfers, as a prefill worker does. The baseline in the same run: one ``sendall`` of
-the same bytes to a ``recv_into`` loop in the receiver process, over a TCP connection also kept
-across transfers, timed to the receiver's one-byte acknowledgement. Prints the ratio KV / raw per size (median of --repeats).
+receiver's commit. The sender reuses its connection across transfers, as a prefill worker does.
+Two baselines in the same run, each one ``sendall`` of the same bytes to a ``recv_into`` loop in
+the receiver process, timed to the receiver's one-byte acknowledgement: ``raw`` over a TCP
+connection kept across transfers (the stricter: KV / raw), and ``new`` over a fresh connection
+per transfer (KV / new, the baseline of issue 13's figures). Each measured transfer follows an
+unmeasured one of its own kind. Prints the ratios per size (median of --repeats).
 When Mooncake's transfer engine can be imported (here, or in the virtualenv --mooncake-python
 names), the same bytes also go through it over TCP between two processes on the same host
 address (mooncake_peer.py), interleaved with the others, and the ratio KV / Mooncake is printed.

@@ -30,6 +30,22 @@ def test_blocks_cycle_through_the_free_list():
     pool.check_invariants()
 
 
+def test_the_blocks_freed_last_are_handed_out_first_in_their_order_each_once():
+    pool = _pool(8)
+    a, b = pool.allocate(3), pool.allocate(2)
+    pool.share([a[1]])
+    pool.free(a)  # a[1] is still held by its sharer
+    pool.free(b)
+    assert pool.allocate(4) == [*b, a[0], a[2]]  # the memory touched last, still in cache
+    pool.free([a[1]])
+    assert list(pool.free_blocks).count(a[1]) == 1 and pool.allocate(1) == [a[1]]
+    [c] = pool.allocate(1)
+    pool.share([c])
+    pool.free([c, c])  # both references in one call: back once
+    assert list(pool.free_blocks).count(c) == 1 and pool.num_free == 2
+    pool.check_invariants()
+
+
 def test_reference_counts_keep_shared_blocks_alive_and_catch_double_free():
     pool = _pool(2)
     [b] = pool.allocate(1)
