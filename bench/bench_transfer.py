@@ -9,7 +9,9 @@ Two baselines in the same run, each one ``sendall`` of the same bytes to a ``rec
 the receiver process, timed to the receiver's one-byte acknowledgement: ``raw`` over a TCP
 connection kept across transfers (the stricter: KV / raw), and ``new`` over a fresh connection
 per transfer (KV / new, the baseline of issue 13's figures). Each measured transfer follows an
-unmeasured one of its own kind. Prints the ratios per size (median of --repeats).
+unmeasured one of its own kind. Prints the ratios per size: the median of --repeats, or of
+--small-repeats for transfers under 16 MiB (they take about a millisecond, and this machine's
+noise moved a median of 9 by a third from run to run; a median of 101 held within a few percent).
 When Mooncake's transfer engine can be imported (here, or in the virtualenv --mooncake-python
 names), the same bytes also go through it over TCP between two processes on the same host
 address (mooncake_peer.py), interleaved with the others, and the ratio KV / Mooncake is printed.
@@ -45,6 +47,7 @@ from mooncake_peer import INSTALL_HINT, MooncakePair, MooncakeUnavailable, inter
 # default (one per core), torch's idle OpenMP workers spin on the other core after every parallel
 # copy, and the decode side then runs on the prefill side's core, after it instead of alongside.
 ENGINE_THREADS = EngineConfig().num_threads or torch.get_num_threads()
+SMALL_BYTES = 16 << 20  # transfers under this size use --small-repeats
 
 
 class CacheSink:
@@ -287,7 +290,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small")
     p.add_argument("--sizes", default="128,512,2048,8192,32768", help="tokens of context, comma-separated")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--small-repeats", type=int, default=101,
+                   help=f"repeats of sizes under {SMALL_BYTES >> 20} MiB (about a millisecond each)")
     p.add_argument("--host", default="127.0.0.1", help="address both ends use (the path under test)")
     p.add_argument("--compression", choices=("zstd",), default=None)
     p.add_argument("--same-process", action="store_true",
@@ -312,7 +317,7 @@ def main() -> None:
     else:
         endpoint = Endpoint(args.host, proc.kv_port, PATH_FABRIC)
     print(f"preset {cfg.name}: {cfg.kv_bytes_per_token()} KV bytes/token ({cfg.dtype}), {cfg.n_layers} layers, "
-          f"host {args.host}, compression {args.compression}, median of {args.repeats}, receiver "
+          f"host {args.host}, compression {args.compression}, median of n (column n), receiver "
           f"{'a thread of this process' if proc is None else 'its own process'}")
     mc = None
     try:
@@ -321,7 +326,7 @@ def main() -> None:
         print("raw: the same bytes over a TCP connection kept across transfers, as the KV lane keeps its own; "
               "new: over a fresh connection each (the baseline of the first measurements, slower: its receive "
               "window starts small)")
-        print(f"{'tokens':>7} {'MiB':>8} {'raw GB/s':>9} {'new GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7} {'KV/new':>7}"
+        print(f"{'tokens':>7} {'MiB':>8} {'n':>4} {'raw GB/s':>9} {'new GB/s':>9} {'KV GB/s':>8} {'KV/raw':>7} {'KV/new':>7}"
               + (f" {'MC GB/s':>8} {'KV/MC':>6}" if mc is not None else ""))
         for n_size, tokens in enumerate(sizes):
             g = torch.Generator().manual_seed(tokens)
@@ -344,7 +349,8 @@ def main() -> None:
                     same_bytes.flush()
                     crc = zlib.crc32(kv_bytes)
                     kinds["mc"] = lambda rid: mc.seconds(same_bytes.name, nbytes, crc)
-                for r in range(args.repeats):  # interleaved so drift hits all alike; each measured
+                repeats = args.small_repeats if nbytes < SMALL_BYTES else args.repeats
+                for r in range(repeats):  # interleaved so drift hits all alike; each measured
                     # transfer follows an unmeasured one of its own kind, as in a steady stream of
                     # them: right after another kind, its caches held the other's buffers and the
                     # first 1 MiB transfer took 1.3-1.6x as long, whichever kind
@@ -352,7 +358,7 @@ def main() -> None:
                         run(f"bench-{n_size}-{tokens}-{r}-warm")
                         times[kind].append(run(f"bench-{n_size}-{tokens}-{r}"))
             gbs = {k: nbytes / statistics.median(v) / 1e9 for k, v in times.items() if v}
-            row = (f"{tokens:>7} {nbytes / 2**20:>8.1f} " + (f"{gbs['raw']:>9.2f}" if "raw" in gbs else f"{'n/a':>9}")
+            row = (f"{tokens:>7} {nbytes / 2**20:>8.1f} {repeats:>4} " + (f"{gbs['raw']:>9.2f}" if "raw" in gbs else f"{'n/a':>9}")
                    + f" {gbs['new']:>9.2f} {gbs['kv']:>8.2f} "
                    + (f"{gbs['kv'] / gbs['raw']:>7.2f}" if "raw" in gbs else f"{'n/a':>7}")
                    + f" {gbs['kv'] / gbs['new']:>7.2f}")
