@@ -19,7 +19,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from harness.engine.kvtransfer.wire import (BufferPool, CorruptFrameError, Frame, FrameKind, KVLayout, TransferStats,
+from harness.engine.kvtransfer.stats import TransferStats
+from harness.engine.kvtransfer.wire import (BufferPool, CorruptFrameError, Frame, FrameKind, KVLayout,
                                     TruncatedFrameError, close_socket, encode_frame, read_frame, send_frame)
 
 log = logging.getLogger(__name__)
