@@ -194,10 +194,15 @@ def ensure_model(python: Path, model_dir: Path, preset: str) -> None:
 
 
 def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str]) -> list[str]:
+    # --dtype float32: in bfloat16 on a CPU with AMX, vLLM's CPU attention runs AMX tile instructions
+    # without asking Linux for the AMX state first (arch_prctl ARCH_REQ_XCOMP_PERM), and the kernel
+    # kills its worker with SIGILL ("Fatal Python error: Illegal instruction" in
+    # cpu_attention_with_kv_cache, seen on the first request whose KV the decode instance loaded with
+    # a 576-token prompt). vLLM takes AMX only for bfloat16; the tiny model's weights are random.
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16", "--enforce-eager",
-            "--disable-uvicorn-access-log", *extra]
+            "--dtype", "float32", "--disable-uvicorn-access-log", *extra]
 
 
 def kv_pool_args(kv_cache_tokens: int | None) -> list[str]:
