@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
@@ -70,18 +69,24 @@ def test_hbm_fill_raises_kv_use_by_the_share_and_reverts(topo, tmp_path):
 def test_ecc_poison_quarantines_recomputes_token_exact_and_reverts(topo, tmp_path):
     prompt, n = "Poisoned pages must never be read:", 900
     out = {}
+    decoding = threading.Event()
+
+    def on_message(rec, msg) -> None:  # tokens after the first come from the decode worker
+        if len(rec.token_ids) >= 5:
+            decoding.set()
 
     def stream() -> None:
         with StreamingClient(topo.api_url, model=PRESET, read_timeout_s=120) as client:
-            out["rec"] = client.send(CompletionRequest(prompt=prompt, max_tokens=n, ignore_eos=True))
+            out["rec"] = client.send(CompletionRequest(prompt=prompt, max_tokens=n, ignore_eos=True),
+                                     on_message=on_message)
 
     t = threading.Thread(target=stream)
     t.start()
     try:
-        deadline = time.monotonic() + 30
-        while decode0(topo)["generation_tokens_total"] == 0 or decode0(topo)["active_requests"] == 0:
-            assert time.monotonic() < deadline, "the request never started decoding"
-            time.sleep(0.05)  # polling the admin API
+        # poison as soon as the stream shows decoding: the tiny model's 900 tokens take a few
+        # hundred ms on a fast core, and polling the admin API (heartbeat figures) until it showed
+        # the request active left it finished before the poison in half the runs
+        assert decoding.wait(30), "the request never started decoding"
         with FaultRunner(Ledger(tmp_path / "ledger.json"), handle_signals=False) as runner:
             fault = runner.inject(EccPoison(admin_url=topo.api_url, worker_id="decode-0", count=2))
             assert fault.reply["affected"], "the poisoned blocks belonged to no running request"
