@@ -63,5 +63,5 @@ def test_line_rate_is_read_over_ssh_like_on_a_real_host(make_fabric, sshd):
     with SSHExecutor(target) as ex:
         shaped = read_line_rate(ex, port)
         control = read_line_rate(ex, fabric.hosts[0].control_port)
-    assert (shaped.bps, shaped.source, shaped.host) == (6e8, "tc", f"127.0.0.1:{sshd.port}")
+    assert (shaped.bps, shaped.source, shaped.host) == (6e8, "tc", f"127.0.0.1:{sshd.port}"), shaped.tried
     assert (control.bps, control.source) == (10e9, "sysfs")
