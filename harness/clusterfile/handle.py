@@ -162,9 +162,7 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
              b.preset)
     stack = contextlib.ExitStack()
     try:
-        fabric, unavailable, placement = _bundled_fabric(spec, stack)
-        if fabric is not None and run is not None:
-            run.set_fabric(fabric.config.prefix)
+        fabric, unavailable, placement = _bundled_fabric(spec, stack, None if run is None else run.set_fabric)
         try:
             topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
                             router_config=dict(b.router), engine_config=dict(b.engine),
@@ -194,9 +192,12 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
             stack.close()
 
 
-def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack) -> tuple[Any, str | None, dict[str, Any]]:
+def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack,
+                    on_prefix: Callable[[str], Any] | None = None) -> tuple[Any, str | None, dict[str, Any]]:
     """Build the emulated fabric (docs/fabric.md) when the cluster file enables it and this machine
-    can; else say why and run on loopback. Returns (Fabric or None, reason or None, Topology kwargs)."""
+    can; else say why and run on loopback. Returns (Fabric or None, reason or None, Topology kwargs).
+    ``on_prefix`` learns the slot's namespace prefix before the first namespace is made (the run
+    record: a run killed while it builds leaves namespaces a later run must find)."""
     if not spec.fabric.enabled:
         return None, "the cluster file does not enable the emulated fabric (fabric.enabled)", {}
     from harness.fabric.builder import Fabric, fabric_unavailable_reason
@@ -208,7 +209,10 @@ def _bundled_fabric(spec: ClusterSpec, stack: contextlib.ExitStack) -> tuple[Any
     b = spec.bundled
     assert b is not None
     ids = [f"prefill-{i}" for i in range(b.prefill)] + [f"decode-{i}" for i in range(b.decode)]
-    fabric = stack.enter_context(Fabric.in_free_slot(len(ids), settings_spec(spec.fabric)))
+    fabric = Fabric.in_free_slot(len(ids), settings_spec(spec.fabric))  # the slot, nothing built yet
+    if on_prefix is not None:
+        on_prefix(fabric.config.prefix)
+    stack.enter_context(fabric)
     return fabric, None, fabric.topology_kwargs(ids)
 
 
