@@ -94,3 +94,20 @@ def test_an_import_cancelled_while_a_frame_lands_is_freed_only_when_the_landing_
 def _layer_bytes(sink: LandingSink) -> int:
     m = sink.core.model_config
     return 2 * TOKENS * m.n_kv_heads * m.head_dim * 8
+
+
+def test_views_worked_out_while_the_import_is_released_are_not_kept_for_it():
+    sink = LandingSink()
+    handle = sink.expect("r3")
+    handle.resize(TOKENS - 5)  # live migration: the views of the registered size no longer fit
+    work_out = sink.landing._all_views
+
+    def released_meanwhile(h):
+        views = work_out(h)
+        assert not sink.landing.release("r3", h)  # pinned by the take in progress: freed when it ends
+        return views
+
+    sink.landing._all_views = released_meanwhile
+    views, done = sink.landing.take("r3", 0, 1, 2 * (TOKENS - 5) * 2 * 16 * 8)
+    assert len(views) and "r3" not in sink.landing._views  # nothing left behind for a released import
+    done(False)

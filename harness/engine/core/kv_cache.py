@@ -62,6 +62,7 @@ class SeqView:
 
 
 _HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14  # <sys/mman.h>
 
 
 def advise_huge_pages(t: Tensor) -> bool:
@@ -79,7 +80,7 @@ def advise_huge_pages(t: Tensor) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), 14) == 0  # MADV_HUGEPAGE
+        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_HUGEPAGE) == 0
     except (OSError, AttributeError):
         return False
 

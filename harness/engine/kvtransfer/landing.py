@@ -92,7 +92,8 @@ class ImportLanding:
         if cached is None or cached[0] != handle.num_tokens:  # resized since it registered (live migration)
             cached = (handle.num_tokens, self._all_views(handle))
             with self._cond:
-                self._views[rid] = cached
+                if self._handles.get(rid) is handle:  # not released meanwhile (release drops its views)
+                    self._views[rid] = cached
         views = layer_views(cached[1], storage.shape[1], layer_start, layer_end)
         if sum(map(len, views)) != nbytes:
             self._unpin(rid)
