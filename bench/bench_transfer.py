@@ -295,6 +295,8 @@ def main() -> None:
                    help=f"repeats of sizes under {SMALL_BYTES >> 20} MiB (about a millisecond each)")
     p.add_argument("--host", default="127.0.0.1", help="address both ends use (the path under test)")
     p.add_argument("--compression", choices=("zstd",), default=None)
+    p.add_argument("--min-frame-bytes", type=int, default=TransferConfig.min_frame_bytes,
+                   help="the transfer's min_frame_bytes (layers under it ride together in one frame)")
     p.add_argument("--same-process", action="store_true",
                    help="both ends as threads of this process (the old layout: one GIL for both)")
     p.add_argument("--mooncake-python", metavar="PATH", default=None,
@@ -308,7 +310,7 @@ def main() -> None:
         p.error(str(exc))
     cfg = ModelConfig.from_name(args.preset)
     sizes = [int(s) for s in args.sizes.split(",")]
-    config = TransferConfig(compression=args.compression, timeout_s=60)
+    config = TransferConfig(compression=args.compression, timeout_s=60, min_frame_bytes=args.min_frame_bytes)
     proc = None if args.same_process else ReceiverProcess(cfg, max(sizes), args.host)
     if proc is None:
         sink = CacheSink(cfg, max(sizes))
@@ -317,7 +319,8 @@ def main() -> None:
     else:
         endpoint = Endpoint(args.host, proc.kv_port, PATH_FABRIC)
     print(f"preset {cfg.name}: {cfg.kv_bytes_per_token()} KV bytes/token ({cfg.dtype}), {cfg.n_layers} layers, "
-          f"host {args.host}, compression {args.compression}, median of n (column n), receiver "
+          f"host {args.host}, compression {args.compression}, min_frame_bytes {args.min_frame_bytes}, "
+          f"median of n (column n), receiver "
           f"{'a thread of this process' if proc is None else 'its own process'}")
     mc = None
     try:
