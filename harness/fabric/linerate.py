@@ -44,14 +44,24 @@ def _prefix(netns: str | None) -> list[str]:
     return ["ip", "netns", "exec", netns] if netns else []
 
 
-def from_tc(ex: Executor, dev: str, netns: str | None = None) -> float | None:
-    """The rate of the htb class that carries the line rate (None if the device is not shaped so)."""
-    try:
-        classes = read_classes(ex, dev, netns)
-    except ProbeError:
-        return None
-    root = classes.get(ROOT_CLASS)
-    return root.rate_bps if root is not None else None
+def from_tc(ex: Executor, dev: str, netns: str | None = None) -> tuple[float | None, str]:
+    """The rate of the htb class that carries the line rate, or None and why not (for ``tried``).
+    A ``tc`` that ran and failed is asked once more before the next source is: a shaped port
+    read as unshaped would put its sysfs speed (10 Gbit/s on a veth) under item 6.1.1."""
+    why = ""
+    for _ in range(2):
+        try:
+            classes = read_classes(ex, dev, netns)
+        except ExecutorError as exc:  # not installed there: the other sources may know
+            return None, f"tc: {exc}"
+        except ProbeError as exc:     # it ran and failed (no such device, or a passing failure)
+            why = f"tc: {exc} (twice)"
+            continue
+        root = classes.get(ROOT_CLASS)
+        if root is None:
+            return None, f"tc: no htb class {ROOT_CLASS} on {dev} (classes: {', '.join(sorted(classes)) or 'none'})"
+        return root.rate_bps, ""
+    return None, why
 
 
 def from_sysfs(ex: Executor, dev: str, netns: str | None = None) -> float | None:
@@ -92,10 +102,10 @@ def _tool(ex: Executor, argv: list[str]) -> str | None:
 def read_line_rate(ex: Executor, dev: str, netns: str | None = None, *, ib_port: int | None = None) -> LineRate:
     """Line rate of ``dev`` on the executor's host, from the first source that knows it."""
     tried: list[str] = []
-    rate = from_tc(ex, dev, netns)
+    rate, why = from_tc(ex, dev, netns)
     if rate:
         return LineRate(rate, "tc", dev, ex.host, tuple(tried))
-    tried.append(f"tc: no htb class {ROOT_CLASS} on {dev}")
+    tried.append(why)
     rate = from_sysfs(ex, dev, netns)
     if rate:
         return LineRate(rate, "sysfs", dev, ex.host, tuple(tried))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from harness.errors import ProbeError
@@ -37,7 +39,8 @@ def test_a_device_nobody_knows_the_speed_of_is_a_clear_error():
     # loopback: no htb class, sysfs speed unreadable, and no ethtool/ibstat answer for it
     with pytest.raises(ProbeError, match="cannot read the line rate of lo") as err:
         read_line_rate(LocalExecutor(), "lo")
-    assert "tc:" in str(err.value) and "sysfs:" in str(err.value) and err.value.fix
+    assert "tc: no htb class 1:1 on lo (classes: none)" in str(err.value) and "sysfs:" in str(err.value)
+    assert err.value.fix
 
 
 @pytest.mark.root
@@ -49,6 +52,21 @@ def test_line_rate_comes_from_the_shaping_then_from_sysfs(make_fabric):
     assert (rate.bps, rate.source) == (7e8, "tc")
     control = read_line_rate(LocalExecutor(), host.control_dev, host.netns)  # unshaped veth: sysfs says 10 Gbit/s
     assert control.source == "sysfs" and control.bps == 10e9 and control.tried
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_host_without_tc_falls_back_to_sysfs_and_says_why(make_fabric, tmp_path, monkeypatch):
+    fabric = make_fabric(hosts=1, line_rate_bps=7e8)
+    port = fabric.hosts[0].fabric_port  # the switch-side end, shaped, in this namespace
+    assert read_line_rate(LocalExecutor(), port).source == "tc"
+    bin_dir = tmp_path / "bin"  # a host with cat but no iproute2
+    bin_dir.mkdir()
+    (bin_dir / "cat").symlink_to(shutil.which("cat"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    rate = read_line_rate(LocalExecutor(), port)  # was: ExecutorError out of read_line_rate
+    assert (rate.source, rate.bps) == ("sysfs", 10e9)
+    assert len(rate.tried) == 1 and rate.tried[0].startswith("tc: command not found") and "'tc'" in rate.tried[0]
 
 
 @pytest.mark.root
