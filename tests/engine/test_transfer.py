@@ -304,3 +304,19 @@ def test_an_idle_connection_with_nothing_pending_is_closed():
             assert s.recv(1) == b""  # the receiver hung up (recv would time out after 10 s otherwise)
     finally:
         rx.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
+                                   torch.uint8])
+def test_a_tensors_wire_bytes_are_its_own_memory_in_every_dtype(dtype):
+    from harness.engine.kvtransfer.wire import tensor_bytes
+
+    kv = (torch.randn(3, 2, TOKENS, HEADS, DIM) * 50).to(dtype)
+    k = kv[1, 0]                                # contiguous: no copy, the tensor's own memory
+    view = tensor_bytes(k)
+    assert view.format == "B" and view.nbytes == k.numel() * k.element_size()
+    assert bytes(view) == k.contiguous().view(torch.uint8).numpy().tobytes()
+    k.view(torch.uint8).reshape(-1)[0] ^= 0xFF  # a write through the tensor shows in the view
+    assert view[0] == int(k.view(torch.uint8).reshape(-1)[0])
+    strided = kv[:, 0, 0]                       # not contiguous: a copy, in row-major order
+    assert bytes(tensor_bytes(strided)) == strided.contiguous().view(torch.uint8).numpy().tobytes()

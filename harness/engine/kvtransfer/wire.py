@@ -51,6 +51,7 @@ _SEND_SLICE = 1 << 20  # slices: the socket timeout means "no progress", and eac
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4,
                 torch.int8: 5, torch.uint8: 6}
 _DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
+_NUMPY_DTYPES = frozenset(_DTYPE_CODES) - {torch.bfloat16}
 
 
 class FrameKind(enum.IntEnum):
@@ -173,8 +174,10 @@ def payload_len(payload) -> int:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The bytes of a CPU tensor, without a copy when it is contiguous (any dtype, bfloat16 too)."""
-    if t.is_contiguous() and t.dim() and t.device.type == "cpu" and not t.requires_grad:
-        return memoryview(t.view(torch.uint8).numpy()).cast("B")  # the common case, in 2 torch calls
+    if t.is_contiguous() and t.dim() and t.is_cpu and not t.requires_grad:  # the common case
+        if t.dtype in _NUMPY_DTYPES:
+            return t.numpy().data.cast("B")  # a third of the time of going through a uint8 view
+        return memoryview(t.view(torch.uint8).numpy()).cast("B")  # bfloat16: no numpy dtype
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
