@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from harness.errors import ConfigError, ExecutorError
 log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
+EOF_GRACE_S = 2.0  # how long an SSH command's output may still come after its exit status
 
 
 @dataclass(frozen=True)
@@ -232,25 +234,44 @@ class SSHExecutor(Executor):
         command = shlex.join(argv)  # the remote shell sees each argument as one literal word
         t0 = time.monotonic()
         deadline = t0 + timeout
+
+        def timed_out(chan: Any) -> ExecutorError:
+            chan.close()
+            return ExecutorError(f"command timed out after {timeout}s on {self.host}: {command}",
+                                 fix="raise the timeout or check why the command hangs")
+
         try:
             chan = client.get_transport().open_session(timeout=timeout)
             chan.exec_command(command)
+            chan.settimeout(0.02)  # a read waits at most this long, so both streams drain as they come
             out, err = bytearray(), bytearray()
-            # read both streams as they come so a chatty stderr cannot stall stdout (shared window)
-            while True:
-                while chan.recv_ready():
-                    out += chan.recv(65536)
+            eof, status_at = False, None
+            # read until the channel's EOF, not only until the exit status: the status can be handled
+            # before the last output is (a command's last line was lost), and a chatty stderr must not
+            # stall stdout (shared window). A server that never sends EOF gets EOF_GRACE_S after it.
+            while not eof:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                try:
+                    chunk = chan.recv(65536)
+                except socket.timeout:
+                    chunk = None
+                if chunk == b"":
+                    eof = True
+                elif chunk:
+                    out += chunk
+                now = time.monotonic()
+                if status_at is None and chan.exit_status_ready():
+                    status_at = now
+                if status_at is not None and now - status_at > EOF_GRACE_S:
                     break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    chan.close()
-                    raise ExecutorError(f"command timed out after {timeout}s on {self.host}: {command}",
-                                        fix="raise the timeout or check why the command hangs")
-                # until the exit status arrives; at most 20 ms so output is drained as it comes
-                chan.status_event.wait(min(remaining, 0.02))
+                if now >= deadline:
+                    raise timed_out(chan)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            remaining = deadline - time.monotonic()
+            if not chan.status_event.wait(max(remaining, 0)):  # EOF came; the status follows it
+                raise timed_out(chan)
             rc = chan.recv_exit_status()
             chan.close()
         except ExecutorError:

@@ -73,6 +73,14 @@ def test_target_requires_existing_key_and_known_hosts(sshd, tmp_path):
         target(sshd, known_hosts=tmp_path / "missing")
 
 
+def test_output_that_comes_after_the_exit_status_is_kept(sshd):
+    """sshd sends the exit status when the command exits; a child it left writes later, on the
+    same stdout, before the channel's EOF. Reading only until the status lost that line."""
+    with SSHExecutor(target(sshd)) as ex:
+        res = ex.run(["sh", "-c", "(sleep 0.3; echo late; echo late-err >&2) & echo early"], timeout=20)
+    assert (res.rc, res.stdout, res.stderr) == (0, "early\nlate\n", "late-err\n")
+
+
 def test_timeout_is_enforced(sshd):
     with SSHExecutor(target(sshd)) as ex, pytest.raises(ExecutorError, match="timed out"):
         ex.run(["sleep", "30"], timeout=1)
