@@ -52,7 +52,7 @@ def from_tc(ex: Executor, dev: str, netns: str | None = None) -> tuple[float | N
     for _ in range(2):
         try:
             classes = read_classes(ex, dev, netns)
-        except ExecutorError as exc:  # not installed there: the other sources may know
+        except ExecutorError as exc:  # not installed (here), or no answer: the other sources may know
             return None, f"tc: {exc}"
         except ProbeError as exc:     # it ran and failed (no such device, or a passing failure)
             why = f"tc: {exc} (twice)"
