@@ -310,6 +310,8 @@ def main() -> None:
         p.error(str(exc))
     cfg = ModelConfig.from_name(args.preset)
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.min_frame_bytes < 0:
+        p.error(f"--min-frame-bytes must be 0 or more (0: a frame per layer), got {args.min_frame_bytes}")
     config = TransferConfig(compression=args.compression, timeout_s=60, min_frame_bytes=args.min_frame_bytes)
     proc = None if args.same_process else ReceiverProcess(cfg, max(sizes), args.host)
     if proc is None:

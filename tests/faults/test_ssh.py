@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from harness import hosts
 from harness.errors import ConfigError, ExecutorError
 from harness.faults import FaultRunner, Ledger, ProcessHang
 from harness.hosts import AuditLog, ExecutorPool, SSHExecutor, SSHTarget, executor_from_spec
@@ -79,6 +82,18 @@ def test_output_that_comes_after_the_exit_status_is_kept(sshd):
     with SSHExecutor(target(sshd)) as ex:
         res = ex.run(["sh", "-c", "(sleep 0.3; echo late; echo late-err >&2) & echo early"], timeout=20)
     assert (res.rc, res.stdout, res.stderr) == (0, "early\nlate\n", "late-err\n")
+
+
+def test_a_child_that_keeps_the_output_open_does_not_hold_the_command_past_the_grace(sshd, monkeypatch):
+    """The command exits, a child it left keeps stdout open (no EOF for 3 s): the run returns
+    EOF_GRACE_S after the exit status, with what came, instead of waiting for the child."""
+    monkeypatch.setattr(hosts, "EOF_GRACE_S", 0.5)
+    with SSHExecutor(target(sshd)) as ex:
+        t0 = time.monotonic()
+        res = ex.run(["sh", "-c", "sleep 3 & echo early"], timeout=20)
+        took = time.monotonic() - t0
+    assert (res.rc, res.stdout) == (0, "early\n")
+    assert 0.5 <= took < 2.5, took
 
 
 def test_timeout_is_enforced(sshd):
