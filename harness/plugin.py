@@ -77,6 +77,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "at each change), off; default auto: rich on a terminal, plain otherwise")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Iterator[None]:
+    """pytest's own usage errors ("file or directory not found: suites/", a bad -m expression) exit
+    3 with their message: pytest would exit 4, which is this harness's "a revert failed". (Errors in
+    the command line's options are found before any plugin runs; pytest exits 4 for them and prints
+    "usage:", see docs/exit-codes.md.)"""
+    try:
+        return (yield)
+    except pytest.UsageError as exc:
+        import sys
+
+        for message in exc.args:
+            sys.stderr.write(f"ERROR: {message}\n")
+        sys.stderr.write(f"harness: exit {int(ExitCode.HARNESS_ERROR)} (pytest usage error; "
+                         "fix: check the paths and options on the command line)\n")
+        return int(ExitCode.HARNESS_ERROR)  # type: ignore[return-value]
+
+
 def _live_mode(text: str) -> Any:
     from harness.report.live import MODES
 
@@ -193,10 +211,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             state.result.revert_failures.append(message)
         else:
             state.result.harness_errors.append(message)
+        _record_crash_rows(item, state, report.when, f"{call.excinfo.typename}: {call.excinfo.value}")
     if report.when == "call" or not report.passed:  # setup/teardown only when they did not pass
         state.result.tests.append({"nodeid": item.nodeid, "outcome": report.outcome, "duration_s": report.duration,
                                    "message": "" if report.passed else str(report.longreprtext)[-300:]})
     return report
+
+
+def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error: str) -> None:
+    """A suite that crashed still gives each of its items a row: "error: ..." (never "no suite of
+    this run reported on it"). Items the test already judged keep their verdicts."""
+    from harness.checks.capabilities import item_marker
+    from harness.checks.verdict import Verdict
+
+    marked = item_marker(item)
+    if marked is None or state.spec is None:
+        return
+    checklist = state.spec.checklist()
+    have = {v.item for v in state.verdicts_by_test.get(item.nodeid, [])}
+    reason = " ".join(f"error: the suite stopped in its {when} before judging this item: {error}".split())
+    for item_id in marked[0]:
+        if item_id in have or item_id not in checklist.items:
+            continue
+        verdict = Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.ERROR,
+                          reason=reason[:600], test=item.nodeid, evidence={"error": error, "phase": when})
+        state.result.verdicts.append(verdict)
+        state.verdicts_by_test.setdefault(item.nodeid, []).append(verdict)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -95,6 +95,30 @@ def test_an_exception_outside_a_verdict_exits_3_even_with_a_failure(tmp_path):
     assert len(errors) == 1 and "RuntimeError: load generator vanished" in errors[0]
 
 
+def test_a_crashed_suite_still_gives_its_items_an_error_row(tmp_path):
+    proc = run_suite(tmp_path, """
+        @pytest.mark.item("6.1.4", "nothing-lost")
+        def test_crash(conformance):
+            conformance.record(verdict(1.0))
+            raise RuntimeError("load generator vanished")
+    """)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    data = results(tmp_path)
+    rows = {v["item"]: v for v in data["verdicts"]}
+    assert rows["6.1.4"]["status"] == "pass"  # what the test judged before it crashed stays
+    assert rows["nothing-lost"]["status"] == "error"
+    assert rows["nothing-lost"]["reason"].startswith("error: ") and "load generator vanished" in rows["nothing-lost"]["reason"]
+    assert "nothing-lost" not in data["coverage"]["not_run"]
+
+
+def test_pytest_usage_errors_exit_3_not_4(tmp_path):
+    """pytest's own usage error (4) would read as the harness's "a revert failed"."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "nosuchdir/", "-p", "no:cacheprovider"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "file or directory not found: nosuchdir/" in proc.stderr
+
+
 def test_a_conformance_test_that_records_no_verdict_exits_3_naming_it(tmp_path):
     proc = run_suite(tmp_path, """
         def test_measures_nothing(conformance):
