@@ -164,8 +164,20 @@ class LiveMigration(_AdminSetting):
         what = self.rid or "a request"
         return f"{what} off {self.source}{' to ' + self.target_worker if self.target_worker else ''}"
 
-    def _migrating(self) -> int:
-        return int((self._get("/degradation") or {}).get("migrating", 0))
+    def _ours_in_flight(self) -> list[dict]:
+        """The in-flight migrations this fault started: the request it moved (the router's answer
+        names it; else the ``rid`` it asked for) or, when neither is known (the call failed before an
+        answer), any migration the admin API started off ``source``. Migrations the cluster starts by
+        itself (health, degradation, drain) are not this fault's to wait for: they are evidence."""
+        state = self._get("/degradation") or {}
+        flights = state.get("migrations_in_flight")
+        if flights is None:  # an engine without the list: only the count, which cannot tell whose
+            n = int(state.get("migrating", 0))
+            return [{"request_id": "?", "reason": "unknown"}] * n
+        rid = self.reply.get("request_id") or self.rid
+        if rid:
+            return [m for m in flights if m.get("request_id") == rid]
+        return [m for m in flights if m.get("source") == self.source and m.get("reason") == "admin"]
 
     def inject(self, ex: Executor) -> str:
         from harness.probes.admin import AdminClient
@@ -181,14 +193,19 @@ class LiveMigration(_AdminSetting):
         return f"migration_done: {self.reply.get('source', self.source)} -> {self.reply['target']}"
 
     def revert(self, ex: Executor) -> str:
-        n = self._wait("no migration in flight", lambda n: n == 0, self._migrating)
-        return f"the stream stays where it was moved; {n} migration(s) in flight"
+        if self.reply.get("target"):  # the router answered migration_done: this migration has ended
+            return f"the stream stays where it was moved ({self.reply.get('request_id')} on {self.reply['target']})"
+        left = self._wait("this fault's migration to end", lambda ours: not ours, self._ours_in_flight)
+        return f"the stream stays where it is; {len(left)} migration(s) of this fault in flight"
 
     def verify_reverted(self, ex: Executor) -> str:
-        n = self._migrating()
-        if n:
-            raise FaultError(f"{self.kind}: {n} migration(s) still in flight", fix="see the router's log")
-        return "no migration in flight"
+        if self.reply.get("target"):
+            return f"migration {self.reply.get('request_id')} ended (migration_done)"
+        ours = self._ours_in_flight()
+        if ours:
+            raise FaultError(f"{self.kind}: {len(ours)} migration(s) this fault started still in flight: "
+                             f"{', '.join(str(m.get('request_id')) for m in ours)}", fix="see the router's log")
+        return "none of this fault's migrations in flight"
 
     def plan(self) -> list[str]:
         base = f"{self.admin_url}/admin"
@@ -196,8 +213,9 @@ class LiveMigration(_AdminSetting):
                 **({"target": self.target_worker} if self.target_worker else {})}
         return [f"inject: POST {base}/migrate {json.dumps(body)}",
                 "verify: the answer is the router's migration_done event",
-                f"revert: GET {base}/degradation  # wait until no migration is in flight (a move is not undone)",
-                f"verify_reverted: GET {base}/degradation  # migrating == 0"]
+                f"revert: GET {base}/degradation  # wait until this fault's migration (by request id) is not in "
+                "flight; a move is not undone, and migrations the cluster starts itself are not waited for",
+                f"verify_reverted: GET {base}/degradation  # this fault's request id not in migrations_in_flight"]
 
 
 __all__ = ["LiveMigration", "SpeculativeDecoding"]

@@ -249,3 +249,49 @@ def test_a_request_that_finishes_while_its_migration_is_set_up_is_moot_not_faile
     assert [e for e in events if e["type"] == "migration_moot"] and not [e for e in events
                                                                        if e["type"] == "migration_failed"]
     assert rec.status == "ok" and rec.token_ids == oracle(prompt, 400) and rec.served_by == [source]
+
+
+def test_the_harness_waits_only_for_its_own_migration_not_one_the_cluster_started(tmp_path):
+    """Seen on a busy machine: the harness's live migration had ended, the router started one of its
+    own 0.6 s later, and the revert check, which counted every migration in flight, failed the run
+    with exit 4 ("cluster may be dirty"). A migration someone else started, here one held in flight
+    by a stopped target, is evidence, not a failed revert of the harness's fault."""
+    import signal as _signal
+
+    from harness.faults import FaultRunner, Ledger, LiveMigration
+
+    with Topology(prefill=1, decode=3, preset=PRESET,
+                  router_config={"auto_migrate": False, "migration_timeout_s": 30.0,
+                                 "heartbeat_timeout_s": 60.0}) as t:
+        ours, theirs = _observed(t, "The harness moves me:", 900), _observed(t, "Someone else moves me:", 900)
+        source, busy = ours.worker, theirs.worker
+        if busy == source:
+            pytest.skip("both streams landed on one decode worker")  # least-loaded placement spreads them
+        stopped = next(w for w in t.worker_ids("decode") if w not in (source, busy))
+        t.kill(stopped, _signal.SIGSTOP)  # the other migration waits for its migrate_in reply
+        other: dict = {}
+        asker = threading.Thread(target=lambda: other.update(r=httpx.post(
+            f"{t.api_url}/admin/migrate", json={"source": busy, "target": stopped}, timeout=60)))
+        try:
+            asker.start()
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{t.api_url}/admin/degradation").json()["migrating"] < 1:
+                assert time.monotonic() < deadline, "the other migration never started"
+                time.sleep(0.01)
+            fault = LiveMigration(admin_url=t.api_url, source=source, rid=ours.request_id,
+                                  target_worker=busy, timeout_s=3.0)
+            with FaultRunner(Ledger(tmp_path / "ledger.json"), handle_signals=False) as runner:
+                runner.inject(fault)
+                runner.revert(fault)
+            state = httpx.get(f"{t.api_url}/admin/degradation").json()
+            assert state["migrating"] == 1 and state["migrations_in_flight"][0]["request_id"] == theirs.request_id
+        finally:
+            t.kill(stopped, _signal.SIGCONT)
+            asker.join(90)
+        actions = [(r.action.value, r.status.value) for r in runner.records]
+        assert actions == [("inject", "succeeded"), ("verify", "succeeded"), ("revert", "succeeded"),
+                           ("verify_reverted", "succeeded")], runner.records
+        rec = ours.join(180)
+        assert rec.status == "ok" and rec.token_ids == oracle("The harness moves me:", 900)
+        assert rec.served_by == [source, busy]
+        theirs.join(180)

@@ -215,7 +215,10 @@ class ResilienceControl:
                                                          "health": round(s.health, 4)},
                 "health_scores": {k: round(v, 4) for k, v in self.health_scores().items()},
                 "counters": {**self.actions.counters, **self.counters}, "migrations": dict(self.migration.counters),
-                "migrating": len(self.migration.active), "draining": sorted(self.table.draining)}
+                "migrating": len(self.migration.active), "draining": sorted(self.table.draining),
+                # which migrations are in flight and who asked: a caller waits for its own by request id
+                "migrations_in_flight": [{"request_id": m.request_id, "source": m.source, "target": m.target,
+                                          "reason": m.reason} for m in self.migration.active.values()]}
 
 
 __all__ = ["ResilienceControl"]
