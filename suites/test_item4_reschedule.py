@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import pytest
 
@@ -21,7 +22,7 @@ from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
                                                 measure_client_view)
-from harness.checks.verdict import Verdict, inconclusive
+from harness.checks.verdict import Status, Verdict, inconclusive
 from harness.errors import EngineError, FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
 from harness.probes import blackbox_faults as blackbox
@@ -43,15 +44,31 @@ CYCLE_BUDGET_S = {"process_kill": 20.0, "process_hang": 8.0}  # first guesses; t
 LOAD_RUN_S = 60.0           # length of one load run (--load-duration overrides)
 BUSY_WAIT_S = 3.0           # wait at most this long for the target to hold requests before the fault
 SETTLE_TIMEOUT_S = 15.0     # watch the router this long for one fault's rescheduling to finish
-REJOIN_TIMEOUT_S = 60.0
+REJOIN_TIMEOUT_S = 120.0    # a killed worker restarts and registers (27-65 s seen on a loaded 2-core machine)
+SERVED_LIMIT_S = 60.0       # after the revert, the router must serve through the worker again within this
 SERVING_TIMEOUT_S = 90.0    # Locust start-up on a loaded 2-core machine
+KEEP_LOAD_S = 10.0          # while a restarted worker is awaited, load for at least this long more
 POLL_S = 0.1                 # polling the admin API only observes; measurements use event timestamps
 
 
-def fault_plan(kills_per_role: int) -> list[tuple[str, str]]:
-    plan = [(kind, role) for _ in range(kills_per_role) for kind, role in
-            (("process_kill", "prefill"), ("process_kill", "decode"))]
-    return plan + [("process_hang", "decode"), ("process_hang", "prefill")]
+def fault_plan(faults_per_kind: int, roles: Sequence[str] = ("prefill", "decode")) -> list[tuple[str, str]]:
+    """``faults_per_kind`` kills of each role, then as many hangs of each (the checklist's
+    min_faults_per_kind applies to every kind), for the roles that have a survivor."""
+    kills = [("process_kill", r) for _ in range(faults_per_kind) for r in ("prefill", "decode") if r in roles]
+    hangs = [("process_hang", r) for _ in range(faults_per_kind) for r in ("decode", "prefill") if r in roles]
+    return kills + hangs
+
+
+def lone_roles(workers: Sequence[Worker]) -> dict[str, str]:
+    """Roles with fewer than two workers, each with why it cannot be judged: a fault on its only
+    worker leaves nothing to take over, so rescheduling can never happen there."""
+    out = {}
+    for role in ("prefill", "decode"):
+        ids = [w.id for w in workers if w.role == role]
+        if len(ids) < 2:
+            out[role] = (f"only one {role} worker ({ids[0]}): nothing can take over" if ids
+                         else f"no {role} worker")
+    return out
 
 
 def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
@@ -61,7 +78,63 @@ def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
     if topo is None:  # external cluster: nothing to restart with; the worker stays down (docs/clusters.md)
         return ProcessKill.from_worker(worker)
     return ProcessKill.from_worker(worker, restart=lambda wid: topo.restart(wid),
-                                   healthy=lambda wid: _health(topo.workers(), wid) == "healthy")
+                                   healthy=lambda wid: _health(topo.workers(), wid) == "healthy",
+                                   healthy_timeout_s=REJOIN_TIMEOUT_S)
+
+
+@dataclass
+class Rejoin:
+    """How a faulted worker came back after its revert: the router listed it healthy, then served
+    through it (moved a request's KV through it: a ``kv_transfer`` event naming it). Only then is
+    the cluster whole as its users see it; a worker the router never uses again is a finding."""
+
+    fault: str
+    reverted_wall: float
+    healthy_s: float | None = None   # after the revert
+    serving_s: float | None = None   # after the revert
+    limit_s: float = 0.0
+
+    @property
+    def back(self) -> bool:
+        return self.serving_s is not None
+
+    def finding(self) -> str | None:
+        if self.back:
+            return None
+        if self.healthy_s is None:
+            return f"{self.fault}: the worker did not rejoin within {self.limit_s:.0f} s of the revert"
+        return (f"{self.fault}: the router kept the worker out for {self.limit_s:.0f}+ s after it was healthy "
+                f"(healthy {self.healthy_s:.1f} s after the revert, no request served through it since)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fault": self.fault, "healthy_after_revert_s": self.healthy_s, "serving_after_revert_s": self.serving_s,
+                "limit_s": self.limit_s, "finding": self.finding()}
+
+
+def wait_served_through(timeline: Any, worker_id: str, fault: str, since_seq: int, reverted_wall: float,
+                        keep_load: Callable[[], None], limit_s: float = SERVED_LIMIT_S) -> Rejoin:
+    """Until the router serves through ``worker_id`` again (see :class:`Rejoin`), load kept flowing;
+    times count from ``reverted_wall`` (the revert's start), the limit from now."""
+    rejoin = Rejoin(fault, reverted_wall, limit_s=limit_s)
+    seq = since_seq
+
+    def back() -> bool:
+        nonlocal seq
+        keep_load()
+        now = time.time()
+        if rejoin.healthy_s is None:
+            if _health(timeline.workers(), worker_id) != "healthy":
+                return False
+            rejoin.healthy_s = round(now - rejoin.reverted_wall, 2)
+        for e in timeline.events(since=seq, type="kv_transfer"):
+            seq = max(seq, e["seq"])
+            if worker_id in (e.get("prefill"), e.get("decode")):
+                rejoin.serving_s = round(e["wall_time"] - rejoin.reverted_wall, 2)
+                return True
+        return False
+
+    wait_until(back, limit_s, POLL_S * 2, what=f"the router to serve through {worker_id}", on_timeout="return")
+    return rejoin
 
 
 def _health(workers: list[Worker], worker_id: str) -> str | None:
@@ -127,24 +200,18 @@ def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
     return last
 
 
-def _wait_rejoined(timeline: Any, worker_id: str) -> None:
-    try:
-        wait_until(lambda: _health(timeline.workers(), worker_id), REJOIN_TIMEOUT_S, POLL_S,
-                   what=f"{worker_id} to rejoin", accept=lambda health: health == "healthy")
-    except WaitTimeoutError as exc:
-        raise EngineError(f"worker {worker_id} did not rejoin within {REJOIN_TIMEOUT_S:.0f} s after the fault "
-                          f"was reverted (the router last said: {exc.last_value or 'not in its table'})",
-                          fix="see the worker's log under the report's artifacts/cluster-logs") from exc
-
-
 def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults, timeline, conformance,
                                                            harness_options):
     if not cluster.admin_url:  # a foreign cluster: its inventory's processes, judged from the client
         _blackbox(cluster, load, faults, conformance, harness_options)
         return
     checklist = cluster.thresholds
-    plan = fault_plan(harness_options.kills)
+    lone = lone_roles(timeline.workers())
+    plan = fault_plan(harness_options.kills, [r for r in ("prefill", "decode") if r not in lone])
     seed = harness_options.seed
+    if not plan:
+        conformance.record(inconclusive(checklist, ITEM, "not judged: " + "; ".join(lone.values()), not_judged=lone))
+        return
     if harness_options.dry_run:
         for i, (kind, role) in enumerate(plan):  # prints each fault's plan; nothing is signalled
             faults.inject(make_fault(kind, select_targets(timeline.workers(), role, seed=seed + i)[0], cluster))
@@ -158,6 +225,8 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     traffic = ContinuousLoad(load, harness_options.load_duration or LOAD_RUN_S)
     seq = max([0] + [e["seq"] for e in timeline.events()])
     marks: list[FaultMark] = []
+    rejoins: list[Rejoin] = []
+    stopped: str | None = None
     cycle_s = dict(CYCLE_BUDGET_S)  # the longest fault cycle seen so far, per kind
     for i, (kind, role) in enumerate(plan):
         traffic.ensure(cycle_s[kind])
@@ -169,14 +238,26 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
         injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
         marks.append(FaultMark(fault.fault_id, kind, target["id"], role, injected.started_wall))
         seq = _wait_settled(timeline, target["id"], seq)
-        faults.revert(fault)
-        _wait_rejoined(timeline, target["id"])
+        faults.revert(fault)  # a kill: restarted and registered; a hang: resumed
+        reverted = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "revert")
+        rejoin = wait_served_through(timeline, target["id"], f"{kind.split('_')[1]} {target['id']}", seq,
+                                     reverted.started_wall, lambda: traffic.ensure(KEEP_LOAD_S))
+        rejoins.append(rejoin)
         cycle_s[kind] = max(cycle_s[kind], time.monotonic() - cycle_started)
+        if not rejoin.back:  # the cluster is not whole: the next fault would be judged on a broken cluster
+            stopped = f"the plan stopped after {i + 1} of {len(plan)} faults"
+            break
 
+    # what the item measures after the last fault (a request sent after it served) must have had
+    # its chance before the load is finished
+    _wait_success_after(traffic, marks[-1].wall)
     records = traffic.records()
     events = timeline.events()
     samples = measure(marks, events, records)
     verdict = reschedule_verdict(samples, checklist)
+    verdict = _rejoin_findings(verdict, rejoins, stopped)
+    if lone:
+        verdict = _not_judged(verdict, lone)
     # the same faults seen by the clients alone (the measurement a cluster without router events gets)
     verdict.evidence["client_view"] = client_view_evidence(measure_client_view(client_faults(marks), records))
     links = traffic.links()
@@ -186,6 +267,50 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
 
     finish_suite(conformance, cluster, records, ignore_eos=traffic.runs[0].profile.ignore_eos, links=links,
                  faults=faults, events=events)
+
+
+def _wait_success_after(traffic: ContinuousLoad, wall: float) -> None:
+    """Until a request sent after ``wall`` completed ok (or SETTLE_TIMEOUT_S passed: the measurement
+    then says no request sent after the fault succeeded, which is then the cluster's doing)."""
+    traffic.ensure(SETTLE_TIMEOUT_S)
+
+    def served() -> bool:
+        for run in traffic.runs:
+            try:
+                records = run.records()
+            except ProbeError:  # a run that just started has written nothing yet
+                continue
+            if any(r.ok and r.anchor.perf_to_wall(r.sent_ns) / 1e9 >= wall for r in records):
+                return True
+        return False
+
+    wait_until(served, SETTLE_TIMEOUT_S, 0.5, what="a request sent after the last fault to succeed",
+               on_timeout="return")
+
+
+def _rejoin_findings(verdict: Verdict, rejoins: Sequence[Rejoin], stopped: str | None) -> Verdict:
+    """Recovery is part of 6.1.4: a worker the cluster never serves through again after its revert
+    fails the item with that finding (the plan stopped there), whatever the rescheduling times."""
+    verdict.evidence["rejoins"] = [r.to_dict() for r in rejoins]
+    findings = [f for r in rejoins if (f := r.finding())]
+    if not findings:
+        return verdict
+    verdict.evidence.update(recovery_findings=findings, stopped=stopped, rescheduling_verdict=verdict.reason)
+    return Verdict(item=verdict.item, title=verdict.title, status=Status.FAIL,
+                   reason=f"{findings[0]}; {stopped}" if stopped else findings[0],
+                   measured=verdict.measured, threshold=verdict.threshold, unit=verdict.unit, op=verdict.op,
+                   evidence=verdict.evidence)
+
+
+def _not_judged(verdict: Verdict, lone: dict[str, str]) -> Verdict:
+    """A verdict over the roles that could be judged; a pass does not cover a role with no survivor."""
+    verdict.evidence["not_judged"] = lone
+    if verdict.status != Status.PASS:
+        return verdict
+    why = "; ".join(lone.values())
+    return Verdict(item=verdict.item, title=verdict.title, status=Status.INCONCLUSIVE,
+                   reason=f"inconclusive: {why} (the other roles: {verdict.reason})", measured=verdict.measured,
+                   threshold=verdict.threshold, unit=verdict.unit, op=verdict.op, evidence=verdict.evidence)
 
 
 BLACKBOX_LOAD_MAX_S = 3600.0  # upper bound of the load run; it is finished after the last fault

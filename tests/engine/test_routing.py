@@ -94,6 +94,21 @@ def test_pick_needs_headroom_and_skips_draining_and_dead_workers():
     assert table.pick(lambda bs: 1) == "0 healthy prefill and 1 healthy decode workers"
 
 
+def test_the_readmit_sabotage_keeps_a_re_registered_worker_out_of_placement_while_listed_healthy():
+    table = RoutingTable(kv_headroom_factor=1.2, readmit_delay_s=3600.0)
+    for wid, role in (("p", "prefill"), ("d0", "decode"), ("d1", "decode")):
+        table.join(Worker(wid, role, 1, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), 100, 16))
+    assert not table.held_out  # a first registration is not held out
+    table.lose(table.workers["d1"], "connection_lost", 0.0)
+    table.join(Worker("d1", "decode", 2, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), 100, 16))
+    assert [w.id for w in table.healthy("decode")] == ["d0", "d1"]
+    for i in range(4):  # least-loaded would alternate; the held-out worker never gets one
+        att = attempt(table, f"r{i}")
+        assert att.decode == "d0"
+    table.held_out["d1"] = 0.0  # the hold is over
+    assert attempt(table, "r9").decode == "d1"
+
+
 def test_losing_a_worker_tells_the_attempts_it_serves():
     table = table_with(("p", "prefill", 0), ("d", "decode", 100))
     att = attempt(table, "r1")

@@ -68,6 +68,24 @@ def test_sabotaged_rescheduling_exits_1_and_the_report_says_why(tmp_path):
     assert 'data-item="6.1.4" data-status="fail"' in html and "required &lt;= 10 s" in html
 
 
+def test_a_router_that_keeps_a_restarted_worker_out_fails_6_1_4_with_the_finding(tmp_path):
+    """vllm-router kept a restarted instance out for 100+ s after its /health answered 200; the old
+    revert check read only the worker and went on to the next fault. A worker the router lists
+    healthy but never serves through again is a finding under 6.1.4, and the plan stops there."""
+    cluster = short_cluster(tmp_path, "local")
+    data = yaml.safe_load(cluster.read_text())
+    data["bundled"]["router"]["readmit_delay_s"] = 600.0
+    cluster.write_text(yaml.safe_dump(data))
+    proc = run_suites(tmp_path, f"--cluster={cluster}", "--kills=1")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    v = verdicts(tmp_path)["6.1.4"]
+    assert v["status"] == "fail" and "kept the worker out" in v["reason"], v["reason"]
+    assert "the plan stopped after 1 of 4 faults" in v["reason"]
+    rejoin = v["evidence"]["rejoins"][0]
+    assert rejoin["healthy_after_revert_s"] is not None and rejoin["serving_after_revert_s"] is None
+    assert verdicts(tmp_path)["nothing-lost"]["status"] == "pass"
+
+
 def test_malformed_cluster_file_exits_3_naming_file_field_and_fix(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: bundled\nsafety: {production: true, allowed_faults: all}\n")

@@ -61,7 +61,7 @@ class Router:
         self.model_name = preset
         self.max_model_len = engine.context_len
         self._tokenizer = ByteTokenizer()
-        self.table = RoutingTable(self.config.kv_headroom_factor)
+        self.table = RoutingTable(self.config.kv_headroom_factor, self.config.readmit_delay_s)
         self.events = EventLog(self.config.max_events)
         self._capacity = asyncio.Condition()
         self.counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}

@@ -23,6 +23,11 @@ class RouterConfig:
     hang_timeout_s: float = 0.8
     reschedule_enabled: bool = True
     reschedule_delay_s: float = 0.0
+    # sabotage knob: a worker that registers again (restarted, or back from a hang) gets no new
+    # placement for this long although the router lists it healthy, as a circuit breaker that
+    # stays open does (vllm-router kept a restarted instance out for 100+ s): proves 6.1.4's
+    # recovery check fails a cluster that does not take its workers back
+    readmit_delay_s: float = 0.0
     max_reschedules: int = 3
     admission_timeout_s: float = 30.0   # a new request waits this long for KV headroom
     reschedule_wait_s: float = 5.0      # a rescheduled request waits this long for a worker
@@ -55,8 +60,9 @@ class RouterConfig:
             raise ConfigError(f"router.hang_timeout_s ({self.hang_timeout_s}) must be at least 4 x "
                               f"progress_interval_s ({self.progress_interval_s}), or one late beat is a false alarm",
                               fix="use e.g. progress_interval_s 0.1 and hang_timeout_s 0.8")
-        if self.reschedule_delay_s < 0 or self.reschedule_wait_s < 0 or self.max_reschedules < 0:
-            raise ConfigError("router.reschedule_delay_s, reschedule_wait_s and max_reschedules must be >= 0",
+        if min(self.reschedule_delay_s, self.reschedule_wait_s, self.max_reschedules, self.readmit_delay_s) < 0:
+            raise ConfigError("router.reschedule_delay_s, reschedule_wait_s, max_reschedules and readmit_delay_s "
+                              "must be >= 0",
                               fix="use non-negative values")
         TransferConfig.from_dict(self.transfer)  # validate now, not at the first request
         for name in ("migration_timeout_s", "control_interval_s"):

@@ -151,8 +151,10 @@ class Attempt:
 class RoutingTable:
     """Workers and attempts, and every change to their counters (see the module docstring)."""
 
-    def __init__(self, kv_headroom_factor: float) -> None:
+    def __init__(self, kv_headroom_factor: float, readmit_delay_s: float = 0.0) -> None:
         self.headroom = kv_headroom_factor
+        self.readmit_delay_s = readmit_delay_s
+        self.held_out: dict[str, float] = {}  # worker id -> monotonic time it may get placements again
         self.workers: dict[str, Worker] = {}
         self.attempts: dict[str, Attempt] = {}
         self.draining: set[str] = set()   # decode workers taking no new placements (planned drain)
@@ -179,8 +181,10 @@ class RoutingTable:
     def pick(self, blocks_needed: Callable[[int], int]) -> tuple[Worker, Worker, int] | str:
         """Seed 5.3: the least-queued prefill worker, and the least-loaded decode worker whose
         free KV exceeds ``headroom`` x the request's (``blocks_needed(block_size)``); or why none."""
-        prefills = self.healthy("prefill")
-        decodes = [w for w in self.healthy("decode") if w.id not in self.draining]
+        now = time.monotonic()
+        placeable = [w for w in self.healthy() if self.held_out.get(w.id, 0.0) <= now]
+        prefills = [w for w in placeable if w.role == "prefill"]
+        decodes = [w for w in placeable if w.role == "decode" and w.id not in self.draining]
         if not prefills or not decodes:
             return f"{len(prefills)} healthy prefill and {len(decodes)} healthy decode workers"
         fits = []
@@ -208,6 +212,8 @@ class RoutingTable:
         """Add (or replace a dead) worker; returns the one it replaced."""
         old = self.workers.get(worker.id)
         self.workers[worker.id] = worker
+        if old is not None and self.readmit_delay_s > 0:
+            self.held_out[worker.id] = time.monotonic() + self.readmit_delay_s
         return old
 
     def heard_from(self, w: Worker) -> None:
