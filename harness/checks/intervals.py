@@ -187,13 +187,19 @@ def percentile_interval(values: Sequence[float], q: float, level: float = LEVEL,
 
 
 def _from_sorted(ordered: list[float], q: float, level: float, noun: str, n: int) -> Interval:
-    """Interval of n samples (n may exceed len(ordered) when extrapolating: the bounds are then
-    the observed values at the same fraction of ranks)."""
+    """Interval of n samples; n above len(ordered) extrapolates: the bounds are then the observed
+    distribution's quantiles (linear between observed values) at the same fraction of ranks."""
     r, s = order_statistic_ranks(n, q, level)
     m = len(ordered)
 
     def at(rank: int | None) -> float | None:
-        return None if rank is None or not m else ordered[max(0, math.ceil(rank / n * m) - 1)]
+        if rank is None or not m:
+            return None
+        if n == m:
+            return ordered[rank - 1]
+        pos = min(max(rank / n * m - 1, 0.0), m - 1.0)   # 0-based position: rank r of m is r - 1
+        i = int(pos)
+        return ordered[i] + (ordered[min(i + 1, m - 1)] - ordered[i]) * (pos - i)
 
     lower, upper = min_samples(q, level)
     needs = None if r is not None and s is not None else max((x for x in (lower, upper) if x is not None),
