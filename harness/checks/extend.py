@@ -1,0 +1,44 @@
+"""Measure more before saying inconclusive.
+
+A timing verdict whose interval straddles its threshold (harness/checks/verdict.py, ``undecided``)
+is not yet an answer: the suite measures more (requests, repeats, migrations) within a budget its
+checklist states (``max_load_s``, ``max_repeats``, ``max_migrations_*``; origin: harness), then
+judges again on all samples. Still undecided when the budget is spent: inconclusive, with what
+would decide it. The loop lives here once; each suite passes how to judge and how to measure more.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+from harness.checks.verdict import Verdict, undecided
+
+log = logging.getLogger(__name__)
+
+
+def measure_until_decided(judge_all: Callable[[], Sequence[Verdict]], measure_more: Callable[[int], bool], *,
+                          budget: str) -> list[Verdict]:
+    """``judge_all()`` -> verdicts from every sample so far; while one straddles,
+    ``measure_more(wanted)`` measures about ``wanted`` more samples (the largest "about N more
+    would decide" among the straddling measurements) and returns False when the budget is spent.
+    Stops at once when no straddle could be decided within 10x the samples. Each verdict's
+    evidence gets ``extension``: rounds, budget, why it stopped."""
+    verdicts = list(judge_all())
+    rounds, stopped = 0, "decided"
+    while pending := [u for v in verdicts for u in undecided(v)]:
+        wanted = [u["more_to_decide"] for u in pending if u.get("more_to_decide") is not None]
+        if not wanted:
+            stopped = "more than 10x the samples would be needed to decide"
+            break
+        log.info("undecided (%s): measuring about %d more", ", ".join(u["key"] for u in pending), max(wanted))
+        if not measure_more(max(wanted)):
+            stopped = f"budget spent ({budget})"
+            break
+        rounds += 1
+        verdicts = list(judge_all())
+    for v in verdicts:
+        v.evidence["extension"] = {"rounds": rounds, "budget": budget, "stopped": stopped}
+        if undecided(v) and rounds:
+            v.reason += f" (after {rounds} extension(s); {stopped})"
+    return verdicts
