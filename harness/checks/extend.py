@@ -42,3 +42,20 @@ def measure_until_decided(judge_all: Callable[[], Sequence[Verdict]], measure_mo
         if undecided(v) and rounds:
             v.reason += f" (after {rounds} extension(s); {stopped})"
     return verdicts
+
+
+def repeat_until_decided(judge_all: Callable[[], Sequence[Verdict]], repeat: Callable[[int], object],
+                         count: Callable[[], int], *, first: int, most: int, noun: str) -> list[Verdict]:
+    """The common case of :func:`measure_until_decided` for repeated measurements: ``repeat(k)``
+    makes k more, ``count()`` says how many there are; at least ``first`` before judging, then
+    more (at least 2 at a time) while a verdict straddles, never beyond ``most``."""
+    if count() < first:
+        repeat(first - count())
+
+    def more(wanted: int) -> bool:
+        if count() >= most:
+            return False
+        repeat(min(most - count(), max(wanted, 2)))
+        return True
+
+    return measure_until_decided(judge_all, more, budget=f"at most {most} {noun}")

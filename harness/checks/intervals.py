@@ -307,7 +307,7 @@ def ratio_interval(num: Interval, den: Interval, *, den_floor: float = 0.0) -> I
         ne, de = num.extrapolate, den.extrapolate
         extrapolate = lambda k: ratio_interval(ne(k), de(k), den_floor=den_floor)  # noqa: E731
     needs = max((x for x in (num.needs_n, den.needs_n) if x is not None), default=None)
-    return Interval(lo, hi, level, f"ratio of two intervals ({num.method} / {den.method}, Bonferroni)", num.n,
+    return Interval(lo, hi, level, f"ratio of {num.method} bounds (Bonferroni)", num.n,
                     noun=num.noun, n2=den.n, needs_n=needs, extrapolate=extrapolate)
 
 
