@@ -96,10 +96,11 @@ def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthRes
 
 
 def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: TcpClassSample,
-                          after: TcpClassSample, storm: dict[str, Any]) -> Verdict:
+                          after: TcpClassSample | None, storm: dict[str, Any]) -> Verdict:
     """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the sample before it
-    (latency at least RTT_NOISE_FLOOR_MS). The sample after it is evidence of recovery only: a
-    class that shared the storm may still be draining then, which must not flatter the baseline."""
+    (latency at least RTT_NOISE_FLOOR_MS). The sample after it (None: not taken yet) is evidence of
+    recovery only: a class that shared the storm may still be draining then, which must not flatter
+    the baseline."""
     base_p99 = max(before.rtt_p99_ms, RTT_NOISE_FLOOR_MS)
     base_tput = before.throughput_bps
     t = checklist.item(ITEM_PFC_ISOLATION).thresholds
@@ -115,7 +116,7 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
         Measurement(t["tcp_throughput_ratio"], during.throughput_bps / base_tput if base_tput > 0 else None,
                     f"TCP-class bulk throughput during the storm ({during.throughput_bps / 1e9:.3f} vs "
                     f"{base_tput / 1e9:.3f} Gbit/s, medians)", throughput)],
-        evidence={"samples": [s.to_dict() for s in (before, during, after)], "storm": storm,
+        evidence={"samples": [s.to_dict() for s in (before, during, after) if s is not None], "storm": dict(storm),
                   "rtt_noise_floor_ms": RTT_NOISE_FLOOR_MS},
         inconclusive_because=None if base_tput > 0 else "the TCP class moved nothing even before the storm")
 
