@@ -53,9 +53,10 @@ def repeat_until_decided(judge_all: Callable[[], Sequence[Verdict]], repeat: Cal
         repeat(first - count())
 
     def more(wanted: int) -> bool:
-        if count() >= most:
+        have = count()
+        if have >= most:
             return False
-        repeat(min(most - count(), max(wanted, 2)))
-        return True
+        repeat(min(most - have, max(wanted, 2)))
+        return count() > have   # no progress (e.g. nothing measurable any more): stop, never loop
 
     return measure_until_decided(judge_all, more, budget=f"at most {most} {noun}")
