@@ -334,6 +334,12 @@ def clopper_pearson_lower(successes: int, n: int, level: float = LEVEL) -> float
     return lo
 
 
+def share_statement(ok: int, n: int, noun: str, condition: str, level: float = LEVEL) -> str:
+    """``6 of 6 faults rescheduled <= 3 s: with 95 % confidence at least 61 % of all faults do``."""
+    return (f"{ok} of {n} {noun} {condition}: with {level * 100:g} % confidence at least "
+            f"{clopper_pearson_lower(ok, n, level) * 100:.0f} % of all {noun} do")
+
+
 def measured_within(value: float, *, below: float, above: float, n: int = 1, noun: str = "samples") -> Interval:
     """Bounds from measurement resolution: the true value lies in [value - below, value + above]
     for certain (level 1), and more samples do not narrow it."""

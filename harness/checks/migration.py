@@ -28,7 +28,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from harness.checks.intervals import clopper_pearson_lower, percentile_interval
+from harness.checks.intervals import percentile_interval, share_statement
 from harness.checks.reschedule import nearest_rank
 from harness.checks.thresholds import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
@@ -113,12 +113,9 @@ def _dist(values: Sequence[float]) -> dict[str, float] | None:
 
 
 def _share_within(values: Sequence[float], limit: Threshold) -> str | None:
-    """"with 95 % confidence at least X % of migrations add < 50 ms" (exact Clopper-Pearson bound)."""
     if not values:
         return None
-    ok = sum(limit.holds(v) for v in values)
-    return (f"{ok} of {len(values)} added {limit.describe()}: with 95 % confidence at least "
-            f"{clopper_pearson_lower(ok, len(values)) * 100:.0f} % of all migrations would")
+    return share_statement(sum(limit.holds(v) for v in values), len(values), "migrations", f"added {limit.describe()}")
 
 
 @dataclass

@@ -34,7 +34,7 @@ def test_migration_excess_is_stall_minus_typical_gap_per_phase():
     # the median of 8 loaded deltas (230..237 ms) and its whole 95 % interval are beyond 200 ms
     assert v.status.value == "fail" and "median hot-migration TTFT delta under full load" in v.reason
     assert v.measured == 233.0 and v.interval["lo"] == 230.0 and v.interval["hi"] == 237.0
-    assert v.evidence["within_limit"]["idle"].startswith("6 of 6 added < 50 ms: with 95 % confidence at least 61 %")
+    assert v.evidence["within_limit"]["idle"].startswith("6 of 6 migrations added < 50 ms: with 95 % confidence at least 61 % of all migrations do")
 
 
 def test_a_median_delta_near_the_limit_straddles_and_names_what_would_decide():
