@@ -112,6 +112,17 @@ class Interval:
         return {"lo": self.lo, "hi": self.hi, "level": self.level, "method": self.method, "n": self.n,
                 "n2": self.n2, "noun": self.noun, "needs_n": self.needs_n}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Interval:
+        """Back from :meth:`to_dict` (results.json); it no longer extrapolates."""
+        return cls(data["lo"], data["hi"], data["level"], data["method"], data["n"], noun=data.get("noun", "samples"),
+                   n2=data.get("n2"), needs_n=data.get("needs_n"))
+
+
+def brackets(data: dict[str, Any] | None) -> str:
+    """``[450-510, 95 %]`` from an interval's dict, "" for none: what reports show beside a figure."""
+    return "" if not data else Interval.from_dict(data).brackets()
+
 
 def decide(interval: Interval, threshold: float, holds: Callable[[float], bool]) -> Decision | None:
     """"pass" when both bounds exist and hold, "fail" when no point of the interval holds (an
