@@ -328,6 +328,8 @@ def _binomial_sf(k: int, n: int, p: float) -> float:
         return 1.0
     if p <= 0 or p >= 1:
         return float(p >= 1)
+    if n <= 1000:   # exact sum (binomial coefficients still fit a float); bisection calls this often
+        return min(1.0, math.fsum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
     return max(0.0, 1.0 - float(_binomial_cdf(n, p)[k - 1]))
 
 

@@ -82,7 +82,7 @@ def test_bootstrap_ratio_of_medians_covers_on_lognormal_samples(n):
     coverage = sum(_covers(i, 2.0) for i in intervals) / TRIALS
     assert coverage >= LEVEL - COVERAGE_TOLERANCE, coverage
     widths = [i.hi - i.lo for i in intervals]
-    assert float(np.median(widths)) < (6.0 if n == BOOTSTRAP_MIN_N else 2.0)   # measured ~3.4 and ~1.2
+    assert float(np.median(widths)) < (6.0 if n == BOOTSTRAP_MIN_N else 2.0)   # measured 4.2 and 1.6
 
 
 def test_bootstrap_mean_covers_on_mildly_skewed_samples():
@@ -108,14 +108,16 @@ def test_ratio_of_two_percentile_intervals_covers_the_ratio_of_true_percentiles(
     rng = np.random.default_rng(11)
     inner = ratio_input_level()
     truth = 1.25   # during = 1.25 x before, same shape: the ratio of p99s is 1.25
-    covered = 0
+    covered, widths = 0, []
     for _ in range(TRIALS):
         before = rng.exponential(1.0, 600)
         during = 1.25 * rng.exponential(1.0, 600)
         r = ratio_interval(percentile_interval(during.tolist(), 99, inner), percentile_interval(before.tolist(), 99, inner))
         assert r.bounded and r.level == pytest.approx(LEVEL)
         covered += _covers(r, truth)
-    assert covered / TRIALS >= LEVEL - COVERAGE_TOLERANCE
+        widths.append(r.hi - r.lo)
+    assert covered / TRIALS >= LEVEL - COVERAGE_TOLERANCE   # measured 1.000: conservative by construction
+    assert float(np.median(widths)) < 1.5 * truth           # measured 1.47 (0.71-2.17): a p99 of 600 is loose
 
 
 def test_clopper_pearson_lower_bound_covers_the_true_proportion():
