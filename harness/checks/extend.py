@@ -20,19 +20,17 @@ log = logging.getLogger(__name__)
 def measure_until_decided(judge_all: Callable[[], Sequence[Verdict]], measure_more: Callable[[int], bool], *,
                           budget: str) -> list[Verdict]:
     """``judge_all()`` -> verdicts from every sample so far; while one straddles,
-    ``measure_more(wanted)`` measures about ``wanted`` more samples (the largest "about N more
-    would decide" among the straddling measurements) and returns False when the budget is spent.
-    Stops at once when no straddle could be decided within 10x the samples. Each verdict's
+    ``measure_more(wanted)`` measures about ``wanted`` more samples and returns False when the
+    budget is spent. ``wanted`` is the largest "about N more would decide" among the straddling
+    measurements; when none would be decided within 10x the samples as observed so far (an
+    estimate that itself moves with the samples), as many again as there are. Each verdict's
     evidence gets ``extension``: rounds, budget, why it stopped."""
     verdicts = list(judge_all())
     rounds, stopped = 0, "decided"
     while pending := [u for v in verdicts for u in undecided(v)]:
-        wanted = [u["more_to_decide"] for u in pending if u.get("more_to_decide") is not None]
-        if not wanted:
-            stopped = "more than 10x the samples would be needed to decide"
-            break
-        log.info("undecided (%s): measuring about %d more", ", ".join(u["key"] for u in pending), max(wanted))
-        if not measure_more(max(wanted)):
+        wanted = max(u["more_to_decide"] if u.get("more_to_decide") is not None else u.get("n", 1) for u in pending)
+        log.info("undecided (%s): measuring about %d more", ", ".join(u["key"] for u in pending), wanted)
+        if not measure_more(max(wanted, 1)):
             stopped = f"budget spent ({budget})"
             break
         rounds += 1

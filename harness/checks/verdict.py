@@ -163,8 +163,8 @@ def judge(item: ChecklistItem, measurements: Sequence[Measurement], *,
     t = head.threshold
     ev = {"measurements": [m.to_dict() for m in measurements], **(evidence or {})}
     if straddling:
-        ev["undecided"] = [{"key": m.threshold.key, "more_to_decide": m.more_to_decide(), "noun": m.interval.noun}
-                           for m in straddling if m.interval is not None]
+        ev["undecided"] = [{"key": m.threshold.key, "more_to_decide": m.more_to_decide(), "noun": m.interval.noun,
+                            "n": m.interval.n} for m in straddling if m.interval is not None]
     if failing:
         status = Status.FAIL
         reason = f"{head.what} was {head.figure()}, required {t.describe()}: {item.why}"
@@ -190,7 +190,7 @@ def judge(item: ChecklistItem, measurements: Sequence[Measurement], *,
 
 def undecided(verdict: Verdict) -> list[dict[str, Any]]:
     """The measurements of an inconclusive verdict whose intervals straddled their thresholds
-    (``key``, ``more_to_decide``, ``noun``): what more samples could decide; [] otherwise."""
+    (``key``, ``more_to_decide``, ``noun``, ``n``): what more samples could decide; [] otherwise."""
     if verdict.status is not Status.INCONCLUSIVE:
         return []
     return list(verdict.evidence.get("undecided") or [])
