@@ -22,8 +22,9 @@ from harness.checks.slo import TPOT_ITEM, TTFT_ITEM, ServerHistograms, slo_verdi
 from harness.checks.verdict import inconclusive
 from harness.probes.prometheus import engine_of
 
+# the timeout holds the cluster's start, max_load_s of load and a Locust start-up per extension
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.2.ttft", "6.2.tpot", "nothing-lost"), pytest.mark.slow,
-              pytest.mark.timeout(300)]
+              pytest.mark.timeout(420)]
 
 LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundred requests on this machine
 MIN_EXTENSION_S = 5.0   # a shorter Locust run is mostly its own start-up
