@@ -16,8 +16,9 @@ chunk, and the migration of that very request is asked for off the worker its ch
 as it has MIGRATE_AFTER_TOKENS tokens, so the source is never guessed from a heartbeat that may
 come after a short stream ended. A stream the harness could not catch mid-decode is *unmeasured*,
 not a failed migration: the phase takes another victim (at most MAX_ATTEMPTS_FACTOR x the
-required count); each phase ends as soon as it has its required measured migrations, and the
-Locust load is then finished without cutting its requests in flight.
+required count); each phase ends as soon as it has its required measured migrations, or, while its
+median delta's 95 % interval straddles the limit, more up to the checklist's ``max_migrations_*``
+(harness/checks/extend.py); the Locust load is then finished without cutting its requests in flight.
 
 On the bundled cluster everything shares two CPU cores: the loaded figure includes the load
 generator's and the other workers' CPU time, as a real full-load migration includes contention.
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from harness.checks.epilogue import finish_suite, run_links
+from harness.checks.extend import repeat_until_decided
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError, ProbeError
@@ -64,7 +66,7 @@ class _Phase:
         self.records: list[RequestRecord] = []
 
     def run(self, still_loaded: Any = lambda: True) -> None:
-        for i in range(self.need * MAX_ATTEMPTS_FACTOR):
+        for i in range(len(self.attempts), self.need * MAX_ATTEMPTS_FACTOR):  # a later run continues
             refused = sum(a.outcome == "refused" for a in self.attempts)  # certain failures: enough evidence
             if self._measured() + refused >= self.need or not still_loaded():
                 break
@@ -84,6 +86,14 @@ class _Phase:
         phase_of = {a.request_id: self.name for a in self.attempts if a.outcome == "migrated"}
         samples = measure(self.timeline.events(type="migration_resumed"), self.records, phase_of)
         return assess(self.attempts, samples, self.records).measured(self.name)
+
+
+def _until_decided(t: Any, phase: str, judge: Any, more: Any, measured: Any) -> dict[str, Any]:
+    """Run a phase to its min_migrations, then more while its median delta straddles the limit (up
+    to max_migrations); ``more(k)`` adds k measured migrations. Returns the extension evidence."""
+    (verdict,) = repeat_until_decided(lambda: [judge()], more, measured, first=int(t[f"min_migrations_{phase}"].value),
+                                      most=int(t[f"max_migrations_{phase}"].value), noun=f"{phase} migrations")
+    return verdict.evidence["extension"]
 
 
 def _wait_for_load(timeline: Any, run: Any, timeout_s: float = 90.0) -> None:
@@ -119,26 +129,35 @@ def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, 
     except FaultError as exc:
         conformance.record(inconclusive(checklist, ITEM, f"refused: {exc}"))
         return
-    idle = _Phase("idle", cluster, timeline, int(t["min_migrations_idle"].value), faults)
-    idle.run()
-    loaded = _Phase("loaded", cluster, timeline, int(t["min_migrations_loaded"].value), faults)
+    idle, loaded = (_Phase(p, cluster, timeline, 0, faults) for p in ("idle", "loaded"))
+
+    def judged(events: Any = None) -> Any:
+        attempts, victims = idle.attempts + loaded.attempts, idle.records + loaded.records
+        phase_of = {a.request_id: a.phase for a in attempts if a.outcome == "migrated" and a.request_id}
+        events = timeline.events(type="migration_resumed") if events is None else events
+        return migration_verdict(assess(attempts, measure(events, victims, phase_of), victims), checklist=checklist)
+
+    def extend(phase: _Phase, still_loaded: Any = lambda: True) -> dict[str, Any]:
+        def more(k: int) -> None:
+            phase.need = phase._measured() + k
+            phase.run(still_loaded)
+        return _until_decided(t, phase.name, judged, more, phase._measured)
+
+    extended = {"idle": extend(idle)}
     duration = harness_options.load_duration or LOADED_MAX_S
     run = load(duration_s=duration, max_tokens=LOADED_MAX_TOKENS)
     try:
         _wait_for_load(timeline, run)
-        loaded.run(still_loaded=lambda: run.running)
+        extended["loaded"] = extend(loaded, still_loaded=lambda: run.running)
     finally:
         load_records = run.finish() if run.running else run.wait()
     events = timeline.events()
     attempts = idle.attempts + loaded.attempts
-    victims = idle.records + loaded.records
-    records = victims + load_records
-    phase_of = {a.request_id: a.phase for a in attempts if a.outcome == "migrated" and a.request_id}
-    result = assess(attempts, measure(events, victims, phase_of), victims)
-    verdict = migration_verdict(result, checklist=checklist)
+    records = idle.records + loaded.records + load_records
+    verdict = judged(events)
     links = run_links(run)
     verdict.evidence.update(links=links, load_duration_limit_s=duration, requests=len(records),
-                            attempts=[a.to_dict() for a in attempts])
+                            attempts=[a.to_dict() for a in attempts], extension=extended)
     conformance.record(verdict)
 
     finish_suite(conformance, cluster, records, ignore_eos=True, links=links, events=events,
@@ -175,10 +194,19 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
         return
     windows, victims, load_records, links = [], [], [], []
 
-    def phase(name: str, still_loaded: Any = lambda: True) -> None:
-        for i in range(need[name] * MAX_ATTEMPTS_FACTOR):
-            mine = [w for w in windows if w.phase == name]
-            assessed = measure_crossings(mine, victims)
+    def measured(name: str) -> int:
+        return measure_crossings([w for w in windows if w.phase == name], victims).measured(name)
+
+    def phase(name: str, still_loaded: Any = lambda: True) -> dict[str, Any]:
+        def more(k: int) -> None:
+            need[name] = measured(name) + k
+            kills(name, still_loaded)
+        return _until_decided(t, name, lambda: migration_verdict(measure_crossings(windows, victims),
+                                                                 checklist=checklist), more, lambda: measured(name))
+
+    def kills(name: str, still_loaded: Any) -> None:
+        while sum(w.phase == name for w in windows) < need[name] * MAX_ATTEMPTS_FACTOR:
+            assessed = measure_crossings([w for w in windows if w.phase == name], victims)
             if assessed.measured(name) + len(assessed.failures) >= need[name] or not still_loaded():
                 return
             window, recs = kill_under_streams(cluster, faults, phase=name, index=len(windows),
@@ -188,12 +216,12 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
             windows.append(window)
             victims.extend(recs)
 
-    failed_kill = None
+    failed_kill, extended = None, {}
     try:  # a worker the cluster file names but the host cannot find or bring back: say so, never crash
-        phase("idle")
+        extended["idle"] = phase("idle")
         run = load(duration_s=harness_options.load_duration or LOADED_MAX_S, max_tokens=LOADED_MAX_TOKENS)
         try:
-            phase("loaded", still_loaded=lambda: run.running)
+            extended["loaded"] = phase("loaded", still_loaded=lambda: run.running)
         finally:
             load_records = run.finish() if run.running else run.wait()
             links = run_links(run)
@@ -205,6 +233,6 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
     else:
         verdict = migration_verdict(measure_crossings(windows, victims), checklist=checklist)
         verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
-                                migration_counter=[w.migrations for w in windows])
+                                migration_counter=[w.migrations for w in windows], extension=extended)
     conformance.record(verdict)
     finish_suite(conformance, cluster, victims + load_records, ignore_eos=True, links=links, faults=faults)

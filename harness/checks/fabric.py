@@ -1,11 +1,19 @@
 """Verdicts of the fabric checklist items from fabric measurements: item 6.1.1 (KV bandwidth vs
 line rate), 6.1.5 (TCP class through a PFC storm) and the NIC flap recovery item; and which
-fabric a suite measures: the bundled cluster's emulated one (namespaces) or named hosts over SSH."""
+fabric a suite measures: the bundled cluster's emulated one (namespaces) or named hosts over SSH.
+
+Each figure carries its 95 % interval (docs/statistics.md): the line-rate fraction, the median of
+repeated transfers at the judged size (order statistics); 6.1.5's p99 round-trip ratio, the ratio
+of the two windows' p99 intervals (each at 97.5 %, Bonferroni), its throughput ratio and the NIC
+flap's recovered fraction, a seeded bootstrap of the ratio of medians between the windows."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from harness.checks.intervals import (bootstrap_interval, measured_within, percentile_interval, ratio_input_level,
+                                      ratio_interval, ratio_of_medians)
+from harness.checks.stats import nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, inconclusive, judge
 from harness.fabric.bandwidth import BandwidthResult
@@ -45,24 +53,28 @@ def ssh_nodes(cluster: Any, audit: Any = None) -> dict[str, Any] | None:
     return pick(fabric_nodes(cluster, audit))
 
 
-def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: BandwidthResult,
+def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: Sequence[BandwidthResult],
                           curve: Sequence[BandwidthResult], kv_goodput: dict[str, Any] | None = None) -> Verdict:
     """Item 1 on named hosts: the raw fabric bandwidth (ib_write_bw, else iperf3) between them as
-    a fraction of the line rate, with the curve over transfer sizes; the engine's own KV goodput
-    (from its metrics, where its profile has one) is evidence beside it."""
+    a fraction of the line rate, the median of the repeated ``timed`` measurements, with the curve
+    over transfer sizes; the engine's own KV goodput (from its metrics, where its profile has one)
+    is evidence beside it."""
     t = checklist.threshold(ITEM_KV_BANDWIDTH, "line_rate_fraction")
-    best = max([timed, *curve], key=lambda r: r.bytes)
+    first = timed[0]
+    bps = [r.bps for r in timed]
     points = [{"size_bytes": r.bytes, "gbit_per_s": r.bps / 1e9, "seconds": r.seconds,
                "line_rate_fraction": r.bps / line.bps} for r in curve]
     return judge(checklist.item(ITEM_KV_BANDWIDTH), [
-        Measurement(t, best.bps / line.bps,
-                    f"raw {best.tool} bandwidth {best.sender} -> {best.receiver} ({best.bps / 1e9:.3f} of a "
-                    f"{line.bps / 1e9:.3f} Gbit/s line rate, {best.bytes / (1 << 20):.0f} MiB)")],
-        evidence={"line_rate": line.to_dict(), "raw_probe": {**timed.to_dict(), "line_rate_fraction": timed.bps / line.bps},
+        Measurement(t, nearest_rank(bps, 50) / line.bps,
+                    f"raw {first.tool} bandwidth {first.sender} -> {first.receiver} (median of {len(bps)} "
+                    f"{first.bytes / (1 << 20):.0f} MiB runs, of a {line.bps / 1e9:.3f} Gbit/s line rate)",
+                    percentile_interval(bps, 50, noun="runs").scaled(1 / line.bps))],
+        evidence={"line_rate": line.to_dict(), "raw_probe": {**first.to_dict(), "line_rate_fraction": first.bps / line.bps},
+                  "repeats_line_rate_fraction": [b / line.bps for b in bps],
                   "curve": points, "kv_goodput": kv_goodput or {"unavailable": "the engine's metric profile has no "
                                                                                "KV transfer goodput"},
-                  "definition": f"{best.tool} goodput between the hosts' fabric addresses on a lossless-class port, "
-                                "started and stopped over SSH; the verdict uses the largest transfer"})
+                  "definition": f"{first.tool} goodput between the hosts' fabric addresses on a lossless-class port, "
+                                "started and stopped over SSH; the verdict uses the median of the repeated timed runs"})
 
 
 def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthResult, curve: KVCurve) -> Verdict:
@@ -74,46 +86,64 @@ def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthRes
     return judge(checklist.item(ITEM_KV_BANDWIDTH), [
         Measurement(t, largest.median_gbit_per_s / gbit_line,
                     f"KV transfer bandwidth at {largest.size_bytes / (1 << 20):.0f} MiB "
-                    f"({largest.median_gbit_per_s:.3f} of a {gbit_line:.3f} Gbit/s line rate)")],
+                    f"({largest.median_gbit_per_s:.3f} of a {gbit_line:.3f} Gbit/s line rate)",
+                    percentile_interval(largest.gbit_per_s, 50, noun="transfers").scaled(1 / gbit_line))],
         evidence={"line_rate": line.to_dict(), "raw_probe": {**raw.to_dict(), "line_rate_fraction": raw.bps / line.bps},
                   "kv_curve": points, "preset": curve.preset, "sender": curve.sender, "receiver": curve.receiver,
                   "definition": "wire bytes / sender transfer time (first layer handed over until the receiver "
-                                "committed); raw probe = plain TCP bulk goodput between the same hosts"})
+                                "committed), the median of the repeats at the largest size; raw probe = plain TCP "
+                                "bulk goodput between the same hosts"})
 
 
 def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: TcpClassSample,
-                          after: TcpClassSample, storm: dict[str, Any]) -> Verdict:
+                          after: TcpClassSample | None, storm: dict[str, Any]) -> Verdict:
     """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the sample before it
-    (latency at least RTT_NOISE_FLOOR_MS). The sample after it is evidence of recovery only: a
-    class that shared the storm may still be draining then, which must not flatter the baseline."""
+    (latency at least RTT_NOISE_FLOOR_MS). The sample after it (None: not taken yet) is evidence of
+    recovery only: a class that shared the storm may still be draining then, which must not flatter
+    the baseline."""
     base_p99 = max(before.rtt_p99_ms, RTT_NOISE_FLOOR_MS)
     base_tput = before.throughput_bps
     t = checklist.item(ITEM_PFC_ISOLATION).thresholds
+    each = ratio_input_level()
+    latency = ratio_interval(percentile_interval(during.rtts_ms, 99, each, noun="round trips"),
+                             percentile_interval(before.rtts_ms, 99, each), den_floor=RTT_NOISE_FLOOR_MS)
+    throughput = bootstrap_interval(ratio_of_medians, during.throughputs_bps, before.throughputs_bps,
+                                    noun="bulk flows", grows=[0])
     return judge(checklist.item(ITEM_PFC_ISOLATION), [
         Measurement(t["tcp_p99_latency_ratio"], during.rtt_p99_ms / base_p99,
-                    f"TCP-class p99 round trip during the storm ({during.rtt_p99_ms:.3f} ms vs {base_p99:.3f} ms)"),
+                    f"TCP-class p99 round trip during the storm ({during.rtt_p99_ms:.3f} ms vs {base_p99:.3f} ms)",
+                    latency),
         Measurement(t["tcp_throughput_ratio"], during.throughput_bps / base_tput if base_tput > 0 else None,
                     f"TCP-class bulk throughput during the storm ({during.throughput_bps / 1e9:.3f} vs "
-                    f"{base_tput / 1e9:.3f} Gbit/s)")],
-        evidence={"samples": [s.to_dict() for s in (before, during, after)], "storm": storm,
+                    f"{base_tput / 1e9:.3f} Gbit/s, medians)", throughput)],
+        evidence={"samples": [s.to_dict() for s in (before, during, after) if s is not None], "storm": dict(storm),
                   "rtt_noise_floor_ms": RTT_NOISE_FLOOR_MS},
         inconclusive_because=None if base_tput > 0 else "the TCP class moved nothing even before the storm")
 
 
-def flap_recovery_verdict(checklist: Checklist, baseline_gbit: float, after: Sequence[tuple[float, float]],
+def flap_recovery_verdict(checklist: Checklist, before: Sequence[float], after: Sequence[tuple[float, float, float]],
                           flaps: dict[str, Any]) -> Verdict:
-    """NIC flap item: ``after`` is [(seconds since the flaps ended, Gbit/s)]; recovered at the first
-    measurement at or above the required fraction of the pre-fault bandwidth."""
+    """NIC flap item. ``before``: Gbit/s of each transfer before the flaps; ``after``: (start, end
+    in seconds since the flaps ended, Gbit/s) of each transfer after them. The recovered fraction
+    is the median of every transfer after the flaps over the median before (bootstrap interval);
+    recovery is at the end of the first transfer at the required fraction of the median before,
+    known to within that transfer and the slow one before it."""
     t = checklist.item(ITEM_NIC_FLAP).thresholds
     need = t["kv_bandwidth_recovered_fraction"].value
-    recovered = next(((s, g) for s, g in after if g >= need * baseline_gbit), None)
-    best = max((g for _, g in after), default=0.0)
-    measured_fraction = (recovered[1] if recovered else best) / baseline_gbit if baseline_gbit > 0 else None
+    baseline = nearest_rank(before, 50) if before else 0.0
+    speeds = [g for _, _, g in after]
+    first = next((i for i, (_, _, g) in enumerate(after) if g >= need * baseline), None) if baseline > 0 else None
+    recovery = None
+    if first is not None:
+        end, since = after[first][1], after[first - 1][0] if first > 0 else 0.0
+        recovery = measured_within(end, below=end - since, above=0.0, noun="transfers")
     return judge(checklist.item(ITEM_NIC_FLAP), [
-        Measurement(t["kv_bandwidth_recovered_fraction"], measured_fraction,
-                    "KV bandwidth after the flaps as a fraction of before"),
-        Measurement(t["recovery_time_s"], recovered[0] if recovered else None,
-                    "time from the last flap until KV bandwidth was back")],
-        evidence={"baseline_gbit_per_s": baseline_gbit, "after": [{"t_s": s, "gbit_per_s": g} for s, g in after],
-                  "flaps": flaps},
-        inconclusive_because=None if baseline_gbit > 0 else "no pre-fault KV bandwidth")
+        Measurement(t["kv_bandwidth_recovered_fraction"], nearest_rank(speeds, 50) / baseline if speeds and baseline > 0
+                    else None, f"median KV bandwidth of the {len(speeds)} transfers after the flaps as a fraction of "
+                               f"the {len(before)} before",
+                    bootstrap_interval(ratio_of_medians, speeds, before, noun="transfers after", grows=[0])),
+        Measurement(t["recovery_time_s"], None if recovery is None else recovery.hi,
+                    "time from the last flap until KV bandwidth was back", recovery)],
+        evidence={"baseline_gbit_per_s": baseline, "before_gbit_per_s": list(before),
+                  "after": [{"start_s": s, "t_s": e, "gbit_per_s": g} for s, e, g in after], "flaps": flaps},
+        inconclusive_because=None if baseline > 0 else "no pre-fault KV bandwidth")

@@ -4,7 +4,9 @@
 Judged from the CLIENT's records, the latency users see (docs/load-and-metrics.md): TTFT is the
 first chunk that carries a non-empty token minus the (scheduled) send, TPOT is (E2E - TTFT) / (n - 1)
 over requests with n >= 2 output tokens; only successful requests enter the percentiles, which
-are nearest-rank (harness/checks/stats.py).
+are nearest-rank (harness/checks/stats.py), each with its distribution-free 95 % interval from
+order statistics (harness/checks/intervals.py): a p99 needs 368 requests before it has an upper
+bound, so fewer leave it inconclusive, naming that count.
 
 Beside them, the server's own view: the engine's TTFT and TPOT histograms (named by its metric
 profile), scraped before and after the load; the DELTA of the cumulative buckets holds exactly the
@@ -25,6 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import httpx
 
+from harness.checks.intervals import percentile_interval
 from harness.checks.stats import DEFINITION, nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
@@ -38,7 +41,6 @@ log = logging.getLogger(__name__)
 
 TTFT_ITEM = "6.2.ttft"
 TPOT_ITEM = "6.2.tpot"
-MIN_REQUESTS = 20            # fewer successful requests: a p99 is just the worst one or two (origin: harness)
 BUCKET_LIMIT_RATIO = 2.0     # a bucket wider than this ratio of upper to lower edge makes a quantile a guess
 DISAGREEMENT_RATIO = 2.0     # client and server p50 (or mean) further apart than this factor ...
 DISAGREEMENT_MIN_MS = {"ttft": 20.0, "tpot": 1.0}   # ... and by more than this many ms: a large disagreement
@@ -48,6 +50,8 @@ DEFINITIONS = {
     "tpot": "(E2E - TTFT) / (n - 1), n = output tokens (server usage, else counted), requests with n >= 2",
     "percentile": DEFINITION,
     "population": "successful requests only; failed ones are counted apart (nothing-lost verdict)",
+    "interval": "distribution-free two-sided 95 % interval of each percentile from order statistics (exact "
+                "binomial ranks), requests taken as independent draws; see docs/statistics.md",
 }
 
 
@@ -147,17 +151,25 @@ class ClientLatency:
         return asdict(self)
 
 
-def client_latency(records: Sequence[RequestRecord]) -> ClientLatency:
+def client_samples(records: Sequence[RequestRecord]) -> tuple[int, list[float], list[float]]:
+    """(requests sent, TTFT ms of each ok request, TPOT ms of each ok request with >= 2 tokens)."""
     sent = [r for r in records if r.error_class != NOT_SENT]
     df = requests_frame(sent)
     ok = df.loc[df["ok"].astype(bool)] if len(df) else df
     ttft = [v for v in ok["ttft_sched_ms"].tolist() if not math.isnan(v)] if len(ok) else []
     tpot = [v for v in ok["tpot_ms"].tolist() if not math.isnan(v)] if len(ok) else []
+    return len(df), ttft, tpot
 
+
+def client_latency(records: Sequence[RequestRecord]) -> ClientLatency:
+    return _summary(*client_samples(records))
+
+
+def _summary(requests: int, ttft: list[float], tpot: list[float]) -> ClientLatency:
     def pct(values: list[float], q: float) -> float | None:
         return round(nearest_rank(values, q), 3) if values else None
 
-    return ClientLatency(len(df), len(ok), pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), len(tpot))
+    return ClientLatency(requests, len(ttft), pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), len(tpot))
 
 
 def disagreement(client_p50_ms: float | None, server: dict[str, Any] | None, min_ms: float) -> str | None:
@@ -183,26 +195,26 @@ def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
     """The 6.2.ttft and 6.2.tpot verdicts from the client records; ``server`` maps "ttft" and
     "tpot" to the engine's histogram deltas (evidence only), ``server_families`` to the metric
     each came from, ``server_note`` says why there are none."""
-    c = client_latency(records)
-    thin = None
-    if c.ok < MIN_REQUESTS:
-        thin = f"only {c.ok} successful request(s) (of {c.requests}); need {MIN_REQUESTS} for a p99"
+    requests, ttft_ms, tpot_ms = client_samples(records)
+    c = _summary(requests, ttft_ms, tpot_ms)
     verdicts = []
-    for item_id, key, p50, p99, n in ((TTFT_ITEM, "ttft", c.ttft_p50_ms, c.ttft_p99_ms, c.ok),
-                                      (TPOT_ITEM, "tpot", c.tpot_p50_ms, c.tpot_p99_ms, c.tpot_requests)):
+    for item_id, key, values in ((TTFT_ITEM, "ttft", ttft_ms), (TPOT_ITEM, "tpot", tpot_ms)):
         item = checklist.item(item_id)
         t = item.thresholds
-        measurements = [Measurement(t[f"{key}_p50_ms"], p50, f"client {key.upper()} p50 over {n} ok request(s)"),
-                        Measurement(t[f"{key}_p99_ms"], p99, f"client {key.upper()} p99 over {n} ok request(s)")]
+        measurements = [Measurement(t[f"{key}_p{q}_ms"], round(nearest_rank(values, q), 3) if values else None,
+                                    f"client {key.upper()} p{q}", percentile_interval(values, q, noun="requests"))
+                        for q in (50, 99)]
+        p50 = measurements[0].value
         srv = server_summary((server or {}).get(key))
         evidence: dict[str, Any] = {"client": c.to_dict(), "definition": DEFINITIONS[key],
                                     "percentile": DEFINITIONS["percentile"], "population": DEFINITIONS["population"],
+                                    "interval": DEFINITIONS["interval"],
                                     "server": srv, "server_metric": (server_families or {}).get(key)}
         if srv is None:
             evidence["server_note"] = server_note or "the server's histogram observed no request in the run"
         elif (gap := disagreement(p50, srv, DISAGREEMENT_MIN_MS[key])) is not None:
             evidence["client_server_disagreement"] = gap
-        verdicts.append(judge(item, measurements, evidence=evidence, inconclusive_because=thin))
+        verdicts.append(judge(item, measurements, evidence=evidence))
     return verdicts[0], verdicts[1]
 
 
@@ -246,9 +258,10 @@ class ServerHistograms:
                 del self._scrapers[url]
         return out
 
-    def deltas(self) -> dict[str, Any]:
+    def deltas(self, *, final: bool = True) -> dict[str, Any]:
+        """The histograms' deltas since the first scrape; ``final``: stop scraping after this one."""
         after = self._scrape("after")
-        for scraper in self._scrapers.values():
+        for scraper in self._scrapers.values() if final else ():
             scraper.stop()
         both = [u for u in self.before if u in after]
         if not both:

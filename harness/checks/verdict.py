@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
+from harness.checks.intervals import Interval, decide, more_to_decide
 from harness.checks.thresholds import ChecklistItem, Threshold
 from harness.errors import ConfigError
 
@@ -44,6 +45,7 @@ class Verdict:
     op: str = ""              # how measured compares with threshold when it passes ("<=", ">=", ...)
     evidence: dict[str, Any] = field(default_factory=dict)
     test: str | None = None   # pytest node id that recorded it
+    interval: dict[str, Any] | None = None   # the headline measurement's Interval.to_dict(), when it has one
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -93,42 +95,102 @@ def exit_code_for(verdicts: Iterable[Verdict], *, harness_error: bool = False,
 
 @dataclass(frozen=True)
 class Measurement:
-    """One measured quantity judged against one threshold; ``value`` None means not measured."""
+    """One measured quantity judged against one threshold; ``value`` None means not measured.
+    A timing measurement carries the ``interval`` its samples give (harness/checks/intervals.py):
+    it then passes or fails only when the whole interval does; exact counts carry none."""
 
     threshold: Threshold
     value: float | None
     what: str  # e.g. "p100 rescheduling time over 6 kills"
+    interval: Interval | None = None
+
+    def decision(self) -> str | None:
+        """"pass", "fail", or None: not measured, or its interval straddles the threshold."""
+        if self.value is None:
+            return None
+        if self.interval is None:
+            return "pass" if self.threshold.holds(self.value) else "fail"
+        return decide(self.interval, self.threshold.value, self.threshold.holds)
+
+    def more_to_decide(self) -> int | None:
+        """About how many more samples would decide a straddling interval (None: not within 10x)."""
+        return None if self.interval is None else more_to_decide(self.interval, self.threshold.value,
+                                                                 self.threshold.holds)
+
+    def figure(self) -> str:
+        """``480 ms [450-510, 95 %]``: the value with its interval beside it."""
+        text = "not measured" if self.value is None else f"{self.value:.4g} {self.threshold.unit}".strip()
+        return text if self.interval is None or self.value is None else f"{text} {self.interval.brackets()}"
+
+    def straddles(self) -> str:
+        """One clause: what straddles which threshold and what would decide it."""
+        i = self.interval
+        assert i is not None
+        more = self.more_to_decide()
+        if more is not None:
+            then = f"about {more} more {i.noun} would decide"
+        elif i.extrapolate is None:
+            then = f"more {i.noun} would not narrow it (a resolution bound)"
+        else:
+            then = f"more than 10x the {i.noun} would be needed to decide (the figure is that close to it)"
+        return f"{self.what} {i.describe(self.threshold.unit)} straddles {self.threshold.describe()}; {then}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.threshold.key, "what": self.what, "value": self.value,
-                "threshold": self.threshold.value, "op": self.threshold.op, "unit": self.threshold.unit,
-                "holds": None if self.value is None else self.threshold.holds(self.value),
-                "threshold_origin": self.threshold.origin, "threshold_from_article": self.threshold.article}
+        decision = self.decision()
+        out = {"key": self.threshold.key, "what": self.what, "value": self.value,
+               "threshold": self.threshold.value, "op": self.threshold.op, "unit": self.threshold.unit,
+               "holds": None if decision is None else decision == "pass",
+               "threshold_origin": self.threshold.origin, "threshold_from_article": self.threshold.article,
+               "interval": None if self.interval is None else self.interval.to_dict()}
+        if self.interval is not None and self.value is not None and decision is None:
+            out["more_to_decide"] = self.more_to_decide()
+        return out
 
 
 def judge(item: ChecklistItem, measurements: Sequence[Measurement], *,
           evidence: dict[str, Any] | None = None, inconclusive_because: str | None = None) -> Verdict:
-    """Fail if any measurement misses its threshold; else inconclusive if any is missing (or the
-    caller says the evidence is too thin); else pass. The headline is the first failing
-    measurement, or the first one."""
+    """Fail if any measurement misses its threshold (its whole interval, when it has one); else
+    inconclusive if any is missing, straddles its threshold, or the caller says the evidence is
+    too thin; else pass. The headline is the first failing measurement, else the first undecided
+    one, else the first. Straddling measurements are listed in ``evidence["undecided"]``."""
     if not measurements:
         raise ConfigError(f"judge({item.id}) needs at least one measurement", fix="pass the measured values")
-    failing = [m for m in measurements if m.value is not None and not m.threshold.holds(m.value)]
-    missing = [m for m in measurements if m.value is None]
-    head = failing[0] if failing else (missing[0] if missing else measurements[0])
+    decisions = [m.decision() for m in measurements]
+    failing = [m for m, d in zip(measurements, decisions) if d == "fail"]
+    undecided = [m for m, d in zip(measurements, decisions) if d is None]
+    straddling = [m for m in undecided if m.value is not None]
+    head = failing[0] if failing else (undecided[0] if undecided else measurements[0])
     t = head.threshold
     ev = {"measurements": [m.to_dict() for m in measurements], **(evidence or {})}
+    if straddling:
+        ev["undecided"] = [{"key": m.threshold.key, "more_to_decide": m.more_to_decide(), "noun": m.interval.noun,
+                            "n": m.interval.n} for m in straddling if m.interval is not None]
     if failing:
         status = Status.FAIL
-        reason = (f"{head.what} was {head.value:.4g} {t.unit}, required {t.describe()}: {item.why}")
-    elif missing or inconclusive_because:
+        reason = f"{head.what} was {head.figure()}, required {t.describe()}: {item.why}"
+    elif undecided or inconclusive_because:
         status = Status.INCONCLUSIVE
-        because = inconclusive_because or f"{head.what} could not be measured"
-        reason = f"inconclusive: {because} (required {t.describe()})"
+        if inconclusive_because:
+            because = inconclusive_because
+        elif head.value is None:
+            because = f"{head.what} could not be measured"
+        else:
+            because = head.straddles()
+        reason = f"inconclusive: {because}" + ("" if head.value is not None and not inconclusive_because
+                                                else f" (required {t.describe()})")
     else:
         status = Status.PASS
-        reason = f"{head.what} was {head.value:.4g} {t.unit}, within {t.describe()}"
+        reason = f"{head.what} was {head.figure()}, within {t.describe()}"
         if len(measurements) > 1:
             reason += f" (and {len(measurements) - 1} more threshold(s) met)"
     return Verdict(item=item.id, title=item.title, status=status, reason=" ".join(reason.split()),
-                   measured=head.value, threshold=t.value, unit=t.unit, op=t.op, evidence=ev)
+                   measured=head.value, threshold=t.value, unit=t.unit, op=t.op, evidence=ev,
+                   interval=None if head.interval is None else head.interval.to_dict())
+
+
+def undecided(verdict: Verdict) -> list[dict[str, Any]]:
+    """The measurements of an inconclusive verdict whose intervals straddled their thresholds
+    (``key``, ``more_to_decide``, ``noun``, ``n``): what more samples could decide; [] otherwise."""
+    if verdict.status is not Status.INCONCLUSIVE:
+        return []
+    return list(verdict.evidence.get("undecided") or [])

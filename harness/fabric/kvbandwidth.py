@@ -137,16 +137,24 @@ class KVBench:
         curve = KVCurve(self.preset, self.sender_station.name, self.receiver_station.name)
         self.transfer_once(self.tokens_for(1 << 20))  # warm-up: first connection, allocator, page faults
         for size in sorted(sizes_bytes):
-            tokens = self.tokens_for(size)
-            results = [self.transfer_once(tokens) for _ in range(repeats)]
-            point = KVPoint(size_bytes=tokens * self.bytes_per_token, tokens=tokens,
-                            gbit_per_s=[r["bytes"] * 8 / r["seconds"] / 1e9 for r in results],
-                            retries=sum(r["retries"] for r in results),
-                            fallbacks=sum(1 for r in results if r["fallback"]))
-            log.info("KV %d tokens (%.1f MiB): %s Gbit/s", tokens, point.size_bytes / (1 << 20),
-                     ", ".join(f"{g:.3f}" for g in point.gbit_per_s))
-            curve.points.append(point)
+            curve.points.append(self._repeat(KVPoint(0, self.tokens_for(size), [], 0, 0), repeats))
         return curve
+
+    def more(self, curve: KVCurve, count: int) -> KVPoint:
+        """``count`` more transfers at the curve's largest size (the judged one), added to it."""
+        largest = curve.largest
+        curve.points[curve.points.index(largest)] = point = self._repeat(largest, count)
+        return point
+
+    def _repeat(self, point: KVPoint, count: int) -> KVPoint:
+        results = [self.transfer_once(point.tokens) for _ in range(count)]
+        out = KVPoint(size_bytes=point.tokens * self.bytes_per_token, tokens=point.tokens,
+                      gbit_per_s=point.gbit_per_s + [r["bytes"] * 8 / r["seconds"] / 1e9 for r in results],
+                      retries=point.retries + sum(r["retries"] for r in results),
+                      fallbacks=point.fallbacks + sum(1 for r in results if r["fallback"]))
+        log.info("KV %d tokens (%.1f MiB): %s Gbit/s", out.tokens, out.size_bytes / (1 << 20),
+                 ", ".join(f"{g:.3f}" for g in out.gbit_per_s))
+        return out
 
 
 def measure_kv_curve(sender: Station, receiver: Station, *, port: int, preset: str = "medium",

@@ -167,18 +167,34 @@ def raw_curve(source: FabricNode, dest: FabricNode, executor: Any, *, sizes_mib:
               seconds: float = 3.0) -> tuple[BandwidthResult, list[BandwidthResult]]:
     """The raw bandwidth ``source -> dest`` (a timed flow) and a curve over transfer sizes:
     ib_write_bw when both nodes name an RDMA device and it is installed, else iperf3."""
-    rdma = source.rdma_device and dest.rdma_device and tool_present(executor, "ib_write_bw")
-    if rdma:
-        curve = [ib_write_bw(source.station, dest.station, source.rdma_device, size=int(m * (1 << 20)),
-                             iterations=max(5, int(512 / m))) for m in sizes_mib]
+    if _rdma(source, dest, executor):
+        curve = [_ib_write_bw_mib(source, dest, m) for m in sizes_mib]
         return max(curve, key=lambda r: r.bytes), curve
-    if not tool_present(executor, "iperf3"):
-        raise ProbeError(f"neither ib_write_bw (with fabric.rdma_device) nor iperf3 is installed on {source.name}",
-                         fix="install iperf3 (apt-get install iperf3) or perftest on the fabric hosts")
-    timed = iperf3_bulk(source.station, dest.station, port=source.bench_port, seconds=seconds)
+    timed = raw_timed(source, dest, executor, sizes_mib=sizes_mib, seconds=seconds)
     curve = [iperf3_bulk(source.station, dest.station, port=source.bench_port, nbytes=int(m * (1 << 20)))
              for m in sizes_mib]
     return timed, curve
+
+
+def raw_timed(source: FabricNode, dest: FabricNode, executor: Any, *, sizes_mib: Sequence[float],
+              seconds: float = 3.0) -> BandwidthResult:
+    """One more measurement of the figure :func:`raw_curve` judges (its timed flow): ib_write_bw at
+    the largest size when both nodes have RDMA, else a timed iperf3 flow."""
+    if _rdma(source, dest, executor):
+        return _ib_write_bw_mib(source, dest, max(sizes_mib))
+    if not tool_present(executor, "iperf3"):
+        raise ProbeError(f"neither ib_write_bw (with fabric.rdma_device) nor iperf3 is installed on {source.name}",
+                         fix="install iperf3 (apt-get install iperf3) or perftest on the fabric hosts")
+    return iperf3_bulk(source.station, dest.station, port=source.bench_port, seconds=seconds)
+
+
+def _rdma(source: FabricNode, dest: FabricNode, executor: Any) -> bool:
+    return bool(source.rdma_device and dest.rdma_device and tool_present(executor, "ib_write_bw"))
+
+
+def _ib_write_bw_mib(source: FabricNode, dest: FabricNode, mib: float) -> BandwidthResult:
+    return ib_write_bw(source.station, dest.station, source.rdma_device, size=int(mib * (1 << 20)),
+                       iterations=max(5, int(512 / mib)))
 
 
 def bulk(sender: Station, receiver: Station, *, port: int, seconds: float, allow_zero: bool = False) -> BandwidthResult:

@@ -37,12 +37,22 @@ class TcpClassSample:
     rtt_p99_ms: float
     rtt_max_ms: float
     round_trips: int
-    throughput_bps: float
+    throughput_bps: float      # median of the bulk flows
     started_wall: float
     ended_wall: float
+    rtts_ms: tuple[float, ...] = ()            # every round trip (for the percentile intervals)
+    throughputs_bps: tuple[float, ...] = ()    # each bulk flow
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "throughput_gbit_per_s": self.throughput_bps / 1e9}
+        d = asdict(self)
+        del d["rtts_ms"]   # hundreds of values: the percentiles and the count stand for them
+        return {**d, "throughput_gbit_per_s": self.throughput_bps / 1e9}
+
+    def merged(self, more: TcpClassSample) -> TcpClassSample:
+        """This sample and ``more`` (a later one of the same window) as one."""
+        rtts, flows = self.rtts_ms + more.rtts_ms, self.throughputs_bps + more.throughputs_bps
+        return TcpClassSample(self.label, nearest_rank(rtts, 50), nearest_rank(rtts, 99), max(rtts), len(rtts),
+                              nearest_rank(flows, 50), self.started_wall, more.ended_wall, rtts, flows)
 
 
 def _realtime(station: Station, argv: list[str]) -> list[str]:
@@ -74,18 +84,20 @@ def measure_round_trips(client: Station, server: Station, *, port: int = DEFAULT
 
 
 def sample_tcp_class(client: Station, server: Station, *, label: str, port: int = DEFAULT_PORT,
-                     rr_seconds: float = 3.0, bulk_seconds: float = 3.0, lossless_ports: Sequence[int] = ()
-                     ) -> TcpClassSample:
-    """Latency phase, then throughput phase, both ``client -> server`` on the TCP class."""
+                     rr_seconds: float = 3.0, bulk_seconds: float = 3.0, bulk_repeats: int = 1,
+                     lossless_ports: Sequence[int] = ()) -> TcpClassSample:
+    """Latency phase, then throughput phase (``bulk_repeats`` flows of ``bulk_seconds``), both
+    ``client -> server`` on the TCP class."""
     if port in lossless_ports or port + 1 in lossless_ports:
         raise ConfigError(f"TCP probe ports {port}/{port + 1} are lossless-class ports {list(lossless_ports)}",
                           fix="probe the TCP class on other ports, e.g. the default 5301")
     t0 = time.time()
     rtts = measure_round_trips(client, server, port=port, seconds=rr_seconds)
     # our own bulk ends: a stalled class then reads as 0 bit/s instead of an iperf3 control-channel error
-    bulk = measure_bulk(client, server, port=port + 1, duration_s=bulk_seconds, tool="python", allow_zero=True)
+    flows = [measure_bulk(client, server, port=port + 1, duration_s=bulk_seconds, tool="python", allow_zero=True).bps
+             for _ in range(bulk_repeats)]
     sample = TcpClassSample(label, nearest_rank(rtts, 50), nearest_rank(rtts, 99), max(rtts), len(rtts),
-                            bulk.bps, t0, time.time())
-    log.info("TCP class %s: RTT p50 %.3f ms p99 %.3f ms (%d), bulk %.3f Gbit/s", label, sample.rtt_p50_ms,
-             sample.rtt_p99_ms, sample.round_trips, bulk.bps / 1e9)
+                            nearest_rank(flows, 50), t0, time.time(), tuple(rtts), tuple(flows))
+    log.info("TCP class %s: RTT p50 %.3f ms p99 %.3f ms (%d), bulk %.3f Gbit/s (median of %d)", label,
+             sample.rtt_p50_ms, sample.rtt_p99_ms, sample.round_trips, sample.throughput_bps / 1e9, len(flows))
     return sample

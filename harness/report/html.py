@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import jinja2
 from markupsafe import Markup, escape
 
+from harness.checks.intervals import brackets
 from harness.checks.thresholds import COMPARISONS
 from harness.report import RunResult
 from harness.report import plots
@@ -27,6 +28,7 @@ def render_html(result: RunResult) -> str:
     env.filters["clock"] = lambda t: _clock(t)
     env.filters["rel"] = lambda t: "" if t is None else f"+{t - result.started:.2f} s"
     env.filters["num"] = _num
+    env.filters["brackets"] = brackets   # a figure's interval beside it: "[450-510, 95 %]"
     env.filters["pretty"] = lambda obj: json.dumps(obj, indent=2, default=str, ensure_ascii=False)
     metrics = sorted({row["metric"] for row in result.latency})
     charts = [(m, latency_chart(result, m)) for m in metrics]

@@ -25,8 +25,8 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
         if v.test:
             case.set("file", v.test.split("::")[0])
         counts["tests"] += 1
-        detail = json.dumps({"measured": v.measured, "threshold": v.threshold, "op": v.op, "unit": v.unit,
-                             "evidence": v.evidence}, indent=1, default=str)
+        detail = json.dumps({"measured": v.measured, "interval": v.interval, "threshold": v.threshold, "op": v.op,
+                             "unit": v.unit, "evidence": v.evidence}, indent=1, default=str)
         if v.status is Status.FAIL:
             counts["failures"] += 1
             ET.SubElement(case, "failure", message=v.reason, type="NotConformant").text = detail

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.checks.intervals import brackets
 from harness.checks.verdict import Status, Verdict
 from harness.report import RunResult
 
@@ -34,7 +35,7 @@ def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> 
                     ("threshold", {"justify": "right"}), ("reason", {"overflow": "fold"})):
         table.add_column(col, **kw)
     for v in result.verdicts:
-        measured = "—" if v.measured is None else f"{v.measured:.4g} {v.unit}"
+        measured = "—" if v.measured is None else f"{v.measured:.4g} {v.unit} {brackets(v.interval)}".strip()
         threshold = "—" if v.threshold is None else f"{v.op} {v.threshold:g} {v.unit}"
         table.add_row(v.item, Text(v.status.value, style=_STYLE[v.status]), measured, threshold, v.reason)
     console.print(table)

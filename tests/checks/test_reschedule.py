@@ -99,3 +99,32 @@ def test_a_fault_never_rescheduled_fails_the_item():
     v = reschedule_verdict(samples, Checklist.load())
     assert v.status is Status.FAIL and "never completed" in v.reason
     assert v.evidence["not_rescheduled"][0].startswith("kill prefill-0")
+
+
+def _with_inject(samples, inject_s):
+    from dataclasses import replace
+    for s in samples:
+        s.fault = replace(s.fault, inject_s=inject_s)
+    return samples
+
+
+def test_each_time_is_known_within_its_inject_step_and_the_clock_resolution():
+    cl = Checklist.load()
+    # p100 2.95 s, inject step 0.2 s: the true time is in [2.749, 2.951]: every upper bound is within 3 s
+    v = reschedule_verdict(_with_inject(_samples(plan(2.95)), 0.2), cl)
+    assert v.status is Status.PASS and v.interval["hi"] == pytest.approx(2.951)
+    assert v.interval["method"] == "measurement resolution" and "[2.75-2.95, bounds]" in v.reason
+    assert v.evidence["per_fault"][-1]["interval"]["lo"] == pytest.approx(2.749)
+    # p100 3.1 s after a 0.2 s inject step: it may have been 2.9 s: not a fail, not a pass
+    v = reschedule_verdict(_with_inject(_samples(plan(3.1)), 0.2), cl)
+    assert v.status is Status.INCONCLUSIVE and "straddles <= 3 s" in v.reason
+    assert "a resolution bound" in v.reason
+    # 3.3 s: even its lower bound (3.099 s) is beyond the budget
+    v = reschedule_verdict(_with_inject(_samples(plan(3.3)), 0.2), cl)
+    assert v.status is Status.FAIL
+
+
+def test_the_evidence_states_the_share_of_faults_within_the_budget_with_confidence():
+    v = reschedule_verdict(_samples(plan(2.4)), Checklist.load())
+    assert v.evidence["within_budget"] == ("7 of 7 faults rescheduled <= 3 s (upper bounds): with 95 % confidence "
+                                           "at least 65 % of all faults do")

@@ -9,7 +9,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest, make_wsgi_app
 
-from harness.checks.slo import (DISAGREEMENT_MIN_MS, MIN_REQUESTS, HistogramDelta, ServerHistograms, client_latency,
+from harness.checks.slo import (DISAGREEMENT_MIN_MS, HistogramDelta, ServerHistograms, client_latency,
                                 disagreement, histogram_delta, server_quantile, server_summary, slo_verdicts)
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Status
@@ -49,28 +49,45 @@ def test_client_percentiles_use_successful_requests_only():
     assert c.tpot_p50_ms == pytest.approx(2, abs=0.01)
 
 
-def test_verdicts_pass_and_fail_on_the_client_values():
+def test_verdicts_pass_and_fail_on_the_whole_interval_of_the_client_values():
     cl = Checklist.load()
-    fast = [rec(i, ttft_ms=50, tpot_ms=5) for i in range(40)]
+    fast = [rec(i, ttft_ms=40 + i % 20, tpot_ms=5) for i in range(400)]   # 400 >= 368: a p99 has both bounds
     ttft, tpot = slo_verdicts(fast, cl)
     assert ttft.status is Status.PASS and tpot.status is Status.PASS
-    assert ttft.item == "6.2.ttft" and ttft.measured == pytest.approx(50)
-    # the p99 of TTFT over 40 requests is the worst one: one slow request among 40 fails p99 < 500 ms
-    slow_tail = fast[:-1] + [rec(99, ttft_ms=700, tpot_ms=5)]
+    assert ttft.item == "6.2.ttft" and ttft.measured == pytest.approx(49)
+    assert ttft.interval["method"] == "order statistics" and ttft.interval["n"] == 400
+    assert "[" in ttft.reason and "95 %]" in ttft.reason
+    # a slow tail: 3 % of the requests at 700 ms puts the whole p99 interval beyond 500 ms
+    slow_tail = fast[:-12] + [rec(500 + i, ttft_ms=700, tpot_ms=5) for i in range(12)]
     ttft, _ = slo_verdicts(slow_tail, cl)
     assert ttft.status is Status.FAIL and "p99" in ttft.reason and ttft.measured == pytest.approx(700)
     slow_tokens = [rec(i, ttft_ms=50, tpot_ms=40) for i in range(40)]
-    _, tpot = slo_verdicts(slow_tokens, cl)
+    _, tpot = slo_verdicts(slow_tokens, cl)   # p50 of 40 has both bounds, all of them at 40 ms: fails
     assert tpot.status is Status.FAIL and tpot.measured == pytest.approx(40, abs=0.1)
 
 
-def test_too_few_requests_or_no_server_metrics_is_said_not_hidden():
+def test_a_tail_near_the_target_straddles_and_says_what_would_decide():
     cl = Checklist.load()
-    ttft, tpot = slo_verdicts([rec(i, 50, 5) for i in range(MIN_REQUESTS - 1)], cl)
-    assert ttft.status is Status.INCONCLUSIVE and f"need {MIN_REQUESTS}" in ttft.reason
-    ttft, _ = slo_verdicts([rec(i, 50, 5) for i in range(30)], cl, server_note="engine 'openai' exposes no metrics")
+    # 400 requests, the slowest 1 % around the 500 ms target: the p99 interval straddles it
+    records = [rec(i, ttft_ms=50, tpot_ms=5) for i in range(392)] + [rec(400 + i, ttft_ms=460 + 10 * i, tpot_ms=5)
+                                                                     for i in range(8)]
+    ttft, tpot = slo_verdicts(records, cl)
+    assert ttft.status is Status.INCONCLUSIVE and tpot.status is Status.PASS
+    assert "client TTFT p99" in ttft.reason and "straddles < 500 ms" in ttft.reason
+    assert "(95 %, order statistics, n=400)" in ttft.reason
+    assert ttft.evidence["undecided"][0]["key"] == "ttft_p99_ms"
+
+
+def test_too_few_requests_for_a_p99_or_no_server_metrics_is_said_not_hidden():
+    cl = Checklist.load()
+    ttft, tpot = slo_verdicts([rec(i, 50, 5) for i in range(60)], cl)   # a p99 of 60 requests is not a p99
+    assert ttft.status is Status.INCONCLUSIVE and "no upper bound" in ttft.reason and "n >= 368" in ttft.reason
+    assert "more requests would decide" in ttft.reason
+    ttft, _ = slo_verdicts([rec(i, 50, 5) for i in range(400)], cl, server_note="engine 'openai' exposes no metrics")
     assert ttft.status is Status.PASS          # the client verdict stands without the server
     assert ttft.evidence["server"] is None and "openai" in ttft.evidence["server_note"]
+    nothing, _ = slo_verdicts([rec(i, 0, 0, status="http_error") for i in range(5)], cl)
+    assert nothing.status is Status.INCONCLUSIVE and "could not be measured" in nothing.reason
 
 
 def test_histogram_delta_holds_only_the_observations_between_the_scrapes():
@@ -103,7 +120,7 @@ def test_server_quantiles_interpolate_and_flag_wide_buckets():
 
 def test_a_large_client_server_disagreement_is_stated_in_the_evidence():
     cl = Checklist.load()
-    records = [rec(i, ttft_ms=150, tpot_ms=5) for i in range(30)]
+    records = [rec(i, ttft_ms=150, tpot_ms=5) for i in range(400)]
     server = {"ttft": histogram_delta([], parse_metrics(exposition([0.015] * 30)), FAMILY)}
     ttft, tpot = slo_verdicts(records, cl, server=server, server_families={"ttft": FAMILY})
     assert ttft.status is Status.PASS and ttft.evidence["server_metric"] == FAMILY

@@ -70,3 +70,70 @@ def _v(status):
 def test_exit_code_precedence(statuses, harness_error, revert_failed, code):
     assert exit_code_for([_v(s) for s in statuses], harness_error=harness_error,
                          revert_failed=revert_failed) is code
+
+
+# -- measurements with intervals (harness/checks/intervals.py) ---------------------------------
+
+def _threshold(op, value=500.0):
+    from harness.checks.thresholds import Threshold
+    return Threshold(item="6.2.ttft", key="ttft_p99_ms", value=value, op=op, unit="ms", origin="test")
+
+
+def _iv(lo, hi, n=412):
+    from harness.checks.intervals import Interval
+    return Interval(lo, hi, 0.95, "order statistics", n, noun="requests")
+
+
+@pytest.fixture
+def ttft():
+    return Checklist.load().item("6.2.ttft")
+
+
+# per op: an interval wholly on the good side, one wholly beyond, one that straddles
+@pytest.mark.parametrize("op, good, bad, straddling", [
+    ("<", (450, 499), (500, 560), (480, 560)),
+    ("<=", (450, 500), (501, 560), (480, 560)),
+    (">=", (500, 560), (450, 499.9), (480, 560)),
+    (">", (501, 560), (450, 500), (480, 560)),
+])
+def test_an_interval_passes_or_fails_only_as_a_whole(ttft, op, good, bad, straddling):
+    t = _threshold(op)
+    assert judge(ttft, [Measurement(t, sum(good) / 2, "p99", _iv(*good))]).status is Status.PASS
+    failed = judge(ttft, [Measurement(t, sum(bad) / 2, "p99", _iv(*bad))])
+    assert failed.status is Status.FAIL and "[" in failed.reason and "95 %]" in failed.reason
+    v = judge(ttft, [Measurement(t, 500.0, "client TTFT p99", _iv(*straddling))])
+    assert v.status is Status.INCONCLUSIVE and "straddles" in v.reason
+    assert v.evidence["undecided"][0]["key"] == "ttft_p99_ms"
+    assert v.evidence["measurements"][0]["holds"] is None
+
+
+@pytest.mark.parametrize("op, value, interval", [
+    ("<", 300.0, (100.0, None)), ("<=", 300.0, (100.0, None)),     # all seen is good, no upper bound
+    (">=", 700.0, (None, 900.0)), (">", 700.0, (None, 900.0)),     # all seen is good, no lower bound
+])
+def test_an_unbounded_side_never_passes(ttft, op, value, interval):
+    t = _threshold(op)
+    assert judge(ttft, [Measurement(t, value, "p99", _iv(*interval))]).status is Status.INCONCLUSIVE
+    assert judge(ttft, [Measurement(t, value, "p99", _iv(None, None))]).status is Status.INCONCLUSIVE
+
+
+def test_a_straddle_names_the_interval_and_what_would_decide(ttft):
+    from harness.checks.intervals import percentile_interval
+    values = [float(v) for v in range(1, 201)] * 2   # 400 requests, p99 = 198 ms
+    iv = percentile_interval(values, 99, noun="requests")
+    v = judge(ttft, [Measurement(_threshold("<", 199.5), 198.0, "client TTFT p99", iv)])
+    assert v.status is Status.INCONCLUSIVE
+    assert v.reason.startswith("inconclusive: client TTFT p99 ") and "(95 %, order statistics, n=400) straddles < 199.5 ms" in v.reason
+    assert "more requests would decide" in v.reason or "more than 10x the requests" in v.reason
+    assert v.interval == iv.to_dict() and Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+
+
+def test_a_fail_anywhere_wins_over_a_straddle_and_exact_counts_are_judged_as_before(item4):
+    p100 = Measurement(item4.thresholds["reschedule_p100_s"], 2.9, "p100", _iv(2.8, 3.1))
+    never = Measurement(item4.thresholds["faults_not_rescheduled"], 1, "faults never rescheduled")
+    v = judge(item4, [p100, never])
+    assert v.status is Status.FAIL and v.measured == 1 and v.interval is None
+    v = judge(item4, [p100, Measurement(item4.thresholds["faults_not_rescheduled"], 0, "never")])
+    assert v.status is Status.INCONCLUSIVE and v.interval["hi"] == 3.1
+    ok = judge(item4, [Measurement(item4.thresholds["reschedule_p100_s"], 1.0, "p100", _iv(0.9, 1.1))])
+    assert ok.status is Status.PASS and "1 s [0.9-1.1, 95 %]" in ok.reason

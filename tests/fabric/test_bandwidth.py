@@ -11,7 +11,7 @@ import pytest
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Status
 from harness.fabric.bandwidth import Station, measure_bulk
-from harness.fabric.kvbandwidth import measure_kv_curve
+from harness.fabric.kvbandwidth import KVBench
 from harness.fabric.linerate import read_line_rate
 from harness.checks.fabric import kv_bandwidth_verdict
 from harness.hosts import LocalExecutor
@@ -38,10 +38,13 @@ def test_large_kv_transfer_reaches_80_percent_of_the_measured_line_rate(make_fab
     line = read_line_rate(LocalExecutor(), sender.fabric_dev, sender.netns)
     assert line.bps == LINE_RATE and line.source == "tc"
     raw = measure_bulk(Station.of(sender), Station.of(receiver), port=fabric.config.bench_port, duration_s=2.0)
-    curve = measure_kv_curve(Station.of(sender), Station.of(receiver), port=fabric.config.bench_port,
-                             preset="tiny", sizes_mib=(1, 32), repeats=2)
+    with KVBench(Station.of(sender), Station.of(receiver), port=fabric.config.bench_port, preset="tiny") as bench:
+        curve = bench.measure([1 << 20, 32 << 20], repeats=2)
+        bench.more(curve, 7)   # as the suite: 9 at the judged size, so the median's interval has both bounds
     assert [p.tokens for p in curve.points] == [512, 16384]  # tiny: 2 KiB of KV per token
+    assert [len(p.gbit_per_s) for p in curve.points] == [2, 9]
     assert all(p.retries == 0 and p.fallbacks == 0 for p in curve.points)
     verdict = kv_bandwidth_verdict(Checklist.load(), line, raw, curve)
     assert verdict.status == Status.PASS, verdict.reason
+    assert verdict.interval["n"] == 9 and verdict.interval["lo"] >= 0.8
     assert len(verdict.evidence["kv_curve"]) == 2 and verdict.evidence["raw_probe"]["line_rate_fraction"] > 0.8

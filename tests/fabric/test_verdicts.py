@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Status
 from harness.fabric.bandwidth import BandwidthResult
@@ -12,47 +14,87 @@ from harness.fabric.kvbandwidth import KVCurve, KVPoint
 from harness.fabric.linerate import LineRate
 from harness.fabric.tcpprobe import TcpClassSample
 from harness.checks.fabric import (flap_recovery_verdict, kv_bandwidth_verdict, pfc_isolation_verdict,
-                                     placement_or_skip)
+                                   placement_or_skip, raw_bandwidth_verdict)
 
 CHECKLIST = Checklist.load()
 LINE = LineRate(1e9, "tc", "fab0", "localhost")
 RAW = BandwidthResult(0.95e9, 10**8, 0.84, "iperf3", 7472, "h0", "h1")
 
 
-def _curve(*gbits: float) -> KVCurve:
+def _curve(*gbits: float, repeats: int = 9) -> KVCurve:
     sizes = [1 << 20, 128 << 20][:len(gbits)]
-    return KVCurve("tiny", "h0", "h1", [KVPoint(s, s // 2048, [g, g], 0, 0) for s, g in zip(sizes, gbits)])
+    # repeats spread +-2 % around each figure, as transfers on a quiet fabric
+    return KVCurve("tiny", "h0", "h1", [KVPoint(s, s // 2048, [g * (0.98 + 0.005 * (k % 9)) for k in range(repeats)],
+                                                0, 0) for s, g in zip(sizes, gbits)])
 
 
-def test_kv_bandwidth_is_judged_on_the_largest_transfer():
+def test_kv_bandwidth_is_judged_on_the_interval_of_the_largest_transfer():
     ok = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.9))  # small transfers are latency-bound
-    assert ok.status == Status.PASS and ok.measured == 0.9
-    assert [p["line_rate_fraction"] for p in ok.evidence["kv_curve"]] == [0.1, 0.9]
+    assert ok.status == Status.PASS and ok.measured == pytest.approx(0.9)
+    assert ok.interval["method"] == "order statistics" and ok.interval["n"] == 9 and ok.interval["lo"] > 0.8
+    assert [round(p["line_rate_fraction"], 3) for p in ok.evidence["kv_curve"]] == [0.1, 0.9]
     slow = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.5))
     assert slow.status == Status.FAIL
     assert "128 MiB" in slow.reason and ">= 0.8" in slow.reason
+    near = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.81))   # 0.794..0.826 straddles 0.8
+    assert near.status == Status.INCONCLUSIVE and "straddles >= 0.8" in near.reason
+    assert "more transfers would decide" in near.reason
+    few = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.9, repeats=3))   # a median of 3 has no bounds
+    assert few.status == Status.INCONCLUSIVE and "n >= 6" in few.reason
 
 
-def _sample(label: str, p99: float, gbit: float) -> TcpClassSample:
-    return TcpClassSample(label, p99 / 2, p99, p99, 500, gbit * 1e9, 0.0, 1.0)
+def test_raw_bandwidth_over_ssh_is_the_median_of_repeated_runs():
+    runs = [BandwidthResult(g * 1e9, 10**8, 0.84, "iperf3", 7472, "h0", "h1")
+            for g in (0.93, 0.95, 0.94, 0.96, 0.92, 0.95, 0.94, 0.93, 0.95)]
+    v = raw_bandwidth_verdict(CHECKLIST, LINE, runs, [])
+    assert v.status == Status.PASS and v.measured == pytest.approx(0.94) and v.interval["n"] == 9
+    assert "median of 9" in v.reason
+
+
+def _sample(label: str, p99: float, gbit: float, n: int = 600) -> TcpClassSample:
+    # round trips: 99 % at p99 / 2, the slowest 1 % at p99; bulk flows +-1 % around gbit
+    rtts = tuple(p99 / 2 if k % 100 else p99 for k in range(n))
+    flows = tuple(gbit * 1e9 * (0.99 + 0.0025 * (k % 9)) for k in range(8))
+    return TcpClassSample(label, p99 / 2, p99, p99, n, gbit * 1e9, 0.0, 1.0, rtts, flows)
 
 
 def test_pfc_isolation_fails_when_tcp_stalls_with_the_lossless_class():
     before, after = _sample("before", 0.4, 0.95), _sample("after", 0.5, 0.95)
-    assert pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.6, 0.93), after, {}).status == Status.PASS
+    ok = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.6, 0.93), after, {})
+    assert ok.status == Status.PASS and ok.interval["method"] == "ratio of order statistics bounds (Bonferroni)"
     broken = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 300.0, 0.2), after, {})
     assert broken.status == Status.FAIL and "p99 round trip during the storm" in broken.reason
     slow = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.5, 0.5), after, {})
     assert slow.status == Status.FAIL and "throughput" in slow.reason
+    assert "bootstrap of the ratio of medians" in slow.evidence["measurements"][1]["interval"]["method"]
+    # 200 round trips during the storm: its p99 has no upper bound at 97.5 %, so the ratio cannot pass
+    thin = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.6, 0.93, n=200), after, {})
+    assert thin.status == Status.INCONCLUSIVE and "no upper bound" in thin.reason
+    merged = _sample("during", 0.6, 0.93, n=200).merged(_sample("during", 0.6, 0.93, n=400))
+    assert merged.round_trips == 600 and len(merged.throughputs_bps) == 16
+    assert pfc_isolation_verdict(CHECKLIST, before, merged, after, {}).status == Status.PASS
+    assert "rtts_ms" not in merged.to_dict()
+
+
+def _after(*gbits: float, step: float = 0.4) -> list[tuple[float, float, float]]:
+    return [(k * step, (k + 1) * step, g) for k, g in enumerate(gbits)]
+
+
+BEFORE = [1.0, 0.99, 1.01, 1.0, 0.98, 1.02, 1.0, 0.99]
 
 
 def test_flap_recovery_needs_bandwidth_back_in_time():
-    ok = flap_recovery_verdict(CHECKLIST, 1.0, [(1.0, 0.5), (3.0, 0.97)], {})
-    assert ok.status == Status.PASS and ok.evidence["measurements"][1]["value"] == 3.0
-    never = flap_recovery_verdict(CHECKLIST, 1.0, [(1.0, 0.5), (20.0, 0.6), (31.0, 0.6)], {})
-    assert never.status == Status.FAIL and "fraction of before" in never.reason
-    late = flap_recovery_verdict(CHECKLIST, 1.0, [(20.0, 0.99)], {})
+    ok = flap_recovery_verdict(CHECKLIST, BEFORE, _after(0.5, 0.97, 1.0, 0.99, 1.01, 1.0, 0.98, 1.0), {})
+    assert ok.status == Status.PASS
+    recovery = ok.evidence["measurements"][1]
+    assert recovery["value"] == pytest.approx(0.8) and recovery["interval"]["lo"] == pytest.approx(0.0)
+    never = flap_recovery_verdict(CHECKLIST, BEFORE, _after(0.5, 0.6, 0.55, 0.6, 0.58, 0.6, 0.61, 0.6), {})
+    assert never.status == Status.FAIL and "fraction of the 8 before" in never.reason
+    late = flap_recovery_verdict(CHECKLIST, BEFORE, _after(*[0.5] * 40 + [0.99] * 48, step=0.4), {})
     assert late.status == Status.FAIL and "time from the last flap" in late.reason
+    assert late.evidence["measurements"][1]["interval"]["lo"] == pytest.approx(15.6)
+    few = flap_recovery_verdict(CHECKLIST, BEFORE[:3], _after(1.0, 1.0), {})
+    assert few.status == Status.INCONCLUSIVE   # too few transfers on either side for an interval
 
 
 def test_a_cluster_without_the_fabric_is_inconclusive_with_the_reason():

@@ -1,5 +1,6 @@
 import pytest
 
+from harness.checks.intervals import measured_within
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.report import RunResult, collect_environment
@@ -12,7 +13,8 @@ def sample_result() -> RunResult:
     item4 = cl.item("6.1.4")
     samples = [{"label": "kill prefill-0 #1", "value": 0.8}, {"label": "kill decode-1 #1", "value": 3.6},
                {"label": "hang decode-0 #1", "value": 2.1}]
-    failing = judge(item4, [Measurement(item4.thresholds["reschedule_p100_s"], 3.6, "p100 rescheduling time"),
+    failing = judge(item4, [Measurement(item4.thresholds["reschedule_p100_s"], 3.6, "p100 rescheduling time",
+                                        measured_within(3.6, below=0.05, above=0.001, n=3, noun="faults")),
                             Measurement(item4.thresholds["reschedule_p95_s"], 3.45, "p95 rescheduling time")],
                     evidence={"samples": samples, "links": ["https://example.invalid/run/1"]})
     failing.test = "suites/test_item4_reschedule.py::test_kill_reschedules_within_3s"

@@ -45,3 +45,15 @@ def test_html_is_self_contained_and_escapes(tmp_path, sample_result):
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
     assert html.count('class="fault-window"') == 2  # one shaded window in each of two charts
     assert 'class="sample bad"' in html and 'class="sample ok"' in html
+    # the headline figure and each measurement show their interval beside them
+    assert '3.6 s <span class="interval">[3.55-3.6, bounds]</span>' in html
+    assert "3.6 s [3.55-3.6, bounds]</td>" in html
+
+
+def test_the_terminal_summary_shows_the_interval_beside_the_figure(sample_result):
+    from rich.console import Console
+
+    from harness.report.terminal import print_summary
+    console = Console(record=True, width=300)
+    print_summary(console, sample_result, None)
+    assert "3.6 s [3.55-3.6, bounds]" in console.export_text()
