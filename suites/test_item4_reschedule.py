@@ -236,7 +236,8 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
         _wait_busy(timeline, target["id"])
         fault = faults.inject(make_fault(kind, target, cluster))
         injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
-        marks.append(FaultMark(fault.fault_id, kind, target["id"], role, injected.started_wall))
+        marks.append(FaultMark(fault.fault_id, kind, target["id"], role, injected.started_wall,
+                               inject_s=injected.duration_s))
         seq = _wait_settled(timeline, target["id"], seq)
         faults.revert(fault)  # a kill: restarted and registered; a hang: resumed
         reverted = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "revert")

@@ -193,14 +193,15 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
     for s in samples:
         key = f"{s.label.split()[0]} {s.fault.role}"
         groups[key] = groups.get(key, 0) + 1
-    kills_short = {k: c for k, c in groups.items() if k.startswith("kill") and c < need}
+    # the minimum applies to every kind: kills of both roles, and hangs of every role hung
+    short = {k: c for k, c in groups.items() if c < need}
     for role in ("prefill", "decode"):
         if f"kill {role}" not in groups:
-            kills_short[f"kill {role}"] = 0
+            short[f"kill {role}"] = 0
     thin = None
-    if kills_short:
-        thin = ("too few kills for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(kills_short.items()))
-                + f" (need {need} per role)")
+    if short:
+        thin = ("too few faults for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(short.items()))
+                + f" (need {need} of each kind per role)")
     evidence = {
         "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4),
                      "note": s.breakdown} for s in samples],
