@@ -78,8 +78,9 @@ def _samples(times_by_fault):
 
 
 def plan(p100):
-    return [(f"{role}-{k % 2}", role, "process_kill", 0.5 + 0.1 * k) for role in ("prefill", "decode")
-            for k in range(3)] + [("decode-0", "decode", "process_hang", p100)]
+    """Three kills and three hangs of each role (min_faults_per_kind), the last hang taking ``p100``."""
+    return [(f"{role}-{k % 2}", role, kind, 0.5 + 0.1 * k) for kind in ("process_kill", "process_hang")
+            for role in ("prefill", "decode") for k in range(3)][:-1] + [("decode-0", "decode", "process_hang", p100)]
 
 
 def test_verdict_pass_fail_and_inconclusive():
@@ -91,6 +92,8 @@ def test_verdict_pass_fail_and_inconclusive():
     assert v.status is Status.FAIL and v.measured == pytest.approx(4.2) and "required <= 3 s" in v.reason
     v = reschedule_verdict(_samples(plan(1.0)[:2] + plan(1.0)[3:]), cl)
     assert v.status is Status.INCONCLUSIVE and "kill prefill x2" in v.reason
+    v = reschedule_verdict(_samples(plan(1.0)[:-2]), cl)  # the minimum applies to hangs too
+    assert v.status is Status.INCONCLUSIVE and "hang decode x1" in v.reason, v.reason
 
 
 def test_a_fault_never_rescheduled_fails_the_item():
@@ -126,5 +129,5 @@ def test_each_time_is_known_within_its_inject_step_and_the_clock_resolution():
 
 def test_the_evidence_states_the_share_of_faults_within_the_budget_with_confidence():
     v = reschedule_verdict(_samples(plan(2.4)), Checklist.load())
-    assert v.evidence["within_budget"] == ("7 of 7 faults rescheduled <= 3 s (upper bounds): with 95 % confidence "
-                                           "at least 65 % of all faults do")
+    assert v.evidence["within_budget"] == ("12 of 12 faults rescheduled <= 3 s (upper bounds): with 95 % confidence "
+                                           "at least 78 % of all faults do")  # 0.05 ** (1/12)
