@@ -202,7 +202,9 @@ def client_view_evidence(samples: Sequence[ClientRescheduleSample]) -> dict[str,
         "not_rescheduled": [f"{s.fault.label}: {s.problem}" for s in samples if s.total_s is None],
         "cut_without_error": sorted({r for s in samples for r in s.cut_without_error}),
         "samples": [{"label": s.fault.label, "value": None if s.total_s is None else round(s.total_s, 4),
-                     "note": s.breakdown} for s in samples],
+                     "note": s.breakdown, "wall": s.fault.wall, "role": s.fault.role,
+                     "new_request_s": None if s.first_new_success_s is None else round(s.first_new_success_s, 4),
+                     "longest_stall_s": round(s.longest_stall_s, 4)} for s in samples],
     }
 
 
@@ -231,6 +233,9 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     thin = _too_thin(samples, int(t["min_faults_per_kind"].value), roles, not_judged or {}, stopped)
     evidence = client_view_evidence(samples)
     evidence["rejoin"] = [{"fault": label, **r.to_dict()} for label, r in rejoins]
+    for sample, (label, r) in zip(evidence["samples"], rejoins):  # both in injection order
+        if sample["label"] == label:
+            sample["note"] += f"; {r.sentence()}"
     evidence["rejoin_definition"] = REJOIN_DEFINITION
     if not_judged:
         evidence["not_judged"] = dict(not_judged)

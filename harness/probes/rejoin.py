@@ -12,10 +12,13 @@ From the moment the worker is healthy, while load flows, the watch polls (every 
    already on the worker (stalled by a hang, then resumed) adds none: only new traffic does;
 2. **the router's own view** of that worker, where the router on ``endpoints.metrics`` exports one
    (``ROUTER_VIEWS``): its count of requests sent to the worker (label ``worker`` = the worker's
-   ``api`` URL) rises. Its circuit-breaker state is kept as evidence either way.
+   ``api`` URL) rises.
 
-The first rise from either source is when the worker was taken back (at most one poll and one
-scrape late). A worker with neither source cannot be observed: it counts as back when healthy,
+The worker is taken back at the first poll (at most one poll and one scrape late) where either
+source has risen and, when the router exports its circuit breaker for the worker, that breaker is
+closed: a half-open breaker lets a few trial requests through while the router still sends the
+rest elsewhere (measured here: vllm-router's trial requests reached a restarted instance while the
+other one, hung, got the load). The breaker's states are kept as evidence, each with its time. A worker with neither source cannot be observed: it counts as back when healthy,
 and the result says so, naming that weaker check. Scrape failures are kept, never raised: a
 metrics URL that does not answer is itself evidence.
 """
@@ -57,7 +60,8 @@ ROUTER_VIEWS = {
 
 @dataclass
 class Rejoin:
-    """One worker's way back: healthy at ``healthy_wall``, traffic through it seen at ``serving_wall``."""
+    """One worker's way back: healthy at ``healthy_wall``, first traffic at ``traffic_wall``, in the
+    cluster's rotation (traffic, and the router's breaker closed where it exports one) at ``serving_wall``."""
 
     worker: str
     limit_s: float
@@ -65,6 +69,7 @@ class Rejoin:
     watched: list[str]                  # sources read, e.g. "vllm:prompt_tokens on http://...:8102/metrics"
     kept_out_by: str = "the cluster"    # the router's name when its view was found
     serving_wall: float | None = None
+    traffic_wall: float | None = None   # the first rise (with a half-open breaker: a trial request)
     seen_by: str | None = None          # which of ``watched`` rose first
     watched_s: float = 0.0              # how long it was watched after it was healthy
     breaker: list[tuple[float, str]] = field(default_factory=list)  # (s after healthy, state) at each change
@@ -101,7 +106,8 @@ class Rejoin:
             if verb == "kept":
                 return f"{self.kept_out_by} kept {self.worker} out for {self.after_healthy_s:.0f} s after it was healthy"
             return f"{self.kept_out_by} took {self.worker} back {self.after_healthy_s:.1f} s after it was healthy"
-        return f"{self.kept_out_by} kept {self.worker} out for {self.watched_s:.0f}+ s after it was healthy"
+        breaker = f" (its circuit breaker: {self.breaker[-1][1]})" if self.breaker else ""
+        return f"{self.kept_out_by} kept {self.worker} out for {self.watched_s:.0f}+ s after it was healthy{breaker}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -253,11 +259,14 @@ class RejoinWatch:
                 continue
             if src.baseline is None:
                 src.baseline = value
-            elif value > src.baseline and not result.back:
-                result.serving_wall, result.seen_by = time.time(), src.describe()
+            elif value > src.baseline and result.traffic_wall is None:
+                result.traffic_wall, result.seen_by = time.time(), src.describe()
         result.watched = [s.describe() for s in self._live() if s.baseline is not None]
         if self._breaker is not None and by_url.get(self._breaker.url):
             self._note_breaker(by_url[self._breaker.url])  # type: ignore[arg-type]
+        in_rotation = not result.breaker or result.breaker[-1][1] == "closed"
+        if result.traffic_wall is not None and in_rotation and not result.back:
+            result.serving_wall = time.time()
 
     @staticmethod
     def _read(src: _Source, samples: list[Sample]) -> float | None:

@@ -168,6 +168,7 @@ def test_a_cluster_that_keeps_a_healthy_worker_out_fails_naming_the_router_and_t
     [m] = [m for m in v.evidence["measurements"] if m["key"] == "rejoin_limit_s"]
     assert m["value"] == pytest.approx(12.3) and m["holds"]
     assert v.evidence["rejoin"][0]["sentence"] == "vllm-router took vllm-1 back 12.3 s after it was healthy"
+    assert v.evidence["samples"][0]["note"].endswith("; vllm-router took vllm-1 back 12.3 s after it was healthy")
 
     kept = took + [("kill vllm-0", rejoin(104.4, worker="vllm-0"))]
     v = client_view_verdict(quick_faults(), Checklist.load(), rejoins=kept)

@@ -118,10 +118,14 @@ def test_the_routers_view_of_the_worker_and_its_circuit_breaker(pages):
     assert not r.back and r.kept_out_by == "vllm-router"
     assert r.sentence().startswith("vllm-router kept vllm-1 out for ")
     assert [state for _, state in r.breaker] == ["open"]
-    pages.set("/r", router(90, 21, breaker_w1=0))   # half-open trial passed: closed, a request sent to it
-    r = w.wait(600)                                  # resumed: the same watch, learning when it came back
-    assert r.back and f"worker={W1}" in r.seen_by
-    assert [state for _, state in r.breaker] == ["open", "closed"]
+    pages.set("/r", router(85, 21, breaker_w1=2))   # half open: a trial request reaches it, the rest go elsewhere
+    r = w.wait(0.3)                                  # resumed: the same watch
+    assert r.traffic_wall is not None and f"worker={W1}" in r.seen_by and not r.back
+    assert r.sentence().endswith("after it was healthy (its circuit breaker: half_open)")
+    pages.set("/r", router(90, 22, breaker_w1=0))   # the trials passed: closed, in rotation
+    r = w.wait(600)                                  # learning when it came back
+    assert r.back and r.serving_wall >= r.traffic_wall
+    assert [state for _, state in r.breaker] == ["open", "half_open", "closed"]
     assert r.sentence().startswith("vllm-router ")
 
 
