@@ -8,7 +8,10 @@ killed instance back (evidence ``rejoin``: healthy -> new prompt tokens on it an
 for it closed, with the breaker's states), the hang is injected only after that (or the run says why it stopped), and the hang is
 judged while the other instance serves: a request sent after the hang was served. One kill and one
 hang are fewer than ``min_faults_per_kind``: the verdict can only fail (the hang's ~8 s stall, which
-vllm-router does not route around) or be inconclusive, never pass."""
+vllm-router does not route around) or be inconclusive, never pass. Seen here (2 busy cores): restart
+237 s, vllm-router kept vllm-1 out 109 s after it was healthy (breaker open, half_open at +108.7 s,
+closed at +109.4 s), the hang injected 0.7 s after that, a new request served 0.95 s into the hang,
+stall 10.1 s: 6.1.4 fail; 8 min in all (vLLM start-up 88 s)."""
 
 from __future__ import annotations
 
@@ -58,6 +61,6 @@ def test_a_killed_instance_is_back_when_vllm_router_sends_it_traffic_before_the_
         assert "not injected: hang aggregated" in ev["stopped"] and v["status"] == "fail", v["reason"]
     if kill["kept_out_s"] > 60.0:   # beyond rejoin_limit_s: a finding named in the verdict's one line
         assert "vllm-router kept vllm-" in v["reason"] and v["status"] == "fail", v["reason"]
-    reverted = [r for r in data.get("fault_records", data.get("faults", [])) if isinstance(r, dict)
-                and r.get("action") == "verify_reverted" and r.get("kind") == "process_kill"]
-    assert not reverted or "is healthy again; vllm-router " in reverted[0]["output"], reverted
+    # the kill's revert record: healthy, then what the router did within rejoin_limit_s (never a failed revert)
+    [reverted] = [r for r in data["faults"] if r["action"] == "verify_reverted" and r["kind"] == "process_kill"]
+    assert reverted["output"].startswith(f"{kill['worker']} is healthy again; vllm-router "), reverted
