@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
+from harness.errors import ProbeError
 from harness.probes.prometheus import ENGINE_PROFILES, Sample, parse_metrics
 
 log = logging.getLogger(__name__)
@@ -96,16 +97,17 @@ class Rejoin:
         return self.after_healthy_s if self.back else self.watched_s
 
     def sentence(self) -> str:
+        """The one line the report shows for this worker's way back."""
         if not self.observable:
             why = (f"its metrics could not be read: {self.problems[-1]}" if self.problems
                    else "no metrics URL on the worker and no router view of it")
             return (f"{self.worker} answers its health URL; whether the cluster sends it traffic cannot be observed "
                     f"({why}): back by health alone, a weaker check")
-        if self.back:
-            verb = "took" if self.after_healthy_s <= self.limit_s else "kept"  # type: ignore[operator]
-            if verb == "kept":
-                return f"{self.kept_out_by} kept {self.worker} out for {self.after_healthy_s:.0f} s after it was healthy"
-            return f"{self.kept_out_by} took {self.worker} back {self.after_healthy_s:.1f} s after it was healthy"
+        took = self.after_healthy_s
+        if took is not None and took > self.limit_s:
+            return f"{self.kept_out_by} kept {self.worker} out for {took:.0f} s after it was healthy"
+        if took is not None:
+            return f"{self.kept_out_by} took {self.worker} back {took:.1f} s after it was healthy"
         breaker = f" (its circuit breaker: {self.breaker[-1][1]})" if self.breaker else ""
         return f"{self.kept_out_by} kept {self.worker} out for {self.watched_s:.0f}+ s after it was healthy{breaker}"
 
@@ -163,6 +165,7 @@ class RejoinWatch:
         self.worker, self.worker_api, self.limit_s, self.poll_s = worker, worker_api, limit_s, poll_s
         self._headers = dict(headers or {})
         self._router_metrics = router_metrics
+        self._router_read = not router_metrics   # True once the router's page was read (or there is none)
         self._breaker: _Source | None = None
         self._sources: list[_Source] = []
         quantities = ENGINE_PROFILES.get(profile or "", {})
@@ -185,7 +188,6 @@ class RejoinWatch:
         self.healthy_mono = time.monotonic()
         self.result = Rejoin(self.worker, self.limit_s, time.time(), watched=[])
         with httpx.Client(timeout=5.0, headers=self._headers) as http:
-            self._find_router(http)
             self._poll(http)
         return self.result
 
@@ -198,11 +200,12 @@ class RejoinWatch:
         return self.wait(self.limit_s).sentence()
 
     def wait(self, timeout_s: float) -> Rejoin:
-        """Poll until traffic is seen through the worker or ``timeout_s`` more seconds have passed."""
+        """Poll until the worker is back (traffic through it, the router's breaker for it closed where
+        exported) or ``timeout_s`` more seconds have passed; resumable."""
         result = self.result or self.start()
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0, headers=self._headers) as http:
-            while self._live() and not result.back and time.monotonic() < deadline:
+            while (self._live() or not self._router_read) and not result.back and time.monotonic() < deadline:
                 time.sleep(self.poll_s)  # the cluster's own pace: nothing to do until the next scrape
                 self._poll(http)
         if not result.back:
@@ -225,19 +228,22 @@ class RejoinWatch:
             resp = http.get(url)
             if resp.status_code != 200:
                 raise httpx.HTTPError(f"HTTP {resp.status_code}")
-        except httpx.HTTPError as exc:
+            prefixes = tuple(families)
+            return parse_metrics("\n".join(line for line in resp.text.splitlines() if line.startswith(prefixes)))
+        except (httpx.HTTPError, ProbeError) as exc:
             problems = self.result.problems if self.result else []
             problems.append(f"+{self._since_healthy():.1f} s {url}: {exc}")
             del problems[:-_KEPT_PROBLEMS]
             return None
-        prefixes = tuple(families)
-        return parse_metrics("\n".join(line for line in resp.text.splitlines() if line.startswith(prefixes)))
 
     def _find_router(self, http: httpx.Client) -> None:
-        if not self._router_metrics:
-            return
+        """Does the router on endpoints.metrics export a view of its workers (ROUTER_VIEWS)? Asked
+        until its page could be read once."""
         views = list(ROUTER_VIEWS.items())
-        samples = self._scrape(http, self._router_metrics, [v.sent for _, v in views]) or []
+        samples = self._scrape(http, self._router_metrics, [v.sent for _, v in views])  # type: ignore[arg-type]
+        if samples is None:
+            return
+        self._router_read = True
         for name, view in views:
             if _total(samples, view.sent, _any) is not None:
                 assert self.result is not None
@@ -249,6 +255,8 @@ class RejoinWatch:
     def _poll(self, http: httpx.Client) -> None:
         result = self.result
         assert result is not None
+        if not self._router_read:
+            self._find_router(http)
         by_url: dict[str, list[Sample] | None] = {}
         for src in self._live():
             if src.url not in by_url:

@@ -141,3 +141,7 @@ def test_a_metrics_url_that_fails_is_evidence_never_an_error(pages):
     r = watch(pages.set("/w", "boom", status=500)).wait(0.3)
     assert not r.observable and not r.back
     assert "its metrics could not be read" in r.sentence() and "HTTP 500" in r.sentence()
+    r = watch(pages.set("/w", 'vllm:prompt_tokens_total{engine="0" 12\n')).wait(0.3)   # not Prometheus text
+    assert not r.observable and "not Prometheus text format" in r.sentence()
+    r = watch(router_metrics=pages.set("/r", "down", status=503), profile="openai").wait(0.3)   # router down
+    assert not r.observable and "HTTP 503" in r.sentence()
