@@ -315,23 +315,36 @@ def _not_judged(verdict: Verdict, lone: dict[str, str]) -> Verdict:
 
 
 BLACKBOX_LOAD_MAX_S = 3600.0  # upper bound of the load run; it is finished after the last fault
+# after the last fault's revert the load goes on until a request sent after that fault was served (what
+# 6.1.4 measures has had its chance), at most this long: one client-view fault window
+BLACKBOX_TAIL_S = 30.0
 
 
 def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
     """6.1.4 on a cluster without router events: the inventory's workers killed and hung under load
-    (harness/probes/blackbox_faults.py), judged from the client records alone
-    (harness/checks/reschedule_blackbox.py): until the streams on the victim ended and a new request
-    was served, and the longest stall clients saw (a hang the cluster does not detect shows there)."""
+    (harness/probes/blackbox_faults.py), each back in the cluster's traffic before the next fault, judged
+    from the client records alone (harness/checks/reschedule_blackbox.py): until the streams on the victim
+    ended and a new request was served, the longest stall clients saw (a hang the cluster does not detect
+    shows there), and how long the cluster kept each restarted worker out after it was healthy. A role with
+    one worker is not faulted (nothing can take over); too few faults of a kind leave it inconclusive."""
     checklist = cluster.thresholds
+    not_judged = blackbox.without_survivor(cluster.workers)
     steps = blackbox.plan(cluster.workers, harness_options.kills)
+    roles = list(dict.fromkeys(role for _, role in steps))
     budget = checklist.threshold(ITEM, "reschedule_p100_s").value
     observe_s = budget + 2.0  # the cluster must cope alone for longer than the budget
     if harness_options.dry_run:
         lines = blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s)
+        lines += [f"not faulted: {why}" for why in not_judged.values()]
         for line in lines:
             print(f"[dry-run] {line}", flush=True)
         conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected",
                                         plan=lines))
+        return
+    if not steps:  # every role has a single worker (or none can be faulted): nothing to judge, say why
+        why = "; ".join(not_judged.values()) or "no worker of the inventory can be faulted"
+        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {why}",
+                                        not_judged=not_judged))
         return
     try:  # a production cluster refuses the faults: say so before any load is sent, never crash
         for kind in sorted({k for k, _ in steps}):
@@ -347,15 +360,30 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
         _wait_serving(run)
         done = blackbox.run_faults(cluster, faults, steps, seed=harness_options.seed, observe_s=observe_s,
                                    before_each=lambda: None if run.running else _load_ended(run))
+        _serve_after_last_fault(run, done.faults[-1].wall if done.faults else None)
     finally:
         records = run.finish() if run.running else run.wait()
     samples = measure_client_view(done.faults, records)
-    verdict = client_view_verdict(samples, checklist)
+    verdict = client_view_verdict(samples, checklist, rejoins=done.rejoins, roles=roles, not_judged=not_judged,
+                                  stopped=done.stopped)
     links = run_links(run)
     verdict.evidence.update(links=links, requests=len(records), restart_s=done.restart_s,
                             plan=[f"{k} {r}" for k, r in steps])
     conformance.record(verdict)
     finish_suite(conformance, cluster, records, expected=None, links=links, faults=faults)
+
+
+def _serve_after_last_fault(run: Any, fault_wall: float | None) -> None:
+    """Keep the load running until a request sent after the last fault was served (up to
+    BLACKBOX_TAIL_S), so that "no request sent after the fault succeeded" is measured, not planned."""
+    from harness.checks.reschedule_blackbox import first_success_sent_after  # here: the lead owns the imports above
+
+    if fault_wall is None:
+        return
+    if not wait_until(lambda: not run.running or first_success_sent_after(run.records(), fault_wall) is not None,
+                      BLACKBOX_TAIL_S, 1.0, what="a request sent after the last fault to be served",
+                      on_timeout="return"):
+        log.warning("no request sent after the last fault was served within %.0f s", BLACKBOX_TAIL_S)
 
 
 def _wait_serving(run: Any, what: str = "the load") -> None:

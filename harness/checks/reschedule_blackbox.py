@@ -18,13 +18,18 @@ A hang is judged by the stall clients see: the **stall watchdog** is the longest
 consecutive events (send, each chunk, end) of any stream in flight across the fault window. A
 stream that ended without a final state, or was cut with no error from the server, is a
 nothing-lost failure and is named.
+
+A worker the harness restarted or resumed must also be taken back: the longest time the cluster
+kept a healthy worker out of its traffic (harness/probes/rejoin.py) is judged against the item's
+``rejoin_limit_s``; the one-line reason names it ("vllm-router kept vllm-1 out for 104 s after it
+was healthy") whether or not it is the headline.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
 from harness.checks.reschedule import time_measurements
@@ -32,6 +37,7 @@ from harness.checks.stats import DEFINITION, nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
+from harness.probes.rejoin import Rejoin
 
 DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
 
@@ -42,7 +48,7 @@ class ClientFault:
 
     wall: float
     victims: tuple[str, ...]
-    role: str | None = None      # "prefill", "decode" or None: for the report (the measurement needs no role)
+    role: str | None = None      # "prefill", "decode", "aggregated" or None: for the report and the counts per role
     label: str = ""
 
 
@@ -129,6 +135,15 @@ def measure_client_view(faults: Sequence[ClientFault], records: Iterable[Request
     return out
 
 
+def first_success_sent_after(records: Iterable[RequestRecord], wall: float) -> float | None:
+    """Wall time of the first token of the earliest request sent at or after ``wall`` that completed
+    ok (new work served after a fault); None when there is none yet."""
+    firsts = [_wall(r, r.first_token_ns) for r in records
+              if r.ok and r.finish_reason != "error" and r.first_token_ns is not None
+              and (_wall(r, r.sent_ns) or 0.0) >= wall]
+    return min((f for f in firsts if f is not None), default=None)
+
+
 def _measure_one(fault: ClientFault, records: list[RequestRecord], until: float) -> ClientRescheduleSample:
     s = ClientRescheduleSample(fault)
     for rec in records:  # the watchdog: every stream open at any time in the window, old or new
@@ -154,10 +169,7 @@ def _measure_one(fault: ClientFault, records: list[RequestRecord], until: float)
         else:
             s.cut_without_error.append(rec.request_id)
     s.affected_ended_s = max(ends, default=0.0 if not s.affected else None)
-    firsts = [_wall(r, r.first_token_ns) for r in records
-              if r.ok and r.finish_reason != "error" and r.first_token_ns is not None
-              and (_wall(r, r.sent_ns) or 0.0) >= fault.wall]
-    first = min((f for f in firsts if f is not None), default=None)
+    first = first_success_sent_after(records, fault.wall)
     s.first_new_success_s = None if first is None else first - fault.wall
     if s.never_ended or s.cut_without_error:
         s.problem = (f"{len(s.never_ended)} stream(s) on the victim never ended, {len(s.cut_without_error)} were cut "
@@ -190,18 +202,97 @@ def client_view_evidence(samples: Sequence[ClientRescheduleSample]) -> dict[str,
         "not_rescheduled": [f"{s.fault.label}: {s.problem}" for s in samples if s.total_s is None],
         "cut_without_error": sorted({r for s in samples for r in s.cut_without_error}),
         "samples": [{"label": s.fault.label, "value": None if s.total_s is None else round(s.total_s, 4),
-                     "note": s.breakdown} for s in samples],
+                     "note": s.breakdown, "wall": s.fault.wall, "role": s.fault.role,
+                     "new_request_s": None if s.first_new_success_s is None else round(s.first_new_success_s, 4),
+                     "longest_stall_s": round(s.longest_stall_s, 4)} for s in samples],
     }
 
 
-def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Checklist) -> Verdict:
+def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Checklist, *,
+                        rejoins: Sequence[tuple[str, Rejoin]] = (), roles: Sequence[str] | None = None,
+                        not_judged: Mapping[str, str] | None = None, stopped: str | None = None) -> Verdict:
     """6.1.4 judged from the client's view alone (a cluster without router events): the
-    rescheduling times and the longest stall against the item's 3 s, and every fault completed."""
+    rescheduling times and the longest stall against the item's 3 s, every fault completed, and
+    each restarted or resumed worker taken back by the cluster within ``rejoin_limit_s``.
+
+    Too little evidence never passes: fewer than ``min_faults_per_kind`` kills or hangs of a judged
+    role (``roles``, default: those faulted), a plan that stopped early (``stopped``), or no role
+    with a survivor (``not_judged``: role -> why) make it inconclusive unless a measurement fails."""
     item = checklist.item("6.1.4")
     t = item.thresholds
     stalls = [s.longest_stall_s for s in samples]
+    # Intervals: the p95/p100 rescheduling times and the stall are point figures over the faults here;
+    # the interval functions of harness/checks/stats.py (issue 23, part 1) take their place in these
+    # Measurements when they land, and an undecided interval reads as too thin below.
     measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time")
     measurements.insert(2, Measurement(t["reschedule_p100_s"], max(stalls) if stalls else None,
                                        "longest stall a client saw across a fault"))
-    thin = None if samples else "no fault was injected"
-    return judge(item, measurements, evidence=client_view_evidence(samples), inconclusive_because=thin)
+    rejoin = rejoin_measurement(t, [r for _, r in rejoins])
+    if rejoin is not None:
+        measurements.append(rejoin)
+    thin = _too_thin(samples, int(t["min_faults_per_kind"].value), roles, not_judged or {}, stopped)
+    evidence = client_view_evidence(samples)
+    evidence["rejoin"] = [{"fault": label, **r.to_dict()} for label, r in rejoins]
+    for sample, (label, r) in zip(evidence["samples"], rejoins):  # both in injection order
+        if sample["label"] == label:
+            sample["note"] += f"; {r.sentence()}"
+    evidence["rejoin_definition"] = REJOIN_DEFINITION
+    if not_judged:
+        evidence["not_judged"] = dict(not_judged)
+    if stopped:
+        evidence["stopped"] = stopped
+    verdict = judge(item, measurements, evidence=evidence, inconclusive_because=thin)
+    # the one line names every way the cluster was not whole, and every role left unjudged
+    extra = []
+    worst = _worst(rejoins)
+    if rejoin is not None and worst is not None and not rejoin.threshold.holds(rejoin.value) \
+            and worst.sentence() not in verdict.reason:
+        extra.append(f"also: {worst.sentence()}")
+    if not_judged and samples:
+        extra.append("not judged: " + "; ".join(not_judged.values()))
+    if extra:
+        verdict.reason = f"{verdict.reason.rstrip('.')}; {'; '.join(extra)}"
+    return verdict
+
+
+REJOIN_DEFINITION = ("a restarted or resumed worker is back when the cluster serves through it again: from its health "
+                     "URL answering 200 until a counter of new work rises on its own metrics (prompt tokens, else "
+                     "finished requests, else generated tokens) or in the router's view of it (requests sent to "
+                     "it); a worker with neither counts as back when healthy, a weaker check named in its entry")
+
+
+def _worst(rejoins: Sequence[tuple[str, Rejoin]]) -> Rejoin | None:
+    seen = [r for _, r in rejoins if r.kept_out_s is not None]
+    return max(seen, key=lambda r: r.kept_out_s or 0.0, default=None)
+
+
+def rejoin_measurement(t: Mapping[str, Any], rejoins: Sequence[Rejoin]) -> Measurement | None:
+    """The longest time the cluster kept a healthy worker out, against ``rejoin_limit_s``; None when
+    no rejoin could be observed (each entry of the evidence says why)."""
+    seen = [r for r in rejoins if r.kept_out_s is not None]
+    if not seen:
+        return None
+    worst = max(seen, key=lambda r: r.kept_out_s or 0.0)
+    return Measurement(t["rejoin_limit_s"], worst.kept_out_s,
+                       f"longest time a healthy worker was kept out of the cluster's traffic, over {len(seen)} "
+                       f"restart(s) or resume(s) ({worst.sentence()})")
+
+
+def _too_thin(samples: Sequence[ClientRescheduleSample], need: int, roles: Sequence[str] | None,
+              not_judged: Mapping[str, str], stopped: str | None) -> str | None:
+    """Why the evidence cannot support a pass, or None."""
+    if not samples:
+        return "; ".join(not_judged.values()) if not_judged else "no fault was injected"
+    counts: dict[str, int] = {}
+    for s in samples:
+        key = f"{s.fault.label.split()[0]} {s.fault.role}"
+        counts[key] = counts.get(key, 0) + 1
+    judged = list(roles) if roles is not None else list(dict.fromkeys(str(s.fault.role) for s in samples))
+    short = [f"{kind} {role} x{counts.get(f'{kind} {role}', 0)}" for role in judged for kind in ("kill", "hang")
+             if counts.get(f"{kind} {role}", 0) < need]
+    why = []
+    if stopped:
+        why.append(stopped)
+    if short:
+        why.append(f"too few faults for a distribution: {', '.join(short)} (need {need} of each kind per role)")
+    return "; ".join(why) or None

@@ -195,7 +195,13 @@ class ProcessKill(ProcessFault):
     """SIGKILL or SIGTERM the target; verified by the pid being gone. Revert restarts the worker
     through the cluster's restart hook (a callable taking the worker id, or a command run on the
     worker's host) and waits for the healthy hook; without hooks the revert is a recorded no-op.
-    Restart hooks should be idempotent: after a crash mid-revert the next recovery runs it again."""
+    Restart hooks should be idempotent: after a crash mid-revert the next recovery runs it again.
+
+    ``rejoined`` (optional, a callable taking the worker id and returning one line): called once the
+    worker is healthy, it waits, within its own limit, until the cluster serves through the worker
+    again (harness/probes/rejoin.py) and says whether and when it did. A cluster that keeps a healthy
+    worker out is the cluster's doing, judged as a finding: the hook reports it and never raises, so
+    it never reads as a failed revert."""
 
     kind: ClassVar[str] = "process_kill"
 
@@ -208,6 +214,7 @@ class ProcessKill(ProcessFault):
     restart_hook_name: str | None = None    # a callable's name, so a recovery can say what it cannot call
     restart: HookCallable | None = no_ledger(default=None)
     healthy: Callable[[str], bool] | None = no_ledger(default=None)
+    rejoined: HookCallable | None = no_ledger(default=None)
     _restarted: bool = no_ledger(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -285,7 +292,10 @@ class ProcessKill(ProcessFault):
             else:
                 ok = ex.run(self.healthy_cmd, timeout=COMMAND_TIMEOUT_S, check=False).rc == 0  # type: ignore[arg-type]
             if ok:
-                return f"{self.worker_id or self.target} is healthy again"
+                healthy = f"{self.worker_id or self.target} is healthy again"
+                if self.rejoined is None:
+                    return healthy
+                return f"{healthy}; {self.rejoined(self.worker_id or str(self.pid))}"
             if time.monotonic() >= deadline:
                 raise FaultError(f"{self.kind}: {self.worker_id or self.target} not healthy "
                                  f"{self.healthy_timeout_s}s after restart", fix="check the worker's logs")
@@ -320,6 +330,10 @@ class ProcessKill(ProcessFault):
                                          f"poll until rc 0, up to {self.healthy_timeout_s}s"))
         else:
             lines.append("verify_reverted: nothing to check")
+        if self.rejoined is not None:
+            lines.append(f"verify_reverted: then call rejoin hook {_hook_name(self.rejoined)}"
+                         f"({self.worker_id or self.pid!r}): wait until the cluster serves through it (reported, "
+                         "never a failed revert)")
         return lines
 
 

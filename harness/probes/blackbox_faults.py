@@ -1,19 +1,28 @@
 """Item 6.1.4 on a cluster the harness knows only from outside (no admin API): kill and hang the
 workers of the cluster file's inventory under load, and keep what the client-view measurement
-(harness/checks/reschedule_blackbox.py) needs: each fault's time, victim and role.
+(harness/checks/reschedule_blackbox.py) needs: each fault's time, victim and role, and how each
+victim came back.
 
-Per fault, on a worker picked (seeded) among the inventory's workers of the planned role, its
-process found afresh on its host (harness/probes/inventory.py: pids change at every restart):
+Only roles with two or more workers are faulted: with one, nothing can take over its work, so its
+faults would measure an outage by design (``without_survivor`` names them; 6.1.4 says so). Per
+fault, on a worker picked (seeded) among the inventory's workers of the planned role, its process
+found afresh on its host (harness/probes/inventory.py: pids change at every restart):
 
 * **kill** (SIGKILL, ProcessKill): the fault is held for ``observe_s`` (the checklist's 3 s plus a
   margin) so the cluster must reschedule by itself, then reverted: the worker's restart command
-  is run, or a supervised worker's service manager brings it back; either way the harness waits
-  until the worker's process is a new one and its health URL answers 200 (a dying API server
-  may still answer for a few seconds). Only restartable workers are killed.
+  is run, or a supervised worker's service manager brings it back; either way the revert waits
+  until the worker runs as a new process (not the killed pid: a dying API server may still answer
+  for a few seconds) whose health URL answers 200.
 * **hang** (SIGSTOP, ProcessHang): held for ``hang_s`` (default 8 s: longer than the 3 s budget,
   so a cluster that does not detect the hang shows it as a stall clients see), then SIGCONT.
 
-Every fault goes through the fault runner (ledger before injection, revert on every exit path).
+After either, the worker is **back** when the cluster serves through it again, not when it is
+healthy (harness/probes/rejoin.py): the revert waits up to the checklist's ``rejoin_limit_s``
+(the judged limit), then, when it is still out, up to ``REJOIN_WATCH_MAX_S`` after it was healthy
+to learn when it came back. The next fault is injected only once it is back: a worker still out
+then stops the plan, and ``BlackboxRun.stopped`` says why (faulting the rest would fault a cluster
+that is not whole). Every fault goes through the fault runner (ledger before injection, revert on
+every exit path).
 """
 
 from __future__ import annotations
@@ -28,12 +37,15 @@ from harness.checks.reschedule_blackbox import ClientFault
 from harness.errors import FaultError
 from harness.faults import ProcessHang, ProcessKill
 from harness.probes.inventory import InventoryWorker, locate_pid, resolve, wait_healthy
-from harness.waiting import WaitTimeoutError, wait_until
+from harness.probes.rejoin import Rejoin, RejoinWatch
 
 log = logging.getLogger(__name__)
 
 HANG_S = 8.0
 RESTART_TIMEOUT_S = 600.0   # a vLLM instance restarts in 50-100 s on a 2-core machine; over 240 s seen under load
+# past the judged limit, how long after it was healthy a worker is still watched, to say when the cluster took
+# it back (vllm-router: 100+ s measured here) before the plan stops
+REJOIN_WATCH_MAX_S = 300.0
 
 
 @dataclass
@@ -41,15 +53,27 @@ class BlackboxRun:
     faults: list[ClientFault] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)      # what was planned but not done, and why
     restart_s: list[float] = field(default_factory=list)
+    rejoins: list[tuple[str, Rejoin]] = field(default_factory=list)  # (fault label, how its victim came back)
+    stopped: str | None = None                          # why the plan ended before its last fault
 
 
-def plan(workers: Sequence[Any], kills_per_role: int) -> list[tuple[str, str]]:
-    """(kind, role) per fault: ``kills_per_role`` kills of each role that has a restartable worker,
-    then one hang of each role."""
-    roles = list(dict.fromkeys(str(w.role) for w in workers))
+def without_survivor(workers: Sequence[Any]) -> dict[str, str]:
+    """Role -> why its faults are not judged: a role with one worker has nothing to take over."""
+    names: dict[str, list[str]] = {}
+    for w in workers:
+        names.setdefault(str(w.role), []).append(str(w.name))
+    return {role: f"only one {role} worker ({ws[0]}): nothing can take over" for role, ws in names.items()
+            if len(ws) < 2}
+
+
+def plan(workers: Sequence[Any], faults_per_role: int) -> list[tuple[str, str]]:
+    """(kind, role) per fault: ``faults_per_role`` kills of each role that has a restartable worker,
+    then ``faults_per_role`` hangs of each role; roles without a survivor (``without_survivor``) get none."""
+    lone = without_survivor(workers)
+    roles = [r for r in dict.fromkeys(str(w.role) for w in workers) if r not in lone]
     restartable = {str(w.role) for w in workers if w.restartable}
-    kills = [("process_kill", r) for _ in range(kills_per_role) for r in roles if r in restartable]
-    return kills + [("process_hang", r) for r in roles]
+    kills = [("process_kill", r) for _ in range(faults_per_role) for r in roles if r in restartable]
+    return kills + [("process_hang", r) for _ in range(faults_per_role) for r in roles]
 
 
 def describe_plan(workers: Sequence[Any], steps: Sequence[tuple[str, str]], hang_s: float, observe_s: float) -> list[str]:
@@ -77,8 +101,12 @@ def _locator(w: Any, which: str = "process") -> str:
 
 
 def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, seed: int, hang_s: float = HANG_S,
-               observe_s: float = 5.0, before_each: Callable[[], None] | None = None) -> BlackboxRun:
-    """Inject, hold and revert each planned fault in turn (see the module doc)."""
+               observe_s: float = 5.0, before_each: Callable[[], None] | None = None,
+               rejoin_limit_s: float | None = None) -> BlackboxRun:
+    """Inject, hold and revert each planned fault in turn, each victim back before the next fault
+    (see the module doc); ``rejoin_limit_s`` defaults to the checklist's 6.1.4 ``rejoin_limit_s``."""
+    limit = (cluster.thresholds.threshold("6.1.4", "rejoin_limit_s").value
+             if rejoin_limit_s is None else rejoin_limit_s)
     out = BlackboxRun()
     executor_for = faults.executor_factory
     for i, (kind, role) in enumerate(steps):
@@ -89,10 +117,12 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
         spec = random.Random(seed + i).choice(specs)
         target: InventoryWorker = resolve([spec], executor_for,
                                           which="process" if kind == "process_kill" else "hang_process")[0]
-        fault_role = role if role in ("prefill", "decode") else None
+        watch = RejoinWatch.for_worker(cluster, spec, limit)
         if kind == "process_kill":
+            restarted = _NewProcess(spec, target, executor_for(target.host))
             fault = ProcessKill.from_worker(target.as_target(), restart_cmd=target.restart_cmd,
                                             supervised=target.supervised, healthy_url=target.health_url,
+                                            healthy=restarted.answers, rejoined=watch.hook,
                                             healthy_timeout_s=RESTART_TIMEOUT_S)
             hold = observe_s
         else:
@@ -100,38 +130,45 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
             hold = hang_s
         faults.inject(fault)
         injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
-        out.faults.append(ClientFault(injected.started_wall, (target.id,), fault_role,
-                                      f"{'kill' if kind == 'process_kill' else 'hang'} {target.id}"))
+        label = f"{'kill' if kind == 'process_kill' else 'hang'} {target.id}"
+        out.faults.append(ClientFault(injected.started_wall, (target.id,), role, label))
         time.sleep(hold)  # the cluster must cope by itself for this long: the measurement window
         t_revert = time.monotonic()
-        faults.revert(fault)
+        faults.revert(fault)  # a kill's revert: restarted, healthy as a new process, then watched (its hook)
         if kind == "process_kill":
-            _wait_new_process(spec, target, executor_for(target.host), RESTART_TIMEOUT_S)
-            out.restart_s.append(round(time.monotonic() - t_revert, 2))
+            out.restart_s.append(round((watch.healthy_mono or time.monotonic()) - t_revert, 2))
         elif wait_healthy(target.health_url, RESTART_TIMEOUT_S) is None:
             raise FaultError(f"{target.id} does not answer {target.health_url} after its hang was reverted",
                              fix="check the worker's log")
+        rejoin = watch.wait(limit) if watch.result is None else watch.result
+        if rejoin.observable and not rejoin.back:  # a finding already; how long past it, outside the revert
+            rejoin = watch.wait(max(REJOIN_WATCH_MAX_S, limit) - rejoin.watched_s)
+        out.rejoins.append((label, rejoin))
+        if rejoin.observable and not rejoin.back and i + 1 < len(steps):
+            rest = ", ".join(f"{'kill' if k == 'process_kill' else 'hang'} {r}" for k, r in steps[i + 1:])
+            out.stopped = (f"stopped after {label}: {rejoin.sentence()}; not injected: {rest} (they would fault a "
+                           "cluster that is not whole)")
+            log.warning("%s", out.stopped)
+            break
     return out
 
 
-def _wait_new_process(spec: Any, old: InventoryWorker, ex: Any, timeout_s: float) -> None:
-    """Until the worker runs as a new process (not the killed pid) and its health URL answers 200."""
-    def new_pid() -> int | None:
+@dataclass
+class _NewProcess:
+    """ProcessKill's healthy hook for an inventory worker: it runs as a new process (not the killed
+    pid) and its health URL answers 200."""
+
+    spec: Any
+    old: InventoryWorker
+    ex: Any
+
+    def answers(self, worker_id: str) -> bool:
+        del worker_id  # the hook knows its worker
         try:
-            return locate_pid(spec, ex)
+            pid = locate_pid(self.spec, self.ex)
         except FaultError:
-            return None  # between the old process's exit and the new one's start
-
-    def back(pid: int | None) -> bool:
-        return pid is not None and pid != old.pid and wait_healthy(old.health_url, 1.0) is not None
-
-    try:  # polled every second: a restart takes seconds to minutes
-        wait_until(new_pid, timeout_s, 1.0, what=f"{old.id} to come back", accept=back)
-    except WaitTimeoutError as exc:
-        pid = exc.last_value
-        raise FaultError(f"{old.id} did not come back within {timeout_s:.0f} s after it was killed "
-                         f"(process {'found: ' + str(pid) if pid else 'not found'})",
-                         fix="check its restart command or service manager and its log") from exc
+            return False  # between the old process's exit and the new one's start
+        return pid != self.old.pid and wait_healthy(self.old.health_url, 1.0) is not None
 
 
-__all__ = ["BlackboxRun", "HANG_S", "describe_plan", "plan", "run_faults"]
+__all__ = ["BlackboxRun", "HANG_S", "REJOIN_WATCH_MAX_S", "describe_plan", "plan", "run_faults", "without_survivor"]

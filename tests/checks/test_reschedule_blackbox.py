@@ -4,10 +4,11 @@ perf 0 == wall 0, so perf ns are wall ns), a fault time and its victim."""
 import pytest
 
 from harness.checks.reschedule_blackbox import (ClientFault, client_view_evidence, client_view_verdict,
-                                                longest_stall, measure_client_view)
+                                                first_success_sent_after, longest_stall, measure_client_view)
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord
+from harness.probes.rejoin import Rejoin
 
 T0 = 1_000.0
 NS = 1_000_000_000
@@ -115,7 +116,8 @@ def test_each_fault_window_ends_at_the_next_fault_and_the_distribution_is_neares
     assert [s.total_s for s in samples] == pytest.approx([0.5, 1.0, 2.0])
     ev = client_view_evidence(samples)
     assert ev["reschedule_s"]["p50"] == pytest.approx(1.0) and ev["reschedule_s"]["p100"] == pytest.approx(2.0)
-    assert client_view_verdict(samples, Checklist.load()).status is Status.PASS
+    v = client_view_verdict(samples, Checklist.load())   # three kills and no hang: too little to pass
+    assert v.status is Status.INCONCLUSIVE and "hang decode x0 (need 3 of each kind per role)" in v.reason
 
 
 def test_longest_stall_counts_only_gaps_that_overlap_the_window():
@@ -130,3 +132,79 @@ def test_fault_marks_of_the_engine_measurement_convert():
 
     [f] = client_faults([FaultMark("f1", "process_hang", "prefill-1", "prefill", T0)])
     assert f == ClientFault(T0, ("prefill-1",), "prefill", "hang prefill-1")
+
+
+def quick_faults(kinds=("kill", "hang"), n=3, role="aggregated", victim="vllm-1", stall_s=0.5):
+    """n faults of each kind, 10 s apart, each recovered ``stall_s`` after it (records of both)."""
+    faults, records = [], []
+    for i, kind in enumerate(k for k in kinds for _ in range(n)):
+        f = ClientFault(T0 + 10 * i, (victim,), role, f"{kind} {victim}")
+        faults.append(f)
+        records += [stream(f"on{i}", f.wall - 0.2, [f.wall - 0.1, f.wall + stall_s], end=f.wall + stall_s,
+                           served_by=f.victims),
+                    stream(f"new{i}", f.wall + 0.05, [f.wall + 0.1], end=f.wall + 0.2, served_by=("x",))]
+    return measure_client_view(faults, records)
+
+
+def rejoin(kept_out_s=None, *, worker="vllm-1", router="vllm-router", watched=("vllm:prompt_tokens on URL",),
+           watched_s=0.0):
+    return Rejoin(worker, 60.0, T0, list(watched), router, None if kept_out_s is None else T0 + kept_out_s,
+                  watched_s=watched_s)
+
+
+def test_enough_faults_of_each_kind_pass_and_too_few_never_do_but_still_fail():
+    assert client_view_verdict(quick_faults(), Checklist.load()).status is Status.PASS
+    v = client_view_verdict(quick_faults(n=1), Checklist.load())
+    assert v.status is Status.INCONCLUSIVE
+    assert "kill aggregated x1, hang aggregated x1 (need 3 of each kind per role)" in v.reason
+    v = client_view_verdict(quick_faults(n=1, stall_s=8.0), Checklist.load())   # one 8 s stall is proof enough
+    assert v.status is Status.FAIL
+
+
+def test_a_cluster_that_keeps_a_healthy_worker_out_fails_naming_the_router_and_the_worker():
+    took = [("kill vllm-1", rejoin(12.3))]
+    v = client_view_verdict(quick_faults(), Checklist.load(), rejoins=took)
+    assert v.status is Status.PASS
+    [m] = [m for m in v.evidence["measurements"] if m["key"] == "rejoin_limit_s"]
+    assert m["value"] == pytest.approx(12.3) and m["holds"]
+    assert v.evidence["rejoin"][0]["sentence"] == "vllm-router took vllm-1 back 12.3 s after it was healthy"
+    assert v.evidence["samples"][0]["note"].endswith("; vllm-router took vllm-1 back 12.3 s after it was healthy")
+
+    kept = took + [("kill vllm-0", rejoin(104.4, worker="vllm-0"))]
+    v = client_view_verdict(quick_faults(), Checklist.load(), rejoins=kept)
+    assert v.status is Status.FAIL and v.measured == pytest.approx(104.4)
+    assert "vllm-router kept vllm-0 out for 104 s after it was healthy" in v.reason
+
+    never = [("kill vllm-1", rejoin(None, watched_s=300.2))]     # still out when the watch gave up
+    v = client_view_verdict(quick_faults(stall_s=8.0), Checklist.load(), rejoins=never)
+    assert v.status is Status.FAIL and v.reason.startswith("p100 client-view rescheduling time")   # the headline ...
+    assert "also: vllm-router kept vllm-1 out for 300+ s after it was healthy" in v.reason   # ... and the rejoin named
+
+
+def test_a_rejoin_that_cannot_be_observed_is_named_as_the_weaker_check_and_not_judged():
+    blind = [("kill vllm-1", rejoin(None, router="the cluster", watched=()))]
+    v = client_view_verdict(quick_faults(), Checklist.load(), rejoins=blind)
+    assert v.status is Status.PASS
+    assert not [m for m in v.evidence["measurements"] if m["key"] == "rejoin_limit_s"]
+    assert "back by health alone, a weaker check" in v.evidence["rejoin"][0]["sentence"]
+
+
+def test_a_role_without_a_survivor_is_named_and_a_stopped_plan_cannot_pass():
+    lone = {"prefill": "only one prefill worker (prefill-0): nothing can take over"}
+    v = client_view_verdict([], Checklist.load(), not_judged=lone)
+    assert v.status is Status.INCONCLUSIVE and "only one prefill worker (prefill-0): nothing can take over" in v.reason
+    decode = quick_faults(role="decode", victim="decode-1")
+    v = client_view_verdict(decode, Checklist.load(), roles=["decode"], not_judged=lone)
+    assert v.status is Status.PASS and v.reason.endswith("not judged: " + lone["prefill"])
+    assert v.evidence["not_judged"] == lone
+    v = client_view_verdict(decode, Checklist.load(), stopped="stopped after kill decode-1: ...")
+    assert v.status is Status.INCONCLUSIVE and "stopped after kill decode-1" in v.reason
+
+
+def test_the_first_success_sent_after_a_time():
+    records = [stream("before", T0 - 1, [T0 - 0.5], end=T0 - 0.4),
+               stream("failed", T0 + 0.1, [], end=T0 + 0.2, status="http_error", error=("server_error", "x")),
+               stream("later", T0 + 0.5, [T0 + 0.9], end=T0 + 1.0),
+               stream("sooner", T0 + 0.3, [T0 + 0.6], end=T0 + 2.0)]
+    assert first_success_sent_after(records, T0) == pytest.approx(T0 + 0.6)
+    assert first_success_sent_after(records, T0 + 0.6) is None

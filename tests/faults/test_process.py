@@ -128,6 +128,36 @@ def test_kill_revert_restarts_through_the_hooks(tmp_path, victim):
     assert len(restarted) == 1
 
 
+def test_kill_revert_reports_the_rejoin_hook_after_healthy_and_a_worker_kept_out_is_no_failed_revert(tmp_path,
+                                                                                                     victim):
+    """The rejoin hook runs once the worker is healthy; what it says (a cluster that keeps the worker
+    out) goes into the revert's record, and the ledger entry is reverted, not failed."""
+    proc, restarted, calls = victim(), [], []
+
+    def restart(worker_id: str) -> None:
+        restarted.append(victim())
+
+    def healthy(worker_id: str) -> bool:
+        return bool(restarted) and proc_state(restarted[-1].pid) in ("S", "R")
+
+    def rejoined(worker_id: str) -> str:
+        calls.append((worker_id, healthy(worker_id)))
+        return f"vllm-router kept {worker_id} out for 60+ s after it was healthy"
+
+    fault = ProcessKill.from_worker({"id": "vllm-1", "role": "aggregated", "pid": proc.pid}, restart=restart,
+                                    healthy=healthy, rejoined=rejoined)
+    assert any("rejoin hook" in line and "never a failed revert" in line for line in fault.plan())
+    with runner_for(tmp_path) as runner:
+        runner.inject(fault)
+        proc.wait(timeout=10)
+    assert calls == [("vllm-1", True)]
+    assert runner.records[-1].output == ("vllm-1 is healthy again; vllm-router kept vllm-1 out for 60+ s after "
+                                         "it was healthy")
+    assert runner.records[-1].status.value == "succeeded"
+    assert [e["status"] for e in runner.ledger.entries()] == ["reverted"]
+    assert "rejoined" not in fault.to_ledger()
+
+
 def test_after_a_crash_a_callable_restart_hook_is_named_not_pretended(tmp_path, victim):
     proc = victim()
     ledger = Ledger.for_cluster("local", tmp_path)

@@ -2,7 +2,7 @@
 dry run's description of what would be signalled and how each worker comes back."""
 
 from harness.clusterfile.models import Worker
-from harness.probes.blackbox_faults import describe_plan, plan
+from harness.probes.blackbox_faults import describe_plan, plan, without_survivor
 
 
 def worker(name: str, role: str, **extra) -> Worker:
@@ -10,13 +10,25 @@ def worker(name: str, role: str, **extra) -> Worker:
                                   "process": {"pgrep": f"^{name}::EngineCore"}, **extra})
 
 
-def test_kills_only_roles_that_can_come_back_and_hangs_every_role():
-    workers = [worker("p0", "prefill", restart={"command": "systemctl restart p0"}), worker("d0", "decode"),
-               worker("d1", "decode")]
+def test_kills_only_roles_that_can_come_back_and_hangs_every_role_as_often():
+    workers = [worker("p0", "prefill", restart={"command": "systemctl restart p0"}),
+               worker("p1", "prefill", restart={"command": "systemctl restart p1"}),
+               worker("d0", "decode"), worker("d1", "decode")]
     assert plan(workers, 2) == [("process_kill", "prefill"), ("process_kill", "prefill"),
+                                ("process_hang", "prefill"), ("process_hang", "decode"),
                                 ("process_hang", "prefill"), ("process_hang", "decode")]
     agg = [worker("vllm-0", "aggregated", supervised=True), worker("vllm-1", "aggregated", supervised=True)]
     assert plan(agg, 1) == [("process_kill", "aggregated"), ("process_hang", "aggregated")]
+
+
+def test_a_role_with_one_worker_is_not_faulted_and_says_why():
+    """Nothing can take over the only prefill worker's work: faulting it measures an outage by design."""
+    workers = [worker("prefill-0", "prefill", supervised=True), worker("decode-0", "decode", supervised=True),
+               worker("decode-1", "decode", supervised=True)]
+    assert without_survivor(workers) == {"prefill": "only one prefill worker (prefill-0): nothing can take over"}
+    assert plan(workers, 1) == [("process_kill", "decode"), ("process_hang", "decode")]
+    pd = [worker("prefill-0", "prefill", supervised=True), worker("decode-0", "decode", supervised=True)]
+    assert plan(pd, 3) == [] and set(without_survivor(pd)) == {"prefill", "decode"}
 
 
 def test_the_dry_run_says_how_each_worker_is_found_held_and_brought_back():
@@ -32,8 +44,8 @@ def test_the_dry_run_says_how_each_worker_is_found_held_and_brought_back():
 def test_a_hang_stops_the_hang_process_when_the_worker_names_one():
     """vLLM: a kill ends the API server (pid file), a hang stops the EngineCore behind it (whose
     /health the API server keeps answering)."""
-    w = worker("vllm-0", "aggregated", supervised=True, process={"pid_file": "/tmp/vllm-0.pid"},
-               hang_process={"pgrep": "^vllm-0::EngineCore"})
-    kill, hang = describe_plan([w], plan([w], 1), hang_s=8.0, observe_s=5.0)
+    w = [worker(f"vllm-{i}", "aggregated", supervised=True, process={"pid_file": f"/tmp/vllm-{i}.pid"},
+                hang_process={"pgrep": f"^vllm-{i}::EngineCore"}) for i in (0, 1)]
+    kill, hang = describe_plan(w[:1], plan(w, 1), hang_s=8.0, observe_s=5.0)
     assert "cat /tmp/vllm-0.pid" in kill and "EngineCore" not in kill
     assert "pgrep -f '^vllm-0::EngineCore'" in hang

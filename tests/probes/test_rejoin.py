@@ -1,0 +1,147 @@
+"""When a worker is back: a real HTTP server started here serves a worker's and a router's
+Prometheus text, whose counters the test raises (or not) after the worker is healthy."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+
+from harness.probes.rejoin import RejoinWatch
+
+W0, W1 = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
+
+
+class Pages:
+    """What each path answers: (status, text), changed by the test while the watch polls."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.pages: dict[str, tuple[int, str]] = {}
+
+    def set(self, path: str, text: str, status: int = 200) -> str:
+        self.pages[path] = (status, text)
+        return self.url + path
+
+
+@pytest.fixture
+def pages() -> Iterator[Pages]:
+    holder: dict[str, Pages] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            status, text = holder["p"].pages.get(self.path, (404, "not found"))
+            body = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    holder["p"] = Pages(server.server_address[1])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield holder["p"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def vllm(prompt_tokens: float, finished: float = 0.0) -> str:
+    return ("# TYPE vllm:prompt_tokens_total counter\n"
+            f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {prompt_tokens}\n'
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{finished_reason="length"}} {finished}\n'
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+
+
+def router(sent_w0: float, sent_w1: float, breaker_w1: int) -> str:
+    return ("# TYPE vllm_router_processed_requests_total counter\n"
+            f'vllm_router_processed_requests_total{{worker="{W0}"}} {sent_w0}\n'
+            f'vllm_router_processed_requests_total{{worker="{W1}"}} {sent_w1}\n'
+            "# TYPE vllm_router_cb_state gauge\n"
+            f'vllm_router_cb_state{{worker="{W0}"}} 0\nvllm_router_cb_state{{worker="{W1}"}} {breaker_w1}\n')
+
+
+def watch(worker_metrics: str | None = None, router_metrics: str | None = None, limit_s: float = 600.0,
+          profile: str | None = "vllm") -> RejoinWatch:
+    return RejoinWatch("vllm-1", worker_api=W1 + "/", worker_metrics=worker_metrics, profile=profile,
+                       router_metrics=router_metrics, limit_s=limit_s, poll_s=0.05)
+
+
+def test_new_prompt_tokens_on_the_worker_after_it_was_healthy_mean_it_is_back(pages):
+    w = watch(pages.set("/w", vllm(100)))
+    w.start()
+    pages.set("/w", vllm(150))   # the router sent it a request: prefilled
+    r = w.wait(600)
+    assert r.back and r.observable and r.seen_by.startswith("vllm:prompt_tokens on ")
+    assert r.kept_out_s is not None and r.kept_out_s == r.after_healthy_s
+    assert r.sentence().startswith("the cluster took vllm-1 back ") and r.to_dict()["back"]
+
+
+def test_requests_finishing_without_new_prompt_tokens_are_not_new_traffic(pages):
+    """A resumed worker finishes the requests it held before (finished count rises): no new work."""
+    w = watch(pages.set("/w", vllm(100, finished=5)), limit_s=0.3)
+    w.start()
+    pages.set("/w", vllm(100, finished=9))
+    r = w.wait(0.3)
+    assert not r.back and r.kept_out_s >= 0.3
+    assert r.sentence().startswith("the cluster kept vllm-1 out for ") and r.sentence().endswith(
+        "+ s after it was healthy")
+
+
+def test_a_worker_that_exports_only_finished_requests_is_watched_on_them(pages):
+    only = "# TYPE vllm:request_success_total counter\nvllm:request_success_total{finished_reason=\"stop\"} 3\n"
+    w = watch(pages.set("/w", only))
+    w.start()
+    pages.set("/w", only.replace("} 3", "} 4"))
+    r = w.wait(600)
+    assert r.back and r.seen_by.startswith("vllm:request_success on ")
+
+
+def test_the_routers_view_of_the_worker_and_its_circuit_breaker(pages):
+    """vllm-router: requests it sent per worker URL (the other worker's count rising is not this
+    one's), and its breaker state, kept as it changes."""
+    url = pages.set("/r", router(50, 20, breaker_w1=1))
+    w = watch(router_metrics=url, limit_s=0.3)
+    w.start()
+    pages.set("/r", router(80, 20, breaker_w1=1))
+    r = w.wait(0.3)
+    assert not r.back and r.kept_out_by == "vllm-router"
+    assert r.sentence().startswith("vllm-router kept vllm-1 out for ")
+    assert [state for _, state in r.breaker] == ["open"]
+    pages.set("/r", router(85, 21, breaker_w1=2))   # half open: a trial request reaches it, the rest go elsewhere
+    r = w.wait(0.3)                                  # resumed: the same watch
+    assert r.traffic_wall is not None and f"worker={W1}" in r.seen_by and not r.back
+    assert r.sentence().endswith("after it was healthy (its circuit breaker: half_open)")
+    pages.set("/r", router(90, 22, breaker_w1=0))   # the trials passed: closed, in rotation
+    r = w.wait(600)                                  # learning when it came back
+    assert r.back and r.serving_wall >= r.traffic_wall
+    assert [state for _, state in r.breaker] == ["open", "half_open", "closed"]
+    assert r.sentence().startswith("vllm-router ")
+
+
+def test_without_metrics_or_a_router_view_it_is_back_by_health_named_the_weaker_check(pages):
+    not_a_router = pages.set("/engine", vllm(1))
+    r = watch(router_metrics=not_a_router, profile="openai").wait(600)   # returns at once
+    assert not r.observable and r.kept_out_s is None and r.watched == []
+    assert "cannot be observed (no metrics URL on the worker and no router view of it)" in r.sentence()
+    assert r.sentence().endswith("back by health alone, a weaker check")
+
+
+def test_a_metrics_url_that_fails_is_evidence_never_an_error(pages):
+    r = watch(pages.set("/w", "boom", status=500)).wait(0.3)
+    assert not r.observable and not r.back
+    assert "its metrics could not be read" in r.sentence() and "HTTP 500" in r.sentence()
+    r = watch(pages.set("/w", 'vllm:prompt_tokens_total{engine="0" 12\n')).wait(0.3)   # not Prometheus text
+    assert not r.observable and "not Prometheus text format" in r.sentence()
+    r = watch(router_metrics=pages.set("/r", "down", status=503), profile="openai").wait(0.3)   # router down
+    assert not r.observable and "HTTP 503" in r.sentence()
