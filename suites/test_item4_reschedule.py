@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import pytest
@@ -21,12 +20,14 @@ import pytest
 from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
+                                                first_success_sent_after,
                                                 measure_client_view)
-from harness.checks.verdict import Status, Verdict, inconclusive
-from harness.errors import EngineError, FaultError, ProbeError
+from harness.checks.verdict import Verdict, inconclusive
+from harness.errors import FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
 from harness.probes import blackbox_faults as blackbox
 from harness.probes.admin_models import Worker
+from harness.probes.rejoin import Rejoin
 from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ LOAD_RUN_S = 60.0           # length of one load run (--load-duration overrides)
 BUSY_WAIT_S = 3.0           # wait at most this long for the target to hold requests before the fault
 SETTLE_TIMEOUT_S = 15.0     # watch the router this long for one fault's rescheduling to finish
 REJOIN_TIMEOUT_S = 120.0    # a killed worker restarts and registers (27-65 s seen on a loaded 2-core machine)
-SERVED_LIMIT_S = 60.0       # after the revert, the router must serve through the worker again within this
 SERVING_TIMEOUT_S = 90.0    # Locust start-up on a loaded 2-core machine
+WATCH_FACTOR = 1.25         # a worker not served through is watched this many times rejoin_limit_s
 KEEP_LOAD_S = 10.0          # while a restarted worker is awaited, load for at least this long more
 POLL_S = 0.1                 # polling the admin API only observes; measurements use event timestamps
 
@@ -82,58 +83,36 @@ def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
                                    healthy_timeout_s=REJOIN_TIMEOUT_S)
 
 
-@dataclass
-class Rejoin:
-    """How a faulted worker came back after its revert: the router listed it healthy, then served
-    through it (moved a request's KV through it: a ``kv_transfer`` event naming it). Only then is
-    the cluster whole as its users see it; a worker the router never uses again is a finding."""
-
-    fault: str
-    reverted_wall: float
-    healthy_s: float | None = None   # after the revert
-    serving_s: float | None = None   # after the revert
-    limit_s: float = 0.0
-
-    @property
-    def back(self) -> bool:
-        return self.serving_s is not None
-
-    def finding(self) -> str | None:
-        if self.back:
-            return None
-        if self.healthy_s is None:
-            return f"{self.fault}: the worker did not rejoin within {self.limit_s:.0f} s of the revert"
-        return (f"{self.fault}: the router kept the worker out for {self.limit_s:.0f}+ s after it was healthy "
-                f"(healthy {self.healthy_s:.1f} s after the revert, no request served through it since)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"fault": self.fault, "healthy_after_revert_s": self.healthy_s, "serving_after_revert_s": self.serving_s,
-                "limit_s": self.limit_s, "finding": self.finding()}
-
-
-def wait_served_through(timeline: Any, worker_id: str, fault: str, since_seq: int, reverted_wall: float,
-                        keep_load: Callable[[], None], limit_s: float = SERVED_LIMIT_S) -> Rejoin:
-    """Until the router serves through ``worker_id`` again (see :class:`Rejoin`), load kept flowing;
-    times count from ``reverted_wall`` (the revert's start), the limit from now."""
-    rejoin = Rejoin(fault, reverted_wall, limit_s=limit_s)
+def wait_served_through(timeline: Any, worker_id: str, since_seq: int, keep_load: Callable[[], None],
+                        limit_s: float) -> Rejoin:
+    """How ``worker_id`` came back after its revert: from when the router lists it healthy until the
+    router serves through it (moves a request's KV through it: a ``kv_transfer`` event naming it),
+    load kept flowing meanwhile. Watched past ``limit_s`` (WATCH_FACTOR x) so that a worker kept out
+    shows as kept out for longer than the limit: a recovery finding under 6.1.4
+    (harness/checks/reschedule.py rejoin_measurement)."""
+    started = time.time()
+    rejoin: Rejoin | None = None
     seq = since_seq
-
-    def back() -> bool:
-        nonlocal seq
+    while True:
         keep_load()
         now = time.time()
-        if rejoin.healthy_s is None:
-            if _health(timeline.workers(), worker_id) != "healthy":
-                return False
-            rejoin.healthy_s = round(now - rejoin.reverted_wall, 2)
-        for e in timeline.events(since=seq, type="kv_transfer"):
-            seq = max(seq, e["seq"])
-            if worker_id in (e.get("prefill"), e.get("decode")):
-                rejoin.serving_s = round(e["wall_time"] - rejoin.reverted_wall, 2)
-                return True
-        return False
-
-    wait_until(back, limit_s, POLL_S * 2, what=f"the router to serve through {worker_id}", on_timeout="return")
+        if rejoin is None and _health(timeline.workers(), worker_id) == "healthy":
+            rejoin = Rejoin(worker_id, limit_s, now, watched=["kv_transfer events of the router"],
+                            kept_out_by="the router")
+        if rejoin is not None:
+            for e in timeline.events(since=seq, type="kv_transfer"):
+                seq = max(seq, e["seq"])
+                if worker_id in (e.get("prefill"), e.get("decode")):
+                    rejoin.serving_wall = rejoin.traffic_wall = max(e["wall_time"], rejoin.healthy_wall)
+                    rejoin.seen_by = rejoin.watched[0]
+                    break
+        since = now - (rejoin.healthy_wall if rejoin is not None else started)
+        if (rejoin is not None and rejoin.back) or since > limit_s * WATCH_FACTOR:
+            break
+        time.sleep(POLL_S * 2)
+    if rejoin is None:  # never even listed healthy again: kept out at least as long as it was watched
+        rejoin = Rejoin(worker_id, limit_s, started, watched=["the router's worker table"], kept_out_by="the router")
+    rejoin.watched_s = round(time.time() - rejoin.healthy_wall, 2)
     return rejoin
 
 
@@ -222,6 +201,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
                                    evidence={"plan": [f"{k} {r}" for k, r in plan]}))
         return
 
+    rejoin_limit = checklist.threshold(ITEM, "rejoin_limit_s").value
     traffic = ContinuousLoad(load, harness_options.load_duration or LOAD_RUN_S)
     seq = max([0] + [e["seq"] for e in timeline.events()])
     marks: list[FaultMark] = []
@@ -240,13 +220,11 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
                                inject_s=injected.duration_s))
         seq = _wait_settled(timeline, target["id"], seq)
         faults.revert(fault)  # a kill: restarted and registered; a hang: resumed
-        reverted = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "revert")
-        rejoin = wait_served_through(timeline, target["id"], f"{kind.split('_')[1]} {target['id']}", seq,
-                                     reverted.started_wall, lambda: traffic.ensure(KEEP_LOAD_S))
+        rejoin = wait_served_through(timeline, target["id"], seq, lambda: traffic.ensure(KEEP_LOAD_S), rejoin_limit)
         rejoins.append(rejoin)
         cycle_s[kind] = max(cycle_s[kind], time.monotonic() - cycle_started)
         if not rejoin.back:  # the cluster is not whole: the next fault would be judged on a broken cluster
-            stopped = f"the plan stopped after {i + 1} of {len(plan)} faults"
+            stopped = f"the plan stopped after {i + 1} of {len(plan)} faults: {rejoin.sentence()}"
             break
 
     # what the item measures after the last fault (a request sent after it served) must have had
@@ -255,10 +233,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
     records = traffic.records()
     events = timeline.events()
     samples = measure(marks, events, records)
-    verdict = reschedule_verdict(samples, checklist)
-    verdict = _rejoin_findings(verdict, rejoins, stopped)
-    if lone:
-        verdict = _not_judged(verdict, lone)
+    verdict = reschedule_verdict(samples, checklist, rejoins=rejoins, not_judged=lone, stopped=stopped)
     # the same faults seen by the clients alone (the measurement a cluster without router events gets)
     verdict.evidence["client_view"] = client_view_evidence(measure_client_view(client_faults(marks), records))
     links = traffic.links()
@@ -281,37 +256,12 @@ def _wait_success_after(traffic: ContinuousLoad, wall: float) -> None:
                 records = run.records()
             except ProbeError:  # a run that just started has written nothing yet
                 continue
-            if any(r.ok and r.anchor.perf_to_wall(r.sent_ns) / 1e9 >= wall for r in records):
+            if first_success_sent_after(records, wall) is not None:
                 return True
         return False
 
     wait_until(served, SETTLE_TIMEOUT_S, 0.5, what="a request sent after the last fault to succeed",
                on_timeout="return")
-
-
-def _rejoin_findings(verdict: Verdict, rejoins: Sequence[Rejoin], stopped: str | None) -> Verdict:
-    """Recovery is part of 6.1.4: a worker the cluster never serves through again after its revert
-    fails the item with that finding (the plan stopped there), whatever the rescheduling times."""
-    verdict.evidence["rejoins"] = [r.to_dict() for r in rejoins]
-    findings = [f for r in rejoins if (f := r.finding())]
-    if not findings:
-        return verdict
-    verdict.evidence.update(recovery_findings=findings, stopped=stopped, rescheduling_verdict=verdict.reason)
-    return Verdict(item=verdict.item, title=verdict.title, status=Status.FAIL,
-                   reason=f"{findings[0]}; {stopped}" if stopped else findings[0],
-                   measured=verdict.measured, threshold=verdict.threshold, unit=verdict.unit, op=verdict.op,
-                   evidence=verdict.evidence)
-
-
-def _not_judged(verdict: Verdict, lone: dict[str, str]) -> Verdict:
-    """A verdict over the roles that could be judged; a pass does not cover a role with no survivor."""
-    verdict.evidence["not_judged"] = lone
-    if verdict.status != Status.PASS:
-        return verdict
-    why = "; ".join(lone.values())
-    return Verdict(item=verdict.item, title=verdict.title, status=Status.INCONCLUSIVE,
-                   reason=f"inconclusive: {why} (the other roles: {verdict.reason})", measured=verdict.measured,
-                   threshold=verdict.threshold, unit=verdict.unit, op=verdict.op, evidence=verdict.evidence)
 
 
 BLACKBOX_LOAD_MAX_S = 3600.0  # upper bound of the load run; it is finished after the last fault
@@ -376,8 +326,6 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
 def _serve_after_last_fault(run: Any, fault_wall: float | None) -> None:
     """Keep the load running until a request sent after the last fault was served (up to
     BLACKBOX_TAIL_S), so that "no request sent after the fault succeeded" is measured, not planned."""
-    from harness.checks.reschedule_blackbox import first_success_sent_after  # here: the lead owns the imports above
-
     if fault_wall is None:
         return
     if not wait_until(lambda: not run.running or first_success_sent_after(run.records(), fault_wall) is not None,

@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from harness.checks.intervals import Interval, across, measured_within, share_statement
 from harness.checks.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checks.thresholds import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
+
+if TYPE_CHECKING:
+    from harness.probes.rejoin import Rejoin
 
 ITEM = "6.1.4"
 # one clock reading's error: wall time (1 us) read beside the perf counter that times the client's
@@ -182,12 +185,31 @@ def share_within(budget: Threshold, intervals: Sequence[Interval | None]) -> str
     return share_statement(ok, len(intervals), "faults", f"rescheduled {budget.describe()} (upper bounds)")
 
 
-def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist) -> Verdict:
+def rejoin_measurement(t: Mapping[str, Any], rejoins: Sequence[Rejoin]) -> Measurement | None:
+    """The longest time the cluster kept a healthy worker out after its revert, against
+    ``rejoin_limit_s`` (recovery is part of 6.1.4); None when no rejoin could be observed (each
+    entry of the evidence says why)."""
+    seen = [r for r in rejoins if r.kept_out_s is not None]
+    if not seen:
+        return None
+    worst = max(seen, key=lambda r: r.kept_out_s or 0.0)
+    return Measurement(t["rejoin_limit_s"], worst.kept_out_s,
+                       f"longest time a healthy worker was kept out of the cluster's traffic, over {len(seen)} "
+                       f"restart(s) or resume(s) ({worst.sentence()})")
+
+
+def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist, *, rejoins: Sequence[Rejoin] = (),
+                       not_judged: Mapping[str, str] | None = None, stopped: str | None = None) -> Verdict:
+    """``rejoins``: how each faulted worker came back after its revert (a worker kept out past
+    ``rejoin_limit_s`` fails the item); ``not_judged``: roles with no survivor, never faulted (a pass
+    cannot cover them); ``stopped``: why the plan ended early (a pass cannot rest on it)."""
     item = checklist.item(ITEM)
     t = item.thresholds
     incomplete = [s for s in samples if s.total_s is None]
     measurements = time_measurements(t, [s.total_s for s in samples], "rescheduling time",
                                      [s.interval for s in samples])
+    if (rejoin := rejoin_measurement(t, rejoins)) is not None:
+        measurements.append(rejoin)
     need = int(t["min_faults_per_kind"].value)
     groups: dict[str, int] = {}
     for s in samples:
@@ -198,10 +220,12 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
     for role in ("prefill", "decode"):
         if f"kill {role}" not in groups:
             short[f"kill {role}"] = 0
-    thin = None
+    why = [stopped] if stopped else []
     if short:
-        thin = ("too few faults for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(short.items()))
-                + f" (need {need} of each kind per role)")
+        why.append("too few faults for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(short.items()))
+                   + f" (need {need} of each kind per role)")
+    why.extend(f"not judged: {reason}" for reason in (not_judged or {}).values())
+    thin = "; ".join(why) or None
     evidence = {
         "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4),
                      "note": s.breakdown} for s in samples],
@@ -215,4 +239,7 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
     }
     if incomplete:
         evidence["not_rescheduled"] = [f"{s.label}: {s.problem}" for s in incomplete]
+    if rejoins:
+        evidence["rejoin"] = [r.to_dict() for r in rejoins]
+    evidence.update({k: v for k, v in (("not_judged", not_judged), ("stopped", stopped)) if v})
     return judge(item, measurements, evidence=evidence, inconclusive_because=thin)

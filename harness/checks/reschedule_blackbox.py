@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
-from harness.checks.reschedule import time_measurements
+from harness.checks.intervals import Interval, across, measured_within
+from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, rejoin_measurement, time_measurements
 from harness.checks.stats import DEFINITION, nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
@@ -50,6 +51,7 @@ class ClientFault:
     victims: tuple[str, ...]
     role: str | None = None      # "prefill", "decode", "aggregated" or None: for the report and the counts per role
     label: str = ""
+    inject_s: float = 0.0        # how long the inject step took: the fault took effect somewhere inside it
 
 
 @dataclass
@@ -66,6 +68,15 @@ class ClientRescheduleSample:
     stall_request: str | None = None
     total_s: float | None = None
     problem: str | None = None
+
+    @property
+    def interval(self) -> Interval | None:
+        """The time's resolution bounds (as item 6.1.4's router-event view, harness/checks/reschedule.py):
+        the fault took effect inside its inject step; client timestamps are good to the clock's resolution."""
+        if self.total_s is None:
+            return None
+        return measured_within(self.total_s, below=self.fault.inject_s + EVENT_CLOCK_RESOLUTION_S,
+                               above=EVENT_CLOCK_RESOLUTION_S, noun="faults")
 
     @property
     def breakdown(self) -> str:
@@ -222,11 +233,13 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     t = item.thresholds
     stalls = [s.longest_stall_s for s in samples]
     # Intervals: the p95/p100 rescheduling times and the stall are point figures over the faults here;
-    # the interval functions of harness/checks/stats.py (issue 23, part 1) take their place in these
-    # Measurements when they land, and an undecided interval reads as too thin below.
-    measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time")
+    measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time",
+                                     intervals=[s.interval for s in samples])
+    stall_bounds = [measured_within(v, below=EVENT_CLOCK_RESOLUTION_S, above=EVENT_CLOCK_RESOLUTION_S, noun="faults")
+                    for v in stalls]
     measurements.insert(2, Measurement(t["reschedule_p100_s"], max(stalls) if stalls else None,
-                                       "longest stall a client saw across a fault"))
+                                       "longest stall a client saw across a fault",
+                                       across(stall_bounds, 100, noun="faults") if stall_bounds else None))
     rejoin = rejoin_measurement(t, [r for _, r in rejoins])
     if rejoin is not None:
         measurements.append(rejoin)
@@ -248,7 +261,7 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     if rejoin is not None and worst is not None and not rejoin.threshold.holds(rejoin.value) \
             and worst.sentence() not in verdict.reason:
         extra.append(f"also: {worst.sentence()}")
-    if not_judged and samples:
+    if not_judged and samples and verdict.status.value == "fail":
         extra.append("not judged: " + "; ".join(not_judged.values()))
     if extra:
         verdict.reason = f"{verdict.reason.rstrip('.')}; {'; '.join(extra)}"
@@ -264,18 +277,6 @@ REJOIN_DEFINITION = ("a restarted or resumed worker is back when the cluster ser
 def _worst(rejoins: Sequence[tuple[str, Rejoin]]) -> Rejoin | None:
     seen = [r for _, r in rejoins if r.kept_out_s is not None]
     return max(seen, key=lambda r: r.kept_out_s or 0.0, default=None)
-
-
-def rejoin_measurement(t: Mapping[str, Any], rejoins: Sequence[Rejoin]) -> Measurement | None:
-    """The longest time the cluster kept a healthy worker out, against ``rejoin_limit_s``; None when
-    no rejoin could be observed (each entry of the evidence says why)."""
-    seen = [r for r in rejoins if r.kept_out_s is not None]
-    if not seen:
-        return None
-    worst = max(seen, key=lambda r: r.kept_out_s or 0.0)
-    return Measurement(t["rejoin_limit_s"], worst.kept_out_s,
-                       f"longest time a healthy worker was kept out of the cluster's traffic, over {len(seen)} "
-                       f"restart(s) or resume(s) ({worst.sentence()})")
 
 
 def _too_thin(samples: Sequence[ClientRescheduleSample], need: int, roles: Sequence[str] | None,
@@ -295,4 +296,6 @@ def _too_thin(samples: Sequence[ClientRescheduleSample], need: int, roles: Seque
         why.append(stopped)
     if short:
         why.append(f"too few faults for a distribution: {', '.join(short)} (need {need} of each kind per role)")
+    # a pass must cover every role: one with no survivor was never faulted (a fail elsewhere still fails)
+    why.extend(f"not judged: {reason}" for reason in not_judged.values())
     return "; ".join(why) or None

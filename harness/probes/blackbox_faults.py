@@ -131,7 +131,7 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
         faults.inject(fault)
         injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
         label = f"{'kill' if kind == 'process_kill' else 'hang'} {target.id}"
-        out.faults.append(ClientFault(injected.started_wall, (target.id,), role, label))
+        out.faults.append(ClientFault(injected.started_wall, (target.id,), role, label, inject_s=injected.duration_s))
         time.sleep(hold)  # the cluster must cope by itself for this long: the measurement window
         t_revert = time.monotonic()
         faults.revert(fault)  # a kill's revert: restarted, healthy as a new process, then watched (its hook)

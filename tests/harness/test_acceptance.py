@@ -79,10 +79,10 @@ def test_a_router_that_keeps_a_restarted_worker_out_fails_6_1_4_with_the_finding
     proc = run_suites(tmp_path, f"--cluster={cluster}", "--kills=1")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     v = verdicts(tmp_path)["6.1.4"]
-    assert v["status"] == "fail" and "kept the worker out" in v["reason"], v["reason"]
-    assert "the plan stopped after 1 of 4 faults" in v["reason"]
-    rejoin = v["evidence"]["rejoins"][0]
-    assert rejoin["healthy_after_revert_s"] is not None and rejoin["serving_after_revert_s"] is None
+    assert v["status"] == "fail" and "the router kept prefill-" in v["reason"] and "required <= 60 s" in v["reason"]
+    assert v["evidence"]["stopped"].startswith("the plan stopped after 1 of 4 faults")
+    rejoin = v["evidence"]["rejoin"][0]
+    assert rejoin["back"] is False and rejoin["kept_out_s"] > 60
     assert verdicts(tmp_path)["nothing-lost"]["status"] == "pass"
 
 
