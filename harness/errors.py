@@ -12,6 +12,7 @@ class HarnessError(Exception):
 
     def __init__(self, message: str, *, fix: str | None = None) -> None:
         self.fix = fix
+        self.message = message  # without the fix: for a caller that states its own
         super().__init__(f"{message} (fix: {fix})" if fix else message)
 
 

@@ -338,7 +338,11 @@ class FaultRunner:
             self._step(fault, Action.REVERT, fault.revert, active.executor)
             self._step(fault, Action.VERIFY_REVERTED, fault.verify_reverted, active.executor)
         except Exception as exc:  # any failure is reported; the next revert still runs
-            message = f"{fault.kind} on {fault.target}: {exc}"
+            # the step's own fix goes first in the run's one fix line (RevertError), not twice
+            own = getattr(exc, "message", None) if isinstance(exc, HarnessError) else None
+            message = f"{fault.kind} on {fault.target}: {own if own is not None else exc}"
+            if own is not None and exc.fix:  # type: ignore[attr-defined]
+                message += f" (first: {exc.fix})"  # type: ignore[attr-defined]
             log.error("revert failed: %s", message)
             if active.entry_id is not None:
                 self.ledger.update(active.entry_id, LedgerStatus.REVERT_FAILED, error=str(exc))
