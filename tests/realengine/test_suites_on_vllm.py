@@ -51,10 +51,15 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
     # 6.1.4: one kill and one hang of an aggregated instance, from the client's view
     [v614] = judged["6.1.4"]
     labels = [s["label"] for s in v614["evidence"]["samples"]]
-    assert any(lbl.startswith("kill vllm-") for lbl in labels) and any(lbl.startswith("hang vllm-") for lbl in labels)
-    stalls = v614["evidence"]["longest_stall_s"]
-    # the hung EngineCore's /health stays 200: the router keeps sending to it, clients stall ~8 s
-    assert v614["status"] == "fail" and stalls["p100"] > 3.0, (v614["reason"], stalls)
+    assert any(lbl.startswith("kill vllm-") for lbl in labels)
+    if v614["evidence"].get("stopped"):
+        # vllm-router kept the restarted instance out past the watch: a recovery finding, no hang injected
+        assert v614["status"] == "fail" and "vllm-router kept vllm-" in v614["reason"], v614["reason"]
+    else:
+        assert any(lbl.startswith("hang vllm-") for lbl in labels), labels
+        stalls = v614["evidence"]["longest_stall_s"]
+        # the hung EngineCore's /health stays 200: the router keeps sending to it, clients stall ~8 s
+        assert v614["status"] == "fail" and stalls["p100"] > 3.0, (v614["reason"], stalls)
 
     # the kill ends an API server: streams in flight on it are cut with no error event, which
     # nothing-lost fails by name
