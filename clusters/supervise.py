@@ -212,7 +212,11 @@ class Supervisor:
         reap_orphans({i.popen.pid for i in self.everyone() if i.popen})
 
     def stop(self) -> None:
-        for inst in [self.router, *self.instances]:
+        procs = [i for i in [self.router, *self.instances] if i.popen is not None]
+        for inst in procs:  # all asked at once: many processes exit in the time of one
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                _killpg(inst.popen.pid, sig)
+        for inst in procs:
             if inst.popen is not None:
                 inst.stop_group(grace_s=15.0)
                 log(f"stopped {inst.name}")
