@@ -238,7 +238,7 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
     def start(**overrides: Any) -> LoadRunner:
         o = harness_options
         base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0,
-                                "model": cluster.model}
+                                "model": cluster.model, "engine": cluster.engine}
         if o.load_rate is not None:
             base.update(mode="poisson", rate=o.load_rate)
         base.update(workload_profile(getattr(cluster, "workload", None), overrides))
