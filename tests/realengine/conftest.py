@@ -1,7 +1,9 @@
-"""Fixtures of the real-engine tests: a real vLLM cluster started by clusters/vllm/launch.py.
+"""Fixtures of the real-engine tests: a real vLLM cluster started by clusters/vllm/launch.py, a real NVIDIA
+Dynamo cluster started by clusters/dynamo/launch.py.
 
-The vLLM virtualenv is made by ``clusters/vllm/setup.sh`` (``.ci/run`` does it); ``HARNESS_VLLM_VENV``
-points elsewhere. Without it the tests skip, except in CI (``CI=true``), where its absence is a failure.
+The virtualenvs are made by ``clusters/vllm/setup.sh`` and ``clusters/dynamo/setup.sh`` (``.ci/run`` does
+both); ``HARNESS_VLLM_VENV`` / ``HARNESS_DYNAMO_VENV`` point elsewhere. Without one, its tests skip, except
+in CI (``CI=true``), where its absence is a failure.
 """
 
 from __future__ import annotations
@@ -27,15 +29,30 @@ def vllm_venv() -> Path:
     return Path(os.environ.get("HARNESS_VLLM_VENV", REPO / ".venv-vllm"))
 
 
-@pytest.fixture(scope="session")
-def require_vllm() -> Path:
-    venv = vllm_venv()
-    if (venv / "bin" / "vllm-router").exists() and (venv / "bin" / "python").exists():
+def dynamo_venv() -> Path:
+    return Path(os.environ.get("HARNESS_DYNAMO_VENV", REPO / ".venv-dynamo"))
+
+
+def _require(venv: Path, needs: list[Path], setup: str) -> Path:
+    if all(p.exists() for p in needs):
         return venv
-    reason = f"no vLLM venv at {venv}: make it with clusters/vllm/setup.sh {venv}"
+    reason = f"no {setup.split('/')[1]} venv at {venv}: make it with {setup} {venv}"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{reason} (.ci/run makes it; in CI its absence is a failure)")
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def require_vllm() -> Path:
+    venv = vllm_venv()
+    return _require(venv, [venv / "bin" / "vllm-router", venv / "bin" / "python"], "clusters/vllm/setup.sh")
+
+
+@pytest.fixture(scope="session")
+def require_dynamo() -> Path:
+    venv = dynamo_venv()
+    site = next((venv / "lib").glob("python3*/site-packages"), venv / "lib")
+    return _require(venv, [venv / "bin" / "python", site / "dynamo" / "mocker"], "clusters/dynamo/setup.sh")
 
 
 @dataclass
@@ -58,13 +75,16 @@ class VllmCluster:
 
 
 def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny",
-           kv_cache_tokens: int | None = None) -> VllmCluster:
+           kv_cache_tokens: int | None = None, engine: str = "vllm") -> VllmCluster:
+    """Start ``clusters/ENGINE/launch.py MODE`` and wait for its ready file (vLLM: the model preset and
+    KV pool options; Dynamo: neither)."""
     ready_file, log_path = tmp / "ready.json", tmp / "launcher.log"
-    pool = ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
+    options = [] if engine != "vllm" else ["--model-preset", model_preset]
+    options += ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
     with open(log_path, "wb") as out:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "clusters.vllm.launch", mode, "--venv", str(venv), "--ready-file",
-             str(ready_file), "--model-preset", model_preset, *pool],
+            [sys.executable, "-m", f"clusters.{engine}.launch", mode, "--venv", str(venv), "--ready-file",
+             str(ready_file), *options],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not ready_file.exists():
@@ -76,7 +96,7 @@ def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny",
             pytest.fail(f"the {mode} cluster was not ready after {STARTUP_TIMEOUT_S} s:\n"
                         + log_path.read_text(errors="replace")[-4000:])
         time.sleep(1.0)
-    spec = yaml.safe_load((REPO / "clusters" / f"vllm-{mode}.yaml").read_text())
+    spec = yaml.safe_load((REPO / "clusters" / f"{engine}-{mode}.yaml").read_text())
     return VllmCluster(mode, json.loads(ready_file.read_text()), spec, launcher, log_path)
 
 
@@ -105,6 +125,21 @@ def vllm_cluster(request, require_vllm, tmp_path_factory):
         left = [pid for name in cluster.ready["instances"] for pid in pgrep(f"^{name}::")]
         left += pgrep(f"vllm-router --host 127.0.0.1 --port {cluster.api.rsplit(':', 1)[1]}")
         assert not left, f"the launcher left processes behind after SIGTERM: {left}"
+
+
+@pytest.fixture(scope="module")
+def dynamo_cluster(request, require_dynamo, tmp_path_factory):
+    """Module-scoped: the mode comes from the module's ``DYNAMO_MODE`` (agg, disagg)."""
+    cluster = _start(request.module.DYNAMO_MODE, require_dynamo, tmp_path_factory.mktemp("dynamo"), engine="dynamo")
+    try:
+        yield cluster
+    finally:
+        pids = [int(f.read_text()) for f in Path(cluster.ready["run_dir"]).glob("*.pid")]  # current incarnations
+        _stop(cluster.launcher)
+        assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
+        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert len(pids) == len(cluster.ready["workers"]) + 1 and not left, \
+            f"the launcher left processes behind after SIGTERM: {left} of {pids}"
 
 
 def healthy(url: str) -> bool:
