@@ -202,7 +202,9 @@ class RecordBuilder:
 def _http_error(record: RequestRecord, status: int, body: bytes, headers: httpx.Headers) -> None:
     record.http_status = status
     try:
-        err = json.loads(body)["error"]
+        data = json.loads(body)
+        # OpenAI's {"error": {...}}; NVIDIA Dynamo's frontend sends the fields at the top level
+        err = data["error"] if "error" in data else data if "message" in data else data["error"]
         cls, msg = str(err.get("type") or err.get("code") or f"HTTP{status}"), str(err.get("message", ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         cls, msg = f"HTTP{status}", body[:300].decode("utf-8", "replace")

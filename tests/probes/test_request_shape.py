@@ -112,3 +112,11 @@ def test_calibration_names_a_rejected_field_instead_of_a_generic_failure(strict_
         measure_chars_per_token(strict_server, shape=request_shape("openai"))
     per_token, _ = measure_chars_per_token(strict_server, shape=request_shape("dynamo"))
     assert 3.0 < per_token < 5.0  # the server counts one token per 4 characters
+
+
+def test_dynamo_s_top_level_error_body_is_parsed(strict_server):
+    """Dynamo answers {"message", "type", "code"} without OpenAI's "error" wrapper."""
+    with StreamingClient(strict_server, request_shape=request_shape("vllm")) as client:
+        rec = client.send(CompletionRequest("x"))
+    assert (rec.http_status, rec.error_class) == (400, "Bad Request")
+    assert rec.error_message == "Validation: Unsupported parameter(s): `return_token_ids`"

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from harness.probes.migration_on_loss import migration_count
+from harness.probes.request_shape import request_shape
+from harness.probes.streaming import CompletionRequest, StreamingClient
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 900  # two vLLM starts on a busy 2-core machine took 50-80 s each; leave a wide margin
@@ -200,3 +205,47 @@ def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> Str
     assert outcome.error is None, outcome.error
     assert outcome.pieces and outcome.completion_tokens == max_tokens, outcome
     return outcome
+
+
+# -- Dynamo: streams decoding while a worker dies --------------------------------------------------------
+
+
+def _decode_concurrently(api: str, n: int, max_tokens: int, started: int) -> tuple[list, list[threading.Thread]]:
+    """``n`` streams in threads; returns once each has ``started`` tokens (their records fill in later)."""
+    records: list = [None] * n
+    ready = [threading.Event() for _ in range(n)]
+
+    def run(i: int) -> None:
+        def seen(rec, _msg):
+            if sum(rec.chunk_tokens) >= started:
+                ready[i].set()
+        try:
+            with StreamingClient(api, request_shape=request_shape("dynamo"), timeout_s=120) as client:
+                records[i] = client.send(CompletionRequest(f"survive {i}", max_tokens=max_tokens, ignore_eos=True),
+                                         on_message=seen)
+        finally:
+            ready[i].set()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for e in ready:
+        assert e.wait(60)
+    return records, threads
+
+
+def kill_under_streams(cluster, victim: str, n: int = 6) -> tuple[list, float]:
+    """SIGKILL ``victim`` while ``n`` streams decode; wait for the supervisor to bring it back. Returns the
+    records and the rise of dynamo_frontend_model_migration_total."""
+    pid_file = Path(cluster.ready["workers"][victim]["pid_file"])
+    metrics = cluster.ready["metrics"]
+    before = migration_count(metrics, "dynamo")
+    records, threads = _decode_concurrently(cluster.api, n, max_tokens=400, started=20)
+    old = int(pid_file.read_text())
+    os.kill(old, signal.SIGKILL)
+    for t in threads:
+        t.join(120)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and int(pid_file.read_text()) != old and healthy(cluster.worker(victim)["health"])):
+        assert time.monotonic() < deadline, cluster.launcher_log()[-3000:]
+        time.sleep(0.5)
+    return records, migration_count(metrics, "dynamo") - before

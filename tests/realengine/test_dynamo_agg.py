@@ -6,22 +6,17 @@ user runs it, and a SIGKILL under load that Dynamo's request migration absorbs. 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from harness.errors import ConfigError
-from harness.probes.migration_on_loss import migration_count
 from harness.probes.request_shape import check_request_shape, request_shape
 from harness.probes.streaming import CompletionRequest, StreamingClient
-from tests.realengine.conftest import REPO, healthy
+from tests.realengine.conftest import REPO, healthy, kill_under_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 DYNAMO_MODE = "agg"
@@ -68,47 +63,6 @@ def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster,
         assert verdicts[item]["evidence"]["server"]["observations"] > 0  # the frontend's own histogram beside
     lost = verdicts["nothing-lost"]
     assert lost["status"] == "pass" and lost["evidence"]["tokens_counted_by"] == {"usage": lost["evidence"]["completed"]}
-
-
-def _decode_concurrently(api: str, n: int, max_tokens: int, started: int) -> tuple[list, list[threading.Thread]]:
-    """``n`` streams in threads; returns once each has ``started`` tokens (their records fill in later)."""
-    records: list = [None] * n
-    ready = [threading.Event() for _ in range(n)]
-
-    def run(i: int) -> None:
-        def seen(rec, _msg):
-            if sum(rec.chunk_tokens) >= started:
-                ready[i].set()
-        try:
-            with StreamingClient(api, request_shape=request_shape("dynamo"), timeout_s=120) as client:
-                records[i] = client.send(CompletionRequest(f"survive {i}", max_tokens=max_tokens, ignore_eos=True),
-                                         on_message=seen)
-        finally:
-            ready[i].set()
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for e in ready:
-        assert e.wait(60)
-    return records, threads
-
-
-def kill_under_streams(cluster, victim: str, n: int = 6) -> tuple[list, float]:
-    """SIGKILL ``victim`` while ``n`` streams decode; wait for the supervisor to bring it back. Returns the
-    records and the rise of dynamo_frontend_model_migration_total."""
-    pid_file = Path(cluster.ready["workers"][victim]["pid_file"])
-    metrics = cluster.ready["metrics"]
-    before = migration_count(metrics, "dynamo")
-    records, threads = _decode_concurrently(cluster.api, n, max_tokens=400, started=20)
-    old = int(pid_file.read_text())
-    os.kill(old, signal.SIGKILL)
-    for t in threads:
-        t.join(120)
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and int(pid_file.read_text()) != old and healthy(cluster.worker(victim)["health"])):
-        assert time.monotonic() < deadline, cluster.launcher_log()[-3000:]
-        time.sleep(0.5)
-    return records, migration_count(metrics, "dynamo") - before
 
 
 def test_a_killed_worker_s_streams_migrate_and_nothing_is_lost(dynamo_cluster):
