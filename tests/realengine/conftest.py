@@ -233,19 +233,58 @@ def _decode_concurrently(api: str, n: int, max_tokens: int, started: int) -> tup
     return records, threads
 
 
-def kill_under_streams(cluster, victim: str, n: int = 6) -> tuple[list, float]:
-    """SIGKILL ``victim`` while ``n`` streams decode; wait for the supervisor to bring it back. Returns the
-    records and the rise of dynamo_frontend_model_migration_total."""
+@dataclass
+class KillOutcome:
+    records: list          # the harness's streams (RequestRecord)
+    migrated: float        # rise of dynamo_frontend_model_migration_total over the kill
+    kill_wall: float       # time.time() of the SIGKILL
+    independent: list[list[float]]  # per independent stream: time.time() of each SSE line that brought a token
+
+
+def _independent_stream(api: str, i: int, max_tokens: int, out: list[list[float]], started: threading.Event) -> None:
+    """A client that shares no code with the harness: raw httpx lines, its own clock, a token when usage rises."""
+    arrivals: list[float] = []
+    body = {"model": "tiny-llama", "prompt": f"independent {i}", "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    try:
+        with httpx.stream("POST", f"{api}/v1/completions", json=body, timeout=120) as resp:
+            count = 0
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    now = (event.get("usage") or {}).get("completion_tokens", 0)
+                    if event.get("choices") and now > count:
+                        count = now
+                        arrivals.append(time.time())
+                        if count >= 20:
+                            started.set()
+    finally:
+        started.set()
+        out.append(arrivals)
+
+
+def kill_under_streams(cluster, victim: str, n: int = 6, independent: int = 0) -> KillOutcome:
+    """SIGKILL ``victim`` while ``n`` of the harness's streams (and ``independent`` raw ones) decode; wait for
+    the supervisor to bring it back."""
     pid_file = Path(cluster.ready["workers"][victim]["pid_file"])
     metrics = cluster.ready["metrics"]
     before = migration_count(metrics, "dynamo")
+    raw: list[list[float]] = []
+    flags = [threading.Event() for _ in range(independent)]
+    raw_threads = [threading.Thread(target=_independent_stream, args=(cluster.api, i, 400, raw, flags[i]))
+                   for i in range(independent)]
+    for t in raw_threads:
+        t.start()
     records, threads = _decode_concurrently(cluster.api, n, max_tokens=400, started=20)
+    for e in flags:
+        assert e.wait(60)
     old = int(pid_file.read_text())
+    kill_wall = time.time()
     os.kill(old, signal.SIGKILL)
-    for t in threads:
+    for t in threads + raw_threads:
         t.join(120)
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and int(pid_file.read_text()) != old and healthy(cluster.worker(victim)["health"])):
         assert time.monotonic() < deadline, cluster.launcher_log()[-3000:]
         time.sleep(0.5)
-    return records, migration_count(metrics, "dynamo") - before
+    return KillOutcome(records, migration_count(metrics, "dynamo") - before, kill_wall, raw)

@@ -28,10 +28,10 @@ def test_ready_lists_the_prefill_and_both_decode_workers(dynamo_cluster):
 
 
 def test_a_killed_decode_worker_s_streams_migrate_and_nothing_is_lost(dynamo_cluster):
-    records, migrated = kill_under_streams(dynamo_cluster, "decode-1")
-    for rec in records:
+    out = kill_under_streams(dynamo_cluster, "decode-1")
+    for rec in out.records:
         assert rec is not None and rec.ok and sum(rec.chunk_tokens) == rec.completion_tokens == 400, rec
-    assert 1 <= migrated <= len(records), migrated
+    assert 1 <= out.migrated <= len(out.records), out.migrated
 
 
 def test_killing_the_only_prefill_worker_is_a_named_503_until_it_is_back(dynamo_cluster):
