@@ -237,8 +237,8 @@ def _decode_concurrently(api: str, n: int, max_tokens: int, started: int) -> tup
 class KillOutcome:
     records: list          # the harness's streams (RequestRecord)
     migrated: float        # rise of dynamo_frontend_model_migration_total over the kill
-    kill_wall: float       # time.time() of the SIGKILL
-    independent: list[list[float]]  # per independent stream: time.time() of each SSE line that brought a token
+    kill_perf_ns: int      # time.perf_counter_ns() of the SIGKILL (the wall clock may step: seen here once, 0.6 s)
+    independent: list[list[float]]  # per independent stream: time.perf_counter() of each SSE line with a token
 
 
 def _independent_stream(api: str, i: int, max_tokens: int, out: list[list[float]], started: threading.Event) -> None:
@@ -255,7 +255,7 @@ def _independent_stream(api: str, i: int, max_tokens: int, out: list[list[float]
                     now = (event.get("usage") or {}).get("completion_tokens", 0)
                     if event.get("choices") and now > count:
                         count = now
-                        arrivals.append(time.time())
+                        arrivals.append(time.perf_counter())
                         if count >= 20:
                             started.set()
     finally:
@@ -279,7 +279,7 @@ def kill_under_streams(cluster, victim: str, n: int = 6, independent: int = 0) -
     for e in flags:
         assert e.wait(60)
     old = int(pid_file.read_text())
-    kill_wall = time.time()
+    kill_perf_ns = time.perf_counter_ns()
     os.kill(old, signal.SIGKILL)
     for t in threads + raw_threads:
         t.join(120)
@@ -287,4 +287,4 @@ def kill_under_streams(cluster, victim: str, n: int = 6, independent: int = 0) -
     while not (pid_file.exists() and int(pid_file.read_text()) != old and healthy(cluster.worker(victim)["health"])):
         assert time.monotonic() < deadline, cluster.launcher_log()[-3000:]
         time.sleep(0.5)
-    return KillOutcome(records, migration_count(metrics, "dynamo") - before, kill_wall, raw)
+    return KillOutcome(records, migration_count(metrics, "dynamo") - before, kill_perf_ns, raw)
