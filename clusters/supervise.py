@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 PR_SET_CHILD_SUBREAPER = 36
@@ -248,3 +250,52 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         log("could not become child subreaper: orphaned server processes are reaped by init instead")
+
+
+def serve(run_dir: Path, ports: object, ready_file: Path | None, scratch: Path,
+          bring_up: Callable[[Callable[["Supervisor"], None]], dict]) -> int:
+    """A launcher's whole life in the foreground; returns its exit code (0 stopped by a signal, 3 error).
+
+    Lock ``run_dir`` (a second launcher there is refused), remove stale pid files, the ready file and
+    ``scratch`` (a directory of the last run's state), become child subreaper; then
+    ``bring_up(register)`` builds the Supervisor, passes it to ``register`` before starting it (so a
+    signal during start-up stops it) and returns the READY description, printed and written to
+    ``ready_file``; supervise until SIGINT or SIGTERM; stop and reap everything, remove the pid files
+    and ``scratch`` again."""
+    lock = lock_run_dir(run_dir, ports)  # held until this process exits
+    if lock is None:
+        return 3
+    shutil.rmtree(scratch, ignore_errors=True)
+    for stale in [*run_dir.glob("*.pid"), *([ready_file] if ready_file else [])]:
+        stale.unlink(missing_ok=True)
+    become_subreaper()
+    held: list[Supervisor] = []
+
+    def on_signal(signum, _frame):
+        if held:
+            held[0].stopping = True
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # even when started with SIGINT ignored (a background job)
+    try:
+        ready = bring_up(held.append)
+        log("READY " + json.dumps(ready))
+        if ready_file:
+            ready_file.write_text(json.dumps(ready) + "\n")
+        while True:
+            held[0].tick()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        log("stopping")
+        return 0
+    except (LaunchError, subprocess.CalledProcessError) as exc:
+        log(f"error: {exc}")
+        return 3
+    finally:
+        if held:
+            for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the clean-up short
+                signal.signal(sig, signal.SIG_IGN)
+            held[0].stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+        for pid_file in run_dir.glob("*.pid"):  # stale pids could name unrelated processes later
+            pid_file.unlink(missing_ok=True)

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -35,8 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from clusters import supervise
-from clusters.supervise import (REPO, Instance, LaunchError, Supervisor, become_subreaper, check_ports_free,
-                                lock_run_dir, log)
+from clusters.supervise import REPO, Instance, LaunchError, Supervisor, check_ports_free, log, serve
 
 SERVED_NAME = "tiny-llama"
 MIGRATION_LIMIT = 3
@@ -171,22 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     venv = args.venv.absolute()
     model_dir = (args.model_dir or REPO / ".dynamo-model" / "tiny-llama").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = lock_run_dir(run_dir, {"frontend": FRONTEND_PORT[args.mode]})  # held until this process exits
-    if lock is None:
-        return 3
-    for stale in [*run_dir.glob("*.pid"), *(args.ready_file and [args.ready_file] or [])]:
-        stale.unlink(missing_ok=True)
-    shutil.rmtree(run_dir / "discovery", ignore_errors=True)  # a fresh registry: no dead instances from before
-    become_subreaper()
-    supervisor: Supervisor | None = None
 
-    def on_signal(signum, _frame):
-        if supervisor is not None:
-            supervisor.stopping = True
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)  # even when started with SIGINT ignored (a background job)
-    try:
+    def bring_up(register) -> dict:
         instances, frontend, expected = build(args.mode, venv, model_dir, run_dir, args.workers, args.per_process)
         check_ports_free({i.name: int(i.health_url.rsplit(":", 1)[1].split("/")[0]) for i in [*instances, frontend]})
         if not (model_dir / "made-by.json").exists():
@@ -195,37 +178,18 @@ def main(argv: list[str] | None = None) -> int:
                            cwd=REPO, check=True)
         t0 = time.monotonic()
         supervisor = Supervisor(instances, frontend, args.startup_timeout)
+        register(supervisor)
         supervisor.start()
         api = frontend.health_url.rsplit("/", 1)[0]
         wait_registered(supervisor, api, expected, args.startup_timeout)
-        ready = {"mode": args.mode, "model": SERVED_NAME, "api": api, "metrics": f"{api}/metrics",
-                 "run_dir": str(run_dir), "startup_s": round(time.monotonic() - t0, 1), "registered": expected,
-                 "workers": {i.name: {"health": i.health_url, "metrics": i.health_url.replace("/health", "/metrics"),
-                                      "pid": i.popen.pid, "pid_file": str(run_dir / f"{i.name}.pid")}
-                             for i in instances}}
-        log("READY " + json.dumps(ready))
-        if args.ready_file:
-            args.ready_file.write_text(json.dumps(ready) + "\n")
-        while True:
-            supervisor.tick()
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        log("stopping")
-        return 0
-    except LaunchError as exc:
-        log(f"error: {exc}")
-        return 3
-    except Exception as exc:  # noqa: BLE001  (the model build failed, ...): say so, then reap everything
-        log(f"error: {type(exc).__name__}: {exc}")
-        return 3
-    finally:
-        if supervisor is not None:
-            for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the clean-up short
-                signal.signal(sig, signal.SIG_IGN)
-            supervisor.stop()
-        for pid_file in run_dir.glob("*.pid"):  # stale pids could name unrelated processes later
-            pid_file.unlink(missing_ok=True)
+        return {"mode": args.mode, "model": SERVED_NAME, "api": api, "metrics": f"{api}/metrics",
+                "run_dir": str(run_dir), "startup_s": round(time.monotonic() - t0, 1), "registered": expected,
+                "workers": {i.name: {"health": i.health_url, "metrics": i.health_url.replace("/health", "/metrics"),
+                                     "pid": i.popen.pid, "pid_file": str(run_dir / f"{i.name}.pid")}
+                            for i in instances}}
 
+    # the discovery directory is the run's scratch: a fresh registry, no dead instances from before
+    return serve(run_dir, {"frontend": FRONTEND_PORT[args.mode]}, args.ready_file, run_dir / "discovery", bring_up)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,16 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from clusters import supervise
 from clusters.supervise import (  # noqa: F401  (PR_SET_CHILD_SUBREAPER, reap_orphans: re-exported for tests)
-    PR_SET_CHILD_SUBREAPER, REPO, Instance, LaunchError, Supervisor, become_subreaper, check_ports_free,
-    lock_run_dir, log, reap_orphans)
+    PR_SET_CHILD_SUBREAPER, REPO, Instance, LaunchError, Supervisor, check_ports_free, log, reap_orphans, serve)
 
 SERVED_NAME = "tiny-llama"
 # Fixed ports (the cluster files name them): router, per-instance API ports, router Prometheus port.
@@ -139,56 +136,23 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = (args.model_dir or REPO / ".vllm-model" / f"{args.model_preset}-llama").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     supervise.LOG_PREFIX[0] = "vllm-launch"
-    lock = lock_run_dir(run_dir, PORTS[args.mode])  # held until this process exits
-    if lock is None:
-        return 3
-    shutil.rmtree(run_dir / "kv-store", ignore_errors=True)
-    for stale in [*run_dir.glob("*.pid"), *(args.ready_file and [args.ready_file] or [])]:
-        stale.unlink(missing_ok=True)
-    become_subreaper()
 
-    supervisor: Supervisor | None = None
-
-    def on_signal(signum, _frame):
-        if supervisor is not None:
-            supervisor.stopping = True
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)  # even when started with SIGINT ignored (a background job)
-    try:
+    def bring_up(register) -> dict:
         instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens)
         ports = PORTS[args.mode]
         check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
                           **ports["instances"]})
         ensure_model(venv / "bin" / "python", model_dir, args.model_preset)
         supervisor = Supervisor(instances, router, args.startup_timeout)
+        register(supervisor)
         supervisor.start()
-        ready = {"mode": args.mode, "model": SERVED_NAME, "api": f"http://127.0.0.1:{PORTS[args.mode]['router']}",
-                 "router_metrics": f"http://127.0.0.1:{PORTS[args.mode]['router_metrics']}/metrics",
-                 "run_dir": str(run_dir),
-                 "instances": {i.name: {"api": i.health_url.rsplit("/", 1)[0], "pid": i.popen.pid,
-                                        "engine_pid": i.engine_pid} for i in instances}}
-        log("READY " + json.dumps(ready))
-        if args.ready_file:
-            args.ready_file.write_text(json.dumps(ready) + "\n")
-        while True:
-            supervisor.tick()
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        log("stopping")
-        return 0
-    except (LaunchError, subprocess.CalledProcessError) as exc:
-        log(f"error: {exc}")
-        return 3
-    finally:
-        if supervisor is not None:
-            for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the clean-up short
-                signal.signal(sig, signal.SIG_IGN)
-            supervisor.stop()
-        shutil.rmtree(run_dir / "kv-store", ignore_errors=True)  # the file connector's KV: ~1 KB per token
-        for pid_file in run_dir.glob("*.pid"):  # stale pids could name unrelated processes later
-            pid_file.unlink(missing_ok=True)
+        return {"mode": args.mode, "model": SERVED_NAME, "api": f"http://127.0.0.1:{ports['router']}",
+                "router_metrics": f"http://127.0.0.1:{ports['router_metrics']}/metrics", "run_dir": str(run_dir),
+                "instances": {i.name: {"api": i.health_url.rsplit("/", 1)[0], "pid": i.popen.pid,
+                                       "engine_pid": i.engine_pid} for i in instances}}
 
+    # the file connector's KV (about 1 KB per token) is the run's scratch, removed at start and stop
+    return serve(run_dir, PORTS[args.mode], args.ready_file, run_dir / "kv-store", bring_up)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,8 +2,7 @@
 rejects one is named at attach time (a real HTTP server here, strict like Dynamo 1.6.1's frontend)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -12,6 +11,7 @@ from harness.probes.calibrate import measure_chars_per_token
 from harness.probes.request_shape import REQUEST_SHAPES, check_request_shape, request_shape
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile
+from tests.probes.conftest import http_server
 
 OPENAI_FIELDS = {"model", "prompt", "messages", "max_tokens", "temperature", "stream", "stream_options", "ignore_eos"}
 
@@ -62,15 +62,8 @@ class _StrictServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def strict_server():
     _StrictServer.bodies = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _StrictServer)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+    with http_server(_StrictServer) as url:
+        yield url
 
 
 def test_each_engine_gets_only_the_extensions_its_server_accepts():
