@@ -113,3 +113,9 @@ def test_dynamo_s_top_level_error_body_is_parsed(strict_server):
         rec = client.send(CompletionRequest("x"))
     assert (rec.http_status, rec.error_class) == (400, "Bad Request")
     assert rec.error_message == "Validation: Unsupported parameter(s): `return_token_ids`"
+
+
+def test_every_engine_a_cluster_file_may_name_has_a_request_shape():
+    from harness.clusterfile.base import ENGINES
+
+    assert set(REQUEST_SHAPES) == set(ENGINES)
