@@ -55,7 +55,8 @@ def test_streams_carry_the_tokens_usage_says_although_their_text_is_empty(dynamo
 def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster, tmp_path):
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider",
-                           "--cluster=dynamo-agg", f"--report-dir={reports}", "--load-duration=5", "--live=plain"],
+                           "--cluster=dynamo-agg", f"--report-dir={reports}", "--load-duration=5", "--load-users=8",
+                           "--live=plain"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
     verdicts = {v["item"]: v for v in json.loads((reports / "latest" / "results.json").read_text())["verdicts"]}
