@@ -119,3 +119,18 @@ def test_every_engine_a_cluster_file_may_name_has_a_request_shape():
     from harness.clusterfile.base import ENGINES
 
     assert set(REQUEST_SHAPES) == set(ENGINES)
+
+
+def test_attaching_checks_the_shape_and_a_dry_run_sends_nothing(strict_server, tmp_path):
+    from harness.cluster import load_cluster, open_cluster
+
+    path = tmp_path / "strict.yaml"
+    path.write_text(f"version: 2\nname: strict\nkind: external\nengine: vllm\nendpoints: {{api: {strict_server}}}\n")
+    spec = load_cluster(str(path))
+    with pytest.raises(ConfigError, match="'vllm' request shape"):
+        with open_cluster(spec):
+            pass
+    _StrictServer.bodies = []
+    with open_cluster(spec, send=False) as handle:
+        assert handle.engine == "vllm"
+    assert _StrictServer.bodies == []
