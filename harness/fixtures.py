@@ -42,7 +42,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     t0 = time.monotonic()
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
     run = RunRecord(spec.name, spec.kind) if spec.kind == "bundled" else None
-    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None, run=run) as handle:
+    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None, run=run,
+                      send=not state.options.dry_run) as handle:
         handle.run = run
         state.result.cluster = handle.describe()
         state.result.capabilities = handle.capabilities().to_dict()
@@ -238,7 +239,7 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
     def start(**overrides: Any) -> LoadRunner:
         o = harness_options
         base: dict[str, Any] = {"users": o.load_users, "seed": o.seed, "duration_s": o.load_duration or 30.0,
-                                "model": cluster.model}
+                                "model": cluster.model, "engine": cluster.engine}
         if o.load_rate is not None:
             base.update(mode="poisson", rate=o.load_rate)
         base.update(workload_profile(getattr(cluster, "workload", None), overrides))

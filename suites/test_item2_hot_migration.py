@@ -231,7 +231,9 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
         verdict = inconclusive(checklist, ITEM, f"a kill could not be made or undone: {failed_kill}", plan=plan,
                                kills=len(windows))
     else:
-        verdict = migration_verdict(measure_crossings(windows, victims), checklist=checklist)
+        # every stream in flight at a kill, the load's too: the engine's migration counter counts them all, so
+        # the streams that crossed are the ones with the largest stalls among all of them, not only the harness's
+        verdict = migration_verdict(measure_crossings(windows, victims + load_records), checklist=checklist)
         verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
                                 migration_counter=[w.migrations for w in windows], extension=extended)
     conformance.record(verdict)

@@ -32,6 +32,7 @@ from harness.errors import ProbeError
 from harness.faults import HbmFill, SpeculativeDecoding
 from harness.probes.admin import AdminClient
 from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
+from harness.probes.request_shape import request_shape
 from harness.probes.streaming import AsyncStreamingClient
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,8 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
 
     async def drive() -> Any:
         async with AsyncStreamingClient(cluster.api_url, model=cluster.model, api_key=cluster.api_key(),
-                                        timeout_s=DRIVE_REQUEST_TIMEOUT_S, read_timeout_s=120.0) as client:
+                                        timeout_s=DRIVE_REQUEST_TIMEOUT_S, read_timeout_s=120.0,
+                                        request_shape=request_shape(cluster.engine)) as client:
             return await KvDrive(client, meter, plan, records_path).run()
 
     try:

@@ -48,6 +48,7 @@ class HistoryCheck:
     failures_without_error: list[dict[str, Any]] = field(default_factory=list)
     without_final_state: list[dict[str, Any]] = field(default_factory=list)
     error_classes: Counter = field(default_factory=Counter)
+    token_sources: Counter = field(default_factory=Counter)  # how completions' tokens were counted
     oracle: bool = True          # False: no oracle for this engine (a foreign cluster): consistency only
 
     def evidence(self) -> dict[str, Any]:
@@ -56,7 +57,7 @@ class HistoryCheck:
                 "failed_with_clear_error": self.failed_clear, "wrong_completions": self.wrong[:_MAX_LISTED],
                 "failures_without_error": self.failures_without_error[:_MAX_LISTED],
                 "requests_without_final_state": self.without_final_state[:_MAX_LISTED],
-                "error_classes": dict(self.error_classes)}
+                "error_classes": dict(self.error_classes), "tokens_counted_by": dict(self.token_sources)}
 
 
 def check_history(records: Iterable[RequestRecord], expected: Expected | None = None) -> HistoryCheck:
@@ -81,6 +82,7 @@ def check_history(records: Iterable[RequestRecord], expected: Expected | None = 
                 out.failures_without_error.append(_brief(rec))
             continue
         out.completed += 1
+        out.token_sources[rec.token_source or "none"] += 1
         problem = _consistency_problem(rec)
         # a server that streams text without token ids cannot be checked token by token
         checkable = expected is not None and problem is None and (rec.token_ids or not rec.chunk_tokens)
@@ -113,8 +115,9 @@ def nothing_lost_verdict(check: HistoryCheck, checklist: Checklist) -> Verdict:
         thin = f"{check.unverified} of {check.completed} completions had no oracle to check them against"
     evidence = check.evidence()
     if not check.oracle:
-        evidence["oracle"] = ("none for this engine: completions were checked for consistency (tokens streamed vs "
-                              "the server's usage), not token by token; wrong tokens with HTTP 200 cannot be seen")
+        evidence["oracle"] = ("none for this engine: completions were checked for consistency (the tokens the stream "
+                              "carried, counted by token ids, else per-chunk usage, else text, vs the server's final "
+                              "usage), not token by token; wrong tokens with HTTP 200 cannot be seen")
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=thin)
     if verdict.status is Status.PASS and check.oracle:  # say what the history held, not just zero counts
         verdict.reason = (f"all {check.total} requests ended cleanly: {check.verified} completed token-exact, "
@@ -168,8 +171,14 @@ def _consistency_problem(rec: RequestRecord) -> str | None:
     if rec.token_ids and len(rec.token_ids) != streamed:
         return f"stream carried {streamed} tokens but {len(rec.token_ids)} token ids"
     if rec.completion_tokens is not None and rec.completion_tokens != streamed:
-        return f"usage says {rec.completion_tokens} completion tokens, the stream carried {streamed}"
+        how = _COUNTED_BY.get(rec.token_source or "")
+        return (f"usage says {rec.completion_tokens} completion tokens, the stream carried {streamed}"
+                + (f" ({how})" if how else ""))
     return None
+
+
+_COUNTED_BY = {"token_ids": "counted by token ids", "text": "counted one per chunk with text",
+               "usage": "counted by the rises of its per-chunk usage"}
 
 
 def _token_mismatch(got: list[int], want: list[int]) -> str | None:

@@ -46,7 +46,7 @@ DISAGREEMENT_RATIO = 2.0     # client and server p50 (or mean) further apart tha
 DISAGREEMENT_MIN_MS = {"ttft": 20.0, "tpot": 1.0}   # ... and by more than this many ms: a large disagreement
 
 DEFINITIONS = {
-    "ttft": "first output chunk carrying a non-empty token minus the scheduled send (= actual send in closed loop)",
+    "ttft": "first output chunk carrying a token (its token ids, else a rise of per-chunk usage, else text: an empty-text chunk with a token counts) minus the scheduled send (= actual send in closed loop)",
     "tpot": "(E2E - TTFT) / (n - 1), n = output tokens (server usage, else counted), requests with n >= 2",
     "percentile": DEFINITION,
     "population": "successful requests only; failed ones are counted apart (nothing-lost verdict)",

@@ -75,9 +75,11 @@ class ClusterHandle:
 
     def streaming_client(self, **kwargs: Any) -> Any:
         """A StreamingClient for this cluster's API with its model and API key (kwargs override)."""
+        from harness.probes.request_shape import request_shape
         from harness.probes.streaming import StreamingClient
 
-        return StreamingClient(self.api_url, **{"model": self.model, "api_key": self.api_key(), **kwargs})
+        return StreamingClient(self.api_url, **{"model": self.model, "api_key": self.api_key(),
+                                                "request_shape": request_shape(self.engine), **kwargs})
 
     def scraper(self, url: str | None = None, **kwargs: Any) -> Any:
         """A PrometheusScraper of ``url`` (default: endpoints.metrics) read with this engine's metric
@@ -139,9 +141,10 @@ class ClusterHandle:
 
 @contextlib.contextmanager
 def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
-                 log_dir: Path | None = None, run: Any = None) -> Iterator[ClusterHandle]:
+                 log_dir: Path | None = None, run: Any = None, send: bool = True) -> Iterator[ClusterHandle]:
     """Bring a bundled cluster up for the duration of the block (process logs in ``log_dir``),
-    or attach to an external one. ``run`` (a harness.faults.runs.RunRecord) is told the router and
+    or attach to an external one (with ``send``, checking first that it accepts the requests its
+    engine's request shape makes; a dry run sends none). ``run`` (a harness.faults.runs.RunRecord) is told the router and
     the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
     on every way out, bring-up errors included; SIGINT and SIGTERM wait until the teardown is done."""
     from harness.faults.runner import signals_deferred
@@ -150,6 +153,11 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
     if spec.kind == "external":
         assert spec.endpoints is not None
         _check_reachable(spec.endpoints.api, spec, spec.api_key())
+        from harness.probes.request_shape import check_request_shape, request_shape
+
+        if send:  # a server that rejects a field the harness sends would fail every request: say so now
+            check_request_shape(spec.endpoints.api, request_shape(spec.engine_name), model=spec.model,
+                                api_key=spec.api_key())
         yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
         return
     with signals_deferred():  # an interrupt raised inside torch's import can abort the process (-6)

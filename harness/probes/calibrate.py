@@ -15,6 +15,8 @@ import logging
 import random
 
 from harness.errors import ProbeError
+from harness.probes.request_shape import (DEFAULT_SHAPE, RequestShape, request_shape, unsupported_error,
+                                          unsupported_fields)
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile, prompt_text
 
@@ -24,15 +26,20 @@ SHORT_CHARS, LONG_CHARS = 64, 448  # short enough for a tiny model's context
 
 
 def measure_chars_per_token(api_url: str, *, model: str | None = None, api_key: str | None = None,
-                            chat: bool = False, timeout_s: float = 120.0) -> tuple[float, float]:
-    """(characters per token, tokens of overhead per prompt) measured on the server."""
+                            chat: bool = False, timeout_s: float = 120.0,
+                            shape: RequestShape = DEFAULT_SHAPE) -> tuple[float, float]:
+    """(characters per token, tokens of overhead per prompt) measured on the server. A 400 that names an
+    extension of ``shape`` is a ConfigError naming the field and the shape."""
     rng = random.Random(0)
     points = []
-    with StreamingClient(api_url, model=model, timeout_s=timeout_s, api_key=api_key) as client:
+    with StreamingClient(api_url, model=model, timeout_s=timeout_s, api_key=api_key, request_shape=shape) as client:
         for chars in (SHORT_CHARS, LONG_CHARS):
             text = prompt_text(rng, chars)
-            rec = client.send(CompletionRequest(prompt=text, max_tokens=1, chat=chat),
-                              request_id=f"calibrate-{chars}")
+            request = CompletionRequest(prompt=text, max_tokens=1, chat=chat)
+            rec = client.send(request, request_id=f"calibrate-{chars}")
+            rejected = unsupported_fields(request.body(client.model or "", shape), rec.error_message or "")
+            if rec.http_status == 400 and rejected:
+                raise unsupported_error(shape, rejected, f"{api_url}{request.path}", rec.error_message or "")
             if not rec.ok:
                 raise ProbeError(f"sizing prompts in tokens: the calibration request to {api_url} failed "
                                  f"({rec.status}: {rec.error_class} {rec.error_message})",
@@ -61,5 +68,6 @@ def calibrated(profile: LoadProfile, api_url: str, *, api_key: str | None = None
     if not profile.sized_in_tokens or profile.chars_per_token is not None:
         return profile
     per_token, overhead = measure_chars_per_token(api_url, model=profile.model, api_key=api_key,
-                                                  chat=profile.chat, timeout_s=profile.timeout_s)
+                                                  chat=profile.chat, timeout_s=profile.timeout_s,
+                                                  shape=request_shape(profile.engine))
     return dataclasses.replace(profile, chars_per_token=per_token, token_overhead=overhead)

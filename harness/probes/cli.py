@@ -13,6 +13,7 @@ import json
 import logging
 import math
 
+from harness.probes.request_shape import REQUEST_SHAPES
 from harness.probes.workload import MODES, LoadProfile
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: 16-96 characters)")
     parser.add_argument("--seed", type=int, default=0, help="prompts and Poisson arrivals")
     parser.add_argument("--model", help="model name (default: the first in /v1/models)")
+    parser.add_argument("--engine", choices=sorted(REQUEST_SHAPES), default="bundled",
+                        help="the server's engine: which request extensions are sent (return_token_ids, "
+                             "continuous usage, ignore_eos; default bundled: all but continuous usage)")
     parser.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     parser.add_argument("--output", help="folder for requests.jsonl and locust.log (default: a temp folder)")
     parser.add_argument("--slo-ttft-ms", type=_positive_float, help="TTFT target for goodput")
@@ -79,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     profile = LoadProfile(mode=mode, users=args.users, rate=args.rate, duration_s=duration,
                           max_tokens=args.max_tokens, seed=args.seed, model=args.model, chat=args.chat,
                           processes=args.processes, prompt_tokens=args.prompt_tokens, requests=args.requests,
+                          engine=args.engine,
                           num_prompts=max(64, min(args.requests or 64, 4096)))
     slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms) if (args.slo_ttft_ms or args.slo_tpot_ms) else None
     runner = LoadRunner(args.url, profile, output_dir=args.output)

@@ -23,6 +23,7 @@ from locust.runners import MasterRunner, Runner, WorkerRunner
 
 from harness.errors import ProbeError
 from harness.probes.records import NOT_SENT, RecordWriter, RequestRecord, process_anchor
+from harness.probes.request_shape import request_shape
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile, arrival_offsets, make_requests, worker_records_path
 from harness.waiting import wait_until
@@ -241,7 +242,8 @@ class LLMUser(User):
         prof = self.controller.profile
         self.client = StreamingClient(self.host, model=prof.model, timeout_s=prof.timeout_s,
                                       user=self.controller.new_user_name(), on_record=self._on_record,
-                                      api_key=os.environ.get("HARNESS_LOAD_API_KEY") or None)
+                                      api_key=os.environ.get("HARNESS_LOAD_API_KEY") or None,
+                                      request_shape=request_shape(prof.engine))
         try:
             self.client.resolve_model()  # now, not in the first request's latency
         except ProbeError as exc:  # the server may be down (a fault): each request will record it

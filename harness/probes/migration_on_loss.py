@@ -26,7 +26,7 @@ from harness.errors import ProbeError
 from harness.probes import blackbox_faults as blackbox
 from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
 from harness.probes.records import RequestRecord
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.streaming import CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
                 s.ready.set()
 
         try:
-            with StreamingClient(cluster.api_url, model=cluster.model, api_key=api_key,
-                                 user=f"6.1.2-{phase}-{index}") as client:
+            with cluster.streaming_client(user=f"6.1.2-{phase}-{index}") as client:
                 s.record = client.send(s.request, request_id=f"mig-{phase}-{index}-{s.index}", on_message=seen)
         finally:
             s.ready.set()  # ended (or failed) before after_tokens: nothing to wait for

@@ -67,7 +67,8 @@ class RequestRecord:
 
     ``chunk_ns[i]`` is when the i-th SSE message that carried output arrived and
     ``chunk_tokens[i]`` how many tokens it carried (several with speculative decoding).
-    A chunk whose text and token ids are both empty is not an output chunk.
+    A chunk that carries no token (no token ids, no rise of per-chunk usage, no text) is not an output
+    chunk; one that carries a token is, whatever its text (harness.probes.streaming.RecordBuilder).
     """
 
     request_id: str
@@ -92,6 +93,9 @@ class RequestRecord:
     text: str = ""
     served_by: list[str] = field(default_factory=list)  # distinct workers, in order first seen
     finish_reason: str | None = None
+    # how chunk_tokens were counted: "token_ids" (the server's ids), "usage" (per-chunk usage), "text"
+    # (one token per chunk with text); None: no chunk carried a token
+    token_source: str | None = None
     anchor_wall_ns: int = 0
     anchor_mono_ns: int = 0
     anchor_perf_ns: int = 0

@@ -19,6 +19,7 @@ import httpx
 
 from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, process_anchor
+from harness.probes.request_shape import DEFAULT_SHAPE, RequestShape
 from harness.probes.urls import http_url
 
 log = logging.getLogger(__name__)
@@ -52,23 +53,24 @@ class CompletionRequest:
     def path(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
-    def body(self, model: str) -> dict[str, Any]:
+    def body(self, model: str, shape: RequestShape = DEFAULT_SHAPE) -> dict[str, Any]:
+        """The request body, with only the extensions ``shape`` (the server's engine) accepts: a request
+        asking for ``ignore_eos`` or a ``priority`` the server does not take is sent without them."""
+        stream_options: dict[str, Any] = {"include_usage": True}
+        if shape.continuous_usage:  # usage in every chunk: tokens counted without text (RecordBuilder)
+            stream_options["continuous_usage_stats"] = True
         body: dict[str, Any] = {
             "model": model,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_token_ids": True,
+            "stream_options": stream_options,
+            **shape.extensions(ignore_eos=self.ignore_eos, priority=self.priority),
         }
         if self.chat:
             body["messages"] = [{"role": "user", "content": self.prompt}]
         else:
             body["prompt"] = self.prompt
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-        if self.priority is not None:
-            body["priority"] = self.priority
         body.update(self.extra)
         return body
 
@@ -99,13 +101,20 @@ class SSEDecoder:
 
 class RecordBuilder:
     """Fills a RequestRecord from timestamped reads of an OpenAI SSE response; any HTTP
-    client can feed it (``feed(bytes, perf_counter_ns)`` per read, then ``finish``)."""
+    client can feed it (``feed(bytes, perf_counter_ns)`` per read, then ``finish``).
+
+    Tokens are counted without relying on text (a server may stream tokens that detokenize to nothing):
+    a chunk's ``token_ids`` where given; else, when the stream's chunks carry usage
+    (``stream_options.continuous_usage_stats``), the rise of ``usage.completion_tokens`` since the last
+    chunk; else one token per chunk with text. A chunk carrying a token is an output chunk whatever its
+    text (TTFT is the first one). The way the stream was counted is the record's ``token_source``."""
 
     def __init__(self, record: RequestRecord, on_message: MessageHook | None = None) -> None:
         self.record = record
         self.done = False
         self.on_message = on_message
         self._sse = SSEDecoder()
+        self._usage_tokens = 0  # completion tokens the per-chunk usage has counted so far (never down)
 
     def feed(self, data: bytes, t_ns: int) -> None:
         rec = self.record
@@ -146,8 +155,7 @@ class RecordBuilder:
             if text is None:
                 text = (choice.get("delta") or {}).get("content") or ""
             ids = choice.get("token_ids") or []
-            # servers without token ids (vLLM, SGLang) send about one token per chunk
-            n = len(ids) if ids else (1 if text else 0)
+            n = self._tokens_in(ids, text, usage)
             if n:
                 if rec.first_token_ns is None:
                     rec.first_token_ns = t_ns
@@ -157,6 +165,26 @@ class RecordBuilder:
             rec.text += text
             if choice.get("finish_reason"):
                 rec.finish_reason = choice["finish_reason"]
+
+    def _tokens_in(self, ids: list, text: str, usage: dict | None) -> int:
+        """Tokens one chunk carries (see the class doc). Per-chunk usage counts only when the stream's
+        first tokens came with it: a server that puts its total in the last content chunk (and none
+        before) is counted by text, so that total is not counted twice."""
+        rec = self.record
+        count = (usage or {}).get("completion_tokens")
+        if ids:
+            rec.token_source = "token_ids"
+            return len(ids)
+        if isinstance(count, int) and rec.token_source in (None, "usage"):
+            rec.token_source = "usage"
+            # a count that goes down adds nothing here; the final usage then differs from the stream's
+            # sum and nothing-lost names it
+            n, self._usage_tokens = max(0, count - self._usage_tokens), max(count, self._usage_tokens)
+            return n
+        if text and rec.token_source != "usage":
+            rec.token_source = rec.token_source or "text"
+            return 1
+        return 0
 
     def fail(self, status: str, error_class: str, message: str) -> None:
         rec = self.record
@@ -174,7 +202,9 @@ class RecordBuilder:
 def _http_error(record: RequestRecord, status: int, body: bytes, headers: httpx.Headers) -> None:
     record.http_status = status
     try:
-        err = json.loads(body)["error"]
+        data = json.loads(body)
+        # OpenAI's {"error": {...}}; NVIDIA Dynamo's frontend sends the fields at the top level
+        err = data["error"] if "error" in data else data if "message" in data else data["error"]
         cls, msg = str(err.get("type") or err.get("code") or f"HTTP{status}"), str(err.get("message", ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         cls, msg = f"HTTP{status}", body[:300].decode("utf-8", "replace")
@@ -249,7 +279,8 @@ class _Exchange:
 
 class _ClientBase:
     def __init__(self, base_url: str, *, model: str | None, timeout_s: float, read_timeout_s: float,
-                 user: str, on_record: RecordSink | None, api_key: str | None = None) -> None:
+                 user: str, on_record: RecordSink | None, api_key: str | None = None,
+                 request_shape: RequestShape = DEFAULT_SHAPE) -> None:
         if timeout_s <= 0 or read_timeout_s <= 0:
             raise ProbeError("timeouts must be positive", fix="pass timeout_s > 0 and read_timeout_s > 0")
         self.base_url = http_url(base_url, "API URL")
@@ -257,6 +288,7 @@ class _ClientBase:
         self.timeout_s = timeout_s
         self.user = user
         self.on_record = on_record
+        self.request_shape = request_shape  # the extensions the server's engine accepts
         self._timeout = httpx.Timeout(read_timeout_s, connect=min(10.0, read_timeout_s))
         # plain http never uses TLS: skip loading the CA bundle (~50 ms per client, which
         # would stall a Locust process spawning many users)
@@ -281,9 +313,9 @@ class StreamingClient(_ClientBase):
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 120.0,
                  read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, request_shape: RequestShape = DEFAULT_SHAPE) -> None:
         super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
-                         user=user, on_record=on_record, api_key=api_key)
+                         user=user, on_record=on_record, api_key=api_key, request_shape=request_shape)
         self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout, verify=self._verify,
                                   headers=self._headers)
 
@@ -302,7 +334,7 @@ class StreamingClient(_ClientBase):
         with _Exchange(self, request, request_id, scheduled_ns, on_message) as ex:
             if self.model is None:  # a fault may have taken the server down: record, don't raise
                 self.model = self._model_from(self._http.get("/v1/models"))
-            body = request.body(self.model)
+            body = request.body(self.model, self.request_shape)
             ex.begin()
             with self._http.stream("POST", request.path, json=body) as resp:
                 if resp.status_code >= 400:
@@ -329,9 +361,9 @@ class AsyncStreamingClient(_ClientBase):
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 120.0,
                  read_timeout_s: float = 30.0, user: str = "", on_record: RecordSink | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, request_shape: RequestShape = DEFAULT_SHAPE) -> None:
         super().__init__(base_url, model=model, timeout_s=timeout_s, read_timeout_s=read_timeout_s,
-                         user=user, on_record=on_record, api_key=api_key)
+                         user=user, on_record=on_record, api_key=api_key, request_shape=request_shape)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, verify=self._verify,
                                        headers=self._headers)
 
@@ -350,7 +382,7 @@ class AsyncStreamingClient(_ClientBase):
         with _Exchange(self, request, request_id, scheduled_ns, on_message) as ex:
             if self.model is None:  # a fault may have taken the server down: record, don't raise
                 self.model = self._model_from(await self._http.get("/v1/models"))
-            body = request.body(self.model)
+            body = request.body(self.model, self.request_shape)
             ex.begin()
             async with self._http.stream("POST", request.path, json=body) as resp:
                 if resp.status_code >= 400:

@@ -59,6 +59,7 @@ class LoadProfile:
     chars_per_token: float | None = None  # measured: prompt chars per server token ...
     token_overhead: float = 0.0           # ... plus the tokens every prompt costs (BOS, template)
     requests: int | None = None        # send this many requests in all, then end (duration_s caps it)
+    engine: str = "bundled"            # the server's engine: which request extensions are sent (request_shape.py)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -101,6 +102,9 @@ class LoadProfile:
         if self.chars_per_token is not None and not self.chars_per_token > 0:
             raise ConfigError(f"chars_per_token must be > 0, got {self.chars_per_token!r}",
                               fix="let LoadRunner measure it on the server (harness.probes.calibrate)")
+        from harness.probes.request_shape import request_shape
+
+        request_shape(self.engine)  # an unknown engine is a ConfigError naming the known ones
         if self.requests is not None and (not isinstance(self.requests, int) or self.requests < 1):
             raise ConfigError(f"requests must be a positive integer, got {self.requests!r}",
                               fix="give how many requests to send in all, or leave it unset to run for duration_s")

@@ -99,3 +99,35 @@ def test_oracle_expectation_uses_the_reference_model_and_caches():
     good, bad = rec("g", tokens=want), rec("b", tokens=[(want[0] + 1) % 256, *want[1:]])
     check = check_history([good, bad, rec("g2", tokens=want)], expected)
     assert check.verified == 2 and len(check.wrong) == 1 and calls == [4]
+
+
+def _dynamo_stream(counts, done=True):
+    """A record built from Dynamo-shaped SSE bytes: empty text, cumulative usage in every chunk."""
+    import json
+
+    from harness.probes.streaming import RecordBuilder
+
+    b = RecordBuilder(RequestRecord(request_id="d", sent_ns=0, prompt="p", max_tokens=4))
+    for i, count in enumerate(counts):
+        chunk = {"id": "c", "choices": [{"index": 0, "text": ""}], "usage": {"prompt_tokens": 2, "completion_tokens": count}}
+        b.feed(f"data: {json.dumps(chunk)}\n\n".encode(), (i + 1) * 10)
+    if done:
+        final = {"id": "c", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": counts[-1]}}
+        b.feed(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode(), 100)
+    return b.finish(110)
+
+
+def test_a_dynamo_stream_of_empty_text_tokens_passes_and_a_cut_one_fails():
+    whole, cut = _dynamo_stream([1, 2, 3, 4]), _dynamo_stream([1, 2], done=False)
+    check = check_history([whole, cut])
+    assert check.completed == 1 and not check.wrong and check.token_sources == {"usage": 1}
+    assert [f["request_id"] for f in check.failures_without_error] == ["d"] and check.failures_without_error[0]["tokens"] == 2
+    v = nothing_lost_verdict(check, Checklist.load())
+    assert v.status is Status.FAIL and v.evidence["tokens_counted_by"] == {"usage": 1}
+    assert nothing_lost_verdict(check_history([whole]), Checklist.load()).status is Status.PASS
+
+
+def test_per_chunk_usage_that_goes_down_is_a_wrong_completion():
+    check = check_history([_dynamo_stream([1, 2, 3, 2])])
+    assert check.wrong[0]["problem"] == ("usage says 2 completion tokens, the stream carried 3 "
+                                         "(counted by the rises of its per-chunk usage)")

@@ -87,3 +87,10 @@ def test_enough_measured_crossings_under_the_budget_pass_and_phases_are_kept_apa
     assert verdict.status == Status.PASS, verdict.reason
     assert verdict.evidence["distribution_ms"]["idle"]["p95"] == pytest.approx(40, abs=0.01)
     assert verdict.evidence["distribution_ms"]["loaded"]["p95"] == pytest.approx(150, abs=0.01)
+
+
+def test_the_typical_gap_is_the_cadence_when_a_busy_client_reads_chunks_in_pairs():
+    # two chunks per read: gaps alternate 0 and 12 ms (median 0 or 12), the token cadence is 6 ms
+    before = [T0 - 0.12 + 0.012 * (i // 2) for i in range(20)]
+    stall, typical = crossing(stream("pairs", before + steady(T0 + 0.09, 4)), T0)
+    assert typical == pytest.approx(12 * 9 / 19, abs=0.01) and stall == pytest.approx(102, abs=0.01)

@@ -3,8 +3,7 @@ users, metric scrapes) as `Authorization: Bearer`, against a real HTTP server th
 requests without it; and it is never written to the load profile."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -12,6 +11,7 @@ from harness.probes.load import LoadRunner
 from harness.probes.prometheus import PrometheusScraper
 from harness.probes.streaming import CompletionRequest, StreamingClient
 from harness.probes.workload import LoadProfile
+from tests.probes.conftest import http_server
 
 KEY = "sk-test-0123"
 
@@ -57,13 +57,8 @@ class _KeyedServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     _KeyedServer.seen = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _KeyedServer)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    with http_server(_KeyedServer) as url:
+        yield url
 
 
 def test_streaming_client_sends_the_key_and_without_it_is_refused(server):

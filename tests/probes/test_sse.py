@@ -75,3 +75,39 @@ def test_missing_done_and_garbage_are_stream_errors():
     # the first failure is kept: later ones are its consequences
     r = _build(_msg({"error": {"message": "boom", "code": "overloaded"}}), _msg(b"{not json"))
     assert r.error_class == "overloaded"
+
+
+def _usage_chunk(count, text="", finish=None) -> dict:
+    return {"id": "c", "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": count}}
+
+
+def test_per_chunk_usage_counts_tokens_whose_text_is_empty():
+    """Dynamo's mocker streams tokens that detokenize to nothing; its chunks carry cumulative usage."""
+    r = _build(*(_msg(_usage_chunk(i)) for i in (1, 2, 3)),
+               _msg(_usage_chunk(3, finish="length")),                        # the finish chunk adds no token
+               _msg({"id": "c", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}),
+               _msg(b"[DONE]"))
+    assert r.status == "ok" and r.text == "" and r.token_source == "usage"
+    assert r.chunk_tokens == [1, 1, 1] and r.chunk_ns == [10, 20, 30] and r.first_token_ns == 10
+    assert r.completion_tokens == 3 and r.finish_reason == "length"
+
+
+def test_usage_that_goes_down_adds_nothing_so_the_stream_disagrees_with_it():
+    r = _build(_msg(_usage_chunk(1)), _msg(_usage_chunk(2)), _msg(_usage_chunk(1)), _msg(b"[DONE]"))
+    assert sum(r.chunk_tokens) == 2 and r.completion_tokens == 1
+
+
+def test_a_total_in_the_last_content_chunk_is_not_counted_twice():
+    """Without per-chunk usage the stream is counted by text; a usage total riding on the last text
+    chunk must not add the whole count again."""
+    r = _build(_msg(_chunk([], text="a")), _msg(_chunk([], text="b")),
+               _msg({"id": "c", "choices": [{"index": 0, "text": "c", "finish_reason": "length"}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 3}}), _msg(b"[DONE]"))
+    assert r.token_source == "text" and r.chunk_tokens == [1, 1, 1] and r.completion_tokens == 3
+
+
+def test_token_ids_win_over_usage_and_text():
+    r = _build(_msg({**_usage_chunk(2, text=""), "choices": [{"index": 0, "text": "", "token_ids": [4, 5]}]}),
+               _msg(b"[DONE]"))
+    assert r.token_source == "token_ids" and r.chunk_tokens == [2] and r.token_ids == [4, 5]

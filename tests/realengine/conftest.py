@@ -1,7 +1,9 @@
-"""Fixtures of the real-engine tests: a real vLLM cluster started by clusters/vllm/launch.py.
+"""Fixtures of the real-engine tests: a real vLLM cluster started by clusters/vllm/launch.py, a real NVIDIA
+Dynamo cluster started by clusters/dynamo/launch.py.
 
-The vLLM virtualenv is made by ``clusters/vllm/setup.sh`` (``.ci/run`` does it); ``HARNESS_VLLM_VENV``
-points elsewhere. Without it the tests skip, except in CI (``CI=true``), where its absence is a failure.
+The virtualenvs are made by ``clusters/vllm/setup.sh`` and ``clusters/dynamo/setup.sh`` (``.ci/run`` does
+both); ``HARNESS_VLLM_VENV`` / ``HARNESS_DYNAMO_VENV`` point elsewhere. Without one, its tests skip, except
+in CI (``CI=true``), where its absence is a failure.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from harness.probes.migration_on_loss import migration_count
+from harness.probes.request_shape import request_shape
+from harness.probes.streaming import CompletionRequest, StreamingClient
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 900  # two vLLM starts on a busy 2-core machine took 50-80 s each; leave a wide margin
@@ -27,15 +34,30 @@ def vllm_venv() -> Path:
     return Path(os.environ.get("HARNESS_VLLM_VENV", REPO / ".venv-vllm"))
 
 
-@pytest.fixture(scope="session")
-def require_vllm() -> Path:
-    venv = vllm_venv()
-    if (venv / "bin" / "vllm-router").exists() and (venv / "bin" / "python").exists():
+def dynamo_venv() -> Path:
+    return Path(os.environ.get("HARNESS_DYNAMO_VENV", REPO / ".venv-dynamo"))
+
+
+def _require(venv: Path, needs: list[Path], setup: str) -> Path:
+    if all(p.exists() for p in needs):
         return venv
-    reason = f"no vLLM venv at {venv}: make it with clusters/vllm/setup.sh {venv}"
+    reason = f"no {setup.split('/')[1]} venv at {venv}: make it with {setup} {venv}"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{reason} (.ci/run makes it; in CI its absence is a failure)")
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def require_vllm() -> Path:
+    venv = vllm_venv()
+    return _require(venv, [venv / "bin" / "vllm-router", venv / "bin" / "python"], "clusters/vllm/setup.sh")
+
+
+@pytest.fixture(scope="session")
+def require_dynamo() -> Path:
+    venv = dynamo_venv()
+    site = next((venv / "lib").glob("python3*/site-packages"), venv / "lib")
+    return _require(venv, [venv / "bin" / "python", site / "dynamo" / "mocker"], "clusters/dynamo/setup.sh")
 
 
 @dataclass
@@ -58,13 +80,16 @@ class VllmCluster:
 
 
 def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny",
-           kv_cache_tokens: int | None = None) -> VllmCluster:
+           kv_cache_tokens: int | None = None, engine: str = "vllm") -> VllmCluster:
+    """Start ``clusters/ENGINE/launch.py MODE`` and wait for its ready file (vLLM: the model preset and
+    KV pool options; Dynamo: neither)."""
     ready_file, log_path = tmp / "ready.json", tmp / "launcher.log"
-    pool = ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
+    options = [] if engine != "vllm" else ["--model-preset", model_preset]
+    options += ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
     with open(log_path, "wb") as out:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "clusters.vllm.launch", mode, "--venv", str(venv), "--ready-file",
-             str(ready_file), "--model-preset", model_preset, *pool],
+            [sys.executable, "-m", f"clusters.{engine}.launch", mode, "--venv", str(venv), "--ready-file",
+             str(ready_file), *options],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not ready_file.exists():
@@ -76,7 +101,7 @@ def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny",
             pytest.fail(f"the {mode} cluster was not ready after {STARTUP_TIMEOUT_S} s:\n"
                         + log_path.read_text(errors="replace")[-4000:])
         time.sleep(1.0)
-    spec = yaml.safe_load((REPO / "clusters" / f"vllm-{mode}.yaml").read_text())
+    spec = yaml.safe_load((REPO / "clusters" / f"{engine}-{mode}.yaml").read_text())
     return VllmCluster(mode, json.loads(ready_file.read_text()), spec, launcher, log_path)
 
 
@@ -105,6 +130,21 @@ def vllm_cluster(request, require_vllm, tmp_path_factory):
         left = [pid for name in cluster.ready["instances"] for pid in pgrep(f"^{name}::")]
         left += pgrep(f"vllm-router --host 127.0.0.1 --port {cluster.api.rsplit(':', 1)[1]}")
         assert not left, f"the launcher left processes behind after SIGTERM: {left}"
+
+
+@pytest.fixture(scope="module")
+def dynamo_cluster(request, require_dynamo, tmp_path_factory):
+    """Module-scoped: the mode comes from the module's ``DYNAMO_MODE`` (agg, disagg)."""
+    cluster = _start(request.module.DYNAMO_MODE, require_dynamo, tmp_path_factory.mktemp("dynamo"), engine="dynamo")
+    try:
+        yield cluster
+    finally:
+        pids = [int(f.read_text()) for f in Path(cluster.ready["run_dir"]).glob("*.pid")]  # current incarnations
+        _stop(cluster.launcher)
+        assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
+        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert len(pids) == len(cluster.ready["workers"]) + 1 and not left, \
+            f"the launcher left processes behind after SIGTERM: {left} of {pids}"
 
 
 def healthy(url: str) -> bool:
@@ -165,3 +205,86 @@ def stream_chat(api: str, model: str, content: str, max_tokens: int = 16) -> Str
     assert outcome.error is None, outcome.error
     assert outcome.pieces and outcome.completion_tokens == max_tokens, outcome
     return outcome
+
+
+# -- Dynamo: streams decoding while a worker dies --------------------------------------------------------
+
+
+def _decode_concurrently(api: str, n: int, max_tokens: int, started: int) -> tuple[list, list[threading.Thread]]:
+    """``n`` streams in threads; returns once each has ``started`` tokens (their records fill in later)."""
+    records: list = [None] * n
+    ready = [threading.Event() for _ in range(n)]
+
+    def run(i: int) -> None:
+        def seen(rec, _msg):
+            if sum(rec.chunk_tokens) >= started:
+                ready[i].set()
+        try:
+            with StreamingClient(api, request_shape=request_shape("dynamo"), timeout_s=120) as client:
+                records[i] = client.send(CompletionRequest(f"survive {i}", max_tokens=max_tokens, ignore_eos=True),
+                                         on_message=seen)
+        finally:
+            ready[i].set()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for e in ready:
+        assert e.wait(60)
+    return records, threads
+
+
+@dataclass
+class KillOutcome:
+    records: list          # the harness's streams (RequestRecord)
+    migrated: float        # rise of dynamo_frontend_model_migration_total over the kill
+    kill_perf_ns: int      # time.perf_counter_ns() of the SIGKILL (the wall clock may step: seen here once, 0.6 s)
+    independent: list[list[float]]  # per independent stream: time.perf_counter() of each SSE line with a token
+
+
+def _independent_stream(api: str, i: int, max_tokens: int, out: list[list[float]], started: threading.Event) -> None:
+    """A client that shares no code with the harness: raw httpx lines, its own clock, a token when usage rises."""
+    arrivals: list[float] = []
+    body = {"model": "tiny-llama", "prompt": f"independent {i}", "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    try:
+        with httpx.stream("POST", f"{api}/v1/completions", json=body, timeout=120) as resp:
+            count = 0
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    now = (event.get("usage") or {}).get("completion_tokens", 0)
+                    if event.get("choices") and now > count:
+                        count = now
+                        arrivals.append(time.perf_counter())
+                        if count >= 20:
+                            started.set()
+    finally:
+        started.set()
+        out.append(arrivals)
+
+
+def kill_under_streams(cluster, victim: str, n: int = 6, independent: int = 0) -> KillOutcome:
+    """SIGKILL ``victim`` while ``n`` of the harness's streams (and ``independent`` raw ones) decode; wait for
+    the supervisor to bring it back."""
+    pid_file = Path(cluster.ready["workers"][victim]["pid_file"])
+    metrics = cluster.ready["metrics"]
+    before = migration_count(metrics, "dynamo")
+    raw: list[list[float]] = []
+    flags = [threading.Event() for _ in range(independent)]
+    raw_threads = [threading.Thread(target=_independent_stream, args=(cluster.api, i, 400, raw, flags[i]))
+                   for i in range(independent)]
+    for t in raw_threads:
+        t.start()
+    records, threads = _decode_concurrently(cluster.api, n, max_tokens=400, started=20)
+    for e in flags:
+        assert e.wait(60)
+    old = int(pid_file.read_text())
+    kill_perf_ns = time.perf_counter_ns()
+    os.kill(old, signal.SIGKILL)
+    for t in threads + raw_threads:
+        t.join(120)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and int(pid_file.read_text()) != old and healthy(cluster.worker(victim)["health"])):
+        assert time.monotonic() < deadline, cluster.launcher_log()[-3000:]
+        time.sleep(0.5)
+    return KillOutcome(records, migration_count(metrics, "dynamo") - before, kill_perf_ns, raw)

@@ -1,0 +1,93 @@
+"""A real NVIDIA Dynamo 1.6.1 frontend with two aggregated mocker workers, supervised (clusters/dynamo-agg.yaml):
+the launcher's READY, the request shape Dynamo accepts, token counting without text, the 6.2 suite as a
+user runs it, and a SIGKILL under load that Dynamo's request migration absorbs. One cluster for the module
+(it starts in about 5 s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.checks.migration_blackbox import crossing
+from harness.errors import ConfigError
+from harness.probes.request_shape import check_request_shape, request_shape
+from harness.probes.streaming import CompletionRequest, StreamingClient
+from tests.realengine.conftest import REPO, healthy, kill_under_streams
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+DYNAMO_MODE = "agg"
+
+
+def test_ready_means_every_worker_registered_and_serving(dynamo_cluster):
+    ready = dynamo_cluster.ready
+    assert ready["registered"] == {"backend": 2} and set(ready["workers"]) == {"dynamo-0", "dynamo-1"}
+    health = httpx.get(f"{dynamo_cluster.api}/health", timeout=10).json()
+    assert sum(i["endpoint"] == "generate" for i in health["instances"]) == 2
+    for name, worker in ready["workers"].items():
+        assert healthy(worker["health"]), name
+        assert int(Path(worker["pid_file"]).read_text()) == worker["pid"]
+        spec = dynamo_cluster.worker(name)
+        assert spec["process"]["pid_file"] == worker["pid_file"] and spec["health"] == worker["health"]
+
+
+def test_the_dynamo_shape_is_accepted_and_return_token_ids_would_be_refused(dynamo_cluster):
+    """The launcher leaves DYN_IGNORE_OPENAI_FE_UNSUPPORTED_FIELDS unset, as a user's Dynamo may."""
+    check_request_shape(dynamo_cluster.api, request_shape("dynamo"))
+    with pytest.raises(ConfigError, match="rejects request field\\(s\\) return_token_ids"):
+        check_request_shape(dynamo_cluster.api, request_shape("vllm"))
+
+
+def test_streams_carry_the_tokens_usage_says_although_their_text_is_empty(dynamo_cluster):
+    with StreamingClient(dynamo_cluster.api, request_shape=request_shape("dynamo")) as client:
+        records = [client.send(CompletionRequest(f"count me {i}", max_tokens=24, ignore_eos=True, chat=i % 2 == 1))
+                   for i in range(4)]
+    for rec in records:
+        assert rec.ok and rec.token_source == "usage", rec
+        assert sum(rec.chunk_tokens) == rec.completion_tokens == 24 and rec.first_token_ns == rec.chunk_ns[0]
+    assert not "".join(r.text for r in records)  # the mocker's tokens detokenize to nothing
+
+
+def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster, tmp_path):
+    reports = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider",
+                           "--cluster=dynamo-agg", f"--report-dir={reports}", "--load-duration=5", "--load-users=8",
+                           "--live=plain"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
+    verdicts = {v["item"]: v for v in json.loads((reports / "latest" / "results.json").read_text())["verdicts"]}
+    for item in ("6.2.ttft", "6.2.tpot"):
+        assert verdicts[item]["status"] in ("pass", "fail"), verdicts[item]["reason"]
+        assert verdicts[item]["evidence"]["server"]["observations"] > 0  # the frontend's own histogram beside
+    lost = verdicts["nothing-lost"]
+    assert lost["status"] == "pass" and lost["evidence"]["tokens_counted_by"] == {"usage": lost["evidence"]["completed"]}
+
+
+def _excess_ms(arrivals: list[float], kill: float) -> float | None:
+    """An independent client's view of the crossing: its longest gap after the kill minus its mean gap before."""
+    j = next((i for i, t in enumerate(arrivals) if t >= kill), None)
+    if j is None or j < 4:
+        return None
+    stall = max(arrivals[i] - arrivals[i - 1] for i in range(j, len(arrivals)) if arrivals[i - 1] <= kill + 5)
+    return (stall - (arrivals[j - 1] - arrivals[0]) / (j - 1)) * 1000
+
+
+def test_a_killed_worker_s_streams_migrate_nothing_is_lost_and_the_harness_sees_what_a_client_sees(dynamo_cluster):
+    out = kill_under_streams(dynamo_cluster, "dynamo-0", n=6, independent=6)
+    for rec in out.records:  # every stream completed with every token: none was cut, none failed
+        assert rec is not None and rec.ok and sum(rec.chunk_tokens) == rec.completion_tokens == 400, rec
+    assert all(len(a) == 400 for a in out.independent), [len(a) for a in out.independent]
+    # round robin put about half of the 12 streams on the victim: each one it held migrated
+    assert 1 <= out.migrated <= 12, out.migrated
+    assert "dynamo-0 (pid" in dynamo_cluster.launcher_log() and "exited with code -9" in dynamo_cluster.launcher_log()
+    # acceptance (issue 24): the harness's 6.1.2 excess stall within 2x of what an independent client sees
+    # (measured here: largest excess 41-57 ms from the harness, 43-65 ms from the independent client)
+    harness = [c[0] - c[1] for r in out.records
+               if not isinstance(c := crossing(r, r.anchor.perf_to_wall(out.kill_perf_ns) / 1e9), str)]
+    independent = [e for a in out.independent if (e := _excess_ms(a, out.kill_perf_ns / 1e9)) is not None]
+    assert harness and independent, (harness, independent)
+    assert 0.5 <= max(harness) / max(independent) <= 2.0, (sorted(harness), sorted(independent))
