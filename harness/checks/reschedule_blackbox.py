@@ -123,14 +123,16 @@ def _on_victim(rec: RequestRecord, fault: ClientFault) -> bool:
 
 def longest_stall(rec: RequestRecord, start: float, end: float) -> float:
     """The longest gap between consecutive events (send, chunks, end) of ``rec`` that overlaps
-    [start, end]; a stream with no end stalls until ``end``."""
+    [start, end], counted up to ``end``: a stall that the next fault began belongs to that fault,
+    not to this one (a hang's 8 s stall, starting a few ms after a kill's last chunk, was once
+    counted as the kill's). A stream with no end stalls until ``end``."""
     times = [_wall(rec, rec.sent_ns)] + [_wall(rec, t) for t in rec.chunk_ns]
     last = _wall(rec, rec.end_ns)
     times.append(end if last is None else last)
     worst = 0.0
     for a, b in zip(times, times[1:]):
         if a is not None and b is not None and b > start and a < end:
-            worst = max(worst, b - a)
+            worst = max(worst, min(b, end) - a)
     return worst
 
 

@@ -100,6 +100,18 @@ def _locator(w: Any, which: str = "process") -> str:
             else f"systemctl show -p MainPID --value {p.systemd_unit}")
 
 
+def victims(workers: Sequence[Any], steps: Sequence[tuple[str, str]], seed: int) -> list[Any]:
+    """The worker each step faults: per (kind, role), a seeded round through every candidate before
+    any is faulted again (N kills on N workers, not a random pick that hit one worker twice in 8)."""
+    rng, turns, out = random.Random(seed), {}, []
+    for kind, role in steps:
+        if not turns.get((kind, role)):
+            specs = [w for w in workers if str(w.role) == role and (kind == "process_hang" or w.restartable)]
+            turns[(kind, role)] = rng.sample(specs, len(specs))
+        out.append(turns[(kind, role)].pop(0))
+    return out
+
+
 def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, seed: int, hang_s: float = HANG_S,
                observe_s: float = 5.0, before_each: Callable[[], None] | None = None,
                rejoin_limit_s: float | None = None) -> BlackboxRun:
@@ -109,12 +121,9 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
              if rejoin_limit_s is None else rejoin_limit_s)
     out = BlackboxRun()
     executor_for = faults.executor_factory
-    for i, (kind, role) in enumerate(steps):
+    for i, ((kind, role), spec) in enumerate(zip(steps, victims(cluster.workers, steps, seed))):
         if before_each is not None:
             before_each()
-        specs = [w for w in cluster.workers if str(w.role) == role
-                 and (kind == "process_hang" or w.restartable)]
-        spec = random.Random(seed + i).choice(specs)
         target: InventoryWorker = resolve([spec], executor_for,
                                           which="process" if kind == "process_kill" else "hang_process")[0]
         watch = RejoinWatch.for_worker(cluster, spec, limit)
@@ -171,4 +180,5 @@ class _NewProcess:
         return pid != self.old.pid and wait_healthy(self.old.health_url, 1.0) is not None
 
 
-__all__ = ["BlackboxRun", "HANG_S", "REJOIN_WATCH_MAX_S", "describe_plan", "plan", "run_faults", "without_survivor"]
+__all__ = ["BlackboxRun", "HANG_S", "REJOIN_WATCH_MAX_S", "describe_plan", "plan", "run_faults", "victims",
+           "without_survivor"]

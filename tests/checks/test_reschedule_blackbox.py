@@ -209,3 +209,14 @@ def test_the_first_success_sent_after_a_time():
                stream("sooner", T0 + 0.3, [T0 + 0.6], end=T0 + 2.0)]
     assert first_success_sent_after(records, T0) == pytest.approx(T0 + 0.6)
     assert first_success_sent_after(records, T0 + 0.6) is None
+
+
+def test_a_stall_the_next_fault_began_is_not_counted_on_the_fault_before_it():
+    """Seen on Dynamo: a kill's last chunk came a few ms before the next fault (a hang), and the hang's
+    8 s stall was counted as the kill's longest stall. A fault's window ends at the next fault."""
+    frozen = stream("frozen", T0 - 0.05, [T0 + 0.1, T0 + 0.45, T0 + 8.8], end=T0 + 9)
+    kill_s, hang_s = measure_client_view([kill(t=T0), ClientFault(T0 + 0.5, ("decode-0",), "decode", "hang decode-0")],
+                                         [frozen, stream("new", T0 + 0.2, [T0 + 0.3], end=T0 + 0.4)])
+    assert kill_s.longest_stall_s == pytest.approx(0.35)   # up to the hang: 0.1 -> 0.45
+    assert hang_s.longest_stall_s == pytest.approx(8.35)   # the hang's own: 0.45 -> 8.8
+    assert longest_stall(frozen, T0, T0 + 0.5) == pytest.approx(0.35)

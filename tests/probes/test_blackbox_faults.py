@@ -2,7 +2,7 @@
 dry run's description of what would be signalled and how each worker comes back."""
 
 from harness.clusterfile.models import Worker
-from harness.probes.blackbox_faults import describe_plan, plan, without_survivor
+from harness.probes.blackbox_faults import describe_plan, plan, victims, without_survivor
 
 
 def worker(name: str, role: str, **extra) -> Worker:
@@ -49,3 +49,15 @@ def test_a_hang_stops_the_hang_process_when_the_worker_names_one():
     kill, hang = describe_plan(w[:1], plan(w, 1), hang_s=8.0, observe_s=5.0)
     assert "cat /tmp/vllm-0.pid" in kill and "EngineCore" not in kill
     assert "pgrep -f '^vllm-0::EngineCore'" in hang
+
+
+def test_victims_go_round_every_worker_before_any_is_faulted_again():
+    """Seen on Dynamo's 16 mocker processes: 8 kills by independent seeded picks hit one worker twice."""
+    many = [worker(f"mocker-{i:02d}", "aggregated", supervised=True) for i in range(16)]
+    steps = [("process_kill", "aggregated")] * 16 + [("process_hang", "aggregated")] * 3
+    picked = [w.name for w in victims(many, steps, seed=7)]
+    assert sorted(picked[:16]) == sorted(w.name for w in many)   # 16 kills, 16 different workers
+    assert len(set(picked[16:])) == 3                             # hangs take their own round
+    assert picked == [w.name for w in victims(many, steps, seed=7)] != [w.name for w in victims(many, steps, seed=8)]
+    mixed = [worker("a", "aggregated", supervised=True), worker("b", "aggregated")]   # b cannot come back
+    assert {w.name for w in victims(mixed, [("process_kill", "aggregated")] * 3, seed=0)} == {"a"}
