@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,17 @@ from typing import Iterator
 import pytest
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Every fault test leaves SIGINT and SIGTERM as it found them: a finished RunSignals leaves
+    SIG_IGN by design (the end of a run), and a test that ran after one such test saw its Ctrl-C
+    ignored ("DID NOT RAISE KeyboardInterrupt" after other tests, passing alone)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def keygen(path: Path) -> str:
