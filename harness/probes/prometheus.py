@@ -112,6 +112,8 @@ ENGINE_PROFILES: dict[str, dict[str, str]] = {
         "kv_usage": "dynamo_component_kvstats_gpu_cache_usage_percent",
         "kv_blocks_used": "dynamo_component_kvstats_active_blocks",
         "kv_blocks_total": "dynamo_component_kvstats_total_blocks",
+        # each worker's system port: requests its handlers took (counts a restarted worker's new traffic)
+        "worker_requests": "dynamo_component_requests",
     },
 }
 

@@ -38,7 +38,9 @@ from harness.probes.prometheus import ENGINE_PROFILES, Sample, parse_metrics
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
-SERVED_QUANTITIES = ("prompt_tokens", "requests_finished", "generation_tokens")  # preference order
+# preference order; worker_requests: an engine whose worker pages count only requests taken (Dynamo's
+# system port), read last because a request that waited in a hung worker's socket counts when it resumes
+SERVED_QUANTITIES = ("prompt_tokens", "requests_finished", "generation_tokens", "worker_requests")
 BREAKER_STATES = {0: "closed", 1: "open", 2: "half_open"}
 _KEPT_PROBLEMS = 5
 
