@@ -353,3 +353,36 @@ def kv_drive_plot(evidence: Mapping[str, Any]) -> Markup | None:
     lines = [(lv["kv_use_above"], f"L{lv['level']} above {lv['kv_use_above']:.0%}")
              for lv in levels]
     return kv_level_plot(samples, series[0]["t_wall"], [], lines, [])
+
+
+def machine_plot(samples: Sequence[Mapping[str, Any]], started: float, fault_windows: Sequence[Mapping[str, Any]],
+                 limits: Mapping[str, float]) -> Markup | None:
+    """The test machine's health over the run (results.json ``machine.samples``), on the latency
+    charts' time axis with the fault windows shaded: CPU pressure and run-queue waits (%) with
+    their limits, and the sampler's timer lag (ms)."""
+    if not samples:
+        return None
+    xs = [s["t"] - started for s in samples] + [w["end"] - started for w in fault_windows]
+    x_range = (0.0, max(xs + [1.0]) * 1.02)
+    shares = {"psi_some_pct": ("PSI some", _PALETTE[1]), "load_generator_wait_pct": ("load generator wait", _PALETTE[0]),
+              "engine_wait_pct": ("engine wait (all processes)", _PALETTE[3])}
+    top = max([s[k] or 0.0 for s in samples for k in shares] + [100.0]) * 1.05
+    cpu = Axes("machine-cpu", "Test machine: CPU pressure and run-queue wait", "seconds since run start",
+               "% of wall time", x_range, (0, top), height=220)
+    lag_top = max([s.get("timer_lag_max_ms") or 0.0 for s in samples] + [limits.get("timer_lag_p99_ms", 0.0)]) * 1.15
+    lag = Axes("machine-lag", "Test machine: sampler timer lag", "seconds since run start", "ms late",
+               x_range, (0, lag_top or 1.0), height=180)
+    for ax in (cpu, lag):
+        for w in fault_windows:
+            ax.band(w["start"] - started, w["end"] - started, "fault window")
+    for key, (label, colour) in shares.items():
+        cpu.series([(s["t"] - started, s.get(key)) for s in samples], label, colour, dots=len(samples) < 60)
+    for key, label, colour in (("psi_some_pct", "PSI some limit", _PALETTE[1]),
+                               ("load_generator_wait_pct", "load generator wait limit", _PALETTE[0])):
+        if key in limits:
+            cpu.hline(limits[key], f"{label} {limits[key]:g} %", colour)
+    lag.series([(s["t"] - started, s.get("timer_lag_max_ms")) for s in samples], "timer lag (max per point)",
+               _PALETTE[4], dots=len(samples) < 60)
+    if "timer_lag_p99_ms" in limits:
+        lag.hline(limits["timer_lag_p99_ms"], f"p99 limit {limits['timer_lag_p99_ms']:g} ms", "#dc2626")
+    return Markup(cpu.render() + lag.render())

@@ -1,0 +1,110 @@
+"""Is the test machine too starved for a timing verdict to be about the cluster? (pure, no I/O)
+
+The figures come from :meth:`harness.probes.machine.MachineMonitor.window`, one dict per
+measurement window. Above the stated :class:`MachineLimits` a window is *starved*: the load
+generator (or the harness, or the bundled engine) waited for a CPU long enough to move a latency
+or bandwidth figure by itself. Then:
+
+- a timing item's FAIL becomes INCONCLUSIVE naming the machine (the would-be failure is kept in
+  the evidence): a slow test machine is not a slow cluster;
+- an item that compares two windows (storm vs before, after vs before the flaps, migrated vs
+  baseline TTFT) is inconclusive on a PASS too: starvation in one window can flatter a ratio;
+- an absolute PASS stays PASS (a starved machine only makes figures worse), with the figures;
+- a non-timing item (nothing lost, ECC, degradation order) is never gated.
+
+The limits were calibrated on the main job (docs/load-and-metrics.md, "Test machine health"):
+quiet runs sit well under them, runs beside three busy processes per core well over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from harness.checks.verdict import Status, Verdict
+
+# item -> its timing quantities (threshold keys): a FAIL is gated only when every failing
+# measurement is one of them (a migration that failed outright is a finding on any machine)
+TIMING_ITEMS: dict[str, frozenset[str]] = {
+    "6.1.1": frozenset({"line_rate_fraction"}),
+    "6.1.2": frozenset({"ttft_delta_idle_ms", "ttft_delta_loaded_ms"}),
+    "6.1.3": frozenset({"step_down_s"}),
+    "6.1.4": frozenset({"reschedule_p100_s", "reschedule_p95_s"}),
+    "6.1.5": frozenset({"tcp_p99_latency_ratio", "tcp_throughput_ratio"}),
+    "nic-flap": frozenset({"kv_bandwidth_recovered_fraction", "recovery_time_s"}),
+    "6.2.ttft": frozenset({"ttft_p50_ms", "ttft_p99_ms"}),
+    "6.2.tpot": frozenset({"tpot_p50_ms", "tpot_p99_ms"}),
+}
+COMPARED_ITEMS = frozenset({"6.1.2", "6.1.5", "nic-flap"})  # judged as a ratio/delta of two windows
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    """Above any of these a window is starved. Shares are of the window's wall time; a group's
+    run-queue wait is summed over its processes and threads (% of one CPU)."""
+
+    psi_some_pct: float = 90.0             # some task waited for a CPU this share of the time
+    load_generator_wait_pct: float = 10.0  # Locust runnable but not running
+    harness_wait_pct: float = 10.0         # the pytest process (probes, clients) runnable but not running
+    fabric_probe_wait_pct: float = 10.0    # the raw TCP / KV-transfer probe ends of the fabric items
+    timer_lag_p99_ms: float = 50.0         # a sleeping thread woke this late (any process sees the same)
+    send_lateness_p99_ms: float = 50.0     # the open-loop generator sent this late
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+LIMITS = MachineLimits()
+
+_FIGURES = (  # (window key, limit field, words, unit)
+    ("psi_some_pct", "psi_some_pct", "PSI some", "%"),
+    ("load_generator_wait_pct", "load_generator_wait_pct", "load generator run-queue wait", "%"),
+    ("harness_wait_pct", "harness_wait_pct", "harness run-queue wait", "%"),
+    ("fabric_probe_wait_pct", "fabric_probe_wait_pct", "fabric probe run-queue wait", "%"),
+    ("timer_lag_p99_ms", "timer_lag_p99_ms", "timer lag p99", "ms"),
+    ("send_lateness_p99_ms", "send_lateness_p99_ms", "open-loop send lateness p99", "ms"),
+)
+
+
+def starved(window: Mapping[str, Any], limits: MachineLimits = LIMITS) -> str | None:
+    """"test machine CPU-starved: <each figure over its limit>" or None. A window without
+    samples is not starved (nothing says so); its absence is visible in the evidence."""
+    over = []
+    for key, limit_name, words, unit in _FIGURES:
+        value, limit = window.get(key), getattr(limits, limit_name)
+        if value is not None and value > limit:
+            over.append(f"{words} {value:.3g} {unit} (limit {limit:g} {unit})")
+    if not over:
+        return None
+    context = [f"{words} {window[key]:.3g} {unit}" for key, _, words, unit in _FIGURES[:2]
+               if window.get(key) is not None and not any(o.startswith(words + " ") for o in over)]
+    return "test machine CPU-starved: " + ", ".join(over + context)
+
+
+def _failing_keys(verdict: Verdict) -> set[str] | None:
+    """Threshold keys of the measurements that missed; None when the verdict carries none."""
+    measurements = verdict.evidence.get("measurements")
+    if not measurements:
+        return None
+    return {m.get("key") for m in measurements if m.get("holds") is False}
+
+
+def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: MachineLimits = LIMITS) -> Verdict:
+    """The verdict as the test machine's health allows it (module docstring); a new Verdict whose
+    ``evidence["machine"]`` holds the windows' figures, the limits and what the gate did."""
+    reasons = [r for w in windows if (r := starved(w, limits)) is not None]
+    machine: dict[str, Any] = {"windows": [dict(w) for w in windows], "limits": limits.to_dict(),
+                               "starved": reasons[0] if reasons else None, "gated": None}
+    timing = TIMING_ITEMS.get(verdict.item)
+    new_status, why = verdict.status, ""
+    if reasons and timing is not None:
+        failing = _failing_keys(verdict)
+        if verdict.status is Status.FAIL and (failing is None or failing <= timing):
+            new_status, why = Status.INCONCLUSIVE, "would have failed"
+        elif verdict.status is Status.PASS and verdict.item in COMPARED_ITEMS:
+            new_status, why = Status.INCONCLUSIVE, "would have passed, but starvation can flatter a comparison"
+    if new_status is verdict.status:
+        return replace(verdict, evidence={**verdict.evidence, "machine": machine})
+    machine["gated"] = {"from": verdict.status.value, "reason": verdict.reason}
+    reason = f"inconclusive: {reasons[0]} while it was measured ({why}: {verdict.reason})"
+    return replace(verdict, status=new_status, reason=reason, evidence={**verdict.evidence, "machine": machine})
