@@ -66,9 +66,11 @@ _FIGURES = (  # (window key, limit field, words, unit)
 )
 
 
-def starved(window: Mapping[str, Any], limits: MachineLimits = LIMITS) -> str | None:
+def starved(window: Mapping[str, Any], limits: MachineLimits | None = None) -> str | None:
     """"test machine CPU-starved: <each figure over its limit>" or None. A window without
-    samples is not starved (nothing says so); its absence is visible in the evidence."""
+    samples is not starved (nothing says so); its absence is visible in the evidence.
+    ``limits``: :data:`LIMITS` when not given."""
+    limits = limits or LIMITS
     over = []
     for key, limit_name, words, unit in _FIGURES:
         value, limit = window.get(key), getattr(limits, limit_name)
@@ -89,9 +91,10 @@ def _failing_keys(verdict: Verdict) -> set[str] | None:
     return {m.get("key") for m in measurements if m.get("holds") is False}
 
 
-def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: MachineLimits = LIMITS) -> Verdict:
+def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: MachineLimits | None = None) -> Verdict:
     """The verdict as the test machine's health allows it (module docstring); a new Verdict whose
     ``evidence["machine"]`` holds the windows' figures, the limits and what the gate did."""
+    limits = limits or LIMITS
     reasons = [r for w in windows if (r := starved(w, limits)) is not None]
     machine: dict[str, Any] = {"windows": [dict(w) for w in windows], "limits": limits.to_dict(),
                                "starved": reasons[0] if reasons else None, "gated": None}

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 GROUPS = {"load generator": "load_generator", "engine": "engine", "fabric probes": "fabric_probe",
           "harness": "harness"}  # group -> key prefix of its figures in a window summary
 SERIES_KEYS = ("psi_some_pct", "timer_lag_max_ms", "load_generator_wait_pct", "load_generator_cpu_pct",
-               "load_generator_wait_per_run_ms", "engine_wait_pct", "load1_max")
+               "load_generator_wait_per_run_ms", "engine_wait_pct", "watched_wait_per_run_ms", "runnable_per_cpu",
+               "load1_max")
 
 
 def group_of(argv: Sequence[str]) -> str | None:
@@ -70,6 +71,7 @@ class Sample:
     dt: float
     lag_ms: float
     load1: float | None
+    runnable: int | None  # tasks runnable on the whole machine at the sample (the sampler not counted)
     psi_some_us: float | None
     psi_full_us: float | None
     psi_some_avg10: float | None
@@ -189,7 +191,9 @@ class MachineMonitor:
             some = max(0, psi.some_total_us - prev_psi.some_total_us)
             if psi.full_total_us is not None and prev_psi.full_total_us is not None:
                 full = max(0, psi.full_total_us - prev_psi.full_total_us)
-        sample = Sample(t=wall, dt=mono - prev_mono, lag_ms=lag_ms, load1=procfs.read_load1(), psi_some_us=some,
+        load = procfs.read_loadavg()
+        sample = Sample(t=wall, dt=mono - prev_mono, lag_ms=lag_ms, load1=load[0] if load else None,
+                        runnable=load[1] if load else None, psi_some_us=some,
                         psi_full_us=full, psi_some_avg10=psi.some_avg10 if psi else None, cpu_s=cpu, wait_s=wait,
                         runs=runs, processes=count, engine_wait=tuple(engine))
         with self._lock:
@@ -255,6 +259,8 @@ def summarise(samples: Sequence[Sample], cpus: int) -> dict[str, Any]:
     out["psi_full_pct"] = _pct(sum(s.psi_full_us or 0 for s in full) / 1e6, sum(s.dt for s in full)) if full else None
     out["psi_some_avg10_max"] = max((s.psi_some_avg10 for s in psi if s.psi_some_avg10 is not None), default=None)
     out["load1_max"] = max((s.load1 for s in samples if s.load1 is not None), default=None)
+    runnable = [s.runnable for s in samples if s.runnable is not None]
+    out["runnable_per_cpu"] = round(sum(runnable) / len(runnable) / cpus, 2) if runnable else None
     lags = [s.lag_ms for s in samples]
     out.update(timer_lag_p50_ms=round(nearest_rank(lags, 50), 2), timer_lag_p99_ms=round(nearest_rank(lags, 99), 2),
                timer_lag_max_ms=round(max(lags), 2))
@@ -266,6 +272,9 @@ def summarise(samples: Sequence[Sample], cpus: int) -> dict[str, Any]:
         dispatches = sum(s.runs[group] for s in present)
         out[f"{key}_wait_per_run_ms"] = (round(1000 * sum(s.wait_s[group] for s in present) / dispatches, 3)
                                          if dispatches else None)
+    runs = sum(sum(s.runs.values()) for s in samples)
+    out["watched_wait_per_run_ms"] = (round(1000 * sum(sum(s.wait_s.values()) for s in samples) / runs, 3)
+                                      if runs else None)
     per_proc: dict[str, float] = {}
     for s in samples:
         for label, waited in s.engine_wait:

@@ -63,9 +63,12 @@ def read_psi(path: Path = PSI_CPU) -> Psi | None:
     return parse_psi(text, str(path))
 
 
-def read_load1() -> float | None:
+def read_loadavg() -> tuple[float, int] | None:
+    """(1-minute load average, tasks runnable right now): /proc/loadavg's 1st field and the
+    numerator of its 4th (``running/total``), less the reading thread itself."""
     try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
+        fields = Path("/proc/loadavg").read_text().split()
+        return float(fields[0]), max(0, int(fields[3].split("/")[0]) - 1)
     except (OSError, ValueError, IndexError):
         return None
 
