@@ -75,8 +75,9 @@ class Sample:
     psi_some_us: float | None
     psi_full_us: float | None
     psi_some_avg10: float | None
-    cpu_s: dict[str, float]
-    wait_s: dict[str, float]
+    cpu_s: dict[str, float]  # group -> CPU seconds (utime + stime) in the interval
+    ran_s: dict[str, float]  # group -> seconds on a CPU (schedstat), the same in finer grain
+    wait_s: dict[str, float]  # group -> seconds runnable but waiting for a CPU
     runs: dict[str, int]  # times the group's threads were put on a CPU
     processes: dict[str, int]
     engine_wait: tuple[tuple[str, float], ...]  # (process label, run-queue wait seconds)
@@ -99,7 +100,8 @@ class MachineMonitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._procs: dict[int, tuple[str, str, float, float, int]] = {}  # pid -> (group, label, cpu, wait, runs)
+        # pid -> (group, label, CPU s (utime+stime), on-CPU s, run-queue wait s, dispatches)
+        self._procs: dict[int, tuple[str, str, float, float, float, int]] = {}
         self._prev_psi: procfs.Psi | None = None
         self._prev_mono: float | None = None
         self._prev_boot: float | None = None
@@ -159,25 +161,27 @@ class MachineMonitor:
         mono, wall, boot = time.monotonic(), time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
         psi = self._read_psi()
         cpu = {g: 0.0 for g in GROUPS}
+        ran = {g: 0.0 for g in GROUPS}
         wait = {g: 0.0 for g in GROUPS}
         count = {g: 0 for g in GROUPS}
         runs = {g: 0 for g in GROUPS}
         engine: list[tuple[str, float]] = []
         for pid, group, label in self._members():
-            stat, sched = procfs.cpu_and_start_seconds(pid), procfs.run_queue_wait(pid)
+            stat, sched = procfs.cpu_and_start_seconds(pid), procfs.schedstat(pid)
             if stat is None or sched is None:
                 continue  # exited between listing and reading
             now = (stat[0], *sched)
             if pid in self._procs:
                 before = self._procs[pid][2:]
             elif self._prev_boot is not None and stat[1] >= self._prev_boot - 0.02:
-                before = (0.0, 0.0, 0)  # born since the last sample: all it used is in this one
+                before = (0.0, 0.0, 0.0, 0)  # born since the last sample: all it used is in this one
             else:
                 before = now  # seen for the first time: the baseline
             self._procs[pid] = (group, label, *now)
-            cpu_d, wait_d, runs_d = (max(0, a - b) for a, b in zip(now, before))
+            cpu_d, ran_d, wait_d, runs_d = (max(0, a - b) for a, b in zip(now, before))
             count[group] += 1
             cpu[group] += cpu_d
+            ran[group] += ran_d
             wait[group] += wait_d
             runs[group] += int(runs_d)
             if group == "engine":
@@ -194,8 +198,8 @@ class MachineMonitor:
         load = procfs.read_loadavg()
         sample = Sample(t=wall, dt=mono - prev_mono, lag_ms=lag_ms, load1=load[0] if load else None,
                         runnable=load[1] if load else None, psi_some_us=some,
-                        psi_full_us=full, psi_some_avg10=psi.some_avg10 if psi else None, cpu_s=cpu, wait_s=wait,
-                        runs=runs, processes=count, engine_wait=tuple(engine))
+                        psi_full_us=full, psi_some_avg10=psi.some_avg10 if psi else None, cpu_s=cpu, ran_s=ran,
+                        wait_s=wait, runs=runs, processes=count, engine_wait=tuple(engine))
         with self._lock:
             self._samples.append(sample)
 
@@ -269,12 +273,8 @@ def summarise(samples: Sequence[Sample], cpus: int) -> dict[str, Any]:
         out[f"{key}_processes"] = max((s.processes.get(group, 0) for s in samples), default=0)
         out[f"{key}_cpu_pct"] = _pct(sum(s.cpu_s[group] for s in present), seconds) if present else None
         out[f"{key}_wait_pct"] = _pct(sum(s.wait_s[group] for s in present), seconds) if present else None
-        dispatches = sum(s.runs[group] for s in present)
-        out[f"{key}_wait_per_run_ms"] = (round(1000 * sum(s.wait_s[group] for s in present) / dispatches, 3)
-                                         if dispatches else None)
-    runs = sum(sum(s.runs.values()) for s in samples)
-    out["watched_wait_per_run_ms"] = (round(1000 * sum(sum(s.wait_s.values()) for s in samples) / runs, 3)
-                                      if runs else None)
+        out.update(_waits(present, key, [group]))
+    out.update(_waits(samples, "watched", list(GROUPS)))
     per_proc: dict[str, float] = {}
     for s in samples:
         for label, waited in s.engine_wait:
@@ -283,6 +283,15 @@ def summarise(samples: Sequence[Sample], cpus: int) -> dict[str, Any]:
     out["engine_wait_max_pct"] = _pct(per_proc[worst], seconds) if worst else None
     out["engine_worst_process"] = worst
     return out
+
+
+def _waits(samples: Sequence[Sample], key: str, groups: Sequence[str]) -> dict[str, float | None]:
+    """Mean run-queue wait per dispatch (ms) and the share of runnable time spent waiting (%)."""
+    wait = sum(s.wait_s[g] for s in samples for g in groups)
+    ran = sum(s.ran_s[g] for s in samples for g in groups)
+    runs = sum(s.runs[g] for s in samples for g in groups)
+    return {f"{key}_wait_per_run_ms": round(1000 * wait / runs, 3) if runs else None,
+            f"{key}_wait_share_pct": _pct(wait, wait + ran) if wait + ran > 0 else None}
 
 
 def send_lateness(records: Sequence[Any], start: float, end: float) -> dict[str, Any]:

@@ -91,12 +91,13 @@ def cpu_and_start_seconds(pid: int) -> tuple[float, float] | None:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S, int(fields[19]) / TICKS_PER_S
 
 
-def run_queue_wait(pid: int) -> tuple[float, int] | None:
-    """(seconds the process's threads spent runnable but waiting for a CPU, times they were put
-    on a CPU): the 2nd and 3rd fields of each /proc/PID/task/TID/schedstat, summed (a waiting
-    thread is a waiting process). Their ratio is the mean wait per dispatch, the delay the
-    scheduler adds each time the process wakes. None when the process is gone."""
-    wait_ns, dispatches, seen = 0, 0, False
+def schedstat(pid: int) -> tuple[float, float, int] | None:
+    """(seconds the process's threads ran on a CPU, seconds they were runnable but waited for one,
+    times they were put on a CPU): /proc/PID/task/TID/schedstat summed over threads (a waiting
+    thread is a waiting process). wait / dispatches is the mean delay the scheduler added each
+    time the process woke; wait / (run + wait) the share of its runnable time without a CPU.
+    None when the process is gone."""
+    totals, seen = [0, 0, 0], False
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -104,16 +105,18 @@ def run_queue_wait(pid: int) -> tuple[float, int] | None:
     for tid in tids:
         try:
             fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-            wait_ns, dispatches, seen = wait_ns + int(fields[1]), dispatches + int(fields[2]), True
+            totals = [t + int(f) for t, f in zip(totals, fields[:3])]
+            seen = True
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile
     if not seen:  # no task list readable: the process-level line (its main thread on old kernels)
         try:
-            fields = Path(f"/proc/{pid}/schedstat").read_text().split()
-            wait_ns, dispatches = int(fields[1]), int(fields[2])
-        except (OSError, ValueError, IndexError):
+            totals = [int(f) for f in Path(f"/proc/{pid}/schedstat").read_text().split()[:3]]
+        except (OSError, ValueError):
             return None
-    return wait_ns / 1e9, dispatches
+        if len(totals) < 3:
+            return None
+    return totals[0] / 1e9, totals[1] / 1e9, totals[2]
 
 
 def cmdline(pid: int) -> list[str]:

@@ -106,7 +106,8 @@ def test_a_load_generator_pinned_beside_busy_processes_waits_for_the_cpu():
         time.sleep(0.2)
     w = monitor.window(t0, time.time())
     assert w["load_generator_wait_pct"] > 0 and w["load_generator_wait_per_run_ms"] > 0
-    assert w["load_generator_cpu_pct"] > 0
+    assert 0 < w["load_generator_wait_share_pct"] < 100 and w["load_generator_cpu_pct"] > 0
+    assert w["watched_wait_per_run_ms"] > 0
 
 
 def test_processes_that_come_and_go_are_counted_from_birth_and_forgotten_after_exit():
@@ -188,5 +189,5 @@ def test_an_out_of_range_interval_is_refused():
 def test_a_gone_process_reads_as_none():
     p = child("pass")
     reap(p)
-    assert procfs.cpu_and_start_seconds(p.pid) is None and procfs.run_queue_wait(p.pid) is None
+    assert procfs.cpu_and_start_seconds(p.pid) is None and procfs.schedstat(p.pid) is None
     assert procfs.cmdline(p.pid) == [] and Path("/proc/self").exists()
