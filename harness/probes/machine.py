@@ -106,6 +106,7 @@ class MachineMonitor:
         self._prev_mono: float | None = None
         self._prev_boot: float | None = None
         self._warned: set[str] = set()
+        self.taken = 0  # samples taken so far (the ring keeps the last max_samples)
 
     # -- lifecycle --
     def start(self) -> MachineMonitor:
@@ -202,6 +203,7 @@ class MachineMonitor:
                         wait_s=wait, runs=runs, processes=count, engine_wait=tuple(engine))
         with self._lock:
             self._samples.append(sample)
+            self.taken += 1
 
     def _members(self) -> list[tuple[int, str, str]]:
         """(pid, group, label) of every watched process alive now; forgets the ones that exited.

@@ -26,6 +26,14 @@ def child(code: str, *argv_tail: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, *argv_tail], stdin=subprocess.DEVNULL)
 
 
+def more_samples(monitor: MachineMonitor, n: int = 2) -> None:
+    """Wait until the monitor has taken ``n`` more samples (however loaded the machine is)."""
+    target, deadline = monitor.taken + n, time.monotonic() + 60
+    while monitor.taken < target:
+        assert time.monotonic() < deadline, "the sampler took no sample in 60 s"
+        time.sleep(0.02)
+
+
 def reap(*procs: subprocess.Popen) -> None:
     for p in procs:
         if p.poll() is None:
@@ -61,7 +69,7 @@ def test_a_malformed_psi_file_is_an_error_naming_the_file(text, tmp_path):
 
 def test_without_psi_the_monitor_says_so_and_still_samples(tmp_path):
     with MachineMonitor(interval_s=0.05, psi_path=tmp_path / "absent") as monitor:
-        time.sleep(0.4)
+        more_samples(monitor)
     w = monitor.window(0, time.time() + 1)
     assert monitor.psi_note == procfs.PSI_ABSENT and w["psi_note"] == procfs.PSI_ABSENT
     assert w["samples"] > 0 and w["psi_some_pct"] is None and w["timer_lag_p50_ms"] is not None
@@ -71,7 +79,7 @@ def test_a_malformed_psi_file_is_noted_not_fatal(tmp_path):
     bad = tmp_path / "cpu"
     bad.write_text("some nonsense\n")
     with MachineMonitor(interval_s=0.05, psi_path=bad) as monitor:
-        time.sleep(0.3)
+        more_samples(monitor)
     assert str(bad) in monitor.psi_note and monitor.window(0, time.time() + 1)["samples"] > 0
 
 
@@ -83,7 +91,7 @@ def test_a_busy_load_generator_shows_cpu_use_and_an_idle_engine_does_not():
             busy.wait(30), idle.wait(30)
         finally:
             reap(busy, idle)
-        time.sleep(0.3)
+        more_samples(monitor)
     w = monitor.window(t0, time.time())
     assert w["load_generator_processes"] == 1 and w["engine_processes"] == 1
     assert w["load_generator_cpu_pct"] > w["engine_cpu_pct"] >= 0
@@ -103,7 +111,7 @@ def test_a_load_generator_pinned_beside_busy_processes_waits_for_the_cpu():
                 r.wait(30)
         finally:
             reap(victim, *rivals)
-        time.sleep(0.2)
+        more_samples(monitor)
     w = monitor.window(t0, time.time())
     assert w["load_generator_wait_pct"] > 0 and w["load_generator_wait_per_run_ms"] > 0
     assert 0 < w["load_generator_wait_share_pct"] < 100 and w["load_generator_cpu_pct"] > 0
@@ -112,14 +120,14 @@ def test_a_load_generator_pinned_beside_busy_processes_waits_for_the_cpu():
 
 def test_processes_that_come_and_go_are_counted_from_birth_and_forgotten_after_exit():
     with MachineMonitor(interval_s=0.1) as monitor:
-        time.sleep(0.3)  # the child is born after the baseline
+        more_samples(monitor)  # the child is born after the baseline
         t0 = time.time()
         short = child(BUSY.format(pin="", s=0.6), "harness.fabric.ends")
         try:
             short.wait(30)
         finally:
             reap(short)
-        time.sleep(0.4)
+        more_samples(monitor)
         assert not monitor._procs.keys() - {os.getpid()}  # the exited child is not tracked any more
     w = monitor.window(t0, time.time())
     assert w["fabric_probe_processes"] == 1 and w["fabric_probe_cpu_pct"] > 0
@@ -127,7 +135,7 @@ def test_processes_that_come_and_go_are_counted_from_birth_and_forgotten_after_e
 
 def test_stop_joins_the_thread_and_the_ring_is_bounded():
     monitor = MachineMonitor(interval_s=0.05, max_samples=5).start()
-    time.sleep(0.6)
+    more_samples(monitor, 8)
     monitor.stop()
     monitor.stop()  # twice is fine
     assert not monitor._thread.is_alive() and len(monitor.samples()) == 5
@@ -137,7 +145,7 @@ def test_stop_joins_the_thread_and_the_ring_is_bounded():
 
 def test_a_window_without_samples_has_no_figures():
     with MachineMonitor(interval_s=0.05) as monitor:
-        time.sleep(0.2)
+        more_samples(monitor)
     w = monitor.window(0, 1)  # 1970
     assert w["samples"] == 0 and w["psi_some_pct"] is None and w["load_generator_wait_pct"] is None
 
