@@ -16,6 +16,7 @@ from harness.errors import ProbeError
 from harness.probes import procfs
 from harness.probes.machine import MachineMonitor, group_of, send_lateness
 from harness.probes.records import RequestRecord, process_anchor
+from harness.waiting import wait_until
 
 BUSY = "import os, sys, time\n{pin}t = time.time()\nwhile time.time() - t < {s}: pass\n"
 IDLE = "import time\ntime.sleep({s})\n"
@@ -28,10 +29,8 @@ def child(code: str, *argv_tail: str) -> subprocess.Popen:
 
 def more_samples(monitor: MachineMonitor, n: int = 2) -> None:
     """Wait until the monitor has taken ``n`` more samples (however loaded the machine is)."""
-    target, deadline = monitor.taken + n, time.monotonic() + 60
-    while monitor.taken < target:
-        assert time.monotonic() < deadline, "the sampler took no sample in 60 s"
-        time.sleep(0.02)
+    target = monitor.taken + n
+    wait_until(lambda: monitor.taken >= target, 60, 0.02, what=f"{n} more machine samples")
 
 
 def reap(*procs: subprocess.Popen) -> None:
@@ -154,11 +153,9 @@ def test_descendants_include_grandchildren():
     code = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
     parent = child(code)
     try:
-        deadline = time.monotonic() + 20
-        while len(procfs.descendants(os.getpid())) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        found = procfs.descendants(os.getpid())
-        assert parent.pid in found and len(found) >= 2
+        found = wait_until(lambda: procfs.descendants(os.getpid()), 20, 0.05, what="a child and a grandchild",
+                           accept=lambda pids: len(pids) >= 2)
+        assert parent.pid in found
     finally:
         for pid in procfs.descendants(parent.pid):
             os.kill(pid, 9)
