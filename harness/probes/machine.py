@@ -40,9 +40,8 @@ log = logging.getLogger(__name__)
 
 GROUPS = {"load generator": "load_generator", "engine": "engine", "fabric probes": "fabric_probe",
           "harness": "harness"}  # group -> key prefix of its figures in a window summary
-SERIES_KEYS = ("psi_some_pct", "timer_lag_max_ms", "load_generator_wait_pct", "load_generator_cpu_pct",
-               "load_generator_wait_per_run_ms", "engine_wait_pct", "watched_wait_per_run_ms", "runnable_per_cpu",
-               "load1_max")
+SERIES_KEYS = ("psi_some_pct", "load_generator_wait_share_pct", "fabric_probe_wait_share_pct",
+               "watched_wait_per_run_ms", "timer_lag_max_ms", "load_generator_cpu_pct", "runnable_per_cpu", "load1_max")
 
 
 def group_of(argv: Sequence[str]) -> str | None:

@@ -146,7 +146,7 @@ def test_a_window_without_samples_has_no_figures():
     with MachineMonitor(interval_s=0.05) as monitor:
         more_samples(monitor)
     w = monitor.window(0, 1)  # 1970
-    assert w["samples"] == 0 and w["psi_some_pct"] is None and w["load_generator_wait_pct"] is None
+    assert w["samples"] == 0 and w["psi_some_pct"] is None and w.get("watched_wait_per_run_ms") is None
 
 
 def test_descendants_include_grandchildren():
