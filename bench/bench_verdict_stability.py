@@ -164,10 +164,11 @@ def describe(o: RunOutcome) -> list[str]:
         interval = f"[{_fmt(i.get('lo'))}-{_fmt(i.get('hi'))}]" if i else ""
         m = r.machine or {}
         lines.append(f"  {r.item:<12} {r.status:<12} {_fmt(r.measured):>8} {r.unit:<12} {interval:<16} "
-                     f"psi {_fmt(m.get('psi_some_pct'))}% lg-wait {_fmt(m.get('load_generator_wait_pct'))}% "
-                     f"lg-wait/run {_fmt(m.get('load_generator_wait_per_run_ms'))}ms "
-                     f"lag-p99 {_fmt(m.get('timer_lag_p99_ms'))}ms "
-                     f"engine-wait-max {_fmt(m.get('engine_wait_max_pct'))}%  {r.test.split('::')[-1]}")
+                     f"psi {_fmt(m.get('psi_some_pct'))}% wait/run {_fmt(m.get('watched_wait_per_run_ms'))}ms "
+                     f"lg-no-cpu {_fmt(m.get('load_generator_wait_share_pct'))}% "
+                     f"fab-no-cpu {_fmt(m.get('fabric_probe_wait_share_pct'))}% "
+                     f"lag-p99 {_fmt(m.get('timer_lag_p99_ms'))}ms run/cpu {_fmt(m.get('runnable_per_cpu'))}  "
+                     f"{r.test.split('::')[-1]}")
         if r.status in ("fail", "inconclusive"):
             lines.append(f"      {r.reason[:300]}")
     return lines
