@@ -83,10 +83,12 @@ class Sample:
 
 
 class MachineMonitor:
-    """Samples this machine every ``interval_s`` in a thread until :meth:`stop` (always joined)."""
+    """Samples this machine every ``interval_s`` in a thread until :meth:`stop` (always joined);
+    looks for new processes under ``roots`` (this process by default) every ``scan_every_s``."""
 
     def __init__(self, *, interval_s: float = 0.5, roots: Iterable[int] | None = None,
-                 max_samples: int = 14_400, psi_path: os.PathLike | str = procfs.PSI_CPU) -> None:
+                 max_samples: int = 14_400, psi_path: os.PathLike | str = procfs.PSI_CPU,
+                 scan_every_s: float = 2.0) -> None:
         if not 0.05 <= interval_s <= 60:
             raise ProbeError(f"machine sampling interval {interval_s!r} s is out of range",
                              fix="use 0.05 to 60 s (0.5 s by default)")
@@ -103,7 +105,10 @@ class MachineMonitor:
         self._procs: dict[int, tuple[str, str, float, float, float, int]] = {}
         self._prev_psi: procfs.Psi | None = None
         self._prev_mono: float | None = None
-        self._prev_boot: float | None = None
+        self._scan_every = max(1, round(scan_every_s / interval_s))  # samples between scans of the process tree
+        self._samples_since_scan = 0
+        self._scan_boot: float | None = None  # CLOCK_BOOTTIME of the latest scan, and of the one before
+        self._last_scan_boot: float | None = None
         self._warned: set[str] = set()
         self.taken = 0  # samples taken so far (the ring keeps the last max_samples)
 
@@ -158,7 +163,7 @@ class MachineMonitor:
         return psi
 
     def _take(self, lag_ms: float) -> None:
-        mono, wall, boot = time.monotonic(), time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
+        mono, wall = time.monotonic(), time.time()
         psi = self._read_psi()
         cpu = {g: 0.0 for g in GROUPS}
         ran = {g: 0.0 for g in GROUPS}
@@ -173,8 +178,8 @@ class MachineMonitor:
             now = (stat[0], *sched)
             if pid in self._procs:
                 before = self._procs[pid][2:]
-            elif self._prev_boot is not None and stat[1] >= self._prev_boot - 0.02:
-                before = (0.0, 0.0, 0.0, 0)  # born since the last sample: all it used is in this one
+            elif self._last_scan_boot is not None and stat[1] >= self._last_scan_boot - 0.02:
+                before = (0.0, 0.0, 0.0, 0)  # born since the last scan: all it used is in this sample
             else:
                 before = now  # seen for the first time: the baseline
             self._procs[pid] = (group, label, *now)
@@ -187,7 +192,7 @@ class MachineMonitor:
             if group == "engine":
                 engine.append((label, wait_d))
         prev_psi, self._prev_psi = self._prev_psi, psi
-        prev_mono, self._prev_mono, self._prev_boot = self._prev_mono, mono, boot
+        prev_mono, self._prev_mono = self._prev_mono, mono
         if prev_mono is None:
             return  # the baseline
         some = full = None
@@ -205,11 +210,18 @@ class MachineMonitor:
             self.taken += 1
 
     def _members(self) -> list[tuple[int, str, str]]:
-        """(pid, group, label) of every watched process alive now; forgets the ones that exited.
-        A descendant outside every group is looked at again next time: a fork that has not
-        exec'd yet still shows its parent's command line."""
-        members = [(root, "harness", f"harness (pid {root})") for root in self.roots]
-        live = set(self.roots)
+        """(pid, group, label) of every watched process. The process tree is scanned every
+        ~2 s (a scan reads every process of the machine); in between the known members are read.
+        A descendant outside every group is looked at again at the next scan: a fork that has
+        not exec'd yet still shows its parent's command line."""
+        roots = [(root, "harness", f"harness (pid {root})") for root in self.roots]
+        self._samples_since_scan += 1
+        if self._samples_since_scan < self._scan_every and self._scan_boot is not None:
+            return roots + [(pid, group, label) for pid, (group, label, *_) in self._procs.items()
+                            if pid not in self.roots]
+        self._samples_since_scan, self._last_scan_boot = 0, self._scan_boot
+        self._scan_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        members, live = list(roots), set(self.roots)
         for root in self.roots:
             for pid in procfs.descendants(root):
                 live.add(pid)

@@ -73,13 +73,15 @@ def read_loadavg() -> tuple[float, int] | None:
         return None
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/PID/stat (after comm, which may hold spaces and ')'), or None if gone."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """Fields 3.. of /proc/PID/stat (after comm, which may hold spaces and ')'), or None if gone.
+    Read as bytes: this runs for every process of the machine at each descendants() scan."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        with open(f"/proc/{pid}/stat", "rb", buffering=0) as fh:
+            data = fh.read(4096)
     except OSError:
         return None
-    return text.rpartition(")")[2].split() or None
+    return data.rpartition(b")")[2].split() or None
 
 
 def cpu_and_start_seconds(pid: int) -> tuple[float, float] | None:

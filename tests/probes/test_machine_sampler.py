@@ -83,7 +83,7 @@ def test_a_malformed_psi_file_is_noted_not_fatal(tmp_path):
 
 
 def test_a_busy_load_generator_shows_cpu_use_and_an_idle_engine_does_not():
-    with MachineMonitor(interval_s=0.1) as monitor:
+    with MachineMonitor(interval_s=0.1, scan_every_s=0.1) as monitor:
         t0 = time.time()
         busy, idle = child(BUSY.format(pin="", s=1.5), "locust"), child(IDLE.format(s=1.5), "harness.engine.idle")
         try:
@@ -100,7 +100,7 @@ def test_a_busy_load_generator_shows_cpu_use_and_an_idle_engine_does_not():
 def test_a_load_generator_pinned_beside_busy_processes_waits_for_the_cpu():
     cpu = min(os.sched_getaffinity(0))
     pin = f"os.sched_setaffinity(0, {{{cpu}}})\n"
-    with MachineMonitor(interval_s=0.1) as monitor:
+    with MachineMonitor(interval_s=0.1, scan_every_s=0.1) as monitor:
         t0 = time.time()
         rivals = [child(BUSY.format(pin=pin, s=2.0)) for _ in range(2)]
         victim = child(BUSY.format(pin=pin, s=1.5), "locust")
@@ -118,7 +118,7 @@ def test_a_load_generator_pinned_beside_busy_processes_waits_for_the_cpu():
 
 
 def test_processes_that_come_and_go_are_counted_from_birth_and_forgotten_after_exit():
-    with MachineMonitor(interval_s=0.1) as monitor:
+    with MachineMonitor(interval_s=0.1, scan_every_s=0.1) as monitor:
         more_samples(monitor)  # the child is born after the baseline
         t0 = time.time()
         short = child(BUSY.format(pin="", s=0.6), "harness.fabric.ends")
