@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -21,6 +21,7 @@ from harness.errors import HarnessError
 from harness.plugin_state import MARKER, HarnessOptions, harness_state, show
 
 MACHINE = pytest.StashKey[Any]()  # the session's harness.probes.machine.MachineMonitor while the cluster is up
+
 
 @pytest.fixture(scope="session")
 def harness_options(pytestconfig: pytest.Config) -> HarnessOptions:
@@ -111,7 +112,7 @@ class Conformance:
         self.started = time.time()  # the test's machine-health window starts here
         self.load_runs: list[Any] = []  # this test's LoadRunners (the ``load`` fixture adds them)
 
-    def record(self, verdict: Verdict, windows: list[tuple[float, float]] | None = None) -> Verdict:
+    def record(self, verdict: Verdict, windows: Sequence[tuple[float, float]] | None = None) -> Verdict:
         """Record ``verdict``, gated by the test machine's health over ``windows`` (wall-clock
         ``(start, end)`` pairs; the test so far by default): harness/checks/machine.py. Returns
         the verdict as recorded, its ``evidence["machine"]`` holding each window's figures."""
@@ -124,7 +125,7 @@ class Conformance:
         show(self._config, verdict_line(verdict))
         return verdict
 
-    def _machine_gate(self, verdict: Verdict, windows: list[tuple[float, float]] | None) -> Verdict:
+    def _machine_gate(self, verdict: Verdict, windows: Sequence[tuple[float, float]] | None) -> Verdict:
         monitor = self._config.stash.get(MACHINE, None)
         if monitor is None:  # no cluster session (a capability gate before bring-up)
             return verdict
