@@ -61,15 +61,15 @@ class MachineLimits:
 
 LIMITS = MachineLimits()
 
-_FIGURES = (  # (window figure = limit name, how the reason says it, unit)
-    ("psi_some_pct", "PSI some", "%"),
-    ("watched_wait_per_run_ms", "run-queue wait per run of the harness, load generator and engine", "ms"),
-    ("fabric_probe_wait_share_pct", "fabric probes without a CPU for", "% of their runnable time"),
-    ("timer_lag_p99_ms", "timer lag p99", "ms"),
-    ("send_lateness_p99_ms", "open-loop send lateness p99", "ms"),
+_FIGURES = (  # (window figure = limit name, words before the value, unit, words after it)
+    ("psi_some_pct", "PSI some", "%", ""),
+    ("watched_wait_per_run_ms", "run-queue wait per run of the harness, load generator and engine", "ms", ""),
+    ("fabric_probe_wait_share_pct", "fabric probes without a CPU for", "%", " of their runnable time"),
+    ("timer_lag_p99_ms", "timer lag p99", "ms", ""),
+    ("send_lateness_p99_ms", "open-loop send lateness p99", "ms", ""),
 )
-_CONTEXT = (("psi_some_pct", "PSI some", "%"),
-            ("load_generator_wait_share_pct", "load generator without a CPU for", "% of its runnable time"))
+_CONTEXT = (("psi_some_pct", "PSI some", "%", ""),
+            ("load_generator_wait_share_pct", "load generator without a CPU for", "%", " of its runnable time"))
 
 
 def starved(window: Mapping[str, Any], limits: MachineLimits | None = None) -> str | None:
@@ -77,11 +77,12 @@ def starved(window: Mapping[str, Any], limits: MachineLimits | None = None) -> s
     without samples is not starved (nothing says so); its absence is visible in the evidence.
     ``limits``: :data:`LIMITS` when not given."""
     limits = limits or LIMITS
-    over = [f"{words} {window[key]:.3g} {unit} (limit {getattr(limits, key):g})" for key, words, unit in _FIGURES
+    over = [f"{words} {window[key]:.3g} {unit}{after} (limit {getattr(limits, key):g} {unit})"
+            for key, words, unit, after in _FIGURES
             if window.get(key) is not None and window[key] > getattr(limits, key)]
     if not over:
         return None
-    context = [f"{words} {window[key]:.3g} {unit}" for key, words, unit in _CONTEXT
+    context = [f"{words} {window[key]:.3g} {unit}{after}" for key, words, unit, after in _CONTEXT
                if window.get(key) is not None and not any(o.startswith(words + " ") for o in over)]
     return "test machine CPU-starved: " + ", ".join(over + context)
 

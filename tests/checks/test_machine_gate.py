@@ -40,7 +40,7 @@ def test_starved_names_each_figure_over_its_limit():
     assert starved(QUIET) is None
     text = starved(STARVED)
     assert text.startswith("test machine CPU-starved: ")
-    assert "PSI some 100 % (limit 99)" in text and "run-queue wait per run of the harness" in text
+    assert "PSI some 100 % (limit 99 %)" in text and "run-queue wait per run of the harness" in text
     assert "timer lag p99 120 ms" in text and "load generator without a CPU for 70 % of its runnable time" in text
     assert "fabric" not in text and "lateness" not in text  # not measured
 
@@ -53,7 +53,7 @@ def test_a_window_without_samples_is_not_starved():
 def test_every_limit_alone_makes_a_window_starved(field):
     limit = getattr(LIMITS, field)
     assert starved({**QUIET, field: limit}) is None  # at the limit is not over it
-    assert f"(limit {limit:g})" in starved({**QUIET, field: limit * 1.5 + 1})
+    assert f"(limit {limit:g} " in starved({**QUIET, field: limit * 1.5 + 1})
 
 
 @pytest.mark.parametrize("item", sorted(TIMING_ITEMS))
