@@ -10,6 +10,8 @@ or bandwidth figure by itself. Then:
 - an item that compares two windows (storm vs before, after vs before the flaps, migrated vs
   baseline TTFT) is inconclusive on a PASS too: starvation in one window can flatter a ratio;
 - an absolute PASS stays PASS (a starved machine only makes figures worse), with the figures;
+- an INCONCLUSIVE timing verdict (an interval that straddles, too few samples) stays so, its
+  reason naming the starved machine too;
 - a non-timing item (nothing lost, ECC, degradation order) is never gated.
 
 The limits were calibrated on the main job (docs/load-and-metrics.md, "Test machine health"):
@@ -103,15 +105,19 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
     machine: dict[str, Any] = {"windows": [dict(w) for w in windows], "limits": limits.to_dict(),
                                "starved": reasons[0] if reasons else None, "gated": None}
     timing = TIMING_ITEMS.get(verdict.item)
-    new_status, why = verdict.status, ""
-    if reasons and timing is not None:
-        failing = _failing_keys(verdict)
-        if verdict.status is Status.FAIL and (failing is None or failing <= timing):
-            new_status, why = Status.INCONCLUSIVE, "would have failed"
-        elif verdict.status is Status.PASS and verdict.item in COMPARED_ITEMS:
-            new_status, why = Status.INCONCLUSIVE, "would have passed, but starvation can flatter a comparison"
-    if new_status is verdict.status:
+    if not reasons or timing is None:
+        return replace(verdict, evidence={**verdict.evidence, "machine": machine})
+    if verdict.status is Status.INCONCLUSIVE:  # undecided anyway: say that the machine was starved too
+        return replace(verdict, reason=f"{verdict.reason}; {reasons[0]}",
+                       evidence={**verdict.evidence, "machine": machine})
+    failing = _failing_keys(verdict)
+    if verdict.status is Status.FAIL and (failing is None or failing <= timing):
+        why = "would have failed"
+    elif verdict.status is Status.PASS and verdict.item in COMPARED_ITEMS:
+        why = "would have passed, but starvation can flatter a comparison"
+    else:
         return replace(verdict, evidence={**verdict.evidence, "machine": machine})
     machine["gated"] = {"from": verdict.status.value, "reason": verdict.reason}
     reason = f"inconclusive: {reasons[0]} while it was measured ({why}: {verdict.reason})"
-    return replace(verdict, status=new_status, reason=reason, evidence={**verdict.evidence, "machine": machine})
+    return replace(verdict, status=Status.INCONCLUSIVE, reason=reason,
+                   evidence={**verdict.evidence, "machine": machine})

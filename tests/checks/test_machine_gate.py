@@ -102,11 +102,18 @@ def test_a_timing_item_failing_on_a_non_timing_quantity_stays_failed():
     assert gate(slow_step_down, [STARVED]).status is Status.INCONCLUSIVE
 
 
-@pytest.mark.parametrize("status", [Status.INCONCLUSIVE, Status.ERROR])
-def test_inconclusive_and_error_stay_as_they_are(status):
-    v = Verdict(item="6.2.ttft", title="t", status=status, reason="could not measure")
+def test_an_inconclusive_timing_verdict_also_names_a_starved_machine():
+    v = Verdict(item="6.2.ttft", title="t", status=Status.INCONCLUSIVE, reason="p99 480-560 ms straddles 500 ms")
     gated = gate(v, [STARVED])
-    assert gated.status is status and gated.reason == "could not measure"
+    assert gated.status is Status.INCONCLUSIVE and gated.evidence["machine"]["gated"] is None
+    assert gated.reason.startswith("p99 480-560 ms straddles 500 ms; test machine CPU-starved: PSI some 100 %")
+    assert gate(v, [QUIET]).reason == v.reason
+
+
+def test_an_error_stays_as_it_is():
+    v = Verdict(item="6.2.ttft", title="t", status=Status.ERROR, reason="could not measure")
+    gated = gate(v, [STARVED])
+    assert gated.status is Status.ERROR and gated.reason == "could not measure"
 
 
 def test_a_verdict_without_measurements_is_gated_whole():
