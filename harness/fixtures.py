@@ -1,7 +1,8 @@
 """The harness's pytest fixtures, registered by the plugin (harness/plugin.py, ``pytest_plugins``).
 
-``harness_options``, ``cluster`` (session: bundled clusters are started, external ones attached),
-``conformance`` (record verdicts, latency, events into the report), ``faults`` (a FaultRunner that
+``harness_options``, ``cluster`` (session: bundled clusters are started, external ones attached;
+the test machine's health is sampled while it is up), ``conformance`` (record verdicts, gated by
+the machine's health, latency, events into the report), ``faults`` (a FaultRunner that
 refuses faults the cluster's safety settings forbid and reverts everything when the test ends),
 ``load`` (start Locust load against the cluster), ``timeline`` (router events), and the autouse
 capability gate of the conformance suites.
@@ -11,13 +12,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
 from harness.checks.verdict import Verdict
 from harness.errors import HarnessError
 from harness.plugin_state import MARKER, HarnessOptions, harness_state, show
+
+MACHINE = pytest.StashKey[Any]()  # the session's harness.probes.machine.MachineMonitor while the cluster is up
 
 
 @pytest.fixture(scope="session")
@@ -51,9 +54,13 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
             state.live.set_cluster(handle.metrics_url, handle)
         show(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         gpus = _watch_host_gpus(pytestconfig, handle)
+        machine = _watch_machine(pytestconfig)
         try:
             yield handle
         finally:
+            machine.stop()
+            del pytestconfig.stash[MACHINE]
+            state.result.machine = _machine_record(machine)
             if gpus is not None:  # the hosts' GPU state again: what moved during the run goes in the report
                 gpus.finish()
                 state.result.environment.update(gpus.environment())
@@ -78,6 +85,24 @@ def _watch_host_gpus(config: pytest.Config, handle: Any) -> Any:
     return watch
 
 
+def _watch_machine(config: pytest.Config) -> Any:
+    """The test machine's health (CPU pressure, the load generator's and engine's run-queue wait,
+    timer lag) sampled until the cluster's session ends: harness/probes/machine.py."""
+    from harness.probes.machine import MachineMonitor
+
+    monitor = MachineMonitor().start()
+    config.stash[MACHINE] = monitor
+    return monitor
+
+
+def _machine_record(monitor: Any) -> dict[str, Any]:
+    """``results.json``'s ``machine``: the limits and the run's samples, at most 300 points."""
+    from harness.checks.machine import LIMITS
+
+    return {"interval_s": monitor.interval_s, "cpus": monitor.cpus, "psi_note": monitor.psi_note,
+            "limits": LIMITS.to_dict(), "samples": monitor.series(300)}
+
+
 class Conformance:
     """What a suite test records into the report. Verdicts are stamped with the test's node id."""
 
@@ -85,8 +110,14 @@ class Conformance:
         self._config = config
         self._state = harness_state(config)
         self.nodeid = nodeid
+        self.started = time.time()  # the test's machine-health window starts here
+        self.load_runs: list[Any] = []  # this test's LoadRunners (the ``load`` fixture adds them)
 
-    def record(self, verdict: Verdict) -> Verdict:
+    def record(self, verdict: Verdict, windows: Sequence[tuple[float, float]] | None = None) -> Verdict:
+        """Record ``verdict``, gated by the test machine's health over ``windows`` (wall-clock
+        ``(start, end)`` pairs; the test so far by default): harness/checks/machine.py. Returns
+        the verdict as recorded, its ``evidence["machine"]`` holding each window's figures."""
+        verdict = self._machine_gate(verdict, windows)
         verdict.test = self.nodeid
         self._state.result.verdicts.append(verdict)
         self._state.verdicts_by_test.setdefault(self.nodeid, []).append(verdict)
@@ -94,6 +125,24 @@ class Conformance:
 
         show(self._config, verdict_line(verdict))
         return verdict
+
+    def _machine_gate(self, verdict: Verdict, windows: Sequence[tuple[float, float]] | None) -> Verdict:
+        monitor = self._config.stash.get(MACHINE, None)
+        if monitor is None:  # no cluster session (a capability gate before bring-up)
+            return verdict
+        from harness.checks.machine import gate
+        from harness.errors import ProbeError
+
+        records = []
+        for run in self.load_runs:  # open-loop send lateness: the load generator's own lag
+            if not run.profile.open_loop:
+                continue  # a closed-loop user sends when its last request ends: never late
+            try:
+                records.extend(run.records())
+            except ProbeError:
+                pass  # not started or nothing written yet
+        spans = windows or [(self.started, time.time())]
+        return gate(verdict, [monitor.window(start, end, records) for start, end in spans])
 
     def phase(self, name: str) -> None:
         """Name what the test does now ("baseline", "storm", "recovery"): shown in the live display."""
@@ -247,6 +296,7 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
         runner = LoadRunner(cluster.api_url, profile, api_key=cluster.api_key(),
                             output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
         runs.append(runner)
+        conformance.load_runs.append(runner)
         runner.start()
         if (live := harness_state(request.config).live) is not None:
             live.add_load(runner)

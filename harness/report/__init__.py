@@ -36,7 +36,9 @@ class RunResult:
     ``timeline``: ``{"t": t, "source": "router", "kind": "worker_down", "detail": "..."}``;
     ``faults``: fault ledger records (``FaultRecord.to_dict()``);
     ``cluster_samples``: ``{"t": t, "kv_usage": 0.42, "degradation_level": 1, ...}`` sampled from the
-    cluster's metrics while suites ran (docs/results-schema.md).
+    cluster's metrics while suites ran (docs/results-schema.md);
+    ``machine``: the test machine's health while the cluster was up: ``{"interval_s", "cpus",
+    "psi_note", "limits", "samples": [{"t", "psi_some_pct", "timer_lag_max_ms", ...}]}``.
     """
 
     run_id: str
@@ -59,6 +61,7 @@ class RunResult:
     # were judged ({"judged": {item: status}, "not_judged": {item: [reasons]}, "not_run": [item]})
     capabilities: dict[str, Any] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_meaning(self) -> str:

@@ -40,9 +40,13 @@ def render_html(result: RunResult) -> str:
                       for v in result.verdicts]
     counts = {s: sum(1 for v in result.verdicts if v.status.value == s)
               for s in ("pass", "fail", "inconclusive", "error")}
+    machine = result.machine or {}
+    machine_plot = plots.machine_plot(machine.get("samples") or [], result.started, result.fault_windows,
+                                      machine.get("limits") or {})
     return env.get_template("report.html.j2").render(r=result, charts=charts, distributions=distributions,
                                                      evidence_plots=evidence_plots, kv_plot=kv_level_chart(result),
-                                                     event_kinds=event_summary(result.timeline), counts=counts)
+                                                     event_kinds=event_summary(result.timeline), counts=counts,
+                                                     machine_plot=machine_plot)
 
 
 # checklist item -> plots drawn from its verdict's evidence (a verdict without the data draws none)

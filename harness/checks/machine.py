@@ -1,0 +1,127 @@
+"""Is the test machine too starved for a timing verdict to be about the cluster? (pure, no I/O)
+
+The figures come from :meth:`harness.probes.machine.MachineMonitor.window`, one dict per
+measurement window. Above the stated :class:`MachineLimits` a window is *starved*: the load
+generator (or the harness, or the bundled engine) waited for a CPU long enough to move a latency
+or bandwidth figure by itself. Then:
+
+- a timing item's FAIL becomes INCONCLUSIVE naming the machine (the would-be failure is kept in
+  the evidence): a slow test machine is not a slow cluster;
+- an item that compares two windows (storm vs before, after vs before the flaps, migrated vs
+  baseline TTFT) is inconclusive on a PASS too: starvation in one window can flatter a ratio;
+- an absolute PASS stays PASS (a starved machine only makes figures worse), with the figures;
+- an INCONCLUSIVE timing verdict (an interval that straddles, too few samples) stays so, its
+  reason naming the starved machine too;
+- a non-timing item (nothing lost, ECC, degradation order) is never gated.
+
+The limits were calibrated on the main job (docs/load-and-metrics.md, "Test machine health",
+bench/bench_verdict_stability.py): quiet runs sit under them, runs beside three busy processes per
+CPU over them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from harness.checks.verdict import Status, Verdict
+
+# item -> its timing quantities (threshold keys): a FAIL is gated only when every failing
+# measurement is one of them (a migration that failed outright is a finding on any machine)
+TIMING_ITEMS: dict[str, frozenset[str]] = {
+    "6.1.1": frozenset({"line_rate_fraction"}),
+    "6.1.2": frozenset({"ttft_delta_idle_ms", "ttft_delta_loaded_ms"}),
+    "6.1.3": frozenset({"step_down_s"}),
+    "6.1.4": frozenset({"reschedule_p100_s", "reschedule_p95_s"}),
+    "6.1.5": frozenset({"tcp_p99_latency_ratio", "tcp_throughput_ratio"}),
+    "nic-flap": frozenset({"kv_bandwidth_recovered_fraction", "recovery_time_s"}),
+    "6.2.ttft": frozenset({"ttft_p50_ms", "ttft_p99_ms"}),
+    "6.2.tpot": frozenset({"tpot_p50_ms", "tpot_p99_ms"}),
+}
+COMPARED_ITEMS = frozenset({"6.1.2", "6.1.5", "nic-flap"})  # judged as a ratio/delta of two windows
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    """Above any of these a window is starved (figures of harness.probes.machine.summarise).
+    Measured on the main job, 2 CPUs (docs/load-and-metrics.md, "Test machine health")."""
+
+    # the share of the window in which some runnable task had no CPU: the main job keeps the 2 CPUs
+    # busy by itself (2-97 %); beside 3 busy processes per CPU it never had a free moment (>= 99.85 %)
+    psi_some_pct: float = 99.0
+    # the mean delay the scheduler added each time one of our processes (harness, load generator,
+    # engine, fabric probes) was put on a CPU: up to 2.3 ms quiet, 2.6-22 ms beside a burner (when
+    # the engine is busy; an idle one is woken promptly even then: 0.3-0.5 ms, PSI catches those)
+    watched_wait_per_run_ms: float = 4.0
+    # the KV / raw-TCP probe ends are CPU-bound and share 2 CPUs with the engine: 37-82 % of their
+    # runnable time without a CPU quiet (0.88 of line rate at 67 %), up to 95 % beside a burner
+    fabric_probe_wait_share_pct: float = 90.0
+    # a sleeping thread of the harness process woke this late; it includes waits for the GIL, which
+    # the harness's own threads hold (p99 8-282 ms quiet), so only extreme lags count (905+ starved)
+    timer_lag_p99_ms: float = 500.0
+    send_lateness_p99_ms: float = 50.0     # the open-loop generator sent this late after its schedule
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+LIMITS = MachineLimits()
+
+_FIGURES = (  # (window figure = limit name, words before the value, unit, words after it)
+    ("psi_some_pct", "PSI some", "%", ""),
+    ("watched_wait_per_run_ms", "run-queue wait per run of the harness, load generator and engine", "ms", ""),
+    ("fabric_probe_wait_share_pct", "fabric probes without a CPU for", "%", " of their runnable time"),
+    ("timer_lag_p99_ms", "timer lag p99", "ms", ""),
+    ("send_lateness_p99_ms", "open-loop send lateness p99", "ms", ""),
+)
+_CONTEXT = (("psi_some_pct", "PSI some", "%", ""),
+            ("load_generator_wait_share_pct", "load generator without a CPU for", "%", " of its runnable time"))
+
+
+def starved(window: Mapping[str, Any], limits: MachineLimits | None = None) -> str | None:
+    """"test machine CPU-starved: <each figure over its limit>, <context>" or None. A window
+    without samples is not starved (nothing says so); its absence is visible in the evidence.
+    ``limits``: :data:`LIMITS` when not given."""
+    limits = limits or LIMITS
+    over = [f"{words} {window[key]:.3g} {unit}{after} (limit {getattr(limits, key):g} {unit})"
+            for key, words, unit, after in _FIGURES
+            if window.get(key) is not None and window[key] > getattr(limits, key)]
+    if not over:
+        return None
+    context = [f"{words} {window[key]:.3g} {unit}{after}" for key, words, unit, after in _CONTEXT
+               if window.get(key) is not None and not any(o.startswith(words + " ") for o in over)]
+    return "test machine CPU-starved: " + ", ".join(over + context)
+
+
+def _failing_keys(verdict: Verdict) -> set[str] | None:
+    """Threshold keys of the measurements that missed; None when the verdict carries none."""
+    measurements = verdict.evidence.get("measurements")
+    if not measurements:
+        return None
+    return {m.get("key") for m in measurements if m.get("holds") is False}
+
+
+def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: MachineLimits | None = None) -> Verdict:
+    """The verdict as the test machine's health allows it (module docstring); a new Verdict whose
+    ``evidence["machine"]`` holds the windows' figures, the limits and what the gate did."""
+    limits = limits or LIMITS
+    reasons = [r for w in windows if (r := starved(w, limits)) is not None]
+    machine: dict[str, Any] = {"windows": [dict(w) for w in windows], "limits": limits.to_dict(),
+                               "starved": reasons[0] if reasons else None, "gated": None}
+    timing = TIMING_ITEMS.get(verdict.item)
+    if not reasons or timing is None:
+        return replace(verdict, evidence={**verdict.evidence, "machine": machine})
+    if verdict.status is Status.INCONCLUSIVE:  # undecided anyway: say that the machine was starved too
+        return replace(verdict, reason=f"{verdict.reason}; {reasons[0]}",
+                       evidence={**verdict.evidence, "machine": machine})
+    failing = _failing_keys(verdict)
+    if verdict.status is Status.FAIL and (failing is None or failing <= timing):
+        why = "would have failed"
+    elif verdict.status is Status.PASS and verdict.item in COMPARED_ITEMS:
+        why = "would have passed, but starvation can flatter a comparison"
+    else:
+        return replace(verdict, evidence={**verdict.evidence, "machine": machine})
+    machine["gated"] = {"from": verdict.status.value, "reason": verdict.reason}
+    reason = f"inconclusive: {reasons[0]} while it was measured ({why}: {verdict.reason})"
+    return replace(verdict, status=Status.INCONCLUSIVE, reason=reason,
+                   evidence={**verdict.evidence, "machine": machine})

@@ -1,0 +1,131 @@
+"""gate(): a starved test machine makes timing verdicts inconclusive (never failed), compared
+timing passes inconclusive too, absolute passes stay, non-timing items are never gated."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.checks.machine import COMPARED_ITEMS, LIMITS, TIMING_ITEMS, MachineLimits, gate, starved
+from harness.checks.thresholds import Checklist
+from harness.checks.verdict import Measurement, Status, Verdict, judge
+
+CHECKLIST = Checklist.load()
+QUIET = {"samples": 40, "psi_some_pct": 90.0, "watched_wait_per_run_ms": 1.2, "fabric_probe_wait_share_pct": None,
+         "load_generator_wait_share_pct": 70.0, "timer_lag_p99_ms": 30.0, "send_lateness_p99_ms": None}
+STARVED = {**QUIET, "psi_some_pct": 100.0, "watched_wait_per_run_ms": 8.5, "timer_lag_p99_ms": 900.0}
+
+
+def verdict(item: str, **values: float) -> Verdict:
+    """judge() of ``item`` over the given threshold keys and measured values."""
+    it = CHECKLIST.item(item)
+    return judge(it, [Measurement(it.thresholds[k], v, k) for k, v in values.items()])
+
+
+def failing(item: str) -> Verdict:
+    """A FAIL of one of the item's timing quantities."""
+    key = sorted(TIMING_ITEMS[item])[0]
+    t = CHECKLIST.item(item).thresholds[key]
+    bad = t.value * 2 + 1 if t.op in ("<", "<=") else t.value / 2
+    return verdict(item, **{key: bad})
+
+
+def passing(item: str) -> Verdict:
+    key = sorted(TIMING_ITEMS[item])[0]
+    t = CHECKLIST.item(item).thresholds[key]
+    good = t.value / 2 if t.op in ("<", "<=") else t.value * 1.01
+    return verdict(item, **{key: good})
+
+
+def test_starved_names_each_figure_over_its_limit():
+    assert starved(QUIET) is None
+    text = starved(STARVED)
+    assert text.startswith("test machine CPU-starved: ")
+    assert "PSI some 100 % (limit 99 %)" in text and "run-queue wait per run of the harness" in text
+    assert "timer lag p99 900 ms" in text and "load generator without a CPU for 70 % of its runnable time" in text
+    assert "fabric" not in text and "lateness" not in text  # not measured
+
+
+def test_a_window_without_samples_is_not_starved():
+    assert starved({"samples": 0}) is None
+
+
+@pytest.mark.parametrize("field", [f for f in MachineLimits.__dataclass_fields__])
+def test_every_limit_alone_makes_a_window_starved(field):
+    limit = getattr(LIMITS, field)
+    assert starved({**QUIET, field: limit}) is None  # at the limit is not over it
+    assert f"(limit {limit:g} " in starved({**QUIET, field: limit * 1.5 + 1})
+
+
+@pytest.mark.parametrize("item", sorted(TIMING_ITEMS))
+def test_a_timing_fail_in_a_starved_window_is_inconclusive_naming_the_machine(item):
+    original = failing(item)
+    assert original.status is Status.FAIL
+    gated = gate(original, [STARVED])
+    assert gated.status is Status.INCONCLUSIVE
+    assert "test machine CPU-starved" in gated.reason and original.reason in gated.reason
+    assert gated.evidence["machine"]["gated"] == {"from": "fail", "reason": original.reason}
+    assert gated.evidence["measurements"] == original.evidence["measurements"]  # the would-be failure kept
+    assert original.status is Status.FAIL  # gate() returns a new verdict
+
+
+@pytest.mark.parametrize("item", sorted(TIMING_ITEMS))
+def test_a_timing_fail_on_a_quiet_machine_stays_failed_with_the_figures(item):
+    gated = gate(failing(item), [QUIET])
+    assert gated.status is Status.FAIL and gated.evidence["machine"]["windows"] == [QUIET]
+    assert gated.evidence["machine"]["starved"] is None and gated.evidence["machine"]["limits"] == LIMITS.to_dict()
+
+
+@pytest.mark.parametrize("item", sorted(TIMING_ITEMS))
+def test_a_pass_in_a_starved_window_stays_only_when_absolute(item):
+    gated = gate(passing(item), [QUIET, STARVED])  # one starved window of two is enough
+    if item in COMPARED_ITEMS:
+        assert gated.status is Status.INCONCLUSIVE and "flatter" in gated.reason
+    else:
+        assert gated.status is Status.PASS and gated.evidence["machine"]["starved"].startswith("test machine")
+
+
+@pytest.mark.parametrize("item", ["nothing-lost", "ecc"])
+def test_non_timing_items_are_never_gated(item):
+    it = CHECKLIST.item(item)
+    key = next(iter(it.thresholds))
+    bad = verdict(item, **{key: it.thresholds[key].value + 5})
+    assert bad.status is Status.FAIL and gate(bad, [STARVED]).status is Status.FAIL
+    assert "machine" in gate(bad, [STARVED]).evidence
+
+
+def test_a_timing_item_failing_on_a_non_timing_quantity_stays_failed():
+    migration = verdict("6.1.2", ttft_delta_loaded_ms=10.0, failed_migrations=2)
+    assert gate(migration, [STARVED]).status is Status.FAIL
+    degradation = verdict("6.1.3", levels_not_reached=1, step_down_s=10.0)
+    assert gate(degradation, [STARVED]).status is Status.FAIL
+    slow_step_down = verdict("6.1.3", levels_not_reached=0, step_down_s=100.0)
+    assert gate(slow_step_down, [STARVED]).status is Status.INCONCLUSIVE
+
+
+def test_an_inconclusive_timing_verdict_also_names_a_starved_machine():
+    v = Verdict(item="6.2.ttft", title="t", status=Status.INCONCLUSIVE, reason="p99 480-560 ms straddles 500 ms")
+    gated = gate(v, [STARVED])
+    assert gated.status is Status.INCONCLUSIVE and gated.evidence["machine"]["gated"] is None
+    assert gated.reason.startswith("p99 480-560 ms straddles 500 ms; test machine CPU-starved: PSI some 100 %")
+    assert gate(v, [QUIET]).reason == v.reason
+
+
+def test_an_error_stays_as_it_is():
+    v = Verdict(item="6.2.ttft", title="t", status=Status.ERROR, reason="could not measure")
+    gated = gate(v, [STARVED])
+    assert gated.status is Status.ERROR and gated.reason == "could not measure"
+
+
+def test_a_verdict_without_measurements_is_gated_whole():
+    v = Verdict(item="6.1.4", title="t", status=Status.FAIL, reason="rescheduling took 9 s")
+    assert gate(v, [STARVED]).status is Status.INCONCLUSIVE
+
+
+def test_no_window_no_gating():
+    v = failing("6.2.ttft")
+    assert gate(v, []).status is Status.FAIL
+
+
+def test_limits_can_be_passed():
+    strict = MachineLimits(psi_some_pct=10.0)
+    assert gate(failing("6.2.tpot"), [QUIET], strict).status is Status.INCONCLUSIVE
