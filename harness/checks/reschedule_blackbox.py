@@ -234,7 +234,6 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     item = checklist.item("6.1.4")
     t = item.thresholds
     stalls = [s.longest_stall_s for s in samples]
-    # Intervals: the p95/p100 rescheduling times and the stall are point figures over the faults here;
     measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time",
                                      intervals=[s.interval for s in samples])
     stall_bounds = [measured_within(v, below=EVENT_CLOCK_RESOLUTION_S, above=EVENT_CLOCK_RESOLUTION_S, noun="faults")
@@ -257,8 +256,11 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     if stopped:
         evidence["stopped"] = stopped
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=thin)
-    # the one line names every way the cluster was not whole, and every role left unjudged
+    # the one line names the worst fault, every way the cluster was not whole, every role left unjudged
     extra = []
+    slowest = max((s for s in samples if s.total_s is not None), key=lambda s: s.total_s or 0.0, default=None)
+    if verdict.status.value == "fail" and slowest is not None and slowest.total_s > t["reschedule_p100_s"].value:
+        extra.append(f"worst: {slowest.fault.label} ({slowest.breakdown})")
     worst = _worst(rejoins)
     if rejoin is not None and worst is not None and not rejoin.threshold.holds(rejoin.value) \
             and worst.sentence() not in verdict.reason:

@@ -104,7 +104,7 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
         profile = cluster.spec.metric_profile
         before = migration_count(cluster.metrics_url, profile, api_key)
         done = blackbox.run_faults(cluster, faults, [("process_kill", kill_role(cluster.workers))],
-                                   seed=seed + index, observe_s=observe_s)
+                                   seed=seed + index, observe_s=observe_s, nudge_traffic=True)
         fault = done.faults[0]
     finally:
         for t in threads:  # the streams end: resumed elsewhere, failed, or the client's own timeout

@@ -163,8 +163,11 @@ class RejoinWatch:
 
     def __init__(self, worker: str, *, worker_api: str, worker_metrics: str | None, profile: str | None,
                  router_metrics: str | None, limit_s: float, headers: Mapping[str, str] | None = None,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, nudge: Callable[[], None] | None = None) -> None:
         self.worker, self.worker_api, self.limit_s, self.poll_s = worker, worker_api, limit_s, poll_s
+        # sends one small request through the cluster's API: traffic to watch for when no load runs
+        # (6.1.2's idle phase); None: the caller's load is the traffic
+        self._nudge = nudge
         self._headers = dict(headers or {})
         self._router_metrics = router_metrics
         self._router_read = not router_metrics   # True once the router's page was read (or there is none)
@@ -208,6 +211,8 @@ class RejoinWatch:
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0, headers=self._headers) as http:
             while (self._live() or not self._router_read) and not result.back and time.monotonic() < deadline:
+                if self._nudge is not None:
+                    self._nudge()
                 time.sleep(self.poll_s)  # the cluster's own pace: nothing to do until the next scrape
                 self._poll(http)
         if not result.back:
