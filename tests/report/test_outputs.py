@@ -57,3 +57,16 @@ def test_the_terminal_summary_shows_the_interval_beside_the_figure(sample_result
     console = Console(record=True, width=300)
     print_summary(console, sample_result, None)
     assert "3.6 s [3.55-3.6, bounds]" in console.export_text()
+
+
+def test_a_128_worker_inventory_is_summed_up_and_folded(tmp_path, sample_result):
+    """Dynamo's 'many' cluster: the report states the counts per role and folds the full cluster file."""
+    sample_result.cluster = {"name": "dynamo-many", "kind": "external", "engine": "dynamo",
+                             "workers": [{"name": f"mocker-{i:03d}", "role": "aggregated"} for i in range(128)]
+                             + [{"name": "p", "role": "prefill"}]}
+    html = (write_reports(sample_result, tmp_path) / "report.html").read_text()
+    assert "129 workers in the inventory (128 aggregated, 1 prefill)" in html
+    assert '<details id="cluster-details">' in html   # folded: not open
+    small = sample_result
+    small.cluster = {"name": "local", "kind": "bundled", "workers": [{"name": "d0", "role": "decode"}]}
+    assert '<details id="cluster-details" open>' in (write_reports(small, tmp_path / "b") / "report.html").read_text()
