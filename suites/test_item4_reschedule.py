@@ -20,8 +20,7 @@ import pytest
 from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
-                                                first_success_sent_after,
-                                                measure_client_view)
+                                                first_success_sent_after, measure_client_view, same_run_baseline)
 from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
@@ -318,7 +317,8 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
                                   stopped=done.stopped)
     links = run_links(run)
     verdict.evidence.update(links=links, requests=len(records), restart_s=done.restart_s,
-                            plan=[f"{k} {r}" for k, r in steps])
+                            plan=[f"{k} {r}" for k, r in steps],
+                            same_run_baseline=same_run_baseline(done.faults, records, budget))
     conformance.record(verdict)
     finish_suite(conformance, cluster, records, expected=None, links=links, faults=faults)
 

@@ -10,6 +10,10 @@ or bandwidth figure by itself. Then:
 - an item that compares two windows (storm vs before, after vs before the flaps, migrated vs
   baseline TTFT) is inconclusive on a PASS too: starvation in one window can flatter a ratio;
 - an absolute PASS stays PASS (a starved machine only makes figures worse), with the figures;
+- a FAIL stays FAIL when the verdict carries a same-run baseline that the machine's state does not
+  explain (``evidence["same_run_baseline"]["explains_failure"] is False``: e.g. outside the fault
+  windows of the same run clients' longest gap stayed far inside the limit, so an 8 s stall during
+  a hang is the hang's, not the machine's);
 - an INCONCLUSIVE timing verdict (an interval that straddles, too few samples) stays so, its
   reason naming the starved machine too;
 - a non-timing item (nothing lost, ECC, degradation order) is never gated.
@@ -115,6 +119,13 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
         return replace(verdict, reason=f"{verdict.reason}; {reasons[0]}",
                        evidence={**verdict.evidence, "machine": machine})
     failing = _failing_keys(verdict)
+    baseline = verdict.evidence.get("same_run_baseline") or {}
+    if verdict.status is Status.FAIL and baseline.get("explains_failure") is False:
+        # the same run, on the same starved machine, outside the faults, stayed far inside the
+        # limit: the machine does not explain the failure (a hang's 8 s stall is the hang's)
+        machine["kept"] = f"the fail stands: {baseline['sentence']}"
+        return replace(verdict, reason=f"{verdict.reason}; {reasons[0]}, but {baseline['sentence']}",
+                       evidence={**verdict.evidence, "machine": machine})
     if verdict.status is Status.FAIL and (failing is None or failing <= timing):
         why = "would have failed"
     elif verdict.status is Status.PASS and verdict.item in COMPARED_ITEMS:

@@ -148,6 +148,33 @@ def measure_client_view(faults: Sequence[ClientFault], records: Iterable[Request
     return out
 
 
+BASELINE_SHARE = 0.5  # outside the faults, clients' longest gap under this share of the limit: the machine is fine
+
+
+def same_run_baseline(faults: Sequence[ClientFault], records: Iterable[RequestRecord], limit_s: float, *,
+                      window_s: float = DEFAULT_WINDOW_S) -> dict[str, Any] | None:
+    """The longest gap any stream saw *outside* every fault's window, in the same run on the same
+    machine: what the machine's own slowness does to a stream. Far inside the limit, a stall beyond
+    it during a fault is the fault's (harness/checks/machine.py keeps such a fail standing)."""
+    spans = [(f.wall, f.wall + window_s) for f in faults]
+    worst, rid = None, None
+    for rec in records:
+        if rec.error_class == NOT_SENT:
+            continue
+        times = [t for t in [_wall(rec, rec.sent_ns)] + [_wall(rec, t) for t in rec.chunk_ns] + [_wall(rec, rec.end_ns)]
+                 if t is not None]
+        for a, b in zip(times, times[1:]):
+            if not any(a < hi and b > lo for lo, hi in spans) and (worst is None or b - a > worst):
+                worst, rid = b - a, rec.request_id
+    if worst is None:
+        return None
+    explains = worst >= BASELINE_SHARE * limit_s
+    return {"what": "longest gap a stream saw outside every fault window (same run)", "value_s": round(worst, 4),
+            "request": rid, "explains_failure": explains,
+            "sentence": (f"outside the faults, in the same run, clients' longest gap was {worst:.2f} s "
+                         f"({'not ' if explains else ''}far inside the {limit_s:g} s limit)")}
+
+
 def first_success_sent_after(records: Iterable[RequestRecord], wall: float) -> float | None:
     """Wall time of the first token of the earliest request sent at or after ``wall`` that completed
     ok (new work served after a fault); None when there is none yet."""

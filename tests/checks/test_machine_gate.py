@@ -129,3 +129,30 @@ def test_no_window_no_gating():
 def test_limits_can_be_passed():
     strict = MachineLimits(psi_some_pct=10.0)
     assert gate(failing("6.2.tpot"), [QUIET], strict).status is Status.INCONCLUSIVE
+
+
+def test_a_fail_the_same_runs_baseline_does_not_explain_stands_on_a_starved_machine():
+    """vLLM on 2 cores starves the machine by itself; a hang's 8 s stall still fails 6.1.4 when, in the
+    same run, streams outside the faults never stalled past half the limit."""
+    from harness.checks.reschedule_blackbox import ClientFault, same_run_baseline
+    from harness.probes.records import RequestRecord
+
+    ns = 1_000_000_000
+    t0 = 1_700_000_000.0
+    calm = RequestRecord(request_id="calm", sent_ns=int((t0 - 40) * ns), chunk_ns=[int((t0 - 40 + k * 0.2) * ns)
+                                                                              for k in range(1, 6)],
+                         end_ns=int((t0 - 38.8) * ns), chunk_tokens=[1] * 5)
+    stalled = RequestRecord(request_id="stalled", sent_ns=int(t0 * ns), chunk_ns=[int((t0 + 0.1) * ns),
+                                                                                  int((t0 + 8.1) * ns)],
+                            end_ns=int((t0 + 8.2) * ns), chunk_tokens=[1, 1])
+    baseline = same_run_baseline([ClientFault(t0, ("vllm-0",), "aggregated", "hang vllm-0")], [calm, stalled], 3.0)
+    assert baseline["value_s"] == pytest.approx(0.2) and baseline["explains_failure"] is False
+    original = failing("6.1.4")
+    original.evidence["same_run_baseline"] = baseline
+    kept = gate(original, [STARVED])
+    assert kept.status is Status.FAIL and "test machine CPU-starved" in kept.reason
+    assert "outside the faults, in the same run, clients' longest gap was 0.20 s" in kept.reason
+    assert kept.evidence["machine"]["gated"] is None
+    # a baseline that itself came close to the limit explains nothing away: gated as before
+    original.evidence["same_run_baseline"] = {**baseline, "explains_failure": True}
+    assert gate(original, [STARVED]).status is Status.INCONCLUSIVE

@@ -29,11 +29,14 @@ def test_migration_on_worker_loss_is_judged_from_the_client_and_killed_workers_c
            f"--cluster={cluster}", f"--report-dir={tmp_path / 'reports'}", "--live=plain"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=800)
     out = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.returncode in (0, 1), out
+    assert proc.returncode in (0, 1, 2), out
     verdicts = {v["item"]: v for v in json.loads((tmp_path / "reports" / "latest" / "results.json").read_text())
                 ["verdicts"]}
     v = verdicts["6.1.2"]
-    assert v["status"] in ("pass", "fail"), v["reason"]
+    # decided, or (a true median near the 50 ms limit on this box) undecided after the checklist's budget
+    # of migrations, saying so with its interval: never inconclusive for want of measured crossings
+    assert v["status"] in ("pass", "fail") or ("straddles" in v["reason"] and v["evidence"].get("extension")), \
+        v["reason"]
     dist = v["evidence"]["distribution_ms"]
     assert dist["idle"]["n"] >= 5 and dist["loaded"]["n"] >= 8, v["reason"]
     assert "longest inter-chunk gap at or after the kill" in v["evidence"]["definition"]

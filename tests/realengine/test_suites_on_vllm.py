@@ -8,7 +8,19 @@ inconclusive with a reason naming what is missing. A hung EngineCore (SIGSTOP 8 
 at 200, so vllm-router does not route around it: the stall clients see is longer than 3 s and 6.1.4
 fails, saying so. A killed API server cuts the streams in flight on it with no error event: nothing-lost
 fails, naming them. 6.1.3 is driven by load against the levels the cluster file states (a 4096-token
-KV pool per instance). (Seen here: 6.1.4 fail, hang stall 8.1 s; kill cut load-1, load-3, load-4.)"""
+KV pool per instance). (Seen here: 6.1.4 fail, hang stall 8.1 s; kill cut load-1, load-3, load-4.)
+
+Issue 23's acceptance on the external side rides on the same run (one vLLM start-up, one restart):
+vllm-router's circuit breaker at its defaults decides when the killed instance gets traffic again; the
+run states whether and when the router took it back (evidence ``rejoin``: healthy -> new prompt tokens
+on it and the router's breaker for it closed), the hang is injected only after that (or the run says
+why it stopped), and the hang is judged while the other instance serves. Open-loop load (4 requests/s)
+keeps requests arriving while streams stall on the hung instance, so whether the other one serves
+meanwhile is measured, not decided by a few closed-loop users all waiting on the hung one. vLLM on 2
+cores starves the test machine by itself: a timing verdict may be inconclusive naming the machine,
+except where the same run's baseline shows the machine does not explain it (the hang's stall). (Seen
+here: restart 237 s, vllm-router kept vllm-1 out 109 s after it was healthy: breaker open, half_open at
++108.7 s, closed at +109.4 s; the hang 0.7 s later; stall 10.1 s.)"""
 
 from __future__ import annotations
 
@@ -30,7 +42,7 @@ VLLM_KV_CACHE_TOKENS = 4096
 def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluster, tmp_path):
     reports = tmp_path / "reports"
     cmd = [sys.executable, "-m", "pytest", "suites/", "-p", "no:cacheprovider", "--cluster=vllm-agg",
-           f"--report-dir={reports}", "--kills=1", "--load-users=4", "--live=plain"]
+           f"--report-dir={reports}", "--kills=1", "--load-rate=4", "--load-users=48", "--live=plain"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=2400)
     # the launcher's log says when an instance died, restarted and came back (a slow restart fails 6.1.4's revert)
     out = proc.stdout[-6000:] + proc.stderr[-3000:] + "\n--- launcher log ---\n" + vllm_cluster.launcher_log()[-2000:]
@@ -41,15 +53,18 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
     for v in data["verdicts"]:
         verdicts.setdefault(v["item"], []).append(v)
     judged = {item: vs for item, vs in verdicts.items() if any(v["status"] in ("pass", "fail") for v in vs)}
-    assert {"6.2.ttft", "6.2.tpot", "6.1.4", "nothing-lost"} <= set(judged), (sorted(judged), out)
+    assert {"6.1.4", "nothing-lost"} <= set(judged), (sorted(judged), out)
+    for item in ("6.2.ttft", "6.2.tpot"):   # judged, or inconclusive naming why (never a missing capability)
+        assert item in judged or all(starved(v) or "straddles" in v["reason"] for v in verdicts[item]), verdicts[item]
 
-    # 6.2: the client's percentiles judged, vLLM's own histograms read beside them
-    ttft = judged["6.2.ttft"][0]
+    # 6.2: the client's percentiles measured, vLLM's own histograms read beside them
+    ttft = verdicts["6.2.ttft"][0]
     assert ttft["evidence"]["server_metric"] == "vllm:time_to_first_token_seconds", ttft["evidence"]
     assert ttft["evidence"]["server"]["observations"] > 0, ttft["evidence"]  # summed over the workers' /metrics
 
     # 6.1.4: one kill and one hang of an aggregated instance, from the client's view
     [v614] = judged["6.1.4"]
+    _the_router_took_the_killed_instance_back_before_the_hang(v614, data)
     labels = [s["label"] for s in v614["evidence"]["samples"]]
     assert any(lbl.startswith("kill vllm-") for lbl in labels)
     if v614["evidence"].get("stopped"):
@@ -72,7 +87,7 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
     # 6.1.3 by load against the file's stated levels: judged, or (the slow model fills the pool slowly)
     # inconclusive naming the level it could not reach and the KV use it saw, never a missing capability
     [v613] = verdicts["6.1.3"]
-    assert v613["status"] in ("pass", "fail") or "not reached" in v613["reason"], v613["reason"]
+    assert v613["status"] in ("pass", "fail") or "not reached" in v613["reason"] or starved(v613), v613["reason"]
     assert v613["evidence"]["levels"] and v613["evidence"]["kv_use_series"], v613["evidence"]
 
     # every other item: inconclusive, naming the missing capability
@@ -88,3 +103,35 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
     assert "6.1.4" in html and "6.2.ttft" in html
     log_left = subprocess.run(["pgrep", "-f", "^vllm-[01]::EngineCore"], capture_output=True, text=True).stdout.split()
     assert len(log_left) == 2, "both instances must run again after the suites (one EngineCore each)"
+
+
+def starved(verdict: dict) -> bool:
+    """Inconclusive because vLLM starved the 2-core test machine (the gate names it)."""
+    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
+
+
+def _the_router_took_the_killed_instance_back_before_the_hang(v: dict, data: dict) -> None:
+    ev = v["evidence"]
+    kill, *rest = ev["rejoin"]
+    assert kill["fault"].startswith("kill vllm-") and kill["observable"], kill
+    assert kill["kept_out_by"] == "vllm-router" and kill["watched"], kill   # its /metrics and the router's view
+    assert kill["sentence"] in json.dumps(ev["samples"]), ev["samples"]      # stated beside the fault
+    samples = {s["label"].split()[0]: s for s in ev["samples"]}
+    if kill["back"]:   # whether and when: healthy, then traffic seen and the breaker closed; the hang only after
+        assert kill["serving_wall"] >= kill["traffic_wall"] >= kill["healthy_wall"], kill
+        assert not kill["breaker"] or kill["breaker"][-1][1] == "closed", kill
+        assert "hang" in samples and samples["hang"]["wall"] > kill["serving_wall"], (kill, samples)
+        # judged while a healthy instance serves: a request sent after the hang was served, and the stall
+        # clients saw on the hung instance (vllm-router keeps sending to it: /health stays 200) fails 6.1.4,
+        # however starved the machine: outside the faults the same run's streams did not stall like that
+        assert samples["hang"]["new_request_s"] is not None and samples["hang"]["new_request_s"] < 8.0, samples
+        assert v["status"] == "fail" and samples["hang"]["longest_stall_s"] > 3.0, v["reason"]
+        assert rest and rest[0]["back"], rest    # the resumed instance carries traffic again
+    else:              # never taken back within the watch: the hang was not injected, and the item says why
+        assert "hang" not in samples and ev["stopped"].startswith(f"stopped after {kill['fault']}: vllm-router kept")
+        assert "not injected: hang aggregated" in ev["stopped"] and v["status"] == "fail", v["reason"]
+    if kill["kept_out_s"] > 60.0:   # beyond rejoin_limit_s: a finding named in the verdict's one line
+        assert "vllm-router kept vllm-" in v["reason"] and v["status"] == "fail", v["reason"]
+    # the kill's revert record: healthy, then what the router did within rejoin_limit_s (never a failed revert)
+    [reverted] = [r for r in data["faults"] if r["action"] == "verify_reverted" and r["kind"] == "process_kill"]
+    assert reverted["output"].startswith(f"{kill['worker']} is healthy again; vllm-router "), reverted

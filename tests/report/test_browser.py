@@ -26,7 +26,7 @@ def test_verdicts_render_in_headless_chromium(tmp_path, sample_result):
     assert 'data-item="6.1.4" data-status="fail"' in dom
     assert 'data-item="nothing-lost" data-status="pass"' in dom
     assert "exit 1 — not conformant" in dom
-    assert "p100 rescheduling time was 3.6 s, required &lt;= 3 s" in dom
+    assert "p100 rescheduling time was 3.6 s [3.55-3.6, bounds], required &lt;= 3 s" in dom
 
     shot = tmp_path / "report.png"
     _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,1800", report.as_uri())
