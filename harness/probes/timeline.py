@@ -22,6 +22,7 @@ CLOCKS = ("monotonic", "wall")
 _WALL_KEYS = ("wall_ns", "t_wall_ns", "time_ns", "wall", "wall_time", "time", "ts", "timestamp")
 _MONO_KEYS = ("mono_ns", "t_mono_ns", "monotonic_ns", "mono", "monotonic", "monotonic_time")
 _KIND_KEYS = ("kind", "type", "event", "name")
+_ID_KEYS = ("seq", "id", "event_id")  # an event's number in its source's log
 
 
 def _to_ns(value: Any, key: str) -> int:
@@ -63,10 +64,31 @@ def fault_entries(records: Iterable[Any], clock: _Clock) -> list[dict]:
     return out
 
 
-def event_entries(events: Iterable[Mapping[str, Any]], clock: _Clock, source: str = "engine") -> list[dict]:
-    """Entries of engine/router events (as /admin/events returns them)."""
+def event_id(ev: Mapping[str, Any], source: str = "engine") -> str | None:
+    """Identity of an engine event: its number in the source's log and its wall time (a restarted
+    router numbers from 1 again), or None for an event that carries no number."""
+    key = next((k for k in _ID_KEYS if ev.get(k) is not None), None)
+    if key is None:
+        return None
+    wall_key = next((k for k in _WALL_KEYS if ev.get(k) is not None), None)
+    wall = _to_ns(ev[wall_key], wall_key) if wall_key else None
+    return f"{source}:{ev[key]}@{wall}"
+
+
+def event_entries(events: Iterable[Mapping[str, Any]], clock: _Clock, source: str = "engine",
+                  seen: set[str] | None = None) -> list[dict]:
+    """Entries of engine/router events (as /admin/events returns them), each once: an event whose
+    :func:`event_id` is in ``seen`` (or came earlier in ``events``) is skipped, and the ids of the
+    ones returned are added to ``seen``. The admin API returns the router's whole log on every
+    call, so without this each suite would record again every event of the suites before it."""
+    seen = set() if seen is None else seen
     out = []
     for ev in events:
+        ident = event_id(ev, source)
+        if ident is not None:
+            if ident in seen:
+                continue
+            seen.add(ident)
         wall_key = next((k for k in _WALL_KEYS if ev.get(k) is not None), None)
         mono_key = next((k for k in _MONO_KEYS if ev.get(k) is not None), None)
         kind_key = next((k for k in _KIND_KEYS if ev.get(k) is not None), None)
@@ -74,7 +96,7 @@ def event_entries(events: Iterable[Mapping[str, Any]], clock: _Clock, source: st
                         _to_ns(ev[mono_key], mono_key) if mono_key else None)
         detail = {k: v for k, v in ev.items() if k not in (wall_key, mono_key, kind_key)}
         out.append({"t_wall_ns": t, "source": source, "kind": str(ev[kind_key]) if kind_key else "event",
-                    "detail": detail})
+                    "detail": detail, "event_id": ident})
     return out
 
 
@@ -99,13 +121,15 @@ def request_entries(records: Iterable[RequestRecord], clock: _Clock, *, failed_o
 def merge_timeline(*, faults: Iterable[Any] = (), events: Iterable[Mapping[str, Any]] = (),
                    records: Iterable[RequestRecord] = (), failed_requests_only: bool = False,
                    clock: str = "monotonic", anchor: ClockAnchor | None = None,
-                   t0_wall_ns: int | None = None) -> list[dict]:
+                   t0_wall_ns: int | None = None, seen_events: set[str] | None = None) -> list[dict]:
     """Fault records, engine events and request records as one list sorted by time.
 
     ``t_s`` is seconds after ``t0_wall_ns`` (default: the first entry). Ties keep the order
-    faults, engine events, requests: a fault is shown before the events it caused."""
+    faults, engine events, requests: a fault is shown before the events it caused. Engine events
+    appear once: pass the run's ``seen_events`` set to every call so a later suite does not record
+    again the events an earlier one did (:func:`event_entries`)."""
     c = _Clock(clock, anchor)
-    entries = fault_entries(faults, c) + event_entries(events, c) + \
+    entries = fault_entries(faults, c) + event_entries(events, c, seen=seen_events) + \
         request_entries(records, c, failed_only=failed_requests_only)
     entries.sort(key=lambda e: e["t_wall_ns"])  # stable: ties keep the source order above
     if entries:

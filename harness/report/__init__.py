@@ -115,10 +115,13 @@ def collect_environment() -> dict[str, Any]:
 def write_reports(result: RunResult, report_dir: str | os.PathLike) -> Path:
     """Write ``report.html``, ``results.json`` and ``junit.xml`` to ``report_dir/<run-id>/`` and
     repoint ``report_dir/latest`` at it. Returns the run folder."""
+    from harness.report.events import unique_events
     from harness.report.html import render_html
     from harness.report.jsonout import write_json
     from harness.report.junit import write_junit
 
+    # each suite reads the engine's whole event log: an event a suite before it recorded is dropped
+    result.timeline = unique_events(result.timeline)
     root = Path(report_dir)
     run_dir = root / result.run_id
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -65,11 +65,16 @@ class Axes:
     def sy(self, v: float) -> float:
         return self.mt + self.ph - (v - self.y0) / (self.y1 - self.y0) * self.ph
 
-    def band(self, a: float, b: float, label: str, colour: str = "#f97316") -> None:
+    def band(self, a: float, b: float, label: str, colour: str = "#f97316", *, tag: str | None = None,
+             legend: bool = True, css: str = "window") -> None:
+        """A shaded x range (a fault window); ``tag`` is written at its top (a number keyed below the chart)."""
         xa, xb = self.sx(a), self.sx(max(a, b))
-        self.body.append(f'<rect class="window" x="{xa:.1f}" y="{self.mt}" width="{max(xb - xa, 2):.1f}" '
+        self.body.append(f'<rect class="{css}" x="{xa:.1f}" y="{self.mt}" width="{max(xb - xa, 2):.1f}" '
                          f'height="{self.ph}" fill="{colour}" fill-opacity="0.18"><title>{escape(label)}</title></rect>')
-        if (colour, label, "band") not in self.legend:
+        if tag:
+            self.body.append(f'<text class="tick band-tag" x="{xa + 2:.1f}" y="{self.mt + 10}">'
+                             f'{escape(tag)}</text>')
+        if legend and (colour, label, "band") not in self.legend:
             self.legend.append((colour, label, "band"))
 
     def hline(self, y: float, label: str, colour: str = "#111", dash: str = "5 3") -> None:
@@ -86,49 +91,76 @@ class Axes:
                          f'{escape(label)}</title></line>')
         self.legend.append((colour, label, "dash"))
 
-    def series(self, pts: Sequence[tuple[float, float]], label: str, colour: str, *, step: bool = False,
-               dots: bool = True, line: bool = True) -> None:
-        pts = [(x, y) for x, y in pts if x is not None and y is not None]
-        if not pts:
+    def series(self, pts: Sequence[tuple[float, float | None]], label: str, colour: str, *, step: bool = False,
+               dots: bool = True, line: bool = True, gap: float | None = None, width: float = 1.8,
+               dash: str | None = None, css: str = "series") -> None:
+        """A line through ``pts``; a point whose y is None, or an x step wider than ``gap``, breaks it
+        (no line is drawn across missing data)."""
+        pts = [(x, y) for x, y in pts if x is not None]
+        segments: list[list[tuple[float, float]]] = [[]]
+        for x, y in pts:
+            if y is None or (gap is not None and segments[-1] and x - segments[-1][-1][0] > gap):
+                segments.append([])
+            if y is not None:
+                segments[-1].append((x, y))
+        segments = [seg for seg in segments if seg]
+        if not segments:
             return
-        self.points += len(pts)
-        xy = [(self.sx(x), self.sy(y)) for x, y in pts]
-        if step:
-            stepped = [xy[0]]
-            for (_, py), (x, y) in zip(xy, xy[1:]):
-                stepped += [(x, py), (x, y)]
-            xy_line = stepped
-        else:
+        style = f' stroke-dasharray="{dash}"' if dash else ""
+        for seg in segments:
+            self.points += len(seg)
+            xy = [(self.sx(x), self.sy(y)) for x, y in seg]
             xy_line = xy
-        if line and len(xy_line) > 1:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy_line)
-            self.body.append(f'<polyline class="series" data-series="{escape(label)}" points="{path}" fill="none" '
-                             f'stroke="{colour}" stroke-width="1.8"/>')
-        if dots:
-            self.body.extend(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="{colour}">'
-                             f'<title>{escape(label)}: {_fmt(v)}</title></circle>' for (x, y), (_, v) in zip(xy, pts))
-        self.legend.append((colour, label, "line"))
+            if step:
+                xy_line = [xy[0]]
+                for (_, py), (x, y) in zip(xy, xy[1:]):
+                    xy_line += [(x, py), (x, y)]
+            if line and len(xy_line) > 1:
+                path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy_line)
+                self.body.append(f'<polyline class="{css}" data-series="{escape(label)}" points="{path}" fill="none" '
+                                 f'stroke="{colour}" stroke-width="{width}"{style}/>')
+            if dots:
+                self.body.extend(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="{colour}">'
+                                 f'<title>{escape(label)}: {_fmt(v)}</title></circle>' for (x, y), (_, v) in zip(xy, seg))
+        self.legend.append((colour, label, "dash" if dash else "line"))
 
-    def bars(self, items: Sequence[tuple[str, float | None]], colour: str) -> None:
-        """Vertical bars at x = 0, 1, 2... (the x range must be (-0.5, n - 0.5)); None draws "not measured"."""
-        width = self.pw / max(len(items), 1) * 0.5
+    def mark(self, x: float, y: float, label: str, ok: bool | None, *, legend: bool = True) -> None:
+        """One judged figure: green where it meets its threshold, red where it does not."""
+        colour = "#6b7280" if ok is None else ("#16a34a" if ok else "#dc2626")
+        state = "undecided" if ok is None else ("ok" if ok else "bad")
+        self.points += 1
+        self.body.append(f'<circle class="measured {state}" cx="{self.sx(x):.1f}" cy="{self.sy(y):.1f}" r="5" '
+                         f'fill="{colour}" stroke="#111" stroke-width="1"><title>{escape(label)}</title></circle>')
+        if legend:
+            self.legend.append((colour, label, "dot"))
+
+    def bars(self, items: Sequence[tuple[str, float | None]], colour: str | Sequence[str], *, offset: float = 0.0,
+             share: float = 0.5, css: str = "bar", labels: bool = True) -> None:
+        """Vertical bars at x = 0, 1, 2... (the x range must be (-0.5, n - 0.5)) from y = 0, moved by
+        ``offset`` (in bar slots) and ``share`` of a slot wide; None draws "not measured"."""
+        width = self.pw / max(len(items), 1) * share
+        base = self.sy(min(max(0.0, self.y0), self.y1))
         for i, (label, v) in enumerate(items):
-            cx = self.sx(i)
-            self.body.append(f'<text x="{cx:.1f}" y="{self.mt + self.ph + 15}" text-anchor="middle" class="tick">'
-                             f'{escape(label)}</text>')
+            cx = self.sx(i + offset)
+            fill = colour if isinstance(colour, str) else colour[i]
+            if labels:
+                self.body.append(f'<text x="{self.sx(i):.1f}" y="{self.mt + self.ph + 15}" text-anchor="middle" '
+                                 f'class="tick">{escape(label)}</text>')
             if v is None:
                 self.body.append(f'<text x="{cx:.1f}" y="{self.mt + self.ph - 6}" text-anchor="middle" '
                                  f'class="tick">not measured</text>')
                 continue
             self.points += 1
             top = self.sy(min(v, self.y1))
-            self.body.append(f'<rect class="bar" data-label="{escape(label)}" x="{cx - width / 2:.1f}" y="{top:.1f}" '
-                             f'width="{width:.1f}" height="{max(self.mt + self.ph - top, 1):.1f}" fill="{colour}">'
-                             f'<title>{escape(label)}: {_fmt(v)}</title></rect>'
-                             f'<text x="{cx:.1f}" y="{top - 4:.1f}" text-anchor="middle" class="tick">{_fmt(v)}</text>')
+            self.body.append(f'<rect class="{css}" data-label="{escape(label)}" x="{cx - width / 2:.1f}" '
+                             f'y="{min(top, base - 1):.1f}" width="{width:.1f}" height="{max(base - top, 1):.1f}" '
+                             f'fill="{fill}"><title>{escape(label)}: {_fmt(v)}</title></rect>'
+                             f'<text x="{cx:.1f}" y="{min(top, base) - 4:.1f}" text-anchor="middle" class="tick">'
+                             f'{_fmt(v)}</text>')
 
-    def render(self, *, x_ticks: bool = True) -> Markup:
-        p = [f'<svg class="plot" data-plot="{escape(self.name)}" data-points="{self.points}" role="img" '
+    def render(self, *, x_ticks: bool = True, verdict: str | None = None) -> Markup:
+        judged = f' data-verdict="{escape(verdict)}"' if verdict else ""
+        p = [f'<svg class="plot" data-plot="{escape(self.name)}" data-points="{self.points}"{judged} role="img" '
              f'viewBox="0 0 {self.w} {self.h}" width="{self.w}" height="{self.h}" xmlns="http://www.w3.org/2000/svg">'
              f'<title>{escape(self.title)}</title>'
              f'<text x="{self.ml}" y="15" class="axis">{escape(self.title)}</text>']
@@ -160,6 +192,8 @@ class Axes:
             y = self.mt + 4 + 16 * i
             if style == "band":
                 p.append(f'<rect x="{lx}" y="{y - 8}" width="14" height="10" fill="{colour}" fill-opacity="0.3"/>')
+            elif style == "dot":
+                p.append(f'<circle cx="{lx + 7}" cy="{y - 3}" r="4" fill="{colour}" stroke="#111"/>')
             else:
                 dash = ' stroke-dasharray="4 2"' if style == "dash" else ""
                 p.append(f'<line x1="{lx}" x2="{lx + 14}" y1="{y - 3}" y2="{y - 3}" stroke="{colour}" '
@@ -167,6 +201,17 @@ class Axes:
             p.append(f'<text x="{lx + 18}" y="{y}" class="tick">{escape(label)}</text>')
         p.append("</svg>")
         return Markup("".join(p))
+
+
+def union_windows(windows: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """Overlapping fault windows as one (start, end) each: stacked faults shade once."""
+    out: list[list[float]] = []
+    for w in sorted(windows, key=lambda w: w["start"]):
+        if out and w["start"] <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], w["end"])
+        else:
+            out.append([w["start"], max(w["start"], w["end"])])
+    return [(a, b) for a, b in out]
 
 
 def _threshold(evidence: Mapping[str, Any], key: str) -> dict[str, Any] | None:
@@ -204,37 +249,6 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     ax.series([(p["size_mib"], p["median_gbit_per_s"]) for p in curve], "median KV bandwidth", _PALETTE[0])
     repeats = [(p["size_mib"], g) for p in curve for g in p.get("gbit_per_s", [])]
     ax.series(repeats, "each repeat", "#93c5fd", line=False)
-    return ax.render()
-
-
-def flap_recovery_plot(evidence: Mapping[str, Any]) -> Markup | None:
-    """NIC flap: KV bandwidth before (baseline) and after the flaps over time, the flaps shaded,
-    the required recovered fraction as a line."""
-    flaps = evidence.get("flaps") or {}
-    transitions = sorted(flaps.get("transitions") or [], key=lambda t: t["t_wall"])
-    after = evidence.get("after") or []
-    baseline = evidence.get("baseline_gbit_per_s")
-    if not transitions or baseline is None:
-        return None
-    t0 = transitions[0]["t_wall"]
-    last_up = max((t["t_wall"] for t in transitions if t["state"] == "up"), default=transitions[-1]["t_wall"])
-    pts = [(last_up - t0 + a["t_s"], a["gbit_per_s"]) for a in after]
-    need = _threshold_value(evidence, "kv_bandwidth_recovered_fraction", 0.95)
-    xmax = max([last_up - t0] + [x for x, _ in pts]) + 1.0
-    ymax = max([baseline] + [g for _, g in pts]) * 1.2
-    ax = Axes("nic-flap", f"KV bandwidth to {flaps.get('target', 'the flapped host')} around the NIC flaps",
-              "seconds since the first flap", "KV bandwidth (Gbit/s)", (-2.0, xmax), (0, ymax))
-    down = None
-    for t in transitions:
-        if t["state"] == "down":
-            down = t["t_wall"]
-        elif down is not None:
-            ax.band(down - t0, t["t_wall"] - t0, "NIC down")
-            down = None
-    ax.hline(baseline, f"before the flaps {baseline:.3g} Gbit/s", "#111", "none")
-    ax.hline(need * baseline, f"{need:.0%} of before (required)", "#dc2626")
-    ax.series([(-1.0, baseline)], "baseline probe", "#111", line=False)
-    ax.series(pts, "after the last flap", _PALETTE[0])
     return ax.render()
 
 
@@ -314,9 +328,12 @@ def migration_distribution(evidence: Mapping[str, Any]) -> Markup | None:
 
 
 def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_changes: Sequence[Mapping[str, Any]],
-                  triggers: Sequence[tuple[float, str]], fault_windows: Sequence[Mapping[str, Any]]) -> Markup | None:
+                  triggers: Sequence[tuple[float, str]], fault_windows: Sequence[Mapping[str, Any]], *,
+                  marks: Sequence[tuple[float, float, str, bool | None]] = (), verdict: str | None = None,
+                  x_label: str = "seconds since run start") -> Markup | None:
     """Two panels on one time axis: KV use (0..1) with the level triggers, and the degradation
-    level (0..5, sampled, plus the router's level-change events); fault windows shaded in both."""
+    level (0..5, sampled, plus the router's level-change events); fault windows shaded in both.
+    ``marks`` are judged figures on the KV panel: (wall time, KV use, label, holds)."""
     kv = [(s["t"] - started, s["kv_usage"]) for s in samples if s.get("kv_usage") is not None]
     levels = [(s["t"] - started, s["degradation_level"]) for s in samples if s.get("degradation_level") is not None]
     changes = [(c["wall_time"] - started, c["to_level"]) for c in level_changes
@@ -325,19 +342,21 @@ def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_ch
         return None
     xs = [x for x, _ in kv + levels + changes] + [w["end"] - started for w in fault_windows]
     x_range = (0.0, max(xs + [1.0]) * 1.02)
-    use = Axes("kv-degradation", "KV use over time", "seconds since run start", "KV use (fraction)", x_range,
+    use = Axes("kv-degradation", "KV use over time", x_label, "KV use (fraction of HBM)", x_range,
                (0, 1.05), height=220)
-    level = Axes("degradation-level", "Degradation level over time", "seconds since run start", "level (L0..L5)",
+    level = Axes("degradation-level", "Degradation level over time", x_label, "level (L0..L5)",
                  x_range, (0, 5.2), height=200)
     for ax in (use, level):
-        for w in fault_windows:
-            ax.band(w["start"] - started, w["end"] - started, "fault window")
+        for a, b in union_windows(fault_windows):
+            ax.band(a - started, b - started, "fault window(s) active")
     for (value, label), colour in zip(triggers, ("#d97706", "#dc2626")):
         use.hline(value, label, colour)
     use.series(kv, "KV use, fullest worker (sampled)", _PALETTE[0], dots=len(kv) < 60)
     level.series(levels, "level (sampled)", _PALETTE[3], step=True, dots=False)
     level.series(changes, "level after each change (router events)", _PALETTE[4], step=True)
-    return Markup(use.render() + level.render())
+    for t, value, label, ok in marks:
+        use.mark(t - started, value, label, ok)
+    return Markup(use.render(verdict=verdict) + level.render())
 
 
 def kv_drive_plot(evidence: Mapping[str, Any]) -> Markup | None:
@@ -374,8 +393,8 @@ def machine_plot(samples: Sequence[Mapping[str, Any]], started: float, fault_win
     delays = Axes("machine-lag", "Test machine: scheduling delay", "seconds since run start", "ms", x_range,
                   (0, top * 1.15), height=200)
     for ax in (shares, delays):
-        for w in fault_windows:
-            ax.band(w["start"] - started, w["end"] - started, "fault window")
+        for a, b in union_windows(fault_windows):
+            ax.band(a - started, b - started, "fault window(s) active")
     for key, label, colour in (("psi_some_pct", "PSI some", _PALETTE[1]),
                                ("load_generator_wait_share_pct", "load generator without a CPU", _PALETTE[0]),
                                ("fabric_probe_wait_share_pct", "fabric probes without a CPU", _PALETTE[2])):

@@ -6,7 +6,8 @@ import re
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, judge
 from harness.report import RunResult
-from harness.report.html import event_summary, render_html
+from harness.report.events import event_summary
+from harness.report.html import render_html
 from harness.report import plots
 
 
@@ -23,17 +24,6 @@ def test_kv_bandwidth_plot_has_curve_line_rate_and_required_fraction():
     assert _points(svg, "kv-bandwidth") == 9  # 3 medians + 6 repeats
     assert "line rate 0.5 Gbit/s" in svg and "80% of line rate (required)" in svg and "raw TCP probe" in svg
     assert plots.kv_bandwidth_plot({"kv_curve": []}) is None
-
-
-def test_flap_plot_shades_each_down_window_and_draws_recovery():
-    t0 = 1000.0
-    evidence = {"baseline_gbit_per_s": 0.4, "measurements": [{"key": "kv_bandwidth_recovered_fraction", "threshold": 0.95}],
-                "after": [{"t_s": 0.5, "gbit_per_s": 0.2}, {"t_s": 1.5, "gbit_per_s": 0.39}],
-                "flaps": {"target": "decode-0 fab0", "transitions": [
-                    {"state": s, "t_wall": t0 + i} for i, s in enumerate(["down", "up"] * 3)]}}
-    svg = str(plots.flap_recovery_plot(evidence))
-    assert svg.count('class="window"') == 3
-    assert _points(svg, "nic-flap") == 3 and "95% of before (required)" in svg
 
 
 def test_pfc_plot_draws_all_three_samples_with_limits():
@@ -77,12 +67,14 @@ def test_report_draws_kv_plot_from_samples_and_6_1_5_without_not_completed(sampl
     assert "Level 2 trigger 85%" in html and "Level 3 trigger 90%" in html
 
 
-def test_event_summary_groups_by_kind_most_frequent_first():
-    events = [{"t": float(i), "source": "router", "kind": "kv_transfer", "detail": ""} for i in range(5)]
+def test_event_summary_groups_by_kind_and_summarises_bulk_kinds_as_rates():
+    events = [{"t": float(i), "source": "router", "kind": "kv_transfer", "detail": f"seq={i}"} for i in range(5)]
     events.append({"t": 2.5, "source": "faults", "kind": "inject", "detail": "kill"})
-    kinds = event_summary(events)
-    assert [(k["kind"], len(k["events"])) for k in kinds] == [("kv_transfer", 5), ("inject", 1)]
-    assert kinds[0]["first"] == 0.0 and kinds[0]["last"] == 4.0
+    summary = event_summary(events)
+    assert [(k["kind"], k["count"], k["bulk"]) for k in summary["kinds"]] == [("inject", 1, False),
+                                                                            ("kv_transfer", 5, True)]
+    assert summary["kinds"][1]["events"] == [] and summary["kinds"][0]["events"][0]["detail"] == "kill"
     result = RunResult(run_id="x", started=0.0, finished=10.0, exit_code=0, timeline=events)
     html = render_html(result)
-    assert html.count('<details class="event-group"') == 2 and "<script" not in html
+    assert html.count('<details class="event-group"') == 1 and "<script" not in html
+    assert 'data-kind="kv_transfer" data-count="5" data-bulk="yes"' in html
