@@ -19,6 +19,7 @@ from harness.report.events import event_summary, unique_events
 from harness.report.item_plots import RunView
 from harness.report.run_plots import SLO_ITEMS, band_key, fault_bands, latency_plot, slo_lines
 from harness.report.suites import SuiteSpans, item_statuses, status_counts, suite_label
+from harness.report.text import fit_words
 
 _TEMPLATE_DIR = Path(__file__).parent
 
@@ -165,14 +166,6 @@ def samples_chart(samples: Sequence[dict[str, Any]], threshold: float | None, op
 
 
 _NOTE_CHARS = 80  # what fits right of the bars at the report's 10 px tick font
-
-
-def fit_words(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters at a space (never inside an id), marked "…"."""
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit - 1)
-    return text[:cut if cut > 0 else limit - 1].rstrip(" ;,:") + " …"
 
 
 def _holds(value: float, threshold: float, op: str) -> bool:

@@ -2,9 +2,11 @@
 age, requests finished (ok / failed) and in flight, current TTFT/TPOT p99, KV use and the
 degradation level.
 
-On a terminal it is a rich ``Live`` panel, shown only while a conformance test runs (so pytest's
-own progress output is never drawn over); elsewhere (CI logs) it is a plain status line every
-``plain_every_s`` and at each phase or fault change. It writes to its own duplicate of the
+On a terminal it is a rich ``Live`` panel as wide as the terminal, shown only while a conformance
+test runs (so pytest's own progress output is never drawn over); elsewhere (CI logs) it is a plain
+status line (:meth:`LiveStatus.plain_line`: a UTC timestamp, under 200 characters, always on a line
+of its own) at most once every ``plain_every_s``. Request counts are this suite's (they restart
+when the test changes). It writes to its own duplicate of the
 terminal's file descriptor, taken before any test runs, so pytest's output capture neither
 swallows it nor receives it. A background thread samples the cluster's metrics (KV use,
 degradation level, requests running/waiting) every ``interval_s``; the samples go into the
@@ -27,10 +29,14 @@ from typing import IO, Any, Callable, Iterator
 import httpx
 import pytest
 
+from harness.report.text import fit_words
+
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "rich", "plain", "off")
 _WINDOW_S = 30.0  # TTFT/TPOT p99 over requests that finished in the last 30 s
+PLAIN_MAX = 199   # a plain line stays under 200 characters (a CI log line, a terminal's width)
+SETUP = "setup (bringing the cluster up, starting load)"
 
 
 def _p99(values: list[float]) -> float | None:
@@ -101,8 +107,8 @@ class LiveStatus:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: Any = None
-        self._last_plain = 0.0
-        self._last_key: tuple = ()
+        self._last_plain = -math.inf
+        self._newline_first = False  # the terminal's cursor is mid-line (pytest's progress dots)
 
     # -- inputs ------------------------------------------------------------------------------------
 
@@ -127,8 +133,11 @@ class LiveStatus:
             self.phase = phase
             if test is not None and test != self.test:
                 self.test, self.test_since = test, self.clock()
+                # counts are per suite: the previous suite's load runs have ended
+                self.ok = self.failed = 0
+                self._tails.clear()
         self._redraw()
-        self._maybe_plain(force=True)
+        self._maybe_plain()
 
     def fault_event(self, record: Any) -> None:
         """A FaultRunner listener: an inject makes the fault active, its revert ends it."""
@@ -140,7 +149,7 @@ class LiveStatus:
             elif action == "revert":
                 self.faults.pop(record.fault_id, None)
         self._redraw()
-        self._maybe_plain(force=True)
+        self._maybe_plain()
 
     def add_load(self, runner: Any) -> None:
         with self._lock:
@@ -229,12 +238,17 @@ class LiveStatus:
                     "kv_usage": self.kv_usage, "level": self.level}
 
     def plain_line(self) -> str:
+        """``[live] 07:21:03Z test_x.py | running 12 s | faults 2: hbm_fill decode-0 (40 s), ... |
+        this suite: ok 624 failed 0 | in engine 2 | p99 30s TTFT 100 ms TPOT 15.4 ms | KV 93% L3``"""
         s = self.snapshot()
-        fault = "; ".join(f"{label} ({age:.0f} s)" for label, age in s["faults"]) or "none"
-        return (f"[live] {s['test'] or '-'} | phase {s['phase'] or '-'} | fault {fault} | requests ok {s['ok']} "
-                f"failed {s['failed']} in engine {_or_dash(s['in_flight'], '{:.0f}')} | TTFT p99 "
-                f"{_or_dash(s['ttft_p99_ms'], '{:.0f} ms')} TPOT p99 {_or_dash(s['tpot_p99_ms'], '{:.1f} ms')} | "
-                f"KV {_or_dash(s['kv_usage'], '{:.0%}')} | level {_or_dash(s['level'], 'L{:.0f}')}")
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime(self.clock()))
+        head = f"[live] {stamp} {_suite(s['test'])} | {s['phase'] or '-'} {s['test_age_s']:.0f} s | "
+        tail = (f" | this suite: ok {s['ok']} failed {s['failed']} | in engine {_or_dash(s['in_flight'], '{:.0f}')}"
+                f" | p99 30s TTFT {_or_dash(s['ttft_p99_ms'], '{:.0f} ms')} TPOT "
+                f"{_or_dash(s['tpot_p99_ms'], '{:.1f} ms')} | KV {_or_dash(s['kv_usage'], '{:.0%}')} "
+                f"{_or_dash(s['level'], 'L{:.0f}')}")
+        faults = _faults_text(s["faults"], PLAIN_MAX - len(head) - len(tail))
+        return (head + faults + tail)[:PLAIN_MAX]
 
     def renderable(self) -> Any:
         from rich.table import Table
@@ -254,23 +268,26 @@ class LiveStatus:
         table.add_row("degradation", _or_dash(s["level"], "Level {:.0f}"))
         return table
 
-    def _maybe_plain(self, force: bool = False) -> None:
+    def _maybe_plain(self) -> None:
+        """At most one line per ``plain_every_s`` (a phase or fault change shows in the next one; its
+        timestamp says when it was written)."""
         if self.mode != "plain" or self._thread is None:
             return
         now = self.clock()
-        s = self.snapshot()
-        key = (s["test"], s["phase"], tuple(label for label, _ in s["faults"]))
-        if force and key == self._last_key:
+        if now - self._last_plain < self.plain_every_s:
             return
-        if not force and now - self._last_plain < self.plain_every_s:
-            return
-        self._last_plain, self._last_key = now, key
+        self._last_plain = now
         self.write_line(self.plain_line())
+
+    def begin_line(self) -> None:
+        """The terminal's cursor is not at a line start: the next line starts with a newline."""
+        self._newline_first = True
 
     def write_line(self, line: str) -> None:
         with self._lock:
+            prefix, self._newline_first = ("\n" if self._newline_first else ""), False
             try:
-                self.stream.write(line + "\n")
+                self.stream.write(prefix + line + "\n")
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
@@ -293,13 +310,13 @@ class LiveStatus:
             from rich.console import Console
             from rich.live import Live
 
-            console = Console(file=self.stream, force_terminal=True)
+            console = Console(file=self.stream, force_terminal=True, width=_terminal_width(self.stream))
             self._live = Live(self.renderable(), console=console, auto_refresh=False, transient=True)
             self._live.start(refresh=True)
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="harness-live", daemon=True)
         self._thread.start()
-        self._maybe_plain(force=True)
+        self._maybe_plain()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -333,7 +350,7 @@ class LivePhases:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
-        with self._phase(item, "setup"):
+        with self._phase(item, SETUP):
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
@@ -352,9 +369,60 @@ class LivePhases:
         if live is None or item.get_closest_marker(self._marker) is None:
             yield
             return
+        if _cursor_mid_line(item.config):
+            live.begin_line()
         live.set_phase(phase, test=item.nodeid)
         live.start()
         try:
             yield
         finally:
             live.stop()
+
+
+def _suite(nodeid: str) -> str:
+    """The suite's file (and parameters): what the user passed to pytest, short enough for a line."""
+    from harness.report.suites import suite_label
+
+    return suite_label(nodeid) if nodeid else "-"
+
+
+def _faults_text(faults: list[tuple[str, float]], budget: int) -> str:
+    """Active faults per kind, oldest first: each target once with its count and the kind's oldest
+    age, without the admin URL each label repeats; cut at a fault (never inside one) to fit
+    ``budget`` characters."""
+    if not faults:
+        return "no fault active"
+    kinds: dict[str, dict[str, int]] = {}
+    oldest: dict[str, float] = {}
+    for label, age in faults:
+        kind, _, target = label.split(" via ", 1)[0].partition(" ")
+        kinds.setdefault(kind, {})[target] = kinds.get(kind, {}).get(target, 0) + 1
+        oldest[kind] = max(age, oldest.get(kind, age))
+    parts = [f"{kind} " + ", ".join(f"{t}{f' x{n}' if n > 1 else ''}" for t, n in kinds[kind].items())
+             + f" ({oldest[kind]:.0f} s)" for kind in sorted(kinds, key=lambda k: -oldest[k])]
+    text = f"faults {len(faults)}: " if len(faults) > 1 else "fault "
+    for i, part in enumerate(parts):
+        rest = len(parts) - i - 1
+        room = budget - len(text) - (len(f"; +{rest} more") if rest else 0)
+        if len(part) > room:
+            if i:
+                return f"{text}+{len(parts) - i} more"
+            part = fit_words(part, max(room, 12))
+        text += part + ("; " if rest else "")
+    return text
+
+
+def _terminal_width(stream: IO[str]) -> int | None:
+    """Columns of the terminal ``stream`` is on (rich would ask stdin/stdout, which pytest captures)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return None
+    return columns or None  # a terminal that never set its size reports 0: rich's default then
+
+
+def _cursor_mid_line(config: pytest.Config) -> bool:
+    """Whether pytest's terminal writer left its cursor after text (a progress dot, a file name)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    writer = getattr(reporter, "_tw", None)
+    return bool(getattr(writer, "width_of_current_line", 0))

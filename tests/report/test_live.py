@@ -2,8 +2,10 @@
 not a terminal, a rich panel on a terminal (a pty); in both, the test's own output is still
 captured by pytest and the live output never lands in it."""
 
+import io
 import os
 import pty
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +50,9 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
                           timeout=120)
     out = proc.stdout
     assert proc.returncode == 2, out[-3000:]  # inconclusive
-    assert "[live] test_live_suite.py::test_storm | phase storm | fault none" in out
+    assert re.search(r"^\[live\] \d\d:\d\d:\d\dZ test_live_suite.py \| setup \(bringing the cluster up, "
+                     r"starting load\) \d+ s \| no fault active \| "
+                     r"this suite: ok 0 failed 0", out, re.M), out[-3000:]
     assert "\x1b[" not in out.split("[live]")[1]  # no terminal control codes in a log
     captured = _captured_section(out)
     assert "output-of-the-test" in captured and "[live]" not in captured
@@ -107,8 +111,72 @@ def test_status_counts_records_and_tracks_fault_age(tmp_path):
     s = live.snapshot()
     assert (s["ok"], s["failed"], s["ttft_p99_ms"], s["tpot_p99_ms"]) == (1, 1, 50.0, 50.0)
     assert s["faults"] == [("process_kill decode-0", 4.0)]
-    assert "fault process_kill decode-0 (4 s)" in live.plain_line()
+    assert "| fault process_kill decode-0 (4 s) |" in live.plain_line()
     live.fault_event(FaultRecord(fault_id="f1", kind="process_kill", target="decode-0", action=Action.REVERT,
                                  status=Status.SUCCEEDED, started_wall=104.0, started_mono=0.0))
     assert live.snapshot()["faults"] == []
     live.close()
+
+
+def _inject(fault_id: str, target: str) -> FaultRecord:
+    return FaultRecord(fault_id=fault_id, kind="hbm_fill", target=target, action=Action.INJECT,
+                       status=Status.SUCCEEDED, started_wall=0.0, started_mono=0.0)
+
+
+def test_plain_lines_are_stamped_short_on_their_own_line_and_at_most_one_per_interval():
+    out = io.StringIO()
+    now = [1_800_000_000.0]  # 2027-01-15T08:00:00Z
+    live = LiveStatus(out, mode="plain", interval_s=3600, plain_every_s=10, clock=lambda: now[0])
+    out.write("suites/test_ecc_poisoning.py .")  # pytest's progress dot, its cursor left mid-line
+    live.begin_line()
+    live.set_phase("running", test="suites/test_item3_degradation.py::test_level2_then_level3_trigger_at_their_"
+                                   "thresholds")
+    live.start()  # the phase's first line
+    for i in range(7):  # stacked faults, each label naming the admin URL it went through
+        live.fault_event(_inject(f"f{i}", f"decode-{i % 2} via http://127.0.0.1:46735/admin"))
+        now[0] += 1
+    live.tick()  # 7 s after the first line: none
+    now[0] += 3
+    live.tick()  # 10 s: the second
+    live.close()
+    lines = out.getvalue().split("\n")
+    assert lines[0] == "suites/test_ecc_poisoning.py ."  # never glued onto pytest's output
+    shown = [line for line in lines if line]
+    assert len(shown) == 3 and all(line.startswith("[live] ") for line in shown[1:])
+    assert shown[1].startswith("[live] 08:00:00Z test_item3_degradation.py | running 0 s | no fault active |")
+    assert shown[2].startswith("[live] 08:00:10Z test_item3_degradation.py | running 10 s | faults 7: "
+                               "hbm_fill decode-0 x4, decode-1 x3 (10 s) | this suite: ok 0 failed 0 |")
+    assert all(len(line) < 200 for line in shown) and "http://" not in out.getvalue()
+
+
+def test_counts_restart_with_each_suite(tmp_path):
+    live = LiveStatus(open(os.devnull, "w"), mode="plain")
+    live.set_phase("running", test="suites/test_a.py::test_a")
+    live.ok, live.failed = 5, 1
+    live.set_phase("teardown", test="suites/test_a.py::test_a")
+    assert (live.ok, live.failed) == (5, 1)
+    live.set_phase("setup", test="suites/test_b.py::test_b")
+    assert (live.ok, live.failed) == (0, 0) and "this suite: ok 0 failed 0" in live.plain_line()
+    live.close()
+
+
+def test_rich_panel_takes_the_terminal_width_of_its_stream():
+    import fcntl
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a 160-column pane
+    stream = os.fdopen(child, "w")
+    live = LiveStatus(stream, mode="rich", interval_s=3600)
+    name = "suites/test_item3_degradation.py::test_level2_then_level3_trigger_at_their_thresholds"
+    live.set_phase("running", test=name)
+    live.start()
+    try:
+        assert live._live.console.width == 160
+        lines = live._live.console.render_lines(live.renderable(), live._live.console.options)
+        assert any(name in "".join(seg.text for seg in line) for line in lines)  # not cut at ~70 columns
+    finally:
+        live.close()
+        stream.close()
+        os.close(main)

@@ -45,7 +45,8 @@ def test_report_of_a_real_run_shows_every_plot(tmp_path):
                           f"--junit-xml={tmp_path / 'ci' / 'conformance.xml'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert run.returncode in (0, 1, 2), run.stdout[-4000:] + run.stderr[-2000:]
-    assert "[live] suites/test_nic_flap.py" in run.stdout  # plain live lines in a non-terminal log
+    # plain live lines in a non-terminal log, stamped, each on its own line
+    assert re.search(r"^\[live\] \d\d:\d\d:\d\dZ test_nic_flap.py \|", run.stdout, re.M)
     assert (tmp_path / "ci" / "conformance.xml").read_text().count("<testcase ") >= len(SUITES)
 
     report = reports / "latest" / "report.html"
