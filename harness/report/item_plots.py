@@ -85,7 +85,7 @@ def degradation_plot(verdict: Any, run: RunView) -> Markup | None:
                           f"{float(m['value']):.1%} (judged)", _holds(m)))
     windows = [w for w in run.fault_windows if w["end"] >= start and w["start"] <= end]
     return kv_level_plot(samples, start, changes, triggers, windows, marks=marks, verdict=verdict.status.value,
-                         x_label="seconds since the suite started")
+                         x_label="seconds since the suite started", names=("item3-kv-use", "item3-level"))
 
 
 def _label(verdict: Any) -> str:

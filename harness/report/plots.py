@@ -330,7 +330,8 @@ def migration_distribution(evidence: Mapping[str, Any]) -> Markup | None:
 def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_changes: Sequence[Mapping[str, Any]],
                   triggers: Sequence[tuple[float, str]], fault_windows: Sequence[Mapping[str, Any]], *,
                   marks: Sequence[tuple[float, float, str, bool | None]] = (), verdict: str | None = None,
-                  x_label: str = "seconds since run start") -> Markup | None:
+                  x_label: str = "seconds since run start",
+                  names: tuple[str, str] = ("kv-degradation", "degradation-level")) -> Markup | None:
     """Two panels on one time axis: KV use (0..1) with the level triggers, and the degradation
     level (0..5, sampled, plus the router's level-change events); fault windows shaded in both.
     ``marks`` are judged figures on the KV panel: (wall time, KV use, label, holds)."""
@@ -342,9 +343,9 @@ def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_ch
         return None
     xs = [x for x, _ in kv + levels + changes] + [w["end"] - started for w in fault_windows]
     x_range = (0.0, max(xs + [1.0]) * 1.02)
-    use = Axes("kv-degradation", "KV use over time", x_label, "KV use (fraction of HBM)", x_range,
+    use = Axes(names[0], "KV use over time", x_label, "KV use (fraction of HBM)", x_range,
                (0, 1.05), height=220)
-    level = Axes("degradation-level", "Degradation level over time", x_label, "level (L0..L5)",
+    level = Axes(names[1], "Degradation level over time", x_label, "level (L0..L5)",
                  x_range, (0, 5.2), height=200)
     for ax in (use, level):
         for a, b in union_windows(fault_windows):

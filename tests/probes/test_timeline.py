@@ -57,3 +57,22 @@ def test_failed_only_filter_and_bad_inputs():
     with pytest.raises(ProbeError, match="unknown timeline clock"):
         merge_timeline(clock="tsc")
     assert merge_timeline() == []
+
+
+def test_engine_events_are_recorded_once_across_suites():
+    # the admin API returns the router's whole log each time: the second suite reads the first's events again
+    log = [{"seq": 1, "type": "worker_down", "wall_time": 10**9 + 10.0, "monotonic": 5_010.0},
+           {"seq": 2, "type": "reschedule", "wall_time": 10**9 + 11.0, "monotonic": 5_011.0}]
+    seen: set[str] = set()
+    first = merge_timeline(events=log, anchor=ANCHOR, seen_events=seen)
+    later = [{"seq": 3, "type": "worker_up", "wall_time": 10**9 + 20.0, "monotonic": 5_020.0}]
+    second = merge_timeline(events=log + later + log[:1], anchor=ANCHOR, seen_events=seen)
+    assert [e["kind"] for e in first] == ["worker_down", "reschedule"]
+    assert [e["kind"] for e in second] == ["worker_up"]
+    assert second[0]["detail"] == {"seq": 3} and second[0]["event_id"] == f"engine:3@{(10**9 + 20) * S}"
+    # a restarted router numbers from 1 again: the same number at another time is another event
+    restarted = [{"seq": 1, "type": "worker_down", "wall_time": 10**9 + 30.0, "monotonic": 5_030.0}]
+    assert [e["kind"] for e in merge_timeline(events=restarted, anchor=ANCHOR, seen_events=seen)] == ["worker_down"]
+    # events without a number cannot be told apart: all are kept
+    plain = [{"kind": "x", "wall": 10**9 + 1.0}] * 2
+    assert len(merge_timeline(events=plain, anchor=ANCHOR, clock="wall")) == 2

@@ -78,3 +78,37 @@ def test_event_summary_groups_by_kind_and_summarises_bulk_kinds_as_rates():
     html = render_html(result)
     assert html.count('<details class="event-group"') == 1 and "<script" not in html
     assert 'data-kind="kv_transfer" data-count="5" data-bulk="yes"' in html
+
+
+def test_latency_plot_leaves_gaps_and_draws_slo_lines_and_numbered_bands():
+    from harness.report.run_plots import band_key, fault_bands, latency_plot
+    from harness.report.suites import SuiteSpans
+
+    rows = [{"t": 100.0 + t, "metric": "ttft_ms", "p50": 40.0, "p99": 90.0, "n": 5} for t in (0, 2, 4, 20, 22)]
+    rows.append({"t": 124.0, "metric": "ttft_ms", "p50": None, "p99": None, "n": 0})  # a window without requests
+    rows += [{"t": 100.0 + t, "metric": "ttft_ms", "p50": 41.0, "p99": 95.0, "n": 5} for t in (26, 28)]
+    windows = [{"start": 101.0, "end": 103.0, "label": "process_kill decode-0 via http://x/admin"},
+               {"start": 103.5, "end": 104.0, "label": "process_kill decode-0 via http://x/admin"},
+               {"start": 121.0, "end": 122.0, "label": "hbm_fill decode-1"}]
+    bands = fault_bands(windows, SuiteSpans({"test_a.py": 100.0, "test_b.py": 110.0}))
+    assert [(b["suite"], b["faults"]) for b in bands] == [("test_a.py", ["process_kill decode-0 x2"]),
+                                                          ("test_b.py", ["hbm_fill decode-1"])]
+    svg = str(latency_plot(rows, "ttft_ms", 100.0, 130.0, bands, {"p50": ("<", 200.0), "p99": ("<", 500.0)}))
+    assert svg.count('data-series="p50"') == 3  # 0-4 s, 20-22 s, 26-28 s: no line across the gaps
+    assert "TTFT: time to first token (ms)" in svg and "SLO p50 &lt; 200 ms" in svg and "SLO p99 &lt; 500 ms" in svg
+    assert svg.count('class="fault-window"') == 2 and "http://" not in str(band_key(bands, 100.0))
+
+
+def test_ecc_plot_judges_blocks_left_in_service_not_quarantined_ones():
+    from types import SimpleNamespace
+
+    from harness.checks.verdict import Status
+    from harness.report.item_plots import RunView, ecc_plot
+
+    evidence = {"measurements": [{"key": "poisoned_blocks_reused", "threshold": 0.0, "op": "<=", "value": 0,
+                                  "holds": True}],
+                "poisonings": [{"worker": "decode-1", "blocks": [13, 5], "min_quarantined": 2}]}
+    verdict = SimpleNamespace(evidence=evidence, status=Status.PASS, test="suites/test_ecc_poisoning.py::t")
+    svg = str(ecc_plot(verdict, RunView(0.0, 1.0)))
+    assert 'data-verdict="pass"' in svg and 'class="measured ok"' in svg and 'class="measured bad"' not in svg
+    assert 'class="bar context"' in svg and "allowed left in service: &lt;= 0" in svg
