@@ -11,6 +11,7 @@ from rich.text import Text
 from harness.checks.intervals import brackets
 from harness.checks.verdict import Status, Verdict
 from harness.report import RunResult
+from harness.report.suites import suite_label
 
 _STYLE = {Status.PASS: "bold green", Status.FAIL: "bold red", Status.INCONCLUSIVE: "bold yellow",
           Status.ERROR: "bold magenta"}
@@ -31,13 +32,14 @@ def print_verdict(console: Console, v: Verdict) -> None:
 
 def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> None:
     table = Table(title=f"Conformance of cluster {result.cluster.get('name', '?')}", show_lines=False)
-    for col, kw in (("item", {}), ("status", {}), ("measured", {"justify": "right"}),
+    for col, kw in (("item", {}), ("suite", {"overflow": "fold"}), ("status", {}), ("measured", {"justify": "right"}),
                     ("threshold", {"justify": "right"}), ("reason", {"overflow": "fold"})):
         table.add_column(col, **kw)
     for v in result.verdicts:
         measured = "—" if v.measured is None else f"{v.measured:.4g} {v.unit} {brackets(v.interval)}".strip()
         threshold = "—" if v.threshold is None else f"{v.op} {v.threshold:g} {v.unit}"
-        table.add_row(v.item, Text(v.status.value, style=_STYLE[v.status]), measured, threshold, v.reason)
+        table.add_row(v.item, suite_label(v.test), Text(v.status.value, style=_STYLE[v.status]), measured, threshold,
+                      v.reason)
     console.print(table)
     _print_coverage(console, result.coverage)
     for message in result.revert_failures:
