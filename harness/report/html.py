@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 from harness.checks.intervals import brackets
 from harness.checks.thresholds import COMPARISONS
 from harness.report import RunResult
-from harness.report import item_plots, plots
+from harness.report import item_plots, plots, run_plots
 from harness.report.events import event_summary, unique_events
 from harness.report.item_plots import RunView
 from harness.report.run_plots import SLO_ITEMS, band_key, fault_bands, latency_plot, slo_lines
@@ -52,7 +52,7 @@ def render_html(result: RunResult) -> str:
         charts.append((metric, latency_plot(result.latency, metric, result.started, end, bands,
                                             slo_lines(metric, result.verdicts, result.cluster), slo_verdict)))
     machine = result.machine or {}
-    machine_plot = plots.machine_plot(machine.get("samples") or [], result.started, result.fault_windows,
+    machine_plot = run_plots.machine_plot(machine.get("samples") or [], result.started, result.fault_windows,
                                       machine.get("limits") or {})
     return env.get_template("report.html.j2").render(
         r=result, charts=charts, band_key=band_key(bands, result.started), distributions=distributions,

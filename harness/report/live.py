@@ -29,7 +29,7 @@ from typing import IO, Any, Callable, Iterator
 import httpx
 import pytest
 
-from harness.report.text import fit_words
+from harness.report.text import faults_summary
 
 log = logging.getLogger(__name__)
 
@@ -239,15 +239,16 @@ class LiveStatus:
 
     def plain_line(self) -> str:
         """``[live] 07:21:03Z test_x.py | running 12 s | faults 2: hbm_fill decode-0 (40 s), ... |
-        this suite: ok 624 failed 0 | in engine 2 | p99 30s TTFT 100 ms TPOT 15.4 ms | KV 93% L3``"""
+        this suite: ok 624 failed 0 | in engine 2 | p99 TTFT 100 ms TPOT 15.4 ms | KV 93% L3`` (p99 over
+        the requests that ended in the last 30 s)"""
         s = self.snapshot()
         stamp = time.strftime("%H:%M:%SZ", time.gmtime(self.clock()))
         head = f"[live] {stamp} {_suite(s['test'])} | {s['phase'] or '-'} {s['test_age_s']:.0f} s | "
         tail = (f" | this suite: ok {s['ok']} failed {s['failed']} | in engine {_or_dash(s['in_flight'], '{:.0f}')}"
-                f" | p99 30s TTFT {_or_dash(s['ttft_p99_ms'], '{:.0f} ms')} TPOT "
+                f" | p99 TTFT {_or_dash(s['ttft_p99_ms'], '{:.0f} ms')} TPOT "
                 f"{_or_dash(s['tpot_p99_ms'], '{:.1f} ms')} | KV {_or_dash(s['kv_usage'], '{:.0%}')} "
                 f"{_or_dash(s['level'], 'L{:.0f}')}")
-        faults = _faults_text(s["faults"], PLAIN_MAX - len(head) - len(tail))
+        faults = faults_summary(s["faults"], PLAIN_MAX - len(head) - len(tail))
         return (head + faults + tail)[:PLAIN_MAX]
 
     def renderable(self) -> Any:
@@ -384,32 +385,6 @@ def _suite(nodeid: str) -> str:
     from harness.report.suites import suite_label
 
     return suite_label(nodeid) if nodeid else "-"
-
-
-def _faults_text(faults: list[tuple[str, float]], budget: int) -> str:
-    """Active faults per kind, oldest first: each target once with its count and the kind's oldest
-    age, without the admin URL each label repeats; cut at a fault (never inside one) to fit
-    ``budget`` characters."""
-    if not faults:
-        return "no fault active"
-    kinds: dict[str, dict[str, int]] = {}
-    oldest: dict[str, float] = {}
-    for label, age in faults:
-        kind, _, target = label.split(" via ", 1)[0].partition(" ")
-        kinds.setdefault(kind, {})[target] = kinds.get(kind, {}).get(target, 0) + 1
-        oldest[kind] = max(age, oldest.get(kind, age))
-    parts = [f"{kind} " + ", ".join(f"{t}{f' x{n}' if n > 1 else ''}" for t, n in kinds[kind].items())
-             + f" ({oldest[kind]:.0f} s)" for kind in sorted(kinds, key=lambda k: -oldest[k])]
-    text = f"faults {len(faults)}: " if len(faults) > 1 else "fault "
-    for i, part in enumerate(parts):
-        rest = len(parts) - i - 1
-        room = budget - len(text) - (len(f"; +{rest} more") if rest else 0)
-        if len(part) > room:
-            if i:
-                return f"{text}+{len(parts) - i} more"
-            part = fit_words(part, max(room, 12))
-        text += part + ("; " if rest else "")
-    return text
 
 
 def _terminal_width(stream: IO[str]) -> int | None:

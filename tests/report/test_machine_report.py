@@ -4,7 +4,7 @@ shaded, limits drawn), each verdict's machine figures, and a run without samples
 import re
 
 from harness.checks.machine import LIMITS, gate
-from harness.report import plots
+from harness.report import run_plots
 from harness.report.html import render_html
 
 
@@ -21,14 +21,14 @@ def _samples(t0: float, n: int) -> list[dict]:
 
 def test_the_machine_plot_draws_each_series_with_limits_and_fault_windows():
     t0 = 1000.0
-    svg = str(plots.machine_plot(_samples(t0, 5), t0, [{"start": t0 + 1, "end": t0 + 2, "label": "kill"}],
+    svg = str(run_plots.machine_plot(_samples(t0, 5), t0, [{"start": t0 + 1, "end": t0 + 2, "label": "kill"}],
                                  LIMITS.to_dict()))
     assert _points(svg, "machine-cpu") == 5 + 5 + 4  # PSI, load generator, fabric probes (one sample without)
     assert _points(svg, "machine-lag") == 5 + 5  # wait per run, timer lag
     assert svg.count('class="window"') == 2  # the fault shaded in both panels
     assert f"PSI some limit {LIMITS.psi_some_pct:g} %" in svg and f"limit {LIMITS.timer_lag_p99_ms:g} ms" in svg
     assert f"fabric probes without a CPU limit {LIMITS.fabric_probe_wait_share_pct:g} %" in svg
-    assert plots.machine_plot([], t0, [], {}) is None
+    assert run_plots.machine_plot([], t0, [], {}) is None
 
 
 def test_the_report_shows_the_machine_chart_and_each_verdicts_figures(sample_result):
