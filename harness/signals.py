@@ -20,7 +20,6 @@ handler in force before would have.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import signal
@@ -153,7 +152,7 @@ class SignalOwner:
         if _main_thread():
             raise self._interrupt(signum)
         # handlers run in the main thread: deliver it there again, now that nothing waits for it
-        _thread.interrupt_main(signum)
+        signal.raise_signal(signum)
 
 
 @contextlib.contextmanager
