@@ -69,5 +69,5 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt as exc:  # harness.faults.runner.Terminated (SIGTERM) carries 143
+    except KeyboardInterrupt as exc:  # harness.signals.Terminated (SIGTERM) carries 143
         return getattr(exc, "exit_code", 130)

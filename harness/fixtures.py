@@ -230,7 +230,7 @@ class _LiveOutput:
 
 
 def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | Path | None = None,
-                      out: Any = None) -> Any:
+                      out: Any = None, signals: Any = None) -> Any:
     """A FaultRunner for ``cluster`` (a ClusterHandle) that refuses, before touching anything, every
     fault the cluster's safety settings do not allow (production clusters: all but those listed)."""
     from harness.faults import FaultRunner, Ledger
@@ -251,7 +251,7 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
     pool = ClusterExecutors(dry_run=dry_run, out=out)
     run = getattr(cluster, "run", None)
     return SafeFaultRunner(Ledger.for_cluster(cluster.name, state_dir), pool, dry_run=dry_run, out=out,
-                           context=run.context() if run is not None else None)
+                           signals=signals, context=run.context() if run is not None else None)
 
 
 @pytest.fixture
@@ -261,7 +261,8 @@ def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conforman
     into the report and reverts whatever is still active when the test ends, however it ends."""
     from rich.markup import escape
 
-    runner = make_fault_runner(cluster, dry_run=harness_options.dry_run, out=_LiveOutput(pytestconfig))
+    runner = make_fault_runner(cluster, dry_run=harness_options.dry_run, out=_LiveOutput(pytestconfig),
+                               signals=harness_state(pytestconfig).signals)
     styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
     if (live := harness_state(pytestconfig).live) is not None:
         runner.listeners.append(live.fault_event)
@@ -302,12 +303,12 @@ def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance
             live.add_load(runner)
         return runner
 
-    from harness.faults.runner import signals_deferred
+    from harness.signals import deferred
 
     try:
         yield start
     finally:
-        with signals_deferred():  # a second Ctrl-C must not leave Locust sending to the cluster
+        with deferred():  # a second Ctrl-C must not leave Locust sending to the cluster
             for runner in runs:
                 runner.stop()
 

@@ -175,10 +175,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         show(config, f"[bold magenta]{what} error:[/] {exc}")
         pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
-    from harness.faults.session import RunSignals
+    from harness.signals import SignalOwner
 
-    state.signals = RunSignals()  # SIGTERM unwinds like Ctrl-C; only the first signal interrupts
-    state.signals.install()
+    state.signals = SignalOwner().install()  # SIGTERM unwinds like Ctrl-C; only the first signal interrupts
     from harness.report.junit import take_over_junit_xml
 
     take_over_junit_xml(config)

@@ -15,6 +15,7 @@ import pytest
 
 from harness.checks.verdict import Verdict
 from harness.report import RunResult
+from harness.signals import SignalOwner
 
 MARKER = "conformance"
 
@@ -47,7 +48,7 @@ class HarnessState:
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
-    signals: Any = None   # harness.faults.session.RunSignals once conformance suites were collected
+    signals: SignalOwner | None = None   # once conformance suites were collected
 
 
 STATE = pytest.StashKey[HarnessState]()

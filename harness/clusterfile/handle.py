@@ -147,7 +147,7 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
     engine's request shape makes; a dry run sends none). ``run`` (a harness.faults.runs.RunRecord) is told the router and
     the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
     on every way out, bring-up errors included; SIGINT and SIGTERM wait until the teardown is done."""
-    from harness.faults.runner import signals_deferred
+    from harness.signals import deferred
 
     thresholds = spec.checklist(checklist)
     if spec.kind == "external":
@@ -160,7 +160,7 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
                                 api_key=spec.api_key())
         yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
         return
-    with signals_deferred():  # an interrupt raised inside torch's import can abort the process (-6)
+    with deferred():  # an interrupt raised inside torch's import can abort the process (-6)
         from harness.engine.core.oracle import greedy_reference
         from harness.engine.pd.topology import Topology
 
@@ -183,7 +183,7 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
         if run is not None:
             run.set_router(topo.router_pid, topo.api_url)
     except BaseException:
-        with signals_deferred():
+        with deferred():
             stack.close()
         raise
 
@@ -196,7 +196,7 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
         yield ClusterHandle(spec, thresholds, topo.api_url, f"{topo.api_url}/metrics", topo.api_url,
                             topology=topo, oracle=oracle, fabric=fabric, fabric_unavailable=unavailable)
     finally:
-        with signals_deferred():
+        with deferred():
             stack.close()
 
 

@@ -16,7 +16,7 @@ from harness.errors import HarnessError
 from harness.fabric.builder import MAX_SLOTS, SLOT_DIR, Fabric, fabric_unavailable_reason, leftovers, remove_prefixed
 from harness.hosts import LocalExecutor
 
-_SLOT_PREFIX = re.compile(r"^pdh(\d*)-")
+SLOT_PREFIX = re.compile(r"^pdh(\d*)-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 32, 128])
 
 
-def _slot_held(slot: int) -> bool:
+def slot_held(slot: int) -> bool:
+    """Whether a live run holds fabric slot ``slot`` (its flock is taken)."""
     path = SLOT_DIR / f"slot-{slot}.lock"
     if not path.exists():
         return False
@@ -47,14 +48,15 @@ def _slots() -> dict[str, list[str]]:
     """{prefix: its namespaces and links} for every fabric slot with something on this machine."""
     found: dict[str, list[str]] = {}
     for item in leftovers(prefix="pdh"):
-        m = _SLOT_PREFIX.match(item.split(" ", 1)[1])
+        m = SLOT_PREFIX.match(item.split(" ", 1)[1])
         if m:
             found.setdefault(m.group(0), []).append(item)
     return found
 
 
-def _slot_of(prefix: str) -> int:
-    digits = _SLOT_PREFIX.match(prefix).group(1)  # type: ignore[union-attr]
+def slot_of(prefix: str) -> int:
+    """The slot number of a fabric prefix (``pdh`` is slot 0, ``pdh3`` slot 3)."""
+    digits = SLOT_PREFIX.match(prefix).group(1)  # type: ignore[union-attr]
     return int(digits or 0)
 
 
@@ -66,19 +68,19 @@ def run(args: argparse.Namespace) -> int:
     if args.fabric_cmd == "status":
         slots = _slots()
         for prefix, items in sorted(slots.items()):
-            held = "held by a live run" if _slot_held(_slot_of(prefix)) else "left behind (no live run)"
-            print(f"{prefix:7} slot {_slot_of(prefix)}: {held}: {', '.join(items)}")
+            held = "held by a live run" if slot_held(slot_of(prefix)) else "left behind (no live run)"
+            print(f"{prefix:7} slot {slot_of(prefix)}: {held}: {', '.join(items)}")
         if not slots:
             print(f"no fabric on this machine (slots 0..{MAX_SLOTS - 1} free)")
         return 0
     if args.fabric_cmd == "down":
         for prefix in sorted(_slots()):
-            if _slot_held(_slot_of(prefix)) and not args.force:
+            if slot_held(slot_of(prefix)) and not args.force:
                 print(f"{prefix}: a live run holds it; kept (use --force to remove it anyway)")
                 continue
             remove_prefixed(LocalExecutor(), prefix)
             print(f"{prefix}: removed" if not leftovers(prefix=prefix) else f"{prefix}: some parts remain")
-        remaining = [p for p in _slots() if args.force or not _slot_held(_slot_of(p))]
+        remaining = [p for p in _slots() if args.force or not slot_held(slot_of(p))]
         return 1 if remaining else 0
     from harness.fabric.bandwidth import Station, measure_bulk
     from harness.fabric.kvbandwidth import measure_kv_curve

@@ -178,12 +178,10 @@ class SshdTest:
         restarted = []
         if self.topology is None:
             return restarted
-        for wid in self.topology.worker_ids():
-            proc = self.topology._proc(wid)
-            if proc.popen is not None and proc.popen.poll() is not None:
-                log.warning("worker %s exited with %s; restarting it", wid, proc.popen.returncode)
-                self.topology.restart(wid, wait=False)
-                restarted.append(wid)
+        for wid, code in self.topology.exited_workers().items():
+            log.warning("worker %s exited with %s; restarting it", wid, code)
+            self.topology.restart(wid, wait=False)
+            restarted.append(wid)
         return restarted
 
     def reap_adopted(self) -> None:
@@ -197,9 +195,7 @@ class SshdTest:
     def _own_pids(self) -> set[int]:
         own = {p.pid for p in self.sshds}
         if self.topology is not None:
-            own |= {p.popen.pid for p in self.topology._procs.values() if p.popen is not None}
-            if self.topology._router is not None and self.topology._router.popen is not None:
-                own.add(self.topology._router.popen.pid)
+            own |= self.topology.child_pids()
         return own
 
     def stop(self) -> None:

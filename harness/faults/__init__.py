@@ -15,7 +15,8 @@ from harness.faults.gpu_fill_host import HostHbmFill
 from harness.faults.ledger import Ledger, LedgerStatus, state_dir
 from harness.faults.network import NicFlap, PfcStorm
 from harness.faults.process import ProcessHang, ProcessKill, select_targets
-from harness.faults.runner import FaultRunner, Terminated
+from harness.faults.runner import FaultRunner
+from harness.signals import Terminated
 
 __all__ = [
     "Action", "DcgmInject", "EccPoison", "Fault", "FaultRecord", "FaultRunner", "HbmFill", "HostHbmFill", "Ledger",

@@ -14,60 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import sys
 import threading
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, Callable, ClassVar, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
 from harness.hosts import AuditLog, Executor, ExecutorFactory, ExecutorPool, executor_from_spec
 from harness.faults.ledger import Ledger, LedgerStatus
+from harness.signals import SignalOwner
 
 log = logging.getLogger(__name__)
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _REVERT_PHASES = ("revert", "verify_reverted")
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread on SIGTERM so every ``with`` block unwinds and reverts. A
-    KeyboardInterrupt so that pytest and the CLI stop the whole run rather than fail one test."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"terminated by signal {signum}")
-        self.signum = signum
-        self.exit_code = 128 + signum
-
-
-class signals_deferred:
-    """SIGINT and SIGTERM wait until the block ends (a teardown must finish: a second Ctrl-C must
-    not leave the router and the namespaces behind); then the first one is raised, unless the block
-    already ends with an exception. Main thread only; elsewhere a no-op."""
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "signals_deferred":
-        if threading.current_thread() is threading.main_thread():
-            for sig in HANDLED_SIGNALS:
-                self._previous[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        if self.received and exc_type is None:  # act on it as the handler in force would have
-            signum = self.received[0]
-            log.warning("signal %s arrived during a teardown; acting on it now", signum)
-            handler = self._previous.get(signum, signal.SIG_DFL)
-            if callable(handler):
-                handler(signum, None)
-            elif handler != signal.SIG_IGN:
-                raise FaultRunner._interrupt(signum)
 
 
 @dataclass
@@ -78,15 +38,15 @@ class _Active:
 
 
 class FaultRunner:
-    # called with the signal number whenever a runner raises an interrupt for a signal, so a run can
-    # tell it was interrupted even if the raised KeyboardInterrupt is lost (one raised inside a
-    # finalizer is printed and ignored by Python)
-    interrupt_listeners: ClassVar[list[Callable[[int], None]]] = []
+    """Signals: the run's :class:`~harness.signals.SignalOwner` (``signals``) makes every change
+    critical (a signal waits until the ledger, the stack and the target agree, then unwinds the
+    block, which reverts everything). Without one, the owner installed in the process is used; with
+    none installed and ``handle_signals``, the runner installs its own for its ``with`` block."""
 
     def __init__(self, ledger: Ledger, executor_factory: ExecutorFactory | None = None, *,
                  dry_run: bool = False, recover_on_enter: bool = True, handle_signals: bool = True,
-                 audit: AuditLog | None = None, out: TextIO | None = None,
-                 context: dict[str, Any] | None = None) -> None:
+                 signals: SignalOwner | None = None, audit: AuditLog | None = None,
+                 out: TextIO | None = None, context: dict[str, Any] | None = None) -> None:
         self.ledger = ledger
         self.context = context  # what the targets belong to (harness.faults.runs.RunRecord.context)
         self.dry_run = dry_run
@@ -101,11 +61,9 @@ class FaultRunner:
         self._out = out
         self._stack: list[_Active] = []
         self._lock = threading.RLock()
-        self._previous_handlers: dict[int, Any] = {}
-        self._critical_depth = 0
-        self._pending_signal: int | None = None
-        self._exiting = False
-        self._raised: int | None = None  # the signal this runner raised an interrupt for
+        self._signals = signals
+        self._own_signals: SignalOwner | None = None  # installed by __enter__ when no owner was
+        self._unowned = SignalOwner()                  # never installed: its blocks only count
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -250,77 +208,37 @@ class FaultRunner:
     # -- context manager and signals --------------------------------------------------------------
 
     def __enter__(self) -> FaultRunner:
-        self._exiting = False
-        self._install_handlers()
+        if self._signals is None and self.handle_signals and SignalOwner.current() is None:
+            self._own_signals = SignalOwner().install()
         try:
             if self.recover_on_enter:
                 self.recover()
         except BaseException:
-            self._restore_handlers()
+            self._release_signals()
             raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        self._exiting = True  # signals from here on wait: the reverts must finish
         try:
-            self.revert_all()
+            self.revert_all()   # critical: a signal waits for the reverts, then unwinds the caller
         finally:
-            self._restore_handlers()
+            self._release_signals()
             if isinstance(self.executor_factory, ExecutorPool):
                 self.executor_factory.close()
-            pending, self._pending_signal = self._pending_signal, None
-            self._exiting = False
-            self._raised = None
-        if pending is not None and exc_type is None:
-            raise self._interrupt(pending)
 
-    def _install_handlers(self) -> None:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return
-        for sig in HANDLED_SIGNALS:
-            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+    def _release_signals(self) -> None:
+        if self._own_signals is not None:
+            self._own_signals.restore()
+            self._own_signals = None
 
-    def _restore_handlers(self) -> None:
-        for sig, previous in self._previous_handlers.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous_handlers.clear()
+    @property
+    def signals(self) -> SignalOwner:
+        """The owner whose critical blocks guard this runner's changes."""
+        return self._signals or SignalOwner.current() or self._unowned
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._critical_depth > 0 or self._exiting:
-            log.warning("signal %s received while changing faults; acting on it once that is done", signum)
-            self._pending_signal = signum
-            return
-        if self._raised is not None:  # the block already unwinds from a signal: a second Ctrl-C waits too
-            log.warning("signal %s received while unwinding from signal %s; the reverts finish first",
-                        signum, self._raised)
-            return
-        log.warning("signal %s received: reverting %d active fault(s)", signum, len(self._stack))
-        self._raised = signum
-        self._tell(signum)
-        raise self._interrupt(signum)
-
-    @classmethod
-    def _tell(cls, signum: int) -> None:
-        for listener in list(cls.interrupt_listeners):
-            listener(signum)
-
-    @staticmethod
-    def _interrupt(signum: int) -> BaseException:
-        return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-
-    @contextlib.contextmanager
-    def _critical(self) -> Iterator[None]:
+    def _critical(self) -> contextlib.AbstractContextManager[None]:
         """Ledger, stack and target must agree: a signal waits until the section ends."""
-        self._critical_depth += 1
-        try:
-            yield
-        finally:
-            self._critical_depth -= 1
-            if self._critical_depth == 0 and self._pending_signal is not None and not self._exiting:
-                signum, self._pending_signal = self._pending_signal, None
-                self._raised = signum
-                self._tell(signum)
-                raise self._interrupt(signum)
+        return self.signals.critical()
 
     # -- internals --------------------------------------------------------------------------------
 

@@ -210,11 +210,11 @@ def _remove_fabric(record: dict[str, Any], run: str, dry_run: bool, say: Callabl
     if not prefix:
         return []
     from harness.fabric.builder import fabric_unavailable_reason, leftovers, remove_prefixed
-    from harness.fabric.cli import _slot_held, _slot_of
+    from harness.fabric.cli import slot_held, slot_of
 
     if fabric_unavailable_reason():
         return []
-    if _slot_held(_slot_of(prefix)):
+    if slot_held(slot_of(prefix)):
         say(f"{run}: fabric slot {prefix} is held by a live run now; its namespaces are left to it")
         return []
     found = leftovers(prefix=prefix)

@@ -33,7 +33,7 @@ from harness.errors import ProbeError
 from harness.probes.prometheus import ENGINE_PROFILES, Sample, parse_metrics
 from harness.probes.records import RecordWriter, RequestRecord
 from harness.probes.streaming import AsyncStreamingClient, CompletionRequest
-from harness.probes.workload import _WORDS
+from harness.probes.workload import WORDS
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class KvDrive:
     def _words(self, n_chars: int) -> str:
         words: list[str] = []
         while sum(len(w) + 1 for w in words) < n_chars:
-            words.append(self._rng.choice(_WORDS))
+            words.append(self._rng.choice(WORDS))
         return " ".join(words)[:n_chars].rstrip()
 
     async def calibrate(self) -> float:

@@ -20,7 +20,7 @@ from harness.errors import ConfigError
 MODES = ("closed", "constant", "poisson")
 
 # A small fixed vocabulary: prompts are deterministic and need no download.
-_WORDS = (
+WORDS = (
     "the cache holds key value blocks for every layer while the decoder streams tokens to the client "
     "prefill workers compute attention over the prompt and send each layer across the fabric "
     "a scheduler places requests on the least loaded worker with enough headroom for their memory "
@@ -151,8 +151,8 @@ def prompt_text(rng: random.Random, chars: int) -> str:
     """About ``chars`` characters of the load's fixed vocabulary, drawn with ``rng``."""
     words: list[str] = []
     while len(" ".join(words)) < chars:
-        words.append(rng.choice(_WORDS))
-    return " ".join(words)[:chars].rstrip() or _WORDS[0]
+        words.append(rng.choice(WORDS))
+    return " ".join(words)[:chars].rstrip() or WORDS[0]
 
 
 def prompt_chars(profile: LoadProfile, tokens: int) -> int:

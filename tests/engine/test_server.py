@@ -205,7 +205,7 @@ def test_accepted_api_connections_have_tcp_nodelay():
     SSE chunk until the client's delayed ACK (~40 ms of false TTFT)."""
     import asyncio
 
-    from harness.engine.serving.server import _bind
+    from harness.engine.serving.server import bind_socket
 
     async def main() -> int:
         seen: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -215,7 +215,7 @@ def test_accepted_api_connections_have_tcp_nodelay():
             seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
             writer.close()
 
-        server = await asyncio.start_server(on_connect, sock=_bind("127.0.0.1", 0))
+        server = await asyncio.start_server(on_connect, sock=bind_socket("127.0.0.1", 0))
         host, port = server.sockets[0].getsockname()[:2]
         _, writer = await asyncio.open_connection(host, port)
         try:

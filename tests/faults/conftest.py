@@ -21,7 +21,7 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_restored():
-    """Every fault test leaves SIGINT and SIGTERM as it found them: a finished RunSignals leaves
+    """Every fault test leaves SIGINT and SIGTERM as it found them: a finished SignalOwner leaves
     SIG_IGN by design (the end of a run), and a test that ran after one such test saw its Ctrl-C
     ignored ("DID NOT RAISE KeyboardInterrupt" after other tests, passing alone)."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

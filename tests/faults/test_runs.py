@@ -1,6 +1,6 @@
 """Run records and recovery before bring-up: a dead run's stopped leftover is ended (and only it),
 an entry whose bundled cluster died with its run is closed ``target_gone`` (audited), a revert that
-truly cannot be done still fails (exit 4), teardowns defer signals, stored paths are absolute."""
+truly cannot be done still fails (exit 4), stored paths are absolute. (Signals: test_signals.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from harness.errors import RevertError
 from harness.faults import FaultRunner, HbmFill, Ledger
 from harness.hosts import SSHTarget
 from harness.faults.procstat import read_local
-from harness.faults.runner import signals_deferred
 from harness.faults.runs import RUN_ENV, RunRecord, clean_dead_runs, target_gone
 
 from .conftest import harness_revert, proc_state
@@ -132,19 +131,6 @@ def test_a_live_runs_record_and_processes_are_left_alone(tmp_path):
     assert not record.path.exists() and os.environ.get(RUN_ENV) is None
 
 
-def test_signals_wait_until_a_teardown_is_done():
-    # what a fresh Python process has: the test must not depend on what an earlier test left
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    done = []
-    with pytest.raises(KeyboardInterrupt):
-        with signals_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C: still waits
-            done.append("teardown finished")
-    assert done == ["teardown finished"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
 def test_ssh_paths_are_stored_absolute(tmp_path, monkeypatch):
     (tmp_path / "key").write_text("k")
     (tmp_path / "known").write_text("")
@@ -168,49 +154,3 @@ def test_harness_revert_ends_a_dead_runs_leftover_without_any_ledger(tmp_path):
         if leftover.poll() is None:
             leftover.kill()
             leftover.wait()
-
-
-def test_run_signals_interrupt_once_then_only_note():
-    from harness.faults.runner import Terminated
-    from harness.faults.session import RunSignals
-
-    before = signal.getsignal(signal.SIGTERM)
-    signals = RunSignals()
-    signals.install()
-    try:
-        with pytest.raises(Terminated):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler runs here
-        os.kill(os.getpid(), signal.SIGINT)  # a second signal while the run unwinds: noted, not raised
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert signals.interrupted == signal.SIGTERM
-    finally:
-        signals.restore()
-    assert signal.getsignal(signal.SIGTERM) == before
-    finished = RunSignals()
-    finished.install()
-    finished.finish()
-    try:
-        os.kill(os.getpid(), signal.SIGINT)  # after the report: noted, even after restore()
-        finished.restore()
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.1)
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, before)
-    assert finished.interrupted is None
-
-
-def test_a_runners_interrupt_is_recorded_even_if_the_exception_is_lost(tmp_path):
-    from harness.faults.session import RunSignals
-
-    signals = RunSignals()
-    signals.install()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with FaultRunner(Ledger.for_cluster("local", tmp_path)):
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(1)
-        assert signals.interrupted == signal.SIGINT
-    finally:
-        signals.restore()

@@ -112,12 +112,12 @@ def snapshot() -> dict:
 
 def _unheld(names: set[str]) -> list[str]:
     """Fabric names whose slot no live run holds (a live run of someone else keeps its own)."""
-    from harness.fabric.cli import _SLOT_PREFIX, _slot_held
+    from harness.fabric.cli import SLOT_PREFIX, slot_held
 
     out = []
     for name in names:
-        m = _SLOT_PREFIX.match(name)
-        if m is not None and not _slot_held(int(m.group(1) or 0)):
+        m = SLOT_PREFIX.match(name)
+        if m is not None and not slot_held(int(m.group(1) or 0)):
             out.append(name)
     return sorted(out)
 

@@ -143,7 +143,7 @@ def _fabric_namespaces() -> set[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("change,field", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_run_exits_3_and_starts_nothing(tmp_path, change, field):
-    from harness.fabric.cli import _SLOT_PREFIX, _slot_held
+    from harness.fabric.cli import SLOT_PREFIX, slot_held
 
     path = write_case(tmp_path, change)
     (tmp_path / "test_probe.py").write_text(PROBE)
@@ -161,5 +161,5 @@ def test_a_run_exits_3_and_starts_nothing(tmp_path, change, field):
     assert not list((state / "runs").glob("*.json")) if (state / "runs").exists() else True
     assert marked_processes("S5B_MALFORMED", marker) == []
     leaked = [ns for ns in _fabric_namespaces() - before
-              if not _slot_held(int(_SLOT_PREFIX.match(ns).group(1) or 0))]  # a live run's own fabric is not ours
+              if not slot_held(int(SLOT_PREFIX.match(ns).group(1) or 0))]  # a live run's own fabric is not ours
     assert leaked == [], leaked

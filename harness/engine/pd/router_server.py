@@ -152,7 +152,7 @@ async def _serve(args, config: RouterConfig) -> int:
     import uvicorn
 
     from harness.engine.serving.api import build_app
-    from harness.engine.serving.server import _bind
+    from harness.engine.serving.server import bind_socket
 
     router = Router(args.preset, config, max_model_len=args.max_model_len)
     registry = CollectorRegistry()
@@ -160,7 +160,7 @@ async def _serve(args, config: RouterConfig) -> int:
     registry.register(ResilienceMetrics(router))
     app = build_app(router, registry=registry, extra_routers=[admin_api(router), resilience_api(router),
                                                                      worker_health_api(router)])
-    api_sock = _bind(args.host, args.port)
+    api_sock = bind_socket(args.host, args.port)
     control = await router.start_control(args.control_host, args.control_port)
     server = uvicorn.Server(uvicorn.Config(app, log_level=logging.WARNING, access_log=False,
                                            timeout_graceful_shutdown=2))

@@ -171,6 +171,11 @@ class Topology:
         return {p.id: p.popen.returncode for p in self._procs.values()
                 if p.popen is not None and p.popen.poll() is not None}
 
+    def child_pids(self) -> set[int]:
+        """The pids of the processes this topology started (router and workers), running or not."""
+        procs = list(self._procs.values()) + ([self._router] if self._router is not None else [])
+        return {p.popen.pid for p in procs if p.popen is not None}
+
     def log_tail(self, proc_id: str, lines: int = 30) -> str:
         p = self._router if proc_id == "router" else self._proc(proc_id)
         return "\n".join(p.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -81,7 +81,7 @@ def _engine_config(args: argparse.Namespace):
     return EngineConfig(preset=args.preset, **overrides)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     """The API's listening socket. Created with IPPROTO_TCP named: asyncio sets TCP_NODELAY only on
     sockets whose ``proto`` says TCP, and an accepted socket inherits the listener's; with proto 0,
     Nagle held every keep-alive client's first SSE chunk until its delayed ACK (about 40 ms)."""
@@ -100,7 +100,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def run(args: argparse.Namespace) -> int:
     config = _engine_config(args)  # bad options fail before anything binds or loads
-    sock = _bind(args.host, args.port)
+    sock = bind_socket(args.host, args.port)
     try:
         return asyncio.run(_serve(config, args.engine, sock, args.port_file))
     finally:
