@@ -175,6 +175,12 @@ class Conformance:
         for start, end, label in spans.values():
             self._state.result.fault_windows.append({"start": start, "end": end, "label": label or "fault"})
 
+    @property
+    def seen_events(self) -> set[str]:
+        """The engine events the run's timeline holds already: each router event is recorded once,
+        although every suite reads the router's whole log."""
+        return self._state.seen_events
+
     def add_timeline(self, entries: list[dict[str, Any]]) -> None:
         """Entries of :func:`harness.probes.timeline.merge_timeline`."""
         for e in entries:

@@ -213,8 +213,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         _record_crash_rows(item, state, report.when, f"{call.excinfo.typename}: {call.excinfo.value}")
     if report.when == "call" or not report.passed:  # setup/teardown only when they did not pass
         state.result.tests.append({"nodeid": item.nodeid, "outcome": report.outcome, "duration_s": report.duration,
-                                   "message": "" if report.passed else str(report.longreprtext)[-300:]})
+                                   "started": report.start,
+                                   "message": "" if report.passed else _message(str(report.longreprtext))})
     return report
+
+
+def _message(text: str, limit: int = 2000) -> str:
+    """A failed test's message for the report: its first line (what failed) and as much of the end
+    (the assertion) as fits in ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    first = text.splitlines()[0][:200]
+    return f"{first}\n[... {len(text) - limit} characters left out ...]\n{text[-(limit - len(first)):]}"
 
 
 def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error: str) -> None:

@@ -49,6 +49,7 @@ class HarnessState:
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
     signals: SignalOwner | None = None   # once conformance suites were collected
+    seen_events: set[str] = field(default_factory=set)  # engine events already on the timeline (once per run)
 
 
 STATE = pytest.StashKey[HarnessState]()

@@ -68,7 +68,8 @@ def finish_suite(conformance: Any, cluster: Any, records: Sequence[RequestRecord
     conformance.add_latency(list(records))
     kept = [e for e in events if event_filter is None or event_filter(e)]
     conformance.add_timeline(merge_timeline(faults=faults.records if faults is not None else (), events=kept,
-                                            records=records, failed_requests_only=True))
+                                            records=records, failed_requests_only=True,
+                                            seen_events=getattr(conformance, "seen_events", None)))
     return lost
 
 

@@ -59,7 +59,10 @@ def test_report_of_a_real_run_shows_every_plot(tmp_path):
     item5 = next(section for section in item5 if section.split('"')[0].endswith("6.1.5"))
     assert "not completed" not in item5
     assert {m for m in re.findall(r'class="bar" data-label="(\w+)"', item5)} == {"before", "during", "after"}
-    assert 'id="timeline-summary"' in dom and '<details class="event-group" data-kind="kv_transfer"' in dom
+    # engine events counted per kind and suite; the bulk kind (one per KV transfer) as a rate, not listed
+    assert 'id="timeline-summary"' in dom and 'data-kind="kv_transfer"' in dom
+    assert re.search(r'<tr class="event-kind" data-kind="kv_transfer" data-count="\d+" data-bulk="yes"', dom), dom[-3000:]
+    assert '<details class="event-group" data-kind="kv_transfer"' not in dom
 
     results = json.loads((reports / "latest" / "results.json").read_text())
     assert results["cluster_samples"] and all("kv_usage" in s for s in results["cluster_samples"])
