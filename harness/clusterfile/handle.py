@@ -143,8 +143,8 @@ class ClusterHandle:
 def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
                  log_dir: Path | None = None, run: Any = None, send: bool = True) -> Iterator[ClusterHandle]:
     """Bring a bundled cluster up for the duration of the block (process logs in ``log_dir``),
-    or attach to an external one (with ``send``, checking first that it accepts the requests its
-    engine's request shape makes; a dry run sends none). ``run`` (a harness.faults.runs.RunRecord) is told the router and
+    or attach to an external one (with ``send``, checking first that it answers and accepts the
+    requests its engine's request shape makes; a dry run, ``send=False``, contacts nothing). ``run`` (a harness.faults.runs.RunRecord) is told the router and
     the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
     on every way out, bring-up errors included; SIGINT and SIGTERM wait until the teardown is done."""
     from harness.faults.runner import signals_deferred
@@ -152,10 +152,11 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
     thresholds = spec.checklist(checklist)
     if spec.kind == "external":
         assert spec.endpoints is not None
-        _check_reachable(spec.endpoints.api, spec, spec.api_key())
-        from harness.probes.request_shape import check_request_shape, request_shape
+        if send:  # a dry run contacts nothing: it needs neither the API nor its key
+            _check_reachable(spec.endpoints.api, spec, spec.api_key())
+            from harness.probes.request_shape import check_request_shape, request_shape
 
-        if send:  # a server that rejects a field the harness sends would fail every request: say so now
+            # a server that rejects a field the harness sends would fail every request: say so now
             check_request_shape(spec.endpoints.api, request_shape(spec.engine_name), model=spec.model,
                                 api_key=spec.api_key())
         yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)

@@ -283,11 +283,16 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
     budget = checklist.threshold(ITEM, "reschedule_p100_s").value
     observe_s = budget + 2.0  # the cluster must cope alone for longer than the budget
     if harness_options.dry_run:
-        lines = blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s)
+        from harness.dry_run import safety_word
+
+        safety = [safety_word(cluster.spec, kind) for kind, _ in steps]
+        lines = [f"{kind} {i + 1}/{len(steps)}: {line} [{word}]" for i, (line, (kind, _), word) in
+                 enumerate(zip(blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s), steps, safety))]
         lines += [f"not faulted: {why}" for why in not_judged.values()]
-        for line in lines:
-            print(f"[dry-run] {line}", flush=True)
-        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected",
+        conformance.show_plan(lines)
+        refused = sum(word.startswith("REFUSED") for word in safety)
+        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected"
+                                        + (f" ({refused} refused by the cluster's safety settings)" if refused else ""),
                                         plan=lines))
         return
     if not steps:  # every role has a single worker (or none can be faulted): nothing to judge, say why

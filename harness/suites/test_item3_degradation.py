@@ -193,8 +193,9 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
     load_line = (f"up to {plan.max_concurrency} streams of {plan.prompt_tokens}-token prompts asking "
                  f"{plan.output_tokens} tokens (+-25 %), {plan.ramp_budget_s:.0f} s per level, each held {plan.hold_s:.0f} s")
     if harness_options.dry_run:
-        for line in [load_line, *described]:
-            print(f"[dry-run] {line}", flush=True)
+        refused = (" [REFUSED: the cluster is marked safety.production, a real run does not overload it]"
+                   if cluster.safety.production else "")
+        conformance.show_plan([load_line + refused, *described])
         conformance.record(inconclusive(checklist, ITEM, "dry run: the KV-use drive was planned, no load was sent",
                                         plan=[load_line, *described]))
         return
