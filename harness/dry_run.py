@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import pytest
 
 from harness.errors import FaultError
-from harness.plugin_state import show
+from harness.plugin_state import show_line
 
 PREFIX = "[dry-run]"
 
@@ -66,8 +66,6 @@ def announce(config: pytest.Config, spec: Any) -> None:
 
 
 def show_lines(config: pytest.Config, lines: Iterable[str]) -> None:
-    """Each line as ``[dry-run] line`` on the terminal, past pytest's capture."""
-    from rich.text import Text
-
+    """Each line as ``[dry-run] line`` on a terminal line of its own, past pytest's capture."""
     for line in lines:
-        show(config, Text(f"{PREFIX} {line}"))
+        show_line(config, f"{PREFIX} {line}")

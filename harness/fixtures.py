@@ -18,7 +18,7 @@ import pytest
 
 from harness.checks.verdict import Verdict
 from harness.errors import HarnessError
-from harness.plugin_state import MARKER, HarnessOptions, harness_state, show
+from harness.plugin_state import MARKER, HarnessOptions, harness_state, show, show_line
 
 MACHINE = pytest.StashKey[Any]()  # the session's harness.probes.machine.MachineMonitor while the cluster is up
 
@@ -230,8 +230,7 @@ class _LiveOutput:
         self._buf += text
         *lines, self._buf = self._buf.split("\n")
         for line in lines:
-            from rich.text import Text
-            show(self._config, Text(line))
+            show_line(self._config, line)
         return len(text)
 
     def flush(self) -> None:
