@@ -29,6 +29,18 @@ def safety_word(spec: Any, fault_kind: str) -> str:
     return "allowed by safety"
 
 
+def reads_no_admin_api(cluster: Any) -> bool:
+    """A dry run of an external cluster does not read its admin API (its worker table, its
+    degradation state); the bundled cluster is the harness's own, started on this machine."""
+    return cluster.kind == "external"
+
+
+def unread_targets(cluster: Any, fault_kind: str, targets: str, detail: str) -> str:
+    """A plan line whose targets the run reads from the cluster's admin API when it starts."""
+    return (f"{fault_kind} on {targets}: {detail}; the targets come from {cluster.admin_url}/admin/workers, read "
+            f"when a real run starts, not by a dry run [{safety_word(cluster.spec, fault_kind)}]")
+
+
 def safety_summary(spec: Any) -> str:
     """One line: what the cluster's safety settings let a run do."""
     safety = spec.safety

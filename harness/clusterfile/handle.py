@@ -32,6 +32,7 @@ class ClusterHandle:
     fabric: Any = None                  # harness.fabric.builder.Fabric when the workers run on it
     fabric_unavailable: str | None = None  # why not, when the cluster file asked for it
     run: Any = None                     # harness.faults.runs.RunRecord of the run that started it (bundled)
+    dry_run: bool = False               # attached for a dry run: nothing is contacted, no key file read
 
     @property
     def name(self) -> str:
@@ -109,7 +110,7 @@ class ClusterHandle:
     def ssh_target(self, host: str) -> Any:
         """The SSH target for a worker's host (matched by host name or address), or None when
         commands for that host run locally. Built on demand: key files are checked only for
-        hosts a fault actually touches."""
+        hosts a fault actually touches (never in a dry run: its SSH commands are only printed)."""
         from harness.hosts import SSHTarget
 
         h = next((h for h in self.hosts if host in (h.name, h.address) and h.ssh is not None), None)
@@ -117,7 +118,7 @@ class ClusterHandle:
             return None
         key_file, known = (str(Path(p).expanduser()) for p in (h.ssh.key_file, h.ssh.known_hosts))
         return SSHTarget(host=h.address, user=h.ssh.user, key_filename=key_file, known_hosts_file=known,
-                         port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s)
+                         port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s, require_files=not self.dry_run)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the report."""
@@ -159,7 +160,8 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
             # a server that rejects a field the harness sends would fail every request: say so now
             check_request_shape(spec.endpoints.api, request_shape(spec.engine_name), model=spec.model,
                                 api_key=spec.api_key())
-        yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
+        yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin,
+                            dry_run=not send)
         return
     with signals_deferred():  # an interrupt raised inside torch's import can abort the process (-6)
         from harness.engine.core.oracle import greedy_reference

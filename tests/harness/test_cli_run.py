@@ -99,3 +99,16 @@ def test_a_run_stops_on_the_missing_key_file_saying_so_once(tmp_path):
     assert proc.returncode == 3, out[-3000:]
     assert out.count("~/.ssh/pd_chaos_ed25519 does not exist") == 1, out[-3000:]
     assert "harness: exit 3 (the cluster file error above)" in out
+
+
+@pytest.mark.slow  # a pytest subprocess
+def test_dry_run_of_an_ssh_fabric_cluster_plans_over_ssh_without_its_key_files(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--cluster=ssh-fabric", "--dry-run", "--live=off",
+                           "-p", "no:cacheprovider"], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 2, out[-4000:] + proc.stderr[-2000:]  # no harness error: no SSH target needs its key
+    assert "[dry-run] raw bandwidth fab-h0 (fab0) -> fab-h1 over SSH" in out
+    assert "[dry-run] pfc_storm class 1:10 on fab0 @ fab-h0: allowed by safety" in out
+    assert "[dry-run] nic_flap fab0 @ fab-h1: inject: fab-h1$ " in out
+    assert "state/sshd-test/id_ed25519 does not exist" in out  # said as what a real run would stop on

@@ -7,8 +7,9 @@ of the current directory.
   suites: the plan (each fault, target, hold time, refused by prod-a's safety settings) on stdout,
   exit 2, and nothing contacted: the file's every URL and SSH port point at listening sockets this
   test holds and never answers, and none of them saw a connection; no key file, no API-key variable.
-- The user's own copy of the suites dry-runs against a real PD topology (`python -m harness up`,
-  started from this checkout's environment, which has the engine extra).
+- The user's own copy of the suites dry-runs against a cluster file naming a real PD topology
+  (`python -m harness up`, started from this checkout's environment, which has the engine extra)
+  with an admin API: the plan names its targets by role, read from nothing.
 
 The wheel is built and installed into a new virtualenv once per run of this module (nothing is
 reused between runs: a packaging mistake cannot hide behind an older install)."""
@@ -208,8 +209,11 @@ def test_users_own_copy_of_the_suites_dry_runs_against_a_cluster_file_in_cwd(ins
     out = run.stdout + run.stderr
     assert run.returncode == 2, out[-4000:]  # inconclusive: a dry run proves nothing
     assert f"attaching to cluster mine (external, {work / 'clusters' / 'mine.yaml'})" in out
-    assert "[dry-run] hbm_fill decode-0" in out, out[-4000:]
-    assert "[dry-run] hbm_fill decode-0: allowed by safety" in out  # not production: every fault allowed
+    # a dry run reads nothing from the cluster, its admin API included: the targets are named by role
+    assert (f"[dry-run] hbm_fill on each decode worker: filled in steps to the engine's Level 2 then Level 3 KV-use "
+            f"thresholds; the targets come from {api}/admin/workers, read when a real run starts, not by a dry run "
+            "[allowed by safety]") in out, out[-4000:]
+    assert "[dry-run] ecc_poison on each healthy decode worker" in out
     # an attached topology with an admin API but no `workers:` inventory cannot bring a killed worker
     # back: 6.1.4 is not judged there, and says why (harness/checks/capabilities.py)
     assert "needs restartable_workers" in out and "[dry-run] process_kill" not in out, out[-4000:]
