@@ -16,7 +16,7 @@ from harness.errors import HarnessError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("harness.cli_run", "run the shipped conformance suites (pytest options pass through: --cluster, --dry-run)"),
+    "run": ("harness.cli_run", "run the shipped conformance suites (pytest's options pass through: --cluster, ...)"),
     "serve": ("harness.engine.serving.server", "serve the single-process reference engine (OpenAI-compatible API)"),
     "up": ("harness.engine.pd.topology", "start a PD topology: router + prefill and decode worker processes"),
     "presets": ("harness.engine.core.config", "list model presets with their KV bytes per token"),

@@ -8,7 +8,8 @@ from harness.clusterfile.models import (ENGINES, KINDS, ROLES, WORKER_ROLES, Aut
                                         ClusterSpec, Endpoints, FabricSettings, Host, ProcessLocator, Restart,
                                         Safety, SSHSettings, Worker, Workload, settings_spec)
 
-__all__ = ["CLUSTERS_DIR", "check_before_start", "check_cluster", "cluster_search_path", "missing_ssh_files", "ENGINES", "KINDS", "ROLES", "WORKER_ROLES", "Auth", "BundledSettings", "ClusterFile",
+__all__ = ["CLUSTERS_DIR", "check_before_start", "check_cluster", "cluster_search_path", "missing_ssh_files",
+           "ENGINES", "KINDS", "ROLES", "WORKER_ROLES", "Auth", "BundledSettings", "ClusterFile",
            "ClusterHandle", "ClusterSpec", "Endpoints", "FabricSettings", "Host", "ProcessLocator", "Restart",
            "SSHSettings", "Safety", "Worker", "Workload", "json_schema", "load_cluster", "open_cluster",
            "parse_cluster", "resolve_cluster_path", "settings_spec"]

@@ -145,8 +145,8 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
                  log_dir: Path | None = None, run: Any = None, send: bool = True) -> Iterator[ClusterHandle]:
     """Bring a bundled cluster up for the duration of the block (process logs in ``log_dir``),
     or attach to an external one (with ``send``, checking first that it answers and accepts the
-    requests its engine's request shape makes; a dry run, ``send=False``, contacts nothing). ``run`` (a harness.faults.runs.RunRecord) is told the router and
-    the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
+    requests its engine's request shape makes; a dry run, ``send=False``, contacts nothing).
+    ``run`` (a harness.faults.runs.RunRecord) is told the router and the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
     on every way out, bring-up errors included; SIGINT and SIGTERM wait until the teardown is done."""
     from harness.faults.runner import signals_deferred
 

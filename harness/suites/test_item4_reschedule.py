@@ -291,8 +291,9 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
     observe_s = budget + 2.0  # the cluster must cope alone for longer than the budget
     if harness_options.dry_run:
         safety = [dry_run.safety_word(cluster.spec, kind) for kind, _ in steps]
-        lines = [f"{kind} {i + 1}/{len(steps)}: {line} [{word}]" for i, (line, (kind, _), word) in
-                 enumerate(zip(blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s), steps, safety))]
+        described = blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s)
+        lines = [f"{kind} {i + 1}/{len(steps)}: {line} [{word}]"
+                 for i, (line, (kind, _), word) in enumerate(zip(described, steps, safety))]
         lines += [f"not faulted: {why}" for why in not_judged.values()]
         conformance.show_plan(lines)
         refused = sum(word.startswith("REFUSED") for word in safety)
