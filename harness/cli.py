@@ -1,5 +1,6 @@
 """``python -m harness``: subcommands are modules that expose ``add_arguments(parser)``
-and ``run(args) -> int``. Register a new subcommand in ``SUBCOMMANDS``; its module is
+and ``run(args) -> int`` (or ``PASS_THROUGH = True`` and ``main(argv) -> int``: the arguments are
+handed on unparsed, ``harness run``'s to pytest). Register a new subcommand in ``SUBCOMMANDS``; its module is
 imported only when the subcommand runs, so a heavy import (torch) never slows ``--help``.
 """
 
@@ -15,6 +16,7 @@ from harness.errors import HarnessError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("harness.cli_run", "run the shipped conformance suites (pytest's options pass through: --cluster, ...)"),
     "serve": ("harness.engine.serving.server", "serve the single-process reference engine (OpenAI-compatible API)"),
     "up": ("harness.engine.pd.topology", "start a PD topology: router + prefill and decode worker processes"),
     "presets": ("harness.engine.core.config", "list model presets with their KV bytes per token"),
@@ -54,6 +56,10 @@ def _load(module_name: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] and argv[0] in SUBCOMMANDS:
+            module = _load(SUBCOMMANDS[argv[0]][0])
+            if getattr(module, "PASS_THROUGH", False):  # its arguments are another tool's (pytest's)
+                return int(module.main(argv[1:]))
         saved, sys.argv = sys.argv, [sys.argv[0], *argv]
         parser = build_parser()
         sys.argv = saved

@@ -18,7 +18,7 @@ import pytest
 
 from harness.checks.verdict import Verdict
 from harness.errors import HarnessError
-from harness.plugin_state import MARKER, HarnessOptions, harness_state, show
+from harness.plugin_state import MARKER, HarnessOptions, harness_state, show, show_line
 
 MACHINE = pytest.StashKey[Any]()  # the session's harness.probes.machine.MachineMonitor while the cluster is up
 
@@ -39,7 +39,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
 
     state = harness_state(pytestconfig)
     spec = state.spec or load_cluster(state.options.cluster)
-    recover_before_bringup(spec.name, say=lambda line: show(pytestconfig, line))
+    recover_before_bringup(spec.name, say=lambda line: show(pytestconfig, line), dry_run=state.options.dry_run)
     verb = "bringing up" if spec.kind == "bundled" else "attaching to"
     show(pytestconfig, f"[bold]{verb} cluster {spec.name}[/] ({spec.kind}, {spec.path})")
     t0 = time.monotonic()
@@ -50,9 +50,12 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
         handle.run = run
         state.result.cluster = handle.describe()
         state.result.capabilities = handle.capabilities().to_dict()
-        if state.live is not None:
+        if state.live is not None and not state.options.dry_run:  # a dry run scrapes nothing
             state.live.set_cluster(handle.metrics_url, handle)
-        show(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
+        if state.options.dry_run and spec.kind == "external":
+            show(pytestconfig, f"cluster {spec.name}: dry run, {handle.api_url} not contacted")
+        else:
+            show(pytestconfig, f"cluster {spec.name} ready in {time.monotonic() - t0:.1f} s: {handle.api_url}")
         gpus = _watch_host_gpus(pytestconfig, handle)
         machine = _watch_machine(pytestconfig)
         try:
@@ -144,6 +147,12 @@ class Conformance:
         spans = windows or [(self.started, time.time())]
         return gate(verdict, [monitor.window(start, end, records) for start, end in spans])
 
+    def show_plan(self, lines: Sequence[str]) -> None:
+        """A dry run's plan lines (``[dry-run] ...``) on the terminal while the suite runs."""
+        from harness.dry_run import show_lines
+
+        show_lines(self._config, lines)
+
     def phase(self, name: str) -> None:
         """Name what the test does now ("baseline", "storm", "recovery"): shown in the live display."""
         if self._state.live is not None:
@@ -227,8 +236,7 @@ class _LiveOutput:
         self._buf += text
         *lines, self._buf = self._buf.split("\n")
         for line in lines:
-            from rich.text import Text
-            show(self._config, Text(line))
+            show_line(self._config, line)
         return len(text)
 
     def flush(self) -> None:
@@ -244,7 +252,12 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
 
     class SafeFaultRunner(FaultRunner):
         def inject(self, fault: Any) -> Any:
-            cluster.check_fault_allowed(fault.kind)
+            if self.dry_run:  # the plan says what safety would do; a dry run changes nothing either way
+                from harness.dry_run import PREFIX, safety_word
+
+                self._say(f"{PREFIX} {fault.kind} {fault.target}: {safety_word(cluster.spec, fault.kind)}")
+            else:
+                cluster.check_fault_allowed(fault.kind)
             return super().inject(fault)
 
     class ClusterExecutors(ExecutorPool):

@@ -161,6 +161,8 @@ class SSHTarget:
     known_hosts_file: str
     port: int = 22
     connect_timeout_s: float = 10.0
+    # False for a dry run's targets: printed in its plan, never connected, so the files need not exist
+    require_files: bool = True
 
     def __post_init__(self) -> None:
         if not self.host or not self.user:
@@ -168,7 +170,7 @@ class SSHTarget:
                               fix="set host and user for every SSH host in the cluster file")
         if not 0 < int(self.port) < 65536:
             raise ConfigError(f"SSH port {self.port} for {self.host} is out of range", fix="use a port in 1..65535")
-        for name in ("key_filename", "known_hosts_file"):
+        for name in ("key_filename", "known_hosts_file") if self.require_files else ():
             path = getattr(self, name)
             if not path or not Path(path).is_file():
                 raise ConfigError(f"SSH {name} for {self.host} is not a readable file: {path!r}",

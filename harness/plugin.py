@@ -162,19 +162,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     state.active = True
     from harness.checks.capabilities import check_item_markers
-    from harness.cluster import check_before_start, load_cluster
+    from harness.cluster import check_cluster
 
     what = "cluster file"
-    try:  # checked in full here, before anything starts (no namespace, no process)
-        state.spec = load_cluster(state.options.cluster)
-        check_before_start(state.spec)
+    try:  # checked in full here, before anything starts (no namespace, no process); a dry run reads no key file
+        state.spec = check_cluster(state.options.cluster, dry_run=state.options.dry_run)
         what = "suite marker"  # pytest.mark.item naming an unknown item or capability
         check_item_markers(items, state.spec.checklist())
     except ConfigError as exc:
+        from rich.markup import escape
+
         state.config_error = str(exc)
-        show(config, f"[bold magenta]{what} error:[/] {exc}")
-        pytest.exit(f"{what} error: {exc}", returncode=int(ExitCode.HARNESS_ERROR))
+        show(config, f"[bold magenta]{what} error:[/] {escape(str(exc))}")  # the one place it is printed
+        pytest.exit(f"harness: exit {int(ExitCode.HARNESS_ERROR)} (the {what} error above)",
+                    returncode=int(ExitCode.HARNESS_ERROR))
     state.result.cluster = {"name": state.spec.name, "kind": state.spec.kind, "path": state.spec.path}
+    if state.options.dry_run:
+        from harness.dry_run import announce
+
+        announce(config, state.spec)
     from harness.signals import SignalOwner
 
     state.signals = SignalOwner().install()  # SIGTERM unwinds like Ctrl-C; only the first signal interrupts

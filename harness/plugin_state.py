@@ -77,3 +77,21 @@ def show(config: pytest.Config, markup: Any) -> None:
     ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
     with ctx:
         console().print(markup, soft_wrap=True)
+
+
+def show_line(config: pytest.Config, text: str) -> None:
+    """One plain line on the terminal, on a line of its own (pytest's terminal reporter ends its
+    progress line first), past pytest's capture: above the live panel when there is one."""
+    from rich.text import Text
+
+    state = config.stash.get(STATE, None)
+    if state is not None and state.live is not None and state.live.print(Text(text)):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        show(config, Text(text))
+        return
+    capman = config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(text)

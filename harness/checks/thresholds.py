@@ -42,6 +42,21 @@ def field_error(source: str | Path, field_path: str, problem: str, fix: str) -> 
     return ConfigError(f"{source}: field `{field_path}`: {problem}", fix=fix)
 
 
+def yaml_error_place(exc: Exception) -> str:
+    """Where and what a YAML error is, lines counted from 1 (pyyaml's marks count from 0). The
+    scanner notices a missing ``:`` or closing quote only on a later line: its context mark (where
+    the key or the quoted string began) is the line to fix, so it comes first."""
+    problem = getattr(exc, "problem", None) or str(exc)
+    mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    if mark is None:
+        return f": {problem}"
+    if isinstance(exc, yaml.scanner.ScannerError) and context is not None:
+        return (f" at line {context.line + 1}, column {context.column + 1}: {problem} ({exc.context}; "
+                f"noticed at line {mark.line + 1}, column {mark.column + 1})")
+    began = f" ({exc.context} that began at line {context.line + 1})" if context is not None and exc.context else ""
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}{began}"
+
+
 def load_yaml_mapping(path: Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping, with errors that name the file."""
     if not path.is_file():
@@ -49,9 +64,7 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}",
+        raise ConfigError(f"{path}: not valid YAML{yaml_error_place(exc)}",
                           fix="fix the YAML syntax (indentation, quotes, colons)") from exc
     if not isinstance(data, dict):
         raise field_error(path, "<top level>", f"expected a mapping, got {type(data).__name__}",

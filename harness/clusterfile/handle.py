@@ -32,6 +32,7 @@ class ClusterHandle:
     fabric: Any = None                  # harness.fabric.builder.Fabric when the workers run on it
     fabric_unavailable: str | None = None  # why not, when the cluster file asked for it
     run: Any = None                     # harness.faults.runs.RunRecord of the run that started it (bundled)
+    dry_run: bool = False               # attached for a dry run: nothing is contacted, no key file read
 
     @property
     def name(self) -> str:
@@ -109,7 +110,7 @@ class ClusterHandle:
     def ssh_target(self, host: str) -> Any:
         """The SSH target for a worker's host (matched by host name or address), or None when
         commands for that host run locally. Built on demand: key files are checked only for
-        hosts a fault actually touches."""
+        hosts a fault actually touches (never in a dry run: its SSH commands are only printed)."""
         from harness.hosts import SSHTarget
 
         h = next((h for h in self.hosts if host in (h.name, h.address) and h.ssh is not None), None)
@@ -117,7 +118,7 @@ class ClusterHandle:
             return None
         key_file, known = (str(Path(p).expanduser()) for p in (h.ssh.key_file, h.ssh.known_hosts))
         return SSHTarget(host=h.address, user=h.ssh.user, key_filename=key_file, known_hosts_file=known,
-                         port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s)
+                         port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s, require_files=not self.dry_run)
 
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the report."""
@@ -143,22 +144,24 @@ class ClusterHandle:
 def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
                  log_dir: Path | None = None, run: Any = None, send: bool = True) -> Iterator[ClusterHandle]:
     """Bring a bundled cluster up for the duration of the block (process logs in ``log_dir``),
-    or attach to an external one (with ``send``, checking first that it accepts the requests its
-    engine's request shape makes; a dry run sends none). ``run`` (a harness.faults.runs.RunRecord) is told the router and
-    the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
+    or attach to an external one (with ``send``, checking first that it answers and accepts the
+    requests its engine's request shape makes; a dry run, ``send=False``, contacts nothing).
+    ``run`` (a harness.faults.runs.RunRecord) is told the router and the fabric slot, so a later run can clean up if this one dies. Whatever was built is torn down
     on every way out, bring-up errors included; SIGINT and SIGTERM wait until the teardown is done."""
     from harness.signals import deferred
 
     thresholds = spec.checklist(checklist)
     if spec.kind == "external":
         assert spec.endpoints is not None
-        _check_reachable(spec.endpoints.api, spec, spec.api_key())
-        from harness.probes.request_shape import check_request_shape, request_shape
+        if send:  # a dry run contacts nothing: it needs neither the API nor its key
+            _check_reachable(spec.endpoints.api, spec, spec.api_key())
+            from harness.probes.request_shape import check_request_shape, request_shape
 
-        if send:  # a server that rejects a field the harness sends would fail every request: say so now
+            # a server that rejects a field the harness sends would fail every request: say so now
             check_request_shape(spec.endpoints.api, request_shape(spec.engine_name), model=spec.model,
                                 api_key=spec.api_key())
-        yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin)
+        yield ClusterHandle(spec, thresholds, spec.endpoints.api, spec.endpoints.metrics, spec.endpoints.admin,
+                            dry_run=not send)
         return
     with deferred():  # an interrupt raised inside torch's import can abort the process (-6)
         from harness.engine.core.oracle import greedy_reference

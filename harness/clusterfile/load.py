@@ -33,6 +33,15 @@ def cluster_search_path(cwd: Path | None = None) -> list[Path]:
     return unique
 
 
+def _search_order() -> str:
+    """The lookup order in words, for the error when a name is not found."""
+    own = Path.cwd() / "clusters"
+    if own.is_dir() and own.resolve() == CLUSTERS_DIR.resolve():
+        return f"./clusters/ ({own}, the shipped examples themselves)"
+    state = "" if own.is_dir() else ": no such folder"
+    return f"1. ./clusters/ of the current directory ({own}{state}), then 2. the shipped examples ({CLUSTERS_DIR})"
+
+
 def resolve_cluster_path(name_or_path: str, clusters_dir: Path | None = None) -> Path:
     """``local`` -> ``./clusters/local.yaml`` if it exists, else the shipped ``local.yaml``
     (or only ``clusters_dir`` when given); anything with a slash or a .yaml suffix is a path."""
@@ -47,8 +56,9 @@ def resolve_cluster_path(name_or_path: str, clusters_dir: Path | None = None) ->
         if path.is_file():
             return path
     known = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
-    looked = " and ".join(str(d) for d in dirs) or f"{Path.cwd() / 'clusters'} (missing)"
-    raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} (looked in {looked})",
+    looked = str(clusters_dir) if clusters_dir is not None else _search_order()
+    raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} (looked for "
+                      f"{name_or_path}.yaml in {looked})",
                       fix=f"use one of {', '.join(known) or '(none)'}, put {name_or_path}.yaml in ./clusters/ "
                           "or pass a path to a cluster file")
 
@@ -79,24 +89,51 @@ def parse_cluster(data: dict[str, Any], *, source: str) -> ClusterSpec:
     return spec
 
 
-def check_before_start(spec: ClusterSpec) -> None:
-    """What must hold before a run starts anything, beyond the file's own validity: every SSH key
-    and known_hosts file the cluster names is a readable file (absolute in the ledger later). Not
-    part of :func:`load_cluster`, so a shipped example naming keys of another machine still loads."""
+def check_cluster(name_or_path: str | Path, *, dry_run: bool = False) -> ClusterSpec:
+    """Everything a run checks in a cluster file before it starts anything: the file itself
+    (:func:`load_cluster`), then, unless ``dry_run``, what only a run that acts needs
+    (:func:`check_before_start`: the SSH key and known_hosts files). A dry run contacts no host, so
+    it needs no key file; it names the missing ones in its plan instead (:func:`missing_ssh_files`).
+    ``pytest suites/`` and ``python -m harness schema --check`` both call this."""
+    spec = load_cluster(name_or_path)
+    if not dry_run:
+        check_before_start(spec)
+    return spec
+
+
+def missing_ssh_files(spec: ClusterSpec) -> list[ConfigError]:
+    """What :func:`check_before_start` would refuse, one error per unreadable file (a dry run's plan)."""
+    problems = []
     for i, host in enumerate(spec.hosts):
         if host.ssh is None:
             continue
         for key, value in (("key_file", host.ssh.key_file), ("known_hosts", host.ssh.known_hosts)):
-            path = Path(value).expanduser()
-            try:
-                with open(path, "rb") as fh:
-                    fh.read(1)
-            except OSError as exc:
-                why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
-                raise field_error(spec.path, f"hosts[{i}].ssh.{key}", f"{value} {why}",
-                                  f"point `{key}` at a readable file (relative paths are from {Path.cwd()}); "
-                                  + ("create the key with ssh-keygen and authorize it on the host" if key == "key_file"
-                                     else "add the host's verified key with ssh-keyscan")) from None
+            problem = _ssh_file_error(spec.path, i, key, value)
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
+def _ssh_file_error(source: str, index: int, key: str, value: str) -> ConfigError | None:
+    try:
+        with open(Path(value).expanduser(), "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
+        return field_error(source, f"hosts[{index}].ssh.{key}", f"{value} {why}",
+                           f"point `{key}` at a readable file (relative paths are from {Path.cwd()}); "
+                           + ("create the key with ssh-keygen and authorize it on the host" if key == "key_file"
+                              else "add the host's verified key with ssh-keyscan"))
+    return None
+
+
+def check_before_start(spec: ClusterSpec) -> None:
+    """What must hold before a run starts anything, beyond the file's own validity: every SSH key
+    and known_hosts file the cluster names is a readable file (absolute in the ledger later). Not
+    part of :func:`load_cluster`, so a shipped example naming keys of another machine still loads."""
+    problems = missing_ssh_files(spec)
+    if problems:
+        raise problems[0]
 
 
 def _check_utf8(path: Path) -> None:

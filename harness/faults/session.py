@@ -9,10 +9,11 @@ from typing import Any, Callable
 
 
 def recover_before_bringup(cluster_name: str, state_dir: str | Path | None = None,
-                           say: Callable[[str], Any] = print) -> None:
+                           say: Callable[[str], Any] = print, dry_run: bool = False) -> None:
     """Revert what the cluster's ledger still holds from dead runs, end their leftover processes
     and remove their namespaces, before anything starts. A revert that cannot be done raises
-    RevertError (exit 4): the run does not start on a dirty cluster."""
+    RevertError (exit 4): the run does not start on a dirty cluster. ``dry_run``: only say what
+    would be reverted (a dry run touches no host)."""
     from harness.faults.ledger import Ledger
     from harness.faults.runner import FaultRunner
 
@@ -27,7 +28,7 @@ def recover_before_bringup(cluster_name: str, state_dir: str | Path | None = Non
             pass
 
     runner = FaultRunner(Ledger.for_cluster(cluster_name, state_dir), recover_on_enter=False,
-                         handle_signals=False, out=_Say())
+                         handle_signals=False, out=_Say(), dry_run=dry_run)
     for rec in runner.recover():
         say(f"recovered {rec.kind} {rec.target}: {rec.action.value} {rec.status.value}"
             f"{': ' + rec.output if rec.output else ''}")

@@ -25,7 +25,9 @@ def test_without_a_clusters_folder_the_shipped_ones_are_found(tmp_path, monkeypa
     assert resolve_cluster_path("local") == CLUSTERS_DIR / "local.yaml"
     with pytest.raises(ConfigError) as err:
         resolve_cluster_path("mine")
-    assert "looked in" in str(err.value) and "put mine.yaml in ./clusters/" in str(err.value)
+    assert (f"looked for mine.yaml in 1. ./clusters/ of the current directory ({tmp_path / 'clusters'}: no such "
+            f"folder), then 2. the shipped examples ({CLUSTERS_DIR})") in str(err.value)
+    assert "put mine.yaml in ./clusters/" in str(err.value)
     assert "local" in str(err.value)  # the known names are listed
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
+from harness import dry_run
 from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, FaultMark, affected_request_id, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
@@ -184,6 +185,12 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults
         _blackbox(cluster, load, faults, conformance, harness_options)
         return
     checklist = cluster.thresholds
+    if harness_options.dry_run and dry_run.reads_no_admin_api(cluster):
+        plan = fault_plan(harness_options.kills)
+        conformance.show_plan([dry_run.unread_targets(cluster, kind, f"one {role} worker", f"fault {i + 1}/{len(plan)}")
+                               for i, (kind, role) in enumerate(plan)])
+        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(plan)} faults planned, none injected"))
+        return
     lone = lone_roles(timeline.workers())
     plan = fault_plan(harness_options.kills, [r for r in ("prefill", "decode") if r not in lone])
     seed = harness_options.seed
@@ -283,11 +290,15 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
     budget = checklist.threshold(ITEM, "reschedule_p100_s").value
     observe_s = budget + 2.0  # the cluster must cope alone for longer than the budget
     if harness_options.dry_run:
-        lines = blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s)
+        safety = [dry_run.safety_word(cluster.spec, kind) for kind, _ in steps]
+        described = blackbox.describe_plan(cluster.workers, steps, blackbox.HANG_S, observe_s)
+        lines = [f"{kind} {i + 1}/{len(steps)}: {line} [{word}]"
+                 for i, (line, (kind, _), word) in enumerate(zip(described, steps, safety))]
         lines += [f"not faulted: {why}" for why in not_judged.values()]
-        for line in lines:
-            print(f"[dry-run] {line}", flush=True)
-        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected",
+        conformance.show_plan(lines)
+        refused = sum(word.startswith("REFUSED") for word in safety)
+        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected"
+                                        + (f" ({refused} refused by the cluster's safety settings)" if refused else ""),
                                         plan=lines))
         return
     if not steps:  # every role has a single worker (or none can be faulted): nothing to judge, say why

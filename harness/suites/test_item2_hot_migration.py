@@ -184,7 +184,9 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
     plan = [f"per kill ({need['idle']}+ idle, {need['loaded']}+ loaded migrations): {streams} streams decoding, then "
             + plan[0]]
     if harness_options.dry_run:
-        print(f"[dry-run] {plan[0]}", flush=True)
+        from harness.dry_run import safety_word
+
+        conformance.show_plan([f"{plan[0]} [{safety_word(cluster.spec, 'process_kill')}]"])
         conformance.record(inconclusive(checklist, ITEM, "dry run: no worker was killed", plan=plan))
         return
     try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from harness import dry_run
 from harness.checks.degradation import ITEM, Step, degradation_verdict
 from harness.checks.degradation_load import load_degradation_verdict
 from harness.checks.epilogue import finish_suite, run_links
@@ -91,6 +92,11 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, t
     admin = cluster.admin_url
     if not admin:  # a foreign engine: by load, against the cluster file's stated levels
         _by_load(cluster, conformance, harness_options, request.node.name)
+        return
+    if harness_options.dry_run and dry_run.reads_no_admin_api(cluster):
+        conformance.show_plan([dry_run.unread_targets(cluster, "hbm_fill", "each decode worker", "filled in steps "
+                                                      "to the engine's Level 2 then Level 3 KV-use thresholds")])
+        conformance.record(inconclusive(checklist, ITEM, "dry run: the HBM fills were planned, none injected"))
         return
     state = _degradation(admin)
     if harness_options.dry_run:  # print each fill's plan (the shares depend on the load: the first plateau's)
@@ -193,8 +199,9 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
     load_line = (f"up to {plan.max_concurrency} streams of {plan.prompt_tokens}-token prompts asking "
                  f"{plan.output_tokens} tokens (+-25 %), {plan.ramp_budget_s:.0f} s per level, each held {plan.hold_s:.0f} s")
     if harness_options.dry_run:
-        for line in [load_line, *described]:
-            print(f"[dry-run] {line}", flush=True)
+        refused = (" [REFUSED: the cluster is marked safety.production, a real run does not overload it]"
+                   if cluster.safety.production else "")
+        conformance.show_plan([load_line + refused, *described])
         conformance.record(inconclusive(checklist, ITEM, "dry run: the KV-use drive was planned, no load was sent",
                                         plan=[load_line, *described]))
         return

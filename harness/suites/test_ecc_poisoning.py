@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from harness import dry_run
 from harness.checks.ecc import ITEM, Poisoning, ecc_verdict, judge_outcomes
 from harness.checks.epilogue import expectation, finish_suite, run_links
 from harness.checks.verdict import inconclusive
@@ -69,6 +70,11 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
         return
     checklist = cluster.thresholds
     item = checklist.item(ITEM)
+    if harness_options.dry_run and dry_run.reads_no_admin_api(cluster):
+        conformance.show_plan([dry_run.unread_targets(cluster, "ecc_poison", "each healthy decode worker",
+                                                      f"{BLOCKS_PER_POISONING} blocks poisoned while it decodes")])
+        conformance.record(inconclusive(checklist, ITEM, "dry run: the poisonings were planned, none injected"))
+        return
     if harness_options.dry_run:  # print the poisoning's plan on each decode worker
         for w in _healthy_decodes(timeline):
             faults.inject(EccPoison(admin_url=cluster.admin_url, worker_id=w.id, count=BLOCKS_PER_POISONING))

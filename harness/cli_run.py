@@ -1,0 +1,81 @@
+"""``harness run [pytest options] [SUITE ...]``: the conformance suites shipped in the package, from
+any directory. The same run as ``pytest suites/`` in a checkout: ``--cluster NAME`` reads
+``./clusters/NAME.yaml`` of the current directory first (then the shipped examples), reports go to
+``./reports/``, node ids read ``suites/test_62_slo.py::...``. Every argument goes to pytest; one
+that names a shipped suite file (``test_62_slo.py``, ``suites/test_62_slo.py::test_x``) selects it,
+``-k`` selects by name, and without either every suite runs. ``harness run --help`` is pytest's
+help (the harness options are in its "PD conformance harness" group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from harness.errors import ConfigError
+
+# `harness run ARGS`: ARGS go to pytest untouched (harness/cli.py does not parse them)
+PASS_THROUGH = True
+_SUITE_ARG = re.compile(r"(?:suites/)?(test_\w+\.py)(::.*)?")
+
+
+def suites_dir() -> Path:
+    """The folder of the shipped suites (``harness/suites``; ``suites/`` links to it in a checkout)."""
+    import harness.suites
+
+    return Path(harness.suites.__file__).resolve().parent
+
+
+def plugin_registered_by_entry_point() -> bool:
+    """Whether pytest loads the harness plugin by itself (the installed package's ``pytest11``
+    entry point); otherwise it must be named (``-p harness.plugin``, or the checkout's conftest.py)."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    return any(ep.value == "harness.plugin" for ep in entry_points(group="pytest11"))
+
+
+def pytest_args(args: list[str], cwd: Path | None = None) -> list[str]:
+    """The pytest command line for ``harness run ARGS``."""
+    cwd = cwd or Path.cwd()
+    folder = suites_dir()
+    picked, rest = [], []
+    for arg in args:
+        match = _SUITE_ARG.fullmatch(arg)
+        if match is None:
+            rest.append(arg)
+            continue
+        if not (folder / match.group(1)).is_file():
+            shipped = sorted(p.name for p in folder.glob("test_*.py"))
+            raise ConfigError(f"harness run: {arg}: no shipped suite named {match.group(1)}",
+                              fix=f"name one of {', '.join(shipped)}, or select tests with -k")
+        picked.append(f"{folder / match.group(1)}{match.group(2) or ''}")
+    # rootdir = the package folder: node ids are `suites/<file>::<test>`, as in a checkout
+    head = ["--rootdir", str(folder.parent)]
+    if "no:cacheprovider" not in args:  # pytest's cache beside the user's reports, never in site-packages
+        head += ["-o", f"cache_dir={cwd / '.pytest_cache'}"]
+    if not plugin_registered_by_entry_point():
+        head += ["-p", "harness.plugin"]
+    return [*head, *rest, *(picked or [str(folder)])]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                        help="pytest options (--cluster NAME, --dry-run, -k ...) and shipped suite files")
+
+
+def run(args: argparse.Namespace) -> int:
+    return main(list(args.pytest_args))
+
+
+def main(args: list[str]) -> int:
+    """Become ``python -m pytest ...`` (exec: the same process takes Ctrl-C and SIGTERM, and pytest
+    imports the harness plugin itself, so its assertion rewriting applies)."""
+    import sys
+
+    argv = [sys.executable, "-m", "pytest", *pytest_args(args)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)

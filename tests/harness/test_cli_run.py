@@ -1,0 +1,114 @@
+"""The suites ship in the package (harness/suites); `suites/` in the checkout links to them.
+`harness run` runs them from any directory with the checkout's node ids; `pytest suites/` is
+unchanged (each suite collected once, file and -k selection). The dry run of prod-a from a folder
+holding only its cluster file: the plan on stdout, each line on its own, refused by safety."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli_run import pytest_args, suites_dir
+from harness.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES = sorted(p.name for p in (ROOT / "harness" / "suites").glob("test_*.py"))
+
+
+def _env(tmp_path: Path) -> dict:
+    home = tmp_path / "home"  # no ~/.ssh: the cluster file's key files do not exist
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PROD_A_API_KEY"}
+    env.update(HOME=str(home), HARNESS_STATE_DIR=str(tmp_path / "state"), PYTHONPATH=str(ROOT))
+    return env
+
+
+def _collected(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stdout.splitlines() if "::" in line and " " not in line]
+
+
+def test_the_suites_folder_is_the_package_folder():
+    assert (ROOT / "suites").resolve() == suites_dir() == (ROOT / "harness" / "suites")
+    assert len(SUITES) == 8
+
+
+def test_run_arguments_select_shipped_suites_and_keep_the_checkout_node_ids(tmp_path):
+    args = pytest_args(["--cluster=prod-a", "--dry-run"], cwd=tmp_path)
+    assert args[:4] == ["--rootdir", str(suites_dir().parent), "-o", f"cache_dir={tmp_path / '.pytest_cache'}"]
+    assert args[-3:] == ["--cluster=prod-a", "--dry-run", str(suites_dir())]
+    picked = pytest_args(["-p", "no:cacheprovider", "suites/test_62_slo.py::test_x", "test_nic_flap.py"], cwd=tmp_path)
+    assert "cache_dir" not in " ".join(picked)
+    assert picked[-2:] == [f"{suites_dir() / 'test_62_slo.py'}::test_x", str(suites_dir() / "test_nic_flap.py")]
+    with pytest.raises(ConfigError, match="no shipped suite named test_nope.py.*test_62_slo.py"):
+        pytest_args(["test_nope.py"], cwd=tmp_path)
+
+
+@pytest.mark.slow  # pytest subprocesses
+def test_each_suite_is_collected_once_with_the_same_node_id_from_the_checkout_and_from_harness_run(tmp_path):
+    reports = f"--report-dir={tmp_path / 'reports'}"
+    checkout = subprocess.run([sys.executable, "-m", "pytest", "suites/", "--collect-only", "-q", "-p",
+                               "no:cacheprovider", reports], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ids = _collected(checkout)
+    assert sorted(i.split("::")[0] for i in ids) == [f"suites/{name}" for name in SUITES], checkout.stdout[-2000:]
+    elsewhere = subprocess.run([sys.executable, "-m", "harness", "run", "--collect-only", "-q", reports],
+                               cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert _collected(elsewhere) == ids, elsewhere.stdout[-2000:] + elsewhere.stderr[-2000:]
+    # a bare `pytest` in the checkout does not collect harness/suites a second time
+    bare = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           reports, "-k", "dashboard_targets"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert _collected(bare) == ["suites/test_62_slo.py::test_ttft_and_tpot_meet_the_dashboard_targets"], \
+        bare.stdout[-2000:]
+    one = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "--collect-only", "-q", "-p",
+                          "no:cacheprovider", reports], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert _collected(one) == ["suites/test_62_slo.py::test_ttft_and_tpot_meet_the_dashboard_targets"]
+
+
+@pytest.mark.slow  # a pytest subprocess
+def test_dry_run_of_prod_a_prints_its_plan_refused_by_safety_and_contacts_nothing(tmp_path):
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "prod-a.yaml").write_text((ROOT / "clusters" / "prod-a.yaml").read_text())
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--cluster=prod-a", "--dry-run", "--live=plain"],
+                          cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 2, out[-4000:] + proc.stderr[-2000:]
+    lines = out.splitlines()
+    plan = [line for line in lines if line.startswith("[dry-run] ")]
+    assert plan[1] == ("[dry-run] safety: production: true, allowed_faults: []: every planned fault is refused (a "
+                       "real run records the items that need one inconclusive and injects nothing)")
+    faults = [line for line in plan if line.startswith(("[dry-run] process_kill", "[dry-run] process_hang"))]
+    assert len(faults) == 6 and all(line.endswith("is refused)]") for line in faults), faults
+    assert "hold 5 s" in faults[0] and "hold 8 s" in faults[-1] and "vllm-0 on gpu-node-0" in faults[0]
+    assert out.count("[dry-run]") == len(plan)  # every plan line starts a line: none glued to progress output
+    assert any("a real run would stop here" in line and "hosts[0].ssh.key_file" in line for line in plan)
+    assert "$PROD_A_API_KEY" in out and "cluster prod-a: dry run, http://10.30.0.10:8000 not contacted" in out
+    assert "6.1.4 dry run: 6 faults planned, none injected (6 refused by the cluster's safety settings)" in out
+    assert (tmp_path / ".pytest_cache").is_dir()  # pytest's cache in the user's folder, not in the package
+
+
+@pytest.mark.slow  # a pytest subprocess
+def test_a_run_stops_on_the_missing_key_file_saying_so_once(tmp_path):
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "prod-a.yaml").write_text((ROOT / "clusters" / "prod-a.yaml").read_text())
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--cluster=prod-a", "test_62_slo.py", "-p",
+                           "no:cacheprovider"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-3000:]
+    assert out.count("~/.ssh/pd_chaos_ed25519 does not exist") == 1, out[-3000:]
+    assert "harness: exit 3 (the cluster file error above)" in out
+
+
+@pytest.mark.slow  # a pytest subprocess
+def test_dry_run_of_an_ssh_fabric_cluster_plans_over_ssh_without_its_key_files(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--cluster=ssh-fabric", "--dry-run", "--live=off",
+                           "-p", "no:cacheprovider"], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 2, out[-4000:] + proc.stderr[-2000:]  # no harness error: no SSH target needs its key
+    assert "[dry-run] raw bandwidth fab-h0 (fab0) -> fab-h1 over SSH" in out
+    assert "[dry-run] pfc_storm class 1:10 on fab0 @ fab-h0: allowed by safety" in out
+    assert "[dry-run] nic_flap fab0 @ fab-h1: inject: fab-h1$ " in out
+    assert "state/sshd-test/id_ed25519 does not exist" in out  # said as what a real run would stop on
