@@ -1,7 +1,7 @@
 """Building blocks of the cluster file's models: names, the fix-carrying field, the strict base model.
 
-Every model of the cluster file (models.py, behaviour.py) is a :class:`_Model` whose fields are made
-with :func:`_fix`, so a wrong value's error names the fix; cross-field checks raise
+Every model of the cluster file (models.py, behaviour.py) is a :class:`StrictModel` whose fields are made
+with :func:`field_with_fix`, so a wrong value's error names the fix; cross-field checks raise
 :class:`FieldProblem`.
 """
 
@@ -31,7 +31,8 @@ class FieldProblem(ValueError):
         super().__init__(problem)
 
 
-def _fix(fix: str, description: str = "", **kwargs: Any) -> Any:
+def field_with_fix(fix: str, description: str = "", **kwargs: Any) -> Any:
+    """A pydantic Field whose JSON Schema carries ``x-fix``: the fix a validation error names."""
     return Field(description=description or None, json_schema_extra={"x-fix": fix}, **kwargs)
 
 
@@ -47,6 +48,7 @@ Url = Annotated[Text, AfterValidator(_http_url)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
+    """The cluster file's models: unknown keys rejected, no type coercion, immutable."""
     # strict: YAML's `yes-please` is not a bool, `true` is not a count (ints still widen to floats)
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)

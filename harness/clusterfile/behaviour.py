@@ -9,13 +9,13 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from harness.clusterfile.base import FieldProblem, Text, Url, _fix, _Model
+from harness.clusterfile.base import FieldProblem, Text, Url, field_with_fix, StrictModel
 
 
-class MigrationSettings(_Model):
+class MigrationSettings(StrictModel):
     """How the engine moves a stream to another worker (item 6.1.2 where there is no admin API)."""
 
-    on_worker_loss: bool = _fix("write `on_worker_loss: true` when the engine resumes a stream on another worker "
+    on_worker_loss: bool = field_with_fix("write `on_worker_loss: true` when the engine resumes a stream on another worker "
                                 "after its worker is lost (NVIDIA Dynamo: --migration-limit above 0)", default=False)
 
 
@@ -24,27 +24,27 @@ class MigrationSettings(_Model):
 Fraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 
 
-class Rejection(_Model):
+class Rejection(StrictModel):
     """New requests refused cleanly: an HTTP status from ``status``, and a Retry-After header if asked."""
 
-    status: tuple[Annotated[int, Field(ge=400, le=599)], ...] = _fix(
+    status: tuple[Annotated[int, Field(ge=400, le=599)], ...] = field_with_fix(
         "write e.g. `status: [429, 503]`", "the HTTP statuses a refused request may get", default=(429, 503),
         min_length=1, strict=False)
-    retry_after: bool = _fix("write `retry_after: true` when every refusal carries a Retry-After header",
+    retry_after: bool = field_with_fix("write `retry_after: true` when every refusal carries a Retry-After header",
                              default=False)
 
 
-class LevelExpectation(_Model):
+class LevelExpectation(StrictModel):
     """What the cluster is expected to do while KV use is above a level's threshold, checked on the API
     (responses of the requests sent meanwhile) and on the engine's metrics."""
 
-    reject: Rejection | None = _fix("write e.g. `reject: {status: [429, 503], retry_after: true}`",
+    reject: Rejection | None = field_with_fix("write e.g. `reject: {status: [429, 503], retry_after: true}`",
                                     "new requests are refused cleanly", default=None)
-    max_tokens_cap: int | None = _fix("write a whole number of tokens such as 32",
+    max_tokens_cap: int | None = field_with_fix("write a whole number of tokens such as 32",
                                       "completions are capped at this many tokens", default=None, ge=1)
-    queue: bool = _fix("write `queue: true`", "requests wait (waiting or preemption counts rise) and none errors",
+    queue: bool = field_with_fix("write `queue: true`", "requests wait (waiting or preemption counts rise) and none errors",
                        default=False)
-    no_errors: bool = _fix("write `no_errors: true`", "no request sent meanwhile ends with an error",
+    no_errors: bool = field_with_fix("write `no_errors: true`", "no request sent meanwhile ends with an error",
                            default=False)
 
     @model_validator(mode="after")
@@ -58,33 +58,33 @@ class LevelExpectation(_Model):
         return self
 
 
-class DegradationLevel(_Model):
-    level: int = _fix("write the level number, e.g. `level: 2`", ge=1, le=9)
-    kv_use_above: Fraction = _fix("write a fraction between 0 and 1 such as 0.80",
+class DegradationLevel(StrictModel):
+    level: int = field_with_fix("write the level number, e.g. `level: 2`", ge=1, le=9)
+    kv_use_above: Fraction = field_with_fix("write a fraction between 0 and 1 such as 0.80",
                                   "KV use (the engine's metric, 0..1, fullest worker) above which this level holds")
-    expect: LevelExpectation = _fix("write e.g. `expect: {queue: true, no_errors: true}`")
+    expect: LevelExpectation = field_with_fix("write e.g. `expect: {queue: true, no_errors: true}`")
 
 
-class DegradationLoad(_Model):
+class DegradationLoad(StrictModel):
     """How the 6.1.3 suite drives KV use up: concurrent streams of long prompts, ramped (defaults: the
     workload's prompt and output lengths)."""
 
-    prompt_tokens: int | None = _fix("write a whole number of tokens such as 800", default=None, ge=1)
-    output_tokens: int | None = _fix("write a whole number of tokens such as 256", default=None, ge=1)
-    max_concurrency: int = _fix("write a whole number such as 64", "most streams in flight", default=64, ge=1,
+    prompt_tokens: int | None = field_with_fix("write a whole number of tokens such as 800", default=None, ge=1)
+    output_tokens: int | None = field_with_fix("write a whole number of tokens such as 256", default=None, ge=1)
+    max_concurrency: int = field_with_fix("write a whole number such as 64", "most streams in flight", default=64, ge=1,
                                 le=4096)
-    ramp_budget_s: float = _fix("write seconds such as 120", "most time to reach each level", default=120.0,
+    ramp_budget_s: float = field_with_fix("write seconds such as 120", "most time to reach each level", default=120.0,
                                 gt=0, allow_inf_nan=False)
-    hold_s: float = _fix("write seconds such as 10", "how long each level is held", default=10.0, gt=0,
+    hold_s: float = field_with_fix("write seconds such as 10", "how long each level is held", default=10.0, gt=0,
                          allow_inf_nan=False)
 
 
-class Degradation(_Model):
+class Degradation(StrictModel):
     """``degradation:`` of a version 2 cluster file (docs/clusters.md, 6.1.3 by load)."""
 
-    levels: tuple[DegradationLevel, ...] = _fix(
+    levels: tuple[DegradationLevel, ...] = field_with_fix(
         "write e.g. `levels: [{level: 2, kv_use_above: 0.80, expect: {queue: true}}]`", min_length=1, strict=False)
-    load: DegradationLoad = _fix("write e.g. `load: {prompt_tokens: 800, output_tokens: 256}`",
+    load: DegradationLoad = field_with_fix("write e.g. `load: {prompt_tokens: 800, output_tokens: 256}`",
                                  default_factory=DegradationLoad)
 
     @model_validator(mode="after")
@@ -98,12 +98,12 @@ class Degradation(_Model):
         return self
 
 
-class HostDcgm(_Model):
+class HostDcgm(StrictModel):
     """The host runs NVIDIA DCGM (its host engine and ``dcgmi``): ECC/XID errors can be injected into
     its monitoring (the ecc item on a real cluster, harness/faults/dcgm.py)."""
 
-    dcgmi: Text = _fix("write the dcgmi command or its path, e.g. `dcgmi: /usr/bin/dcgmi`", default="dcgmi")
-    exporter: Url | None = _fix("write e.g. `exporter: http://10.0.2.10:9400/metrics`",
+    dcgmi: Text = field_with_fix("write the dcgmi command or its path, e.g. `dcgmi: /usr/bin/dcgmi`", default="dcgmi")
+    exporter: Url | None = field_with_fix("write e.g. `exporter: http://10.0.2.10:9400/metrics`",
                                 "the host's dcgm-exporter: its ECC/XID counters are read at the start and the end "
                                 "of a run", default=None)
 

@@ -19,60 +19,60 @@ from pydantic import Strict, StringConstraints, field_validator, model_validator
 
 # base names are re-exported: callers import them from here
 from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, KINDS, METRIC_PROFILES, NAME_PATTERN,  # noqa: F401
-                                      MAX_BUNDLED_WORKERS, ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, _fix,
-                                      _Model)
+                                      MAX_BUNDLED_WORKERS, ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, field_with_fix,
+                                      StrictModel)
 from harness.clusterfile.behaviour import (Degradation, DegradationLevel, DegradationLoad,  # noqa: F401
                                            GpuBinding, HostDcgm, LevelExpectation, MigrationSettings, Rejection)
 from harness.errors import FaultError
 
 
-class SSHSettings(_Model):
-    user: Text = _fix("write `user: ops`", "SSH login", default="root")
-    port: int = _fix("use 1..65535", "SSH port", default=22, ge=1, le=65535)
-    key_file: Text = _fix("add `key_file: PATH` (the private key)", "private key file")
-    known_hosts: Text = _fix("add `known_hosts: PATH` (the file holding the host's key)",
+class SSHSettings(StrictModel):
+    user: Text = field_with_fix("write `user: ops`", "SSH login", default="root")
+    port: int = field_with_fix("use 1..65535", "SSH port", default=22, ge=1, le=65535)
+    key_file: Text = field_with_fix("add `key_file: PATH` (the private key)", "private key file")
+    known_hosts: Text = field_with_fix("add `known_hosts: PATH` (the file holding the host's key)",
                              "the only host keys accepted for this host (never learned blindly)")
-    connect_timeout_s: float = _fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)
+    connect_timeout_s: float = field_with_fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)
 
 
-class HostFabric(_Model):
+class HostFabric(StrictModel):
     """A host's KV fabric NIC as the fabric items reach it over SSH (docs/fabric.md, "Real hosts")."""
 
-    interface: Text = _fix("write e.g. `interface: eth1` (the netdev of the KV fabric NIC)", "fabric netdev")
-    address: Text = _fix("write e.g. `address: 10.40.1.10` (the fabric NIC's IP)", "the fabric NIC's IP")
-    tcp_interface: Text | None = _fix("write e.g. `tcp_interface: eth1`", "the NIC carrying TCP/IP traffic "
+    interface: Text = field_with_fix("write e.g. `interface: eth1` (the netdev of the KV fabric NIC)", "fabric netdev")
+    address: Text = field_with_fix("write e.g. `address: 10.40.1.10` (the fabric NIC's IP)", "the fabric NIC's IP")
+    tcp_interface: Text | None = field_with_fix("write e.g. `tcp_interface: eth1`", "the NIC carrying TCP/IP traffic "
                                       "(default: the fabric interface, both classes on one NIC)", default=None)
-    tcp_address: Text | None = _fix("write e.g. `tcp_address: 10.40.1.10`", "default: the fabric address",
+    tcp_address: Text | None = field_with_fix("write e.g. `tcp_address: 10.40.1.10`", "default: the fabric address",
                                     default=None)
-    lossless_class: Text | None = _fix("write e.g. `lossless_class: \"1:10\"` (a tc class id) or null",
+    lossless_class: Text | None = field_with_fix("write e.g. `lossless_class: \"1:10\"` (a tc class id) or null",
                                        "tc class of the lossless traffic on the interface, when it has one",
                                        default=None)
-    lossless_ports: tuple[int, ...] = _fix("write e.g. `lossless_ports: [7472]`", "TCP ports classified "
+    lossless_ports: tuple[int, ...] = field_with_fix("write e.g. `lossless_ports: [7472]`", "TCP ports classified "
                                            "into the lossless class (the raw bench and storm flood use the "
                                            "first)", default=(), strict=False)
-    rdma_device: Text | None = _fix("write e.g. `rdma_device: mlx5_0`", "RDMA CA: ib_write_bw is used "
+    rdma_device: Text | None = field_with_fix("write e.g. `rdma_device: mlx5_0`", "RDMA CA: ib_write_bw is used "
                                     "when set and installed", default=None)
-    python: Text = _fix("write e.g. `python: /usr/bin/python3`", "interpreter for the TCP probe ends",
+    python: Text = field_with_fix("write e.g. `python: /usr/bin/python3`", "interpreter for the TCP probe ends",
                         default="python3")
 
 
-class Host(_Model):
-    name: Text = _fix("write `name: some-host`")
-    address: Text = _fix("write `address: 10.0.0.5` (or a DNS name)")
-    roles: tuple[Literal[ROLES], ...] = _fix("write e.g. `roles: [prefill]`", "what the host serves",
+class Host(StrictModel):
+    name: Text = field_with_fix("write `name: some-host`")
+    address: Text = field_with_fix("write `address: 10.0.0.5` (or a DNS name)")
+    roles: tuple[Literal[ROLES], ...] = field_with_fix("write e.g. `roles: [prefill]`", "what the host serves",
                                               min_length=1, strict=False)
-    ssh: SSHSettings | None = _fix("write `ssh: {user: ops, key_file: PATH, known_hosts: PATH}`",
+    ssh: SSHSettings | None = field_with_fix("write `ssh: {user: ops, key_file: PATH, known_hosts: PATH}`",
                                    "None: the host is this machine, commands run locally", default=None)
-    fabric: HostFabric | None = _fix("write `fabric: {interface: eth1, address: 10.40.1.10}`",
+    fabric: HostFabric | None = field_with_fix("write `fabric: {interface: eth1, address: 10.40.1.10}`",
                                      "the host's KV fabric NIC (the fabric items over SSH)", default=None)
-    dcgm: HostDcgm | None = _fix("write `dcgm: {dcgmi: dcgmi}` on a host running DCGM",
+    dcgm: HostDcgm | None = field_with_fix("write `dcgm: {dcgmi: dcgmi}` on a host running DCGM",
                                  "the host runs DCGM: GPU errors can be injected into its monitoring", default=None)
 
 
-class Safety(_Model):
-    production: bool = _fix("write `production: true` for a cluster that serves users", default=False)
+class Safety(StrictModel):
+    production: bool = field_with_fix("write `production: true` for a cluster that serves users", default=False)
     # None: every fault kind (never for production); absent: none for production, all otherwise
-    allowed_faults: Literal["all"] | Annotated[tuple[str, ...], Strict(False)] | None = _fix(
+    allowed_faults: Literal["all"] | Annotated[tuple[str, ...], Strict(False)] | None = field_with_fix(
         "write e.g. `allowed_faults: [process_kill, process_hang]`", "`all` or a list of fault kinds",
         default=None, validate_default=True)
 
@@ -119,18 +119,18 @@ def known_fault_kinds() -> set[str]:
     return set(Fault.registry)
 
 
-class BundledSettings(_Model):
-    prefill: int = _fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "prefill workers", default=2, ge=1,
+class BundledSettings(StrictModel):
+    prefill: int = field_with_fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "prefill workers", default=2, ge=1,
                         le=MAX_BUNDLED_WORKERS)
-    decode: int = _fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "decode workers", default=2, ge=1,
+    decode: int = field_with_fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "decode workers", default=2, ge=1,
                        le=MAX_BUNDLED_WORKERS)
-    preset: Text = _fix("write e.g. `preset: tiny` (`python -m harness presets` lists them)", default="tiny")
-    host: Text = _fix("write e.g. `host: 127.0.0.1`", default="127.0.0.1")
-    router: dict[str, Any] = _fix("write e.g. `router: {reschedule_enabled: true}`",
+    preset: Text = field_with_fix("write e.g. `preset: tiny` (`python -m harness presets` lists them)", default="tiny")
+    host: Text = field_with_fix("write e.g. `host: 127.0.0.1`", default="127.0.0.1")
+    router: dict[str, Any] = field_with_fix("write e.g. `router: {reschedule_enabled: true}`",
                                   "router config knobs (sabotage included)", default_factory=dict)
-    engine: dict[str, Any] = _fix("write e.g. `engine: {ecc_handling: false}`",
+    engine: dict[str, Any] = field_with_fix("write e.g. `engine: {ecc_handling: false}`",
                                   "EngineConfig fields of every worker (checked by load.py)", default_factory=dict)
-    ready_timeout_s: float = _fix("write e.g. 120", default=120.0, gt=0, allow_inf_nan=False)
+    ready_timeout_s: float = field_with_fix("write e.g. 120", default=120.0, gt=0, allow_inf_nan=False)
 
     @field_validator("router", "engine", mode="before")
     @classmethod
@@ -138,14 +138,14 @@ class BundledSettings(_Model):
         return {} if value is None else value
 
 
-class FabricSettings(_Model):
+class FabricSettings(StrictModel):
     """The bundled cluster's emulated fabric (docs/fabric.md); needs root and iproute2."""
 
-    enabled: bool = _fix("write `enabled: true` or `enabled: false`", default=False)
-    line_rate_bps: float = _fix("write a plain number such as 1.0e+9", default=1e9, allow_inf_nan=False)
-    mtu: int = _fix("write a whole number such as 9000", default=9000, ge=1)
-    lossless_share: float = _fix("write a plain number such as 0.5", default=0.5, allow_inf_nan=False)
-    tcp_in_lossless: bool = _fix("write `tcp_in_lossless: true` or `tcp_in_lossless: false`",
+    enabled: bool = field_with_fix("write `enabled: true` or `enabled: false`", default=False)
+    line_rate_bps: float = field_with_fix("write a plain number such as 1.0e+9", default=1e9, allow_inf_nan=False)
+    mtu: int = field_with_fix("write a whole number such as 9000", default=9000, ge=1)
+    lossless_share: float = field_with_fix("write a plain number such as 0.5", default=0.5, allow_inf_nan=False)
+    tcp_in_lossless: bool = field_with_fix("write `tcp_in_lossless: true` or `tcp_in_lossless: false`",
                                  "deliberately broken: TCP/IP traffic shares the paused class", default=False)
 
     @model_validator(mode="after")
@@ -167,10 +167,10 @@ def settings_spec(settings: FabricSettings) -> Any:
                        lossless_share=settings.lossless_share, tcp_in_lossless=settings.tcp_in_lossless)
 
 
-class Endpoints(_Model):
-    api: Url = _fix("write e.g. `api: http://10.0.0.5:8000`", "OpenAI-compatible API (the router)")
-    metrics: Url | None = _fix("write e.g. `metrics: http://10.0.0.5:8000/metrics`", "Prometheus text", default=None)
-    admin: Url | None = _fix("write the base URL serving /admin/workers and /admin/events, or null",
+class Endpoints(StrictModel):
+    api: Url = field_with_fix("write e.g. `api: http://10.0.0.5:8000`", "OpenAI-compatible API (the router)")
+    metrics: Url | None = field_with_fix("write e.g. `metrics: http://10.0.0.5:8000/metrics`", "Prometheus text", default=None)
+    admin: Url | None = field_with_fix("write the base URL serving /admin/workers and /admin/events, or null",
                              "the bundled engine's admin API, if the cluster has one", default=None)
 
     @field_validator("metrics", "admin", mode="before")
@@ -179,34 +179,34 @@ class Endpoints(_Model):
         return None if value == "" else value
 
 
-class Auth(_Model):
-    api_key_env: Annotated[str, StringConstraints(pattern=ENV_VAR_PATTERN)] = _fix(
+class Auth(StrictModel):
+    api_key_env: Annotated[str, StringConstraints(pattern=ENV_VAR_PATTERN)] = field_with_fix(
         "write the NAME of an environment variable, e.g. `api_key_env: MY_KEY` (never the key itself)",
         "environment variable holding the API key (sent as `Authorization: Bearer`, never logged)")
 
 
-class RequestShape(_Model):
-    prompt_tokens: int = _fix("write a whole number of tokens such as 200", ge=1)
-    output_tokens: int = _fix("write a whole number of tokens such as 64", ge=1)
-    weight: float = _fix("write a positive number such as 1", "relative share of requests", default=1.0, gt=0,
+class RequestShape(StrictModel):
+    prompt_tokens: int = field_with_fix("write a whole number of tokens such as 200", ge=1)
+    output_tokens: int = field_with_fix("write a whole number of tokens such as 64", ge=1)
+    weight: float = field_with_fix("write a positive number such as 1", "relative share of requests", default=1.0, gt=0,
                          allow_inf_nan=False)
 
 
-class Workload(_Model):
-    prompt_tokens: int = _fix("write a whole number of tokens such as 200", "typical prompt length", default=200,
+class Workload(StrictModel):
+    prompt_tokens: int = field_with_fix("write a whole number of tokens such as 200", "typical prompt length", default=200,
                               ge=1)
-    output_tokens: int = _fix("write a whole number of tokens such as 64", "typical output length", default=64, ge=1)
-    mix: tuple[RequestShape, ...] = _fix("write e.g. `mix: [{prompt_tokens: 200, output_tokens: 64, weight: 1}]`",
+    output_tokens: int = field_with_fix("write a whole number of tokens such as 64", "typical output length", default=64, ge=1)
+    mix: tuple[RequestShape, ...] = field_with_fix("write e.g. `mix: [{prompt_tokens: 200, output_tokens: 64, weight: 1}]`",
                                          "request mix (default: the typical request only)", default=(),
                                          strict=False)
 
 
-class ProcessLocator(_Model):
+class ProcessLocator(StrictModel):
     """How to find a worker's process on its host: exactly one of the three."""
 
-    pgrep: Text | None = _fix('write e.g. `pgrep: "vllm.entrypoints.openai.api_server.*--port 8101"`', default=None)
-    pid_file: Text | None = _fix("write e.g. `pid_file: /run/vllm-0.pid`", default=None)
-    systemd_unit: Text | None = _fix("write e.g. `systemd_unit: vllm-0.service`", default=None)
+    pgrep: Text | None = field_with_fix('write e.g. `pgrep: "vllm.entrypoints.openai.api_server.*--port 8101"`', default=None)
+    pid_file: Text | None = field_with_fix("write e.g. `pid_file: /run/vllm-0.pid`", default=None)
+    systemd_unit: Text | None = field_with_fix("write e.g. `systemd_unit: vllm-0.service`", default=None)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "ProcessLocator":
@@ -221,28 +221,28 @@ class ProcessLocator(_Model):
         return next((k, v) for k in ("pgrep", "pid_file", "systemd_unit") if (v := getattr(self, k)) is not None)
 
 
-class Restart(_Model):
-    command: Text = _fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`',
+class Restart(StrictModel):
+    command: Text = field_with_fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`',
                          "run on the worker's host to bring it back")
 
 
-class Worker(_Model):
-    name: Name = _fix("use letters, digits, '-', '_', '.'")
-    role: Literal[WORKER_ROLES] = _fix("write `role: prefill`, `role: decode` or `role: aggregated`")
-    host: Text = _fix("write the name of an entry under `hosts:`")
-    api: Url = _fix("write e.g. `api: http://10.0.0.5:8101` (the worker's own OpenAI-compatible API)")
-    health: Url | None = _fix("write e.g. `health: http://10.0.0.5:8101/health` (GET -> 200 when healthy)",
+class Worker(StrictModel):
+    name: Name = field_with_fix("use letters, digits, '-', '_', '.'")
+    role: Literal[WORKER_ROLES] = field_with_fix("write `role: prefill`, `role: decode` or `role: aggregated`")
+    host: Text = field_with_fix("write the name of an entry under `hosts:`")
+    api: Url = field_with_fix("write e.g. `api: http://10.0.0.5:8101` (the worker's own OpenAI-compatible API)")
+    health: Url | None = field_with_fix("write e.g. `health: http://10.0.0.5:8101/health` (GET -> 200 when healthy)",
                               default=None)
-    metrics: Url | None = _fix("write e.g. `metrics: http://10.0.0.5:8101/metrics`", default=None)
-    process: ProcessLocator | None = _fix('write e.g. `process: {pgrep: "api_server.*--port 8101"}`',
+    metrics: Url | None = field_with_fix("write e.g. `metrics: http://10.0.0.5:8101/metrics`", default=None)
+    process: ProcessLocator | None = field_with_fix('write e.g. `process: {pgrep: "api_server.*--port 8101"}`',
                                           "the worker's process: what a kill ends", default=None)
-    hang_process: ProcessLocator | None = _fix('write e.g. `hang_process: {pgrep: "^vllm-0::EngineCore"}`',
+    hang_process: ProcessLocator | None = field_with_fix('write e.g. `hang_process: {pgrep: "^vllm-0::EngineCore"}`',
                                                "the process a hang stops (default: process), e.g. the engine "
                                                "loop behind an API server that keeps answering /health",
                                                default=None)
-    restart: Restart | None = _fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`', default=None)
-    supervised: bool = _fix("write `supervised: true` when a service manager restarts it", default=False)
-    gpus: tuple[GpuBinding, ...] = _fix("write e.g. `gpus: [0, 1]` (DCGM / nvidia-smi GPU ids on its host)",
+    restart: Restart | None = field_with_fix('write e.g. `restart: {command: "systemctl restart vllm-0"}`', default=None)
+    supervised: bool = field_with_fix("write `supervised: true` when a service manager restarts it", default=False)
+    gpus: tuple[GpuBinding, ...] = field_with_fix("write e.g. `gpus: [0, 1]` (DCGM / nvidia-smi GPU ids on its host)",
                                         "the GPUs this worker runs on", default=(), strict=False)
 
     @model_validator(mode="after")
@@ -257,34 +257,34 @@ class Worker(_Model):
         return self.restart is not None or self.supervised
 
 
-class ClusterFile(_Model):
+class ClusterFile(StrictModel):
     """One cluster file (the JSON Schema printed by ``python -m harness schema``)."""
 
-    version: Literal[1, 2] | None = _fix("write `version: 2` (or leave it out for version 1)", default=None)
-    name: Name = _fix("use letters, digits, '-', '_', '.'", "default: the file name")
-    kind: Literal[KINDS] = _fix("write `kind: bundled` (reference engine here) or `kind: external` (attach)")
-    description: str = _fix("write one line of text", default="")
-    engine: Literal[ENGINES] | None = _fix(
+    version: Literal[1, 2] | None = field_with_fix("write `version: 2` (or leave it out for version 1)", default=None)
+    name: Name = field_with_fix("use letters, digits, '-', '_', '.'", "default: the file name")
+    kind: Literal[KINDS] = field_with_fix("write `kind: bundled` (reference engine here) or `kind: external` (attach)")
+    description: str = field_with_fix("write one line of text", default="")
+    engine: Literal[ENGINES] | None = field_with_fix(
         f"write one of {', '.join(ENGINES)}", "selects the metric profile and the capability set "
         "(default: bundled for kind bundled, openai for kind external)", default=None)
-    model: Text | None = _fix("write the served model name, e.g. `model: tiny-llama`",
+    model: Text | None = field_with_fix("write the served model name, e.g. `model: tiny-llama`",
                               "default: the first of /v1/models", default=None)
-    auth: Auth | None = _fix("write `auth: {api_key_env: MY_KEY}`", default=None)
-    bundled: BundledSettings | None = _fix("write `bundled: {prefill: 2, decode: 2, preset: tiny}`", default=None)
-    endpoints: Endpoints | None = _fix("add `endpoints: {api: http://HOST:PORT, metrics: http://HOST:PORT/metrics}`",
+    auth: Auth | None = field_with_fix("write `auth: {api_key_env: MY_KEY}`", default=None)
+    bundled: BundledSettings | None = field_with_fix("write `bundled: {prefill: 2, decode: 2, preset: tiny}`", default=None)
+    endpoints: Endpoints | None = field_with_fix("add `endpoints: {api: http://HOST:PORT, metrics: http://HOST:PORT/metrics}`",
                                        default=None)
-    workload: Workload | None = _fix("write `workload: {prompt_tokens: 200, output_tokens: 64}`", default=None)
-    workers: tuple[Worker, ...] = _fix("write `workers:` followed by `- name: ...` entries", default=(),
+    workload: Workload | None = field_with_fix("write `workload: {prompt_tokens: 200, output_tokens: 64}`", default=None)
+    workers: tuple[Worker, ...] = field_with_fix("write `workers:` followed by `- name: ...` entries", default=(),
                                        strict=False)
-    migration: MigrationSettings | None = _fix("write `migration: {on_worker_loss: true}`",
+    migration: MigrationSettings | None = field_with_fix("write `migration: {on_worker_loss: true}`",
                                                "how the engine migrates streams (item 6.1.2 without an admin API)",
                                                default=None)
-    hosts: tuple[Host, ...] = _fix("write `hosts:` followed by `- name: ...` entries", default=(), strict=False)
-    thresholds: dict[str, Any] = _fix('write `"6.1.4": {reschedule_p100_s: 3}`',
+    hosts: tuple[Host, ...] = field_with_fix("write `hosts:` followed by `- name: ...` entries", default=(), strict=False)
+    thresholds: dict[str, Any] = field_with_fix('write `"6.1.4": {reschedule_p100_s: 3}`',
                                       "overrides of checklists/section6.yaml values", default_factory=dict)
-    safety: Safety = _fix("write `safety: {production: false, allowed_faults: all}`", default_factory=Safety)
-    fabric: FabricSettings = _fix("write `fabric: {enabled: true}`", default_factory=FabricSettings)
-    degradation: Degradation | None = _fix("write `degradation: {levels: [{level: 2, kv_use_above: 0.8, "
+    safety: Safety = field_with_fix("write `safety: {production: false, allowed_faults: all}`", default_factory=Safety)
+    fabric: FabricSettings = field_with_fix("write `fabric: {enabled: true}`", default_factory=FabricSettings)
+    degradation: Degradation | None = field_with_fix("write `degradation: {levels: [{level: 2, kv_use_above: 0.8, "
                                            "expect: {queue: true}}]}`", "6.1.3 on a foreign engine", default=None)
 
     @field_validator("bundled", "safety", "fabric", "thresholds", "hosts", "workers", mode="before")

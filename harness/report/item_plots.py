@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from markupsafe import Markup
 
-from harness.report.plots import _PALETTE, Axes, _threshold, kv_level_plot
+from harness.report.plots import PALETTE, Axes, threshold_of, kv_level_plot
 from harness.report.suites import SuiteSpans
 
 _GREY = "#9ca3af"
@@ -38,7 +38,7 @@ def ecc_plot(verdict: Any, run: RunView) -> Markup | None:
     """ECC: per poisoning, the poisoned blocks left in service (judged: at most the threshold, 0)
     beside the blocks quarantined (context: quarantining them is the point)."""
     poisonings = [p for p in verdict.evidence.get("poisonings") or [] if p.get("blocks")]
-    judged = _threshold(verdict.evidence, "poisoned_blocks_reused")
+    judged = threshold_of(verdict.evidence, "poisoned_blocks_reused")
     if not poisonings or judged is None:
         return None
     limit = float(judged["threshold"])
@@ -75,7 +75,7 @@ def degradation_plot(verdict: Any, run: RunView) -> Markup | None:
     samples = [s for s in run.cluster_samples if start <= s["t"] <= end]
     triggers, marks = [], []
     for key, level in (("trigger_utilization", 2), ("level3_trigger_utilization", 3)):
-        m = _threshold(verdict.evidence, key)
+        m = threshold_of(verdict.evidence, key)
         if m is None or m.get("threshold") is None:
             continue
         triggers.append((float(m["threshold"]), f"Level {level} trigger {m['op']} {float(m['threshold']):.0%}"))
@@ -115,7 +115,7 @@ def flap_plot(verdict: Any, run: RunView) -> Markup | None:
     before = list(ev.get("before_gbit_per_s") or [])
     pace = statistics.median([a["t_s"] - a.get("start_s", a["t_s"]) for a in ev.get("after") or []] or [0.5]) or 0.5
     before_pts = [(-(len(before) - i) * pace, g) for i, g in enumerate(before)]
-    judged = _threshold(ev, "kv_bandwidth_recovered_fraction")
+    judged = threshold_of(ev, "kv_bandwidth_recovered_fraction")
     need = float(judged["threshold"]) if judged else 0.95
     xs = [x for x, _ in before_pts + after] + [last_up - t0]
     x_range = (min(xs + [0.0]) - pace, max(xs) + pace)
@@ -128,7 +128,7 @@ def flap_plot(verdict: Any, run: RunView) -> Markup | None:
     ax.hline(baseline, f"median before {baseline:.3g} Gbit/s", "#111", "none")
     ax.hline(need * baseline, f"{need:.0%} of before (required)", "#dc2626")
     ax.series(before_pts, f"before the flaps ({len(before)}, in order)", "#111", line=False)
-    ax.series(after, f"after the flaps ({len(after)})", _PALETTE[0], line=False)
+    ax.series(after, f"after the flaps ({len(after)})", PALETTE[0], line=False)
     if judged and judged.get("value") is not None and after:
         ax.mark(statistics.median(x for x, _ in after), float(judged["value"]) * baseline,
                 f"median after {float(judged['value']):.2f} x before (judged)", _holds(judged))
@@ -141,7 +141,7 @@ def flap_plot(verdict: Any, run: RunView) -> Markup | None:
         for a, b in downs:
             wire.band(a - t0, b - t0, "NIC down")
         for i, (worker, pts) in enumerate(sorted(during.items())):
-            wire.series([(t - t0, ms) for t, ms in pts], f"to {worker} ({len(pts)})", _PALETTE[i % len(_PALETTE)],
+            wire.series([(t - t0, ms) for t, ms in pts], f"to {worker} ({len(pts)})", PALETTE[i % len(PALETTE)],
                         line=False)
         panels.append(wire.render())
     return Markup("".join(panels))

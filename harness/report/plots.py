@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from markupsafe import Markup, escape
 
-_PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2")
+PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#d97706", "#0891b2")
 
 
 def ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -214,7 +214,7 @@ def union_windows(windows: Iterable[Mapping[str, Any]]) -> list[tuple[float, flo
     return [(a, b) for a, b in out]
 
 
-def _threshold(evidence: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+def threshold_of(evidence: Mapping[str, Any], key: str) -> dict[str, Any] | None:
     """The measurement (Measurement.to_dict) judged against the threshold named ``key``."""
     for m in evidence.get("measurements", []):
         if m.get("key") == key:
@@ -223,7 +223,7 @@ def _threshold(evidence: Mapping[str, Any], key: str) -> dict[str, Any] | None:
 
 
 def _threshold_value(evidence: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
-    m = _threshold(evidence, key)
+    m = threshold_of(evidence, key)
     return float(m["threshold"]) if m and m.get("threshold") is not None else default
 
 
@@ -246,7 +246,7 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     raw = (evidence.get("raw_probe") or {}).get("bps")
     if raw:
         ax.hline(raw / 1e9, f"raw TCP probe {raw / 1e9:.3g}", "#6b7280", "2 2")
-    ax.series([(p["size_mib"], p["median_gbit_per_s"]) for p in curve], "median KV bandwidth", _PALETTE[0])
+    ax.series([(p["size_mib"], p["median_gbit_per_s"]) for p in curve], "median KV bandwidth", PALETTE[0])
     repeats = [(p["size_mib"], g) for p in curve for g in p.get("gbit_per_s", [])]
     ax.series(repeats, "each repeat", "#93c5fd", line=False)
     return ax.render()
@@ -272,12 +272,12 @@ def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
     n = len(samples)
     lat = Axes("pfc-latency", "TCP class p99 round trip around the PFC storm", "sample", "p99 round trip (ms)",
                (-0.5, n - 0.5), (0, rmax), width=520)
-    lat.bars(list(zip(labels, rtts)), _PALETTE[0])
+    lat.bars(list(zip(labels, rtts)), PALETTE[0])
     if lat_limit is not None:
         lat.hline(lat_limit, f"allowed {lat_limit:.3g} ms", "#dc2626")
     tput = Axes("pfc-throughput", "TCP class bulk throughput around the PFC storm", "sample",
                 "throughput (Gbit/s)", (-0.5, n - 0.5), (0, tmax), width=520)
-    tput.bars(list(zip(labels, tputs)), _PALETTE[2])
+    tput.bars(list(zip(labels, tputs)), PALETTE[2])
     if tput_need is not None:
         tput.hline(tput_need, f"required {tput_need:.3g} Gbit/s", "#dc2626")
     return Markup(lat.render(x_ticks=False) + tput.render(x_ticks=False))
@@ -295,7 +295,7 @@ def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], xlab
     ax = Axes(name, title, xlabel, "fraction of samples <= value", (lo, hi), (0, 1.0))
     for i, (label, vs) in enumerate(groups.items()):
         ax.series([(v, (j + 1) / len(vs)) for j, v in enumerate(vs)], f"{label} (n={len(vs)})",
-                  _PALETTE[i % len(_PALETTE)], step=True)
+                  PALETTE[i % len(PALETTE)], step=True)
     for value, label in thresholds:
         ax.vline(value, label, "#dc2626")
     return ax.render()
@@ -352,9 +352,9 @@ def kv_level_plot(samples: Sequence[Mapping[str, Any]], started: float, level_ch
             ax.band(a - started, b - started, "fault window(s) active")
     for (value, label), colour in zip(triggers, ("#d97706", "#dc2626")):
         use.hline(value, label, colour)
-    use.series(kv, "KV use, fullest worker (sampled)", _PALETTE[0], dots=len(kv) < 60)
-    level.series(levels, "level (sampled)", _PALETTE[3], step=True, dots=False)
-    level.series(changes, "level after each change (router events)", _PALETTE[4], step=True)
+    use.series(kv, "KV use, fullest worker (sampled)", PALETTE[0], dots=len(kv) < 60)
+    level.series(levels, "level (sampled)", PALETTE[3], step=True, dots=False)
+    level.series(changes, "level after each change (router events)", PALETTE[4], step=True)
     for t, value, label, ok in marks:
         use.mark(t - started, value, label, ok)
     return Markup(use.render(verdict=verdict) + level.render())

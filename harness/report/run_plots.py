@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from markupsafe import Markup, escape
 
-from harness.report.plots import _PALETTE, Axes, union_windows
+from harness.report.plots import PALETTE, Axes, union_windows
 from harness.report.suites import SuiteSpans
 
 log = logging.getLogger(__name__)
@@ -120,8 +120,8 @@ def machine_plot(samples: Sequence[Mapping[str, Any]], started: float, fault_win
     x_range = (0.0, max(xs + [1.0]) * 1.02)
     shares = Axes("machine-cpu", "Test machine: CPU pressure and time without a CPU", "seconds since run start",
                   "%", x_range, (0, 105), height=220)
-    waits = {"watched_wait_per_run_ms": ("run-queue wait per run (our processes)", _PALETTE[3], "watched_wait_per_run_ms"),
-             "timer_lag_max_ms": ("timer lag (max per point)", _PALETTE[4], "timer_lag_p99_ms")}
+    waits = {"watched_wait_per_run_ms": ("run-queue wait per run (our processes)", PALETTE[3], "watched_wait_per_run_ms"),
+             "timer_lag_max_ms": ("timer lag (max per point)", PALETTE[4], "timer_lag_p99_ms")}
     top = max([s.get(k) or 0.0 for s in samples for k in waits] + [limits.get(w[2], 0.0) for w in waits.values()]
               + [1.0])
     delays = Axes("machine-lag", "Test machine: scheduling delay", "seconds since run start", "ms", x_range,
@@ -129,9 +129,9 @@ def machine_plot(samples: Sequence[Mapping[str, Any]], started: float, fault_win
     for ax in (shares, delays):
         for a, b in union_windows(fault_windows):
             ax.band(a - started, b - started, "fault window(s) active")
-    for key, label, colour in (("psi_some_pct", "PSI some", _PALETTE[1]),
-                               ("load_generator_wait_share_pct", "load generator without a CPU", _PALETTE[0]),
-                               ("fabric_probe_wait_share_pct", "fabric probes without a CPU", _PALETTE[2])):
+    for key, label, colour in (("psi_some_pct", "PSI some", PALETTE[1]),
+                               ("load_generator_wait_share_pct", "load generator without a CPU", PALETTE[0]),
+                               ("fabric_probe_wait_share_pct", "fabric probes without a CPU", PALETTE[2])):
         shares.series([(s["t"] - started, s.get(key)) for s in samples], label, colour, dots=len(samples) < 60)
         if key in limits:
             shares.hline(limits[key], f"{label} limit {limits[key]:g} %", colour)
