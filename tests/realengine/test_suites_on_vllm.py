@@ -80,9 +80,12 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
     # nothing-lost fails by name
     cut = v614["evidence"]["cut_without_error"]
     lost = [v for v in judged["nothing-lost"] if v["status"] == "fail"]
-    if cut:
-        assert lost and set(cut) <= {r["request_id"] for v in lost
-                                     for r in v["evidence"]["failures_without_error"]}, (cut, lost)
+    if cut:   # every cut stream counted; named in the evidence, which lists at most 20 per category
+        listed = {r["request_id"] for v in lost for r in v["evidence"]["failures_without_error"]}
+        counted = sum(m["value"] for v in lost for m in v["evidence"]["measurements"]
+                      if m["key"] == "failures_without_error")
+        assert lost and counted >= len(cut), (cut, lost)
+        assert set(cut) <= listed or (len(listed) >= 20 and listed & set(cut)), (cut, listed)
 
     # 6.1.3 by load against the file's stated levels: judged, or (the slow model fills the pool slowly)
     # inconclusive naming the level it could not reach and the KV use it saw, never a missing capability
@@ -95,7 +98,8 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
         assert item in verdicts and all(v["status"] == "inconclusive" for v in verdicts[item]), item
         assert all("not judged on this cluster: needs " in v["reason"] for v in verdicts[item]), verdicts[item]
     cov = data["coverage"]
-    assert set(cov["judged"]) >= {"6.2.ttft", "6.2.tpot", "6.1.4"}
+    assert "6.1.4" in cov["judged"] and all(i in cov["judged"] or all(starved(v) or "straddles" in v["reason"]
+                                                                  for v in verdicts[i]) for i in ("6.2.ttft", "6.2.tpot"))
 
     # every fault reverted: both instances healthy again, the ledger closed
     assert not data["revert_failures"]
