@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.sl
 RR_S = 3.0                      # paced round trips, one per 5 ms: ~600, enough for a p99 bounded at 97.5 %
 BULK_S, BULK_REPEATS = 0.5, 8    # bulk flows per sample: a bootstrap of their median needs 8
 FLOOD_S = RR_S + BULK_REPEATS * (BULK_S + 0.5) + 4   # the lossless flood outlasts one sample's probes
-BEFORE_FACTOR = 3               # the baseline's round trips: 3 x RR_S (~1800, as many as the most during samples)
+BEFORE_FACTOR = 8               # the baseline's round trips: 8 x RR_S (~4800, as many as the most during samples)
 PAUSE_MS, RESUME_MS = 300.0, 100.0
 STORM_S = 60.0   # longer than max_repeats "during" samples; reverted as soon as the verdict is decided
 
