@@ -2,8 +2,8 @@
 
 A dry run reads the cluster file and prints the plan: each fault with its target and how long it
 is held, and whether the cluster's ``safety`` settings allow it. It sends no API request, opens no
-SSH connection and reads neither the SSH key files nor the API-key variable; what a real run would
-refuse for want of them is said here instead (the same checks as ``python -m harness schema
+SSH connection, opens no SSH key file and sends no API key (it only checks that the key files exist
+and that the API-key variable is set); what a real run would refuse for want of them is said here instead (the same checks as ``python -m harness schema
 --check``, harness/clusterfile/load.py). See docs/dry-run.md.
 """
 
@@ -71,7 +71,7 @@ def announce(config: pytest.Config, spec: Any) -> None:
     where = spec.endpoints.api if spec.endpoints is not None else "started on this machine"
     show_lines(config, [
         f"cluster {spec.name} ({spec.kind}, engine {spec.engine_name}, {spec.path}): nothing is contacted or "
-        f"changed (API {where} not called, no SSH, no key file or API-key variable read)",
+        f"changed (API {where} not called, no SSH, no key file opened, no API key sent)",
         safety_summary(spec),
         *what_a_run_needs(spec),
     ])
