@@ -17,6 +17,10 @@ Exits 1 when a check fails. The burner is stopped and reaped on every exit path.
 
     .venv/bin/python bench/bench_verdict_stability.py                  # 3 quiet + 3 burner runs
     .venv/bin/python bench/bench_verdict_stability.py --runs 1 --cluster local -- -k "62 or item1"
+    # the two kinds apart (e.g. the quiet ones while the machine is otherwise idle), judged as one set:
+    .venv/bin/python bench/bench_verdict_stability.py --only quiet --report-dir reports/stab
+    .venv/bin/python bench/bench_verdict_stability.py --only burner --report-dir reports/stab
+    .venv/bin/python bench/bench_verdict_stability.py --judge reports/stab
 """
 
 from __future__ import annotations
@@ -188,7 +192,24 @@ def run_main_job(kind: str, index: int, base: Path, suites: str, cluster: str | 
                 code = _run(cmd, log)
         else:
             code = _run(cmd, log)
-    return read_outcome(kind, index, code, time.monotonic() - t0, report_dir)
+    wall = time.monotonic() - t0
+    (report_dir / "outcome.json").write_text(json.dumps({"kind": kind, "index": index, "exit_code": code,
+                                                         "wall_s": wall, "command": cmd}), encoding="utf-8")
+    return read_outcome(kind, index, code, wall, report_dir)
+
+
+def judged_again(base: Path) -> list[RunOutcome]:
+    """Every run under ``base`` (its ``quiet-N``/``burner-N`` folders, each with the ``outcome.json``
+    a run writes), so that runs made by separate invocations (``--only quiet``, then ``--only burner``
+    with the same ``--report-dir``) are judged as one set."""
+    outcomes = []
+    for path in sorted(base.glob("*/outcome.json")):
+        o = json.loads(path.read_text(encoding="utf-8"))
+        outcomes.append(read_outcome(o["kind"], o["index"], o["exit_code"], o["wall_s"], path.parent))
+    if not outcomes:
+        raise SystemExit(f"--judge: no runs under {base} (each run folder holds an outcome.json; "
+                         "fix: give the --report-dir the runs were made with)")
+    return outcomes
 
 
 def _run(cmd: Sequence[str], log: Any) -> int:
@@ -220,7 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report-dir", type=Path, default=None,
                    help="where each run's report folder goes (default reports/stability-<time>)")
     p.add_argument("--only", choices=("quiet", "burner"), default=None, help="run one kind only")
+    p.add_argument("--judge", type=Path, default=None, metavar="DIR",
+                   help="run nothing: judge every run already under DIR (a --report-dir of earlier invocations)")
     args = p.parse_args(argv)
+    if args.judge:
+        outcomes = judged_again(args.judge)
+        for o in outcomes:
+            print("\n".join(describe(o)))
+        return report(outcomes)
     if args.runs < 1 or args.per_core < 1:
         p.error("--runs and --per-core must be at least 1")
     base = args.report_dir or ROOT / "reports" / time.strftime("stability-%Y%m%dT%H%M%S")
@@ -231,6 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind in kinds:
             outcomes.append(run_main_job(kind, index, base, args.suites, args.cluster, extra, args.per_core))
             print("\n".join(describe(outcomes[-1])), flush=True)
+    return report(outcomes)
+
+
+def report(outcomes: Sequence[RunOutcome]) -> int:
+    """Prints the runs' summary and the acceptance checks; 1 when one fails."""
     failed = acceptance(outcomes)
     print(f"\n{len(outcomes)} runs: " + ", ".join(f"{o.name} exit {o.exit_code} ({o.wall_s:.0f} s)" for o in outcomes))
     for line in failed:
