@@ -168,7 +168,7 @@ def describe(o: RunOutcome) -> list[str]:
         interval = f"[{_fmt(i.get('lo'))}-{_fmt(i.get('hi'))}]" if i else ""
         m = r.machine or {}
         lines.append(f"  {r.item:<12} {r.status:<12} {_fmt(r.measured):>8} {r.unit:<12} {interval:<16} "
-                     f"psi {_fmt(m.get('psi_some_pct'))}% wait/run {_fmt(m.get('watched_wait_per_run_ms'))}ms "
+                     f"psi {_fmt(m.get('psi_some_pct'))}% steal {_fmt(m.get('steal_pct'))}% wait/run {_fmt(m.get('watched_wait_per_run_ms'))}ms "
                      f"lg-no-cpu {_fmt(m.get('load_generator_wait_share_pct'))}% "
                      f"fab-no-cpu {_fmt(m.get('fabric_probe_wait_share_pct'))}% "
                      f"lag-p99 {_fmt(m.get('timer_lag_p99_ms'))}ms run/cpu {_fmt(m.get('runnable_per_cpu'))}  "

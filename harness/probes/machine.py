@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 GROUPS = {"load generator": "load_generator", "engine": "engine", "fabric probes": "fabric_probe",
           "harness": "harness"}  # group -> key prefix of its figures in a window summary
-SERIES_KEYS = ("psi_some_pct", "load_generator_wait_share_pct", "fabric_probe_wait_share_pct",
+SERIES_KEYS = ("psi_some_pct", "steal_pct", "load_generator_wait_share_pct", "fabric_probe_wait_share_pct",
                "watched_wait_per_run_ms", "timer_lag_max_ms", "load_generator_cpu_pct", "runnable_per_cpu", "load1_max")
 
 
@@ -74,6 +74,7 @@ class Sample:
     psi_some_us: float | None
     psi_full_us: float | None
     psi_some_avg10: float | None
+    steal_s: float | None  # CPU seconds (all CPUs) the hypervisor took (procfs.read_steal_seconds)
     cpu_s: dict[str, float]  # group -> CPU seconds (utime + stime) in the interval
     ran_s: dict[str, float]  # group -> seconds on a CPU (schedstat), the same in finer grain
     wait_s: dict[str, float]  # group -> seconds runnable but waiting for a CPU
@@ -104,6 +105,7 @@ class MachineMonitor:
         # pid -> (group, label, CPU s (utime+stime), on-CPU s, run-queue wait s, dispatches)
         self._procs: dict[int, tuple[str, str, float, float, float, int]] = {}
         self._prev_psi: procfs.Psi | None = None
+        self._prev_steal: float | None = None
         self._prev_mono: float | None = None
         self._scan_every = max(1, round(scan_every_s / interval_s))  # samples between scans of the process tree
         self._samples_since_scan = 0
@@ -164,7 +166,7 @@ class MachineMonitor:
 
     def _take(self, lag_ms: float) -> None:
         mono, wall = time.monotonic(), time.time()
-        psi = self._read_psi()
+        psi, steal = self._read_psi(), procfs.read_steal_seconds()
         cpu = {g: 0.0 for g in GROUPS}
         ran = {g: 0.0 for g in GROUPS}
         wait = {g: 0.0 for g in GROUPS}
@@ -193,6 +195,7 @@ class MachineMonitor:
                 engine.append((label, wait_d))
         prev_psi, self._prev_psi = self._prev_psi, psi
         prev_mono, self._prev_mono = self._prev_mono, mono
+        prev_steal, self._prev_steal = self._prev_steal, steal
         if prev_mono is None:
             return  # the baseline
         some = full = None
@@ -203,7 +206,8 @@ class MachineMonitor:
         load = procfs.read_loadavg()
         sample = Sample(t=wall, dt=mono - prev_mono, lag_ms=lag_ms, load1=load[0] if load else None,
                         runnable=load[1] if load else None, psi_some_us=some,
-                        psi_full_us=full, psi_some_avg10=psi.some_avg10 if psi else None, cpu_s=cpu, ran_s=ran,
+                        psi_full_us=full, psi_some_avg10=psi.some_avg10 if psi else None,
+                        steal_s=None if steal is None or prev_steal is None else max(0.0, steal - prev_steal), cpu_s=cpu, ran_s=ran,
                         wait_s=wait, runs=runs, processes=count, engine_wait=tuple(engine))
         with self._lock:
             self._samples.append(sample)
@@ -275,6 +279,9 @@ def summarise(samples: Sequence[Sample], cpus: int) -> dict[str, Any]:
     full = [s for s in samples if s.psi_full_us is not None]
     out["psi_full_pct"] = _pct(sum(s.psi_full_us or 0 for s in full) / 1e6, sum(s.dt for s in full)) if full else None
     out["psi_some_avg10_max"] = max((s.psi_some_avg10 for s in psi if s.psi_some_avg10 is not None), default=None)
+    stolen = [s for s in samples if s.steal_s is not None]
+    # of the machine's CPU capacity (seconds x CPUs), the share the hypervisor gave to others
+    out["steal_pct"] = _pct(sum(s.steal_s or 0 for s in stolen), sum(s.dt for s in stolen) * cpus) if stolen else None
     out["load1_max"] = max((s.load1 for s in samples if s.load1 is not None), default=None)
     runnable = [s.runnable for s in samples if s.runnable is not None]
     out["runnable_per_cpu"] = round(sum(runnable) / len(runnable) / cpus, 2) if runnable else None

@@ -73,6 +73,18 @@ def read_loadavg() -> tuple[float, int] | None:
         return None
 
 
+def read_steal_seconds() -> float | None:
+    """CPU seconds the hypervisor ran something else while this (virtual) machine's CPUs had work,
+    summed over all CPUs since boot: the 8th value of /proc/stat's ``cpu`` line. Invisible to PSI
+    and to run-queue waits (the guest does not see its vCPU descheduled); 0 on bare metal."""
+    try:
+        with open("/proc/stat", "rb") as fh:
+            fields = fh.readline().split()
+        return int(fields[8]) / TICKS_PER_S if fields[0] == b"cpu" and len(fields) > 8 else None
+    except (OSError, ValueError):
+        return None
+
+
 def _stat_fields(pid: int) -> list[bytes] | None:
     """Fields 3.. of /proc/PID/stat (after comm, which may hold spaces and ')'), or None if gone.
     Read as bytes: this runs for every process of the machine at each descendants() scan."""

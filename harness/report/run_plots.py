@@ -131,7 +131,8 @@ def machine_plot(samples: Sequence[Mapping[str, Any]], started: float, fault_win
             ax.band(a - started, b - started, "fault window(s) active")
     for key, label, colour in (("psi_some_pct", "PSI some", PALETTE[1]),
                                ("load_generator_wait_share_pct", "load generator without a CPU", PALETTE[0]),
-                               ("fabric_probe_wait_share_pct", "fabric probes without a CPU", PALETTE[2])):
+                               ("fabric_probe_wait_share_pct", "fabric probes without a CPU", PALETTE[2]),
+                               ("steal_pct", "CPU taken by the hypervisor (steal)", PALETTE[5])):
         shares.series([(s["t"] - started, s.get(key)) for s in samples], label, colour, dots=len(samples) < 60)
         if key in limits:
             shares.hline(limits[key], f"{label} limit {limits[key]:g} %", colour)

@@ -50,6 +50,19 @@ def test_psi_of_this_machine_parses_and_only_grows():
     assert second.some_total_us >= first.some_total_us >= 0 and 0 <= first.some_avg10 <= 100
 
 
+def test_steal_of_this_machine_reads_and_only_grows_and_every_window_has_its_share():
+    first = procfs.read_steal_seconds()
+    assert first is not None and first >= 0  # /proc/stat exists on every Linux; 0 on bare metal
+    with MachineMonitor(interval_s=0.05) as monitor:
+        time.sleep(0.4)
+    second = procfs.read_steal_seconds()
+    assert second >= first
+    figures = monitor.window(0, time.time() + 1)
+    assert figures["samples"] >= 2 and 0 <= figures["steal_pct"] <= 100
+    total = sum(s.steal_s for s in monitor.samples())
+    assert total <= second - first + 0.02  # the samples' steal is what /proc/stat counted meanwhile
+
+
 def test_psi_text_with_and_without_a_full_line():
     some = "some avg10=1.50 avg60=0.80 avg300=0.20 total=123456\n"
     assert procfs.parse_psi(some) == procfs.Psi(123456, 1.5)
