@@ -333,6 +333,11 @@ class PfcStorm(Fault):
         return (f"pausing {self.target}: {self.bursts} x (pause {self.pause_ms:g} ms at {self.pause_rate_bps:g} "
                 f"bit/s, resume {self.resume_ms:g} ms)")
 
+    def running(self) -> bool:
+        """The pause bursts are still going: the loop inject() started has not ended (all its bursts
+        done, stopped, or failed). A measurement "during the storm" must end while this holds."""
+        return self._loop is not None and self._loop.running()
+
     def counters(self, ex: Executor) -> dict[str, dict[str, float]]:
         """Per NIC: the lossless class's rate, bytes sent, overlimits, drops and backlog now."""
         out = {}

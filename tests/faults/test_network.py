@@ -87,9 +87,11 @@ def test_pfc_storm_pauses_the_lossless_class_and_restores_it(make_fabric, tmp_pa
     before = {h.netns: read_classes(ex, h.fabric_dev, h.netns)[LOSSLESS_CLASS] for h in hosts}
     with FaultRunner(Ledger.for_cluster("fabric-test", tmp_path), handle_signals=False) as runner:
         storm = runner.inject(PfcStorm.on_fabric_hosts(hosts, pause_ms=200, resume_ms=50, bursts=4))
+        assert storm.running()  # a sample taken now is "during" the storm (6.1.5 checks this after each)
         assert all(saved[0] == 4e8 for saved in storm.saved.values())
         paused = [w for w, _ in storm.wait_done(LocalExecutor())]
         assert paused == ["on", "off"] * 4
+        assert not storm.running()  # every burst done: the lossless class runs at its rate again
     for h in hosts:
         now = read_classes(ex, h.fabric_dev, h.netns)[LOSSLESS_CLASS]
         assert (now.rate_bps, now.ceil_bps) == (before[h.netns].rate_bps, before[h.netns].ceil_bps)
