@@ -47,9 +47,9 @@ def test_starved_names_each_figure_over_its_limit():
 
 def test_cpu_the_hypervisor_took_is_named_with_its_share():
     text = starved({**QUIET, "steal_pct": 23.0})
-    assert text is not None and "CPU taken by the hypervisor (steal) 23 % of capacity (limit 10 %)" in text
+    assert text is not None and "CPU taken by the hypervisor (steal) 23 % of capacity (limit 20 %)" in text
     assert "PSI some 90 %" in text  # the context beside it
-    assert starved({**QUIET, "steal_pct": 4.0}) is None
+    assert starved({**QUIET, "steal_pct": 14.0}) is None
     assert "steal 3 %" in starved({**STARVED, "steal_pct": 3.0})  # context when something else is over
 
 
