@@ -39,6 +39,7 @@ from harness.engine.kvtransfer.wire import (PATH_CONTROL, PATH_FABRIC, BufferPoo
 from harness.engine.kvtransfer.stats import TransferStats
 from harness.engine.kvtransfer.config import TransferConfig, config_from_dict
 from harness.errors import KVIntegrityError, KVTransferError
+from harness.states import TransferEventKind
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class KVSender:
         self.lane_broken = True
         log.info("%s: layer stream to %s broke: %s", self.request_id, self.primary, exc)
         self.stats.add(self.primary.path, failures=1)
-        self._on_event("stream_error", path=self.primary.path, error=str(exc))
+        self._on_event(TransferEventKind.STREAM_ERROR, path=self.primary.path, error=str(exc))
 
     def _deliver(self, first_token_id: int, lane_reply: Future | None) -> TransferResult:
         """Path by path (primary, then the fallback), up to 1 + max_retries attempts each, waiting
@@ -193,7 +194,7 @@ class KVSender:
             if n_path:
                 used_fallback = True
                 self.stats.add(endpoint.path, fallbacks=1)
-                self._on_event("fallback", path=endpoint.path, error=str(last_error))
+                self._on_event(TransferEventKind.FALLBACK, path=endpoint.path, error=str(last_error))
                 log.warning("%s: %s path failed (%s); falling back to %s", self.request_id, self.primary.path,
                             last_error, endpoint.path)
             for n in range(1, self.config.max_retries + 2):
@@ -201,7 +202,7 @@ class KVSender:
                     time.sleep(min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (n - 2)))
                     retries += 1
                     self.stats.add(endpoint.path, retries=1)
-                    self._on_event("retry", path=endpoint.path, attempt=n, error=str(last_error))
+                    self._on_event(TransferEventKind.RETRY, path=endpoint.path, attempt=n, error=str(last_error))
                 try:
                     if lane_reply is not None and n_path == 0 and n == 1:
                         self._lane_attempt(lane_reply)

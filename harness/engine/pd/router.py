@@ -40,6 +40,7 @@ from harness.engine.pd.routing import Attempt, ClientAbort, EventLog, RoutingTab
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.kvtransfer.config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
+from harness.states import PD_ROLES, EventKind, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +90,18 @@ class Router:
     def stats(self) -> EngineStats:
         s = EngineStats()
         for w in self.workers.values():
-            if w.health != "healthy":
+            if w.health != WorkerHealth.HEALTHY:
                 continue
             for name in ("num_running", "num_waiting", "prompt_tokens_total", "generation_tokens_total",
                          "spec_draft_tokens", "spec_accepted_tokens"):
                 setattr(s, name, getattr(s, name) + int(w.stats.get(name, 0)))
-            if w.role == "decode":
+            if w.role == WorkerRole.DECODE:
                 s.kv_blocks_used += w.kv_blocks_used
                 s.kv_blocks_total += w.kv_blocks_total
                 s.kv_block_bytes = int(w.stats.get("kv_block_bytes", s.kv_block_bytes))
                 s.spec_enabled = s.spec_enabled or bool(w.stats.get("spec_enabled"))
         s.num_waiting += self.waiting
-        s.extra = {"workers_healthy": sum(w.health == "healthy" for w in self.workers.values()),
+        s.extra = {"workers_healthy": sum(w.health == WorkerHealth.HEALTHY for w in self.workers.values()),
                    "admission_queue": self.waiting}
         return s
 
@@ -145,11 +146,11 @@ class Router:
             except _NoCapacity as exc:
                 if resumed:
                     self.counters["reschedule_failures"] += 1
-                    self.record_event("reschedule_failed", request_id=request.request_id, error=str(exc))
+                    self.record_event(EventKind.RESCHEDULE_FAILED, request_id=request.request_id, error=str(exc))
                 yield self._error(request, streamed, str(exc))
                 return
             if resumed:
-                self.record_event("reschedule", request_id=request.request_id, from_worker=lost_worker,
+                self.record_event(EventKind.RESCHEDULE, request_id=request.request_id, from_worker=lost_worker,
                             to_prefill=att.prefill, to_decode=att.decode, resumed_tokens=len(streamed) -
                             len(request.resume_token_ids), since_loss_s=round(time.monotonic() - lost_at, 4))
             how = "ended"  # how the attempt ended, for a migration in flight (finished / was lost / ended)
@@ -160,7 +161,7 @@ class Router:
                     ev.num_prompt_tokens = n_prompt
                     ev.degraded = degraded
                     if resumed and first:
-                        self.record_event("resumed", request_id=request.request_id, worker=att.decode,
+                        self.record_event(EventKind.RESUMED, request_id=request.request_id, worker=att.decode,
                                     since_loss_s=round(time.monotonic() - lost_at, 4))
                     first = False
                     if ev.finished:
@@ -261,7 +262,7 @@ class Router:
                     yield self._token_event(request, att, *part)
             elif isinstance(msg, PrefillDone):
                 self.table.kv_arrived(att)
-                self.record_event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
+                self.record_event(EventKind.KV_TRANSFER, request_id=request.request_id, prefill=att.prefill, decode=att.decode,
                             mode=self.config.transfer.get("mode", "layerwise"), prefill_s=msg.prefill_s,
                             transfer_s=msg.seconds, bytes=msg.bytes, path=msg.path,
                             retries=msg.retries, fallback=msg.fallback)
@@ -295,7 +296,7 @@ class Router:
             if att.last_worker is not None and worker != att.last_worker:
                 # the stall a migrated stream sees: last token from the source to first from the target
                 gaps = sorted(att.gaps)
-                self.record_event("migration_resumed", request_id=request.request_id, from_worker=att.last_worker,
+                self.record_event(EventKind.MIGRATION_RESUMED, request_id=request.request_id, from_worker=att.last_worker,
                                   to_worker=worker, stall_s=round(now - att.last_active, 6),
                                   at_token=msg.num_output_tokens - len(msg.token_ids),
                                   typical_gap_s=round(gaps[len(gaps) // 2], 6) if gaps else None)
@@ -328,18 +329,18 @@ class Router:
                     log.warning("refused control connection from %s: it sent %s before register", peer, hello.TYPE)
                     writer.write(encode(Refused(f"the first message must be register, got {hello.TYPE}")))
                 return
-            if hello.role not in ("prefill", "decode"):
+            if hello.role not in PD_ROLES:
                 log.warning("refused worker %s from %s: role %r", hello.id, peer, hello.role)
                 writer.write(encode(Refused(f"worker role {hello.role!r} is not prefill or decode")))
                 return
             if any(w.id == hello.id for w in self.table.healthy()):
                 writer.write(encode(Refused(f"worker id {hello.id} is already registered and healthy")))
                 return
-            worker = Worker(hello.id, hello.role, hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
+            worker = Worker(hello.id, WorkerRole(hello.role), hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
                             hello.kv_blocks_total, hello.block_size)
             old = self.table.join(worker)
             writer.write(encode(Welcome(self.config.heartbeat_interval_s, self.config.progress_interval_s)))
-            self.record_event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
+            self.record_event(EventKind.WORKER_UP, worker=worker.id, role=worker.role, pid=worker.pid,
                         rejoined=old is not None)
             await self._notify_capacity()
             while (msg := await read_message(reader, worker.id)) is not None:
@@ -358,7 +359,7 @@ class Router:
             self._conn_tasks.discard(task)
 
     def _on_message(self, w: Worker, msg: Message) -> None:
-        if w.health != "healthy":
+        if w.health != WorkerHealth.HEALTHY:
             return  # a worker declared dead stays dead until it reconnects
         self.table.heard_from(w)  # any message proves liveness
         if isinstance(msg, Progress):
@@ -371,7 +372,7 @@ class Router:
         if self.resilience.on_message(w, msg):
             return  # a fault or migration reply, not part of a request's stream
         if isinstance(msg, TransferEvent):
-            self.record_event(f"transfer_{msg.event}", worker=w.id, request_id=msg.rid.rsplit("#", 1)[0],
+            self.record_event(EventKind.of_transfer(msg.event), worker=w.id, request_id=msg.rid.rsplit("#", 1)[0],
                               **msg.detail)
             return
         if not isinstance(msg, (ImportReady, ImportFailed, PrefillDone, PrefillFailed, Tokens)):
@@ -382,12 +383,12 @@ class Router:
             att.inbox.put_nowait((w.id, msg))
 
     def _worker_lost(self, w: Worker, reason: str, **detail) -> None:
-        if w.health != "healthy":
+        if w.health != WorkerHealth.HEALTHY:
             return
         # affected: the requests this worker was serving (their prefill, or their decode)
         affected = self.table.lose(w, reason, time.monotonic())
         self.resilience.on_worker_lost(w)
-        self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
+        self.record_event(EventKind.WORKER_DOWN, worker=w.id, role=w.role, pid=w.pid, reason=reason,
                           affected=affected, **detail)
         w.writer.close()  # a hung worker that wakes up finds its connection gone and rejoins
 
@@ -404,7 +405,7 @@ class Router:
             now = time.monotonic()
             on_time, last = now - last < 3 * tick, now
             for w in list(self.workers.values()):
-                if w.health != "healthy":
+                if w.health != WorkerHealth.HEALTHY:
                     continue
                 silent = now - w.last_heartbeat
                 if silent > self.config.heartbeat_timeout_s:
@@ -415,14 +416,14 @@ class Router:
 
     def fault(self, worker_id: str, spec: dict) -> dict:
         w = self.workers.get(worker_id)
-        if w is None or w.health != "healthy":
+        if w is None or w.health != WorkerHealth.HEALTHY:
             raise InvalidRequestError(f"no healthy worker {worker_id!r}", param="worker_id", status=404)
         allowed = {"corrupt_frames"}
         if not spec or set(spec) - allowed or not all(isinstance(v, int) and v >= 0 for v in spec.values()):
             raise InvalidRequestError(f"fault must be an object with {sorted(allowed)} as non-negative integers, "
                                       f"got {spec!r}", param="fault")
         w.send(CorruptFrames(**spec))
-        self.record_event("fault_hook", worker=worker_id, **spec)
+        self.record_event(EventKind.FAULT_HOOK, worker=worker_id, **spec)
         return {"worker": worker_id, **spec}
 
     def set_transfer(self, spec: dict) -> dict:
@@ -432,5 +433,5 @@ class Router:
         except ConfigError as exc:
             raise InvalidRequestError(str(exc), param="transfer") from None
         self.config.transfer = dict(spec)
-        self.record_event("transfer_config", **spec)
+        self.record_event(EventKind.TRANSFER_CONFIG, **spec)
         return dict(spec)

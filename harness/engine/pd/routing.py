@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from harness.engine.pd.messages import Abort, Message, Tokens, encode
 from harness.engine.core.types import GenerateRequest
+from harness.states import WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,14 @@ class EventLog:
 @dataclass
 class Worker:
     id: str
-    role: str  # "prefill" | "decode"
+    role: WorkerRole
     pid: int
     kv_addr: tuple[str, int]
     control_addr: tuple[str, int]
     writer: asyncio.StreamWriter
     kv_blocks_total: int
     block_size: int
-    health: str = "healthy"  # "healthy" | "dead"
+    health: WorkerHealth = WorkerHealth.HEALTHY
     down_reason: str | None = None
     last_heartbeat: float = field(default_factory=time.monotonic)  # last message of any kind
     steps: int | None = None      # the worker's progress counter (None: it sends no progress beats)
@@ -87,7 +88,7 @@ class Worker:
     reserved_blocks: int = 0
 
     def send(self, msg: Message) -> None:
-        if self.health == "healthy" and not self.writer.is_closing():
+        if self.health == WorkerHealth.HEALTHY and not self.writer.is_closing():
             self.writer.write(encode(msg))
 
     def free_blocks(self) -> int:
@@ -162,11 +163,11 @@ class RoutingTable:
 
     # -- asking
     def healthy(self, role: str | None = None) -> list[Worker]:
-        return [w for w in self.workers.values() if w.health == "healthy" and role in (None, w.role)]
+        return [w for w in self.workers.values() if w.health == WorkerHealth.HEALTHY and role in (None, w.role)]
 
     def healthy_worker(self, worker_id: str | None, role: str) -> Worker | None:
         w = self.workers.get(worker_id) if worker_id is not None else None
-        return w if w is not None and w.health == "healthy" and w.role == role else None
+        return w if w is not None and w.health == WorkerHealth.HEALTHY and w.role == role else None
 
     def serves(self, w: Worker) -> bool:
         """Whether requests wait on ``w``: it decodes them, or their KV has yet to come from it."""
@@ -183,8 +184,8 @@ class RoutingTable:
         free KV exceeds ``headroom`` x the request's (``blocks_needed(block_size)``); or why none."""
         now = time.monotonic()
         placeable = [w for w in self.healthy() if self.held_out.get(w.id, 0.0) <= now]
-        prefills = [w for w in placeable if w.role == "prefill"]
-        decodes = [w for w in placeable if w.role == "decode" and w.id not in self.draining]
+        prefills = [w for w in placeable if w.role == WorkerRole.PREFILL]
+        decodes = [w for w in placeable if w.role == WorkerRole.DECODE and w.id not in self.draining]
         if not prefills or not decodes:
             return f"{len(prefills)} healthy prefill and {len(decodes)} healthy decode workers"
         fits = []
@@ -228,7 +229,7 @@ class RoutingTable:
 
     def lose(self, w: Worker, reason: str, at: float) -> list[str]:
         """``w`` is dead: every attempt on it hears so. Returns the attempts it was serving."""
-        w.health, w.down_reason = "dead", reason
+        w.health, w.down_reason = WorkerHealth.DEAD, reason
         serving = self._serving(w)
         for att_id in list(w.attempts):
             att = self.attempts.get(att_id)

@@ -32,6 +32,7 @@ from harness.engine.resilience.worker_faults import WorkerFaults, kv_block_fault
 from harness.engine.resilience.worker_migration import LiveMigration
 from harness.engine.pd.worker_stats import RecentWindow
 from harness.errors import ConfigError, HarnessError
+from harness.states import PD_ROLES, WorkerRole
 
 log = logging.getLogger(__name__)
 # Heartbeats go out every second; the p99 over the TPOT window sorts thousands of samples, which
@@ -42,7 +43,7 @@ STATS_REFRESH_S = 0.1
 class WorkerEngine:
     def __init__(self, worker_id: str, role: str, engine_config: EngineConfig, *,
                  publish: Callable[[Message], None], on_failure: Callable[[], None]) -> None:
-        if role not in ("prefill", "decode"):
+        if role not in PD_ROLES:
             raise ConfigError(f"worker role {role!r} is unknown", fix="use --role prefill or --role decode")
         self.id, self.role = worker_id, role
         self.publish = publish
@@ -82,7 +83,7 @@ class WorkerEngine:
     def listen(self, kv_host: str, kv_port: int, control_host: str) -> tuple[tuple[str, int], tuple[str, int]]:
         """Decode: receive KV on the fabric address (primary path) and the control address
         (fallback path). Returns the (kv, control) addresses to register with."""
-        if self.role != "decode":
+        if self.role != WorkerRole.DECODE:
             return (kv_host, 0), (control_host, 0)
         self.receiver = KVReceiver(self, self.transfer_stats)
         return (self.receiver.listen(kv_host, kv_port, PATH_FABRIC),

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from harness.engine.serving.metrics import PREFIX
 from harness.errors import InvalidRequestError
 from harness.ids import new_fault_id
+from harness.states import EventKind, WorkerRole
 
 if TYPE_CHECKING:
     from harness.engine.pd.router import Router
@@ -61,7 +62,7 @@ def resilience_api(router: "Router") -> APIRouter:
         if not isinstance(body.get("enabled"), bool):
             raise InvalidRequestError("'enabled' must be true or false", param="enabled")
         await router.set_speculative(body["enabled"])
-        router.record_event("speculative", enabled=body["enabled"])
+        router.record_event(EventKind.SPECULATIVE, enabled=body["enabled"])
         return {"enabled": body["enabled"]}
 
     @api.post("/migrate")
@@ -147,7 +148,7 @@ class ResilienceMetrics:
                                   labels=["worker", "tier"])
         fetch = GaugeMetricFamily(f"{PREFIX}_kv_offload_fetch_seconds", "Recent mean on-demand fetch latency",
                                   labels=["worker"])
-        for w in control.table.healthy("decode"):
+        for w in control.table.healthy(WorkerRole.DECODE):
             used.add_metric([w.id], w.kv_used_ratio())
             poisoned.add_metric([w.id], float(w.stats.get("kv_blocks_poisoned", 0)))
             for tier, n in (w.stats.get("offload") or {}).items():

@@ -29,6 +29,7 @@ from harness.engine.core.types import GenerateRequest
 from harness.engine.pd.router_config import RouterConfig
 from harness.engine.pd.routing import EventLog, RoutingTable, Worker
 from harness.errors import EngineError, InvalidRequestError, WorkerDeadError
+from harness.states import EventKind, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class ResilienceControl:
 
     # -- signals
     def signals(self) -> Signals:
-        decodes = self.table.healthy("decode")
+        decodes = self.table.healthy(WorkerRole.DECODE)
         hbm = max((w.kv_used_ratio() for w in decodes), default=0.0)
         queue = self.table.waiting + sum(int(w.stats.get("num_waiting", 0)) for w in decodes)
         health = max(self.health_scores().values(), default=0.0)
@@ -90,7 +91,7 @@ class ResilienceControl:
 
     # -- hooks called by the router
     def on_heartbeat(self, w: Worker) -> None:
-        if w.role != "decode":
+        if w.role != WorkerRole.DECODE:
             return
         self.detectors.setdefault(w.id, DeltaHealthDetector(self.health_config)).ingest(
             HealthSnapshot.from_stats(w.stats, time.monotonic()))
@@ -101,7 +102,7 @@ class ResilienceControl:
         if isinstance(msg, FaultState):
             reply = msg.public()
             self.faults[msg.fault_id] = {**reply, "worker": w.id}
-            self.events.record("fault_state", worker=w.id, fault_kind=msg.kind,
+            self.events.record(EventKind.FAULT_STATE, worker=w.id, fault_kind=msg.kind,
                                      **{k: v for k, v in reply.items() if k not in ("type", "kind")})
             fut = self._replies.pop(msg.fault_id, None)
             if fut is not None and not fut.done():
@@ -126,13 +127,13 @@ class ResilienceControl:
 
     # -- Section 5.3: shed load off a sick worker
     def _shed(self, worker_id: str, det: DeltaHealthDetector) -> None:
-        w = self.table.healthy_worker(worker_id, "decode")
+        w = self.table.healthy_worker(worker_id, WorkerRole.DECODE)
         if w is None:
             return
         score = det.score()
         decision = decide(score, self.migration.candidates(w), self.migration.targets(w),
                           threshold=self.health_config.threshold, headroom=self.config.kv_headroom_factor)
-        self.events.record("health_decision", worker=worker_id, score=round(score, 4),
+        self.events.record(EventKind.HEALTH_DECISION, worker=worker_id, score=round(score, 4),
                                  components={k: round(v, 4) for k, v in det.components().items()},
                                  evict_count=decision.evict_count,
                                  plans=[{"request": p.request_id, "target": p.target} for p in decision.plans],
@@ -155,7 +156,7 @@ class ResilienceControl:
                 log.warning("automatic migration off %s failed: %s", worker_id, exc)
 
     # -- fault hooks (admin API)
-    def _worker(self, worker_id: str, role: str = "decode") -> Worker:
+    def _worker(self, worker_id: str, role: WorkerRole = WorkerRole.DECODE) -> Worker:
         w = self.table.healthy_worker(worker_id, role)
         if w is None:
             raise InvalidRequestError(f"no healthy {role} worker {worker_id!r}", param="worker", status=404)
@@ -177,7 +178,7 @@ class ResilienceControl:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
             raise InvalidRequestError(f"share must be a number in (0, 1), got {share!r}", param="share")
         w = self._worker(worker_id)
-        self.events.record("fault_hook", worker=worker_id, fault_kind="hbm_fill", share=share,
+        self.events.record(EventKind.FAULT_HOOK, worker=worker_id, fault_kind="hbm_fill", share=share,
                                  fault_id=fault_id)
         return await self._ask(w, fault_id, HbmFill(fault_id, float(share)))
 
@@ -193,7 +194,7 @@ class ResilienceControl:
                 raise InvalidRequestError(f"count must be a positive integer, got {count!r}", param="count")
             msg.count = count
         w = self._worker(worker_id)
-        self.events.record("fault_hook", worker=worker_id, fault_kind="ecc_poison", fault_id=fault_id,
+        self.events.record(EventKind.FAULT_HOOK, worker=worker_id, fault_kind="ecc_poison", fault_id=fault_id,
                                  **{k: v for k, v in (("count", msg.count), ("blocks", msg.blocks)) if v is not None})
         return await self._ask(w, fault_id, msg)
 
@@ -204,7 +205,7 @@ class ResilienceControl:
             raise InvalidRequestError(f"no {kind} fault {fault_id!r} (GET /admin/faults lists them)",
                                       param="fault_id", status=404)
         w = self.table.workers.get(state["worker"])
-        if state.get("lost") or w is None or w.health != "healthy":
+        if state.get("lost") or w is None or w.health != WorkerHealth.HEALTHY:
             return {**state, "active": False, "note": "the worker is gone; its fault went with it"}
         undo = {"hbm_fill": HbmRelease, "ecc_poison": EccClear}[kind]
         return await self._ask(w, fault_id, undo(fault_id))

@@ -30,6 +30,7 @@ from harness.engine.pd.messages import Message, SetOffload, SetSpeculative
 from harness.engine.core.types import GenerateRequest
 from harness.engine.pd.routing import EventLog, RoutingTable, Worker
 from harness.errors import ConfigError, InvalidRequestError
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ class DegradationActions:
         a, b = change.from_level, change.to_level
         actions: dict[str, Any] = {}
         if a < 2 <= b:
-            self._spec_before = any(bool(w.stats.get("spec_enabled")) for w in self.table.healthy("decode"))
+            self._spec_before = any(bool(w.stats.get("spec_enabled")) for w in self.table.healthy(WorkerRole.DECODE))
             self._send_all(SetSpeculative(False))
             actions["speculative"] = "off"
         elif b < 2 <= a:
@@ -267,7 +268,7 @@ class DegradationActions:
             actions["max_prompt_tokens"] = c.l4_max_prompt_tokens
         if b >= 5:
             actions["new_requests"] = "rejected (503)"
-        self.events.record("degradation_level", **change.to_event(), actions=actions)
+        self.events.record(EventKind.DEGRADATION_LEVEL, **change.to_event(), actions=actions)
 
     def reconcile(self, w: Worker) -> None:
         level = self.controller.level

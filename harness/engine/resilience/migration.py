@@ -35,6 +35,7 @@ from harness.engine.pd.messages import (MIGRATION_REPLIES, Message, MigrateCommi
 from harness.engine.pd.router_config import RouterConfig
 from harness.engine.pd.routing import Attempt, EventLog, RoutingTable, Worker
 from harness.errors import EngineError, InvalidRequestError
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class MigrationManager:
 
     def targets(self, source: Worker) -> list[TargetWorker]:
         return [TargetWorker(w.id, len(w.attempts), w.free_blocks() * w.block_bytes())
-                for w in self.table.healthy("decode") if w.id != source.id and w.id not in self.table.draining]
+                for w in self.table.healthy(WorkerRole.DECODE) if w.id != source.id and w.id not in self.table.draining]
 
     def _resolve_request(self, source: Worker, request_id: str | None) -> Attempt:
         cands = self.candidates(source)
@@ -144,7 +145,7 @@ class MigrationManager:
         headroom = self.config.kv_headroom_factor
         need = att.blocks * source.block_bytes()
         if target is not None:
-            w = self.table.healthy_worker(target, "decode")
+            w = self.table.healthy_worker(target, WorkerRole.DECODE)
             if w is None or w.id == source.id:
                 raise InvalidRequestError(f"target {target!r} is not a healthy decode worker other than the source",
                                           param="target", status=404)
@@ -167,7 +168,7 @@ class MigrationManager:
         if not self.config.migration_enabled:
             raise InvalidRequestError("live migration is disabled in the cluster configuration "
                                       "(router.migration_enabled: false)", status=409, code="migration_disabled")
-        src = self.table.healthy_worker(source, "decode")
+        src = self.table.healthy_worker(source, WorkerRole.DECODE)
         if src is None:
             raise InvalidRequestError(f"source {source!r} is not a healthy decode worker", param="source", status=404)
         att = self._resolve_request(src, request_id)
@@ -178,7 +179,7 @@ class MigrationManager:
                                loop.create_future(), loop.create_future())
         self.active[att.id] = state
         self.table.reserve_target(att, tgt)
-        self.events.record("migration_started", request_id=state.request_id, source=src.id, target=tgt.id,
+        self.events.record(EventKind.MIGRATION_STARTED, request_id=state.request_id, source=src.id, target=tgt.id,
                             reason=reason, streamed_tokens=len(att.streamed))
         timeout = self.config.migration_timeout_s
         try:
@@ -207,7 +208,7 @@ class MigrationManager:
             # to move, and nothing failed (the caller asked too late)
             self.table.undo_target(att, tgt)
             self.counters["moot"] = self.counters.get("moot", 0) + 1
-            self.events.record("migration_moot", request_id=state.request_id, source=src.id, target=tgt.id,
+            self.events.record(EventKind.MIGRATION_MOOT, request_id=state.request_id, source=src.id, target=tgt.id,
                                 reason=reason, total_s=round(time.monotonic() - state.started, 6))
             raise InvalidRequestError(f"{state.request_id} finished on {src.id} before it could be migrated "
                                       f"({exc})", param="rid", status=409, code="request_finished") from None
@@ -223,17 +224,17 @@ class MigrationManager:
                  "num_tokens": num_tokens, "import_s": state.import_s,
                  **{k: getattr(done, k) for k in ("export_s", "transfer_s", "bytes", "path", "retries", "fallback",
                                                   "extra_tokens")}}
-        self.events.record("migration_done", **event)
+        self.events.record(EventKind.MIGRATION_DONE, **event)
         return event
 
     async def drain(self, worker_id: str) -> dict[str, Any]:
         """Planned drain (rolling update): no new placements on the worker, then migrate every
         decoding request off it. The worker stays out of placement until ``undrain``."""
-        w = self.table.healthy_worker(worker_id, "decode")
+        w = self.table.healthy_worker(worker_id, WorkerRole.DECODE)
         if w is None:
             raise InvalidRequestError(f"{worker_id!r} is not a healthy decode worker", param="worker", status=404)
         self.table.set_draining(worker_id, True)
-        self.events.record("drain_started", worker=worker_id, active=len(w.attempts))
+        self.events.record(EventKind.DRAIN_STARTED, worker=worker_id, active=len(w.attempts))
         moved, failed = [], []
         deadline = time.monotonic() + self.config.migration_timeout_s * 3
         while time.monotonic() < deadline:
@@ -249,12 +250,12 @@ class MigrationManager:
             if failed and not self.config.migration_enabled:
                 break
         left = sorted(w.attempts)
-        self.events.record("drain_done", worker=worker_id, migrated=len(moved), failed=len(failed), left=left)
+        self.events.record(EventKind.DRAIN_DONE, worker=worker_id, migrated=len(moved), failed=len(failed), left=left)
         return {"worker": worker_id, "migrated": moved, "failed": failed, "left": left}
 
     def undrain(self, worker_id: str) -> dict[str, Any]:
         self.table.set_draining(worker_id, False)
-        self.events.record("drain_ended", worker=worker_id)
+        self.events.record(EventKind.DRAIN_ENDED, worker=worker_id)
         return {"worker": worker_id, "draining": False}
 
     async def _migrate_quietly(self, source: str, request_id: str, reason: str) -> dict[str, Any]:
@@ -267,7 +268,7 @@ class MigrationManager:
         self.counters["failed"] += 1
         event = {"request_id": state.request_id, "source": state.source, "target": state.target,
                  "reason": state.reason, "error": error, "total_s": round(time.monotonic() - state.started, 6)}
-        self.events.record("migration_failed", **event)
+        self.events.record(EventKind.MIGRATION_FAILED, **event)
         log.warning("migration of %s from %s to %s failed: %s", state.attempt_id, state.source, state.target, error)
         return MigrationFailed(f"migration of {state.request_id} from {state.source} to {state.target} failed: "
                                f"{error}")
