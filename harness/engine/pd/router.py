@@ -27,16 +27,17 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from harness.engine.core.config import EngineConfig
-from harness.engine.pd.messages import (CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message, MessageError,
-                                     Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register, SetSpeculative,
-                                     Tokens, TransferEvent, Welcome, encode, params_dict, read_message)
+from harness.engine.control.codec import MessageError, encode, read_message
+from harness.engine.control.messages import (CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message,
+                                             Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register,
+                                             SetSpeculativeCommand, Tokens, TransferEvent, Welcome, params_dict)
 from harness.engine.core.types import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.resilience.control import ResilienceControl
 from harness.engine.pd.router_config import RouterConfig
-from harness.engine.pd.routing import Attempt, ClientAbort, EventLog, RoutingTable, Worker, WorkerLost
+from harness.engine.control.routing import Attempt, ClientAbort, EventLog, RoutingTable, RouterWorker, WorkerLost
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.kvtransfer.config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
@@ -72,7 +73,7 @@ class Router:
         self.resilience = ResilienceControl(self.config, self.table, self.events)
 
     @property
-    def workers(self) -> dict[str, Worker]:
+    def workers(self) -> dict[str, RouterWorker]:
         return self.table.workers
 
     @property
@@ -80,7 +81,7 @@ class Router:
         """Requests waiting for a placement (the admission queue)."""
         return self.table.waiting
 
-    def record_event(self, kind: str, **detail) -> None:
+    def record_event(self, kind: EventKind, **detail: Any) -> None:
         self.events.record(kind, **detail)
 
     # -- EngineClient
@@ -107,7 +108,7 @@ class Router:
 
     async def set_speculative(self, enabled: bool) -> None:
         for w in self.workers.values():
-            w.send(SetSpeculative(bool(enabled)))
+            w.send(SetSpeculativeCommand(bool(enabled)))
 
     async def abort(self, request_id: str) -> None:
         for att in list(self.table.attempts.values()):
@@ -336,7 +337,7 @@ class Router:
             if any(w.id == hello.id for w in self.table.healthy()):
                 writer.write(encode(Refused(f"worker id {hello.id} is already registered and healthy")))
                 return
-            worker = Worker(hello.id, WorkerRole(hello.role), hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
+            worker = RouterWorker(hello.id, WorkerRole(hello.role), hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
                             hello.kv_blocks_total, hello.block_size)
             old = self.table.join(worker)
             writer.write(encode(Welcome(self.config.heartbeat_interval_s, self.config.progress_interval_s)))
@@ -358,7 +359,7 @@ class Router:
             writer.close()
             self._conn_tasks.discard(task)
 
-    def _on_message(self, w: Worker, msg: Message) -> None:
+    def _on_message(self, w: RouterWorker, msg: Message) -> None:
         if w.health != WorkerHealth.HEALTHY:
             return  # a worker declared dead stays dead until it reconnects
         self.table.heard_from(w)  # any message proves liveness
@@ -382,7 +383,7 @@ class Router:
         if att is not None:
             att.inbox.put_nowait((w.id, msg))
 
-    def _worker_lost(self, w: Worker, reason: str, **detail) -> None:
+    def _worker_lost(self, w: RouterWorker, reason: str, **detail) -> None:
         if w.health != WorkerHealth.HEALTHY:
             return
         # affected: the requests this worker was serving (their prefill, or their decode)

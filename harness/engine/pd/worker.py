@@ -32,7 +32,8 @@ import time
 
 from harness.engine import DEFAULT_PRESET
 from harness.engine.core.config import EngineConfig
-from harness.engine.pd.messages import Message, MessageError, Progress, Register, Welcome, encode, read_message
+from harness.engine.control.codec import MessageError, encode, read_message
+from harness.engine.control.messages import Message, Progress, Register, Welcome
 from harness.engine.pd.worker_engine import WorkerEngine
 from harness.states import PD_ROLES
 

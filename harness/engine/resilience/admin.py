@@ -14,18 +14,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from harness.engine.resilience.control import ResilienceControl
 from harness.engine.serving.metrics import PREFIX
 from harness.errors import InvalidRequestError
 from harness.ids import new_fault_id
 from harness.states import EventKind, WorkerRole
 
-if TYPE_CHECKING:
-    from harness.engine.pd.router import Router
+
+
+class ResilientRouter(Protocol):
+    """What the admin API and the metrics need of the router (``pd.router.Router`` is one; a
+    protocol so that resilience does not import the router's package above it)."""
+    resilience: ResilienceControl
+
+    async def set_speculative(self, enabled: bool) -> None: ...
+
+    def record_event(self, kind: EventKind, **detail: Any) -> None: ...
 
 
 async def _body(request: Request, example: str) -> dict[str, Any]:
@@ -47,7 +56,7 @@ def _text(body: dict, key: str, required: bool = True) -> str | None:
     return value
 
 
-def resilience_api(router: "Router") -> APIRouter:
+def resilience_api(router: ResilientRouter) -> APIRouter:
     api = APIRouter(prefix="/admin")
     control = router.resilience
 
@@ -110,7 +119,7 @@ def resilience_api(router: "Router") -> APIRouter:
 class ResilienceMetrics:
     """Prometheus collector: degradation level, health scores, KV use and offload tiers, migrations."""
 
-    def __init__(self, router: "Router") -> None:
+    def __init__(self, router: ResilientRouter) -> None:
         self.router = router
 
     def collect(self):

@@ -19,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from harness.engine.resilience.degradation import DegradationActions, DegradationConfig, LevelChange, Signals
 from harness.engine.resilience.health import DeltaHealthDetector, HealthConfig, HealthSnapshot, decide
-from harness.engine.pd.messages import EccClear, EccPoison, FaultState, HbmFill, HbmRelease, Message
-from harness.engine.resilience.migration import MigrationManager
+from harness.engine.control.messages import (EccClearCommand, EccPoisonCommand, FaultStateReport, HbmFillCommand,
+                                             HbmReleaseCommand, Message)
+from harness.engine.resilience.migration import MigrationManager, MigrationSettings
 from harness.engine.core.types import GenerateRequest
-from harness.engine.pd.router_config import RouterConfig
-from harness.engine.pd.routing import EventLog, RoutingTable, Worker
+from harness.engine.control.routing import EventLog, RoutingTable, RouterWorker
 from harness.errors import EngineError, InvalidRequestError, WorkerDeadError
 from harness.states import EventKind, WorkerHealth, WorkerRole
 
@@ -36,8 +36,19 @@ log = logging.getLogger(__name__)
 FAULT_REPLY_TIMEOUT_S = 10.0
 
 
+class ResilienceSettings(MigrationSettings, Protocol):
+    """The router settings resilience control reads (``RouterConfig`` has them)."""
+    degradation_enabled: bool
+    degradation: dict
+    offload_enabled: bool
+    offload_threshold: float
+    auto_migrate: bool
+    health: dict
+    control_interval_s: float
+
+
 class ResilienceControl:
-    def __init__(self, config: RouterConfig, table: RoutingTable, events: EventLog) -> None:
+    def __init__(self, config: ResilienceSettings, table: RoutingTable, events: EventLog) -> None:
         self.config, self.table, self.events = config, table, events
         self.actions = DegradationActions(
             DegradationConfig.from_dict({**config.degradation, "enabled": config.degradation_enabled}), table, events,
@@ -90,16 +101,16 @@ class ResilienceControl:
         return {wid: det.score() for wid, det in self.detectors.items()}
 
     # -- hooks called by the router
-    def on_heartbeat(self, w: Worker) -> None:
+    def on_heartbeat(self, w: RouterWorker) -> None:
         if w.role != WorkerRole.DECODE:
             return
         self.detectors.setdefault(w.id, DeltaHealthDetector(self.health_config)).ingest(
             HealthSnapshot.from_stats(w.stats, time.monotonic()))
         self.actions.reconcile(w)
 
-    def on_message(self, w: Worker, msg: Message) -> bool:
+    def on_message(self, w: RouterWorker, msg: Message) -> bool:
         """Consume fault and migration replies; False for messages of a request's stream."""
-        if isinstance(msg, FaultState):
+        if isinstance(msg, FaultStateReport):
             reply = msg.public()
             self.faults[msg.fault_id] = {**reply, "worker": w.id}
             self.events.record(EventKind.FAULT_STATE, worker=w.id, fault_kind=msg.kind,
@@ -110,7 +121,7 @@ class ResilienceControl:
             return True
         return self.migration.on_message(w, msg)
 
-    def on_worker_lost(self, w: Worker) -> None:
+    def on_worker_lost(self, w: RouterWorker) -> None:
         self.migration.on_worker_lost(w.id)
         self.detectors.pop(w.id, None)
         for fault_id, state in list(self.faults.items()):
@@ -156,13 +167,13 @@ class ResilienceControl:
                 log.warning("automatic migration off %s failed: %s", worker_id, exc)
 
     # -- fault hooks (admin API)
-    def _worker(self, worker_id: str, role: WorkerRole = WorkerRole.DECODE) -> Worker:
+    def _worker(self, worker_id: str, role: WorkerRole = WorkerRole.DECODE) -> RouterWorker:
         w = self.table.healthy_worker(worker_id, role)
         if w is None:
             raise InvalidRequestError(f"no healthy {role} worker {worker_id!r}", param="worker", status=404)
         return w
 
-    async def _ask(self, w: Worker, fault_id: str, msg: Message) -> dict:
+    async def _ask(self, w: RouterWorker, fault_id: str, msg: Message) -> dict:
         fut = asyncio.get_running_loop().create_future()
         self._replies[fault_id] = fut
         w.send(msg)
@@ -180,10 +191,10 @@ class ResilienceControl:
         w = self._worker(worker_id)
         self.events.record(EventKind.FAULT_HOOK, worker=worker_id, fault_kind="hbm_fill", share=share,
                                  fault_id=fault_id)
-        return await self._ask(w, fault_id, HbmFill(fault_id, float(share)))
+        return await self._ask(w, fault_id, HbmFillCommand(fault_id, float(share)))
 
     async def ecc_poison(self, worker_id: str, count: Any, blocks: Any, fault_id: str) -> dict:
-        msg = EccPoison(fault_id)
+        msg = EccPoisonCommand(fault_id)
         if blocks is not None:
             if not isinstance(blocks, list) or not blocks or not all(isinstance(b, int) and b >= 0 for b in blocks):
                 raise InvalidRequestError(f"blocks must be a non-empty list of block ids, got {blocks!r}",
@@ -207,7 +218,7 @@ class ResilienceControl:
         w = self.table.workers.get(state["worker"])
         if state.get("lost") or w is None or w.health != WorkerHealth.HEALTHY:
             return {**state, "active": False, "note": "the worker is gone; its fault went with it"}
-        undo = {"hbm_fill": HbmRelease, "ecc_poison": EccClear}[kind]
+        undo = {"hbm_fill": HbmReleaseCommand, "ecc_poison": EccClearCommand}[kind]
         return await self._ask(w, fault_id, undo(fault_id))
 
     def public(self) -> dict[str, Any]:

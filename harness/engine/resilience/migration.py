@@ -27,13 +27,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from harness.engine.resilience.health import Candidate, TargetWorker, order_victims, pick_target
-from harness.engine.pd.messages import (MIGRATION_REPLIES, Message, MigrateCommitted, MigrateFailed, MigrateIn,
-                                     MigrateOut, MigrateReady, Migrated, request_dict)
-from harness.engine.pd.router_config import RouterConfig
-from harness.engine.pd.routing import Attempt, EventLog, RoutingTable, Worker
+from harness.engine.control.messages import (MIGRATION_REPLIES, Message, MigrateCommitted, MigrateFailed, MigrateIn,
+                                             MigrateOut, MigrateReady, Migrated, request_dict)
+from harness.engine.control.routing import Attempt, EventLog, RoutingTable, RouterWorker
 from harness.errors import EngineError, InvalidRequestError
 from harness.states import EventKind, WorkerRole
 
@@ -71,16 +70,25 @@ class _CalledOff:
     finished: bool = False  # the request finished on its source: moot, not failed
 
 
+class MigrationSettings(Protocol):
+    """The router settings live migration reads (``pd.router_config.RouterConfig`` has them; a
+    protocol so that resilience does not import the router's package above it)."""
+    kv_headroom_factor: float
+    migration_enabled: bool
+    migration_timeout_s: float
+    transfer: dict
+
+
 class MigrationManager:
     """Orchestrates migrations over the router's routing table (see the module docstring)."""
 
-    def __init__(self, config: RouterConfig, table: RoutingTable, events: EventLog) -> None:
+    def __init__(self, config: MigrationSettings, table: RoutingTable, events: EventLog) -> None:
         self.config, self.table, self.events = config, table, events
         self.active: dict[str, MigrationState] = {}   # attempt id -> in-flight migration
         self.counters = {"completed": 0, "failed": 0, "timed_out": 0}
 
     # -- routing of worker replies (called from Router._on_message)
-    def on_message(self, worker: Worker, msg: Message) -> bool:
+    def on_message(self, worker: RouterWorker, msg: Message) -> bool:
         """Consume a migration reply; False when ``msg`` is not one (the stream gets it)."""
         if not isinstance(msg, MIGRATION_REPLIES):
             return False
@@ -113,7 +121,7 @@ class MigrationManager:
             _resolve(state.done, error)
 
     # -- choosing
-    def candidates(self, source: Worker) -> list[Candidate]:
+    def candidates(self, source: RouterWorker) -> list[Candidate]:
         out = []
         for att_id in source.attempts:
             att = self.table.attempts.get(att_id)
@@ -124,11 +132,11 @@ class MigrationManager:
             out.append(Candidate(att_id, att.priority, att.last_active, att.blocks * source.block_bytes()))
         return out
 
-    def targets(self, source: Worker) -> list[TargetWorker]:
+    def targets(self, source: RouterWorker) -> list[TargetWorker]:
         return [TargetWorker(w.id, len(w.attempts), w.free_blocks() * w.block_bytes())
                 for w in self.table.healthy(WorkerRole.DECODE) if w.id != source.id and w.id not in self.table.draining]
 
-    def _resolve_request(self, source: Worker, request_id: str | None) -> Attempt:
+    def _resolve_request(self, source: RouterWorker, request_id: str | None) -> Attempt:
         cands = self.candidates(source)
         if request_id is not None:
             match = [c for c in cands if c.request_id == request_id or c.request_id.rsplit("#", 1)[0] == request_id]
@@ -141,7 +149,7 @@ class MigrationManager:
                                       status=409, code="nothing_to_migrate")
         return self.table.attempts[order_victims(cands)[0].request_id]
 
-    def _resolve_target(self, source: Worker, att: Attempt, target: str | None) -> Worker:
+    def _resolve_target(self, source: RouterWorker, att: Attempt, target: str | None) -> RouterWorker:
         headroom = self.config.kv_headroom_factor
         need = att.blocks * source.block_bytes()
         if target is not None:

@@ -24,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from harness.engine.pd.messages import Abort, Message, Tokens, encode
+from harness.engine.control.codec import encode
+from harness.engine.control.messages import Abort, Message, Tokens
 from harness.engine.core.types import GenerateRequest
 from harness.states import WorkerHealth, WorkerRole
 
@@ -66,7 +67,7 @@ class EventLog:
 
 
 @dataclass
-class Worker:
+class RouterWorker:
     id: str
     role: WorkerRole
     pid: int
@@ -156,30 +157,30 @@ class RoutingTable:
         self.headroom = kv_headroom_factor
         self.readmit_delay_s = readmit_delay_s
         self.held_out: dict[str, float] = {}  # worker id -> monotonic time it may get placements again
-        self.workers: dict[str, Worker] = {}
+        self.workers: dict[str, RouterWorker] = {}
         self.attempts: dict[str, Attempt] = {}
         self.draining: set[str] = set()   # decode workers taking no new placements (planned drain)
         self.waiting = 0                  # requests waiting for a placement (the admission queue)
 
     # -- asking
-    def healthy(self, role: str | None = None) -> list[Worker]:
+    def healthy(self, role: str | None = None) -> list[RouterWorker]:
         return [w for w in self.workers.values() if w.health == WorkerHealth.HEALTHY and role in (None, w.role)]
 
-    def healthy_worker(self, worker_id: str | None, role: str) -> Worker | None:
+    def healthy_worker(self, worker_id: str | None, role: str) -> RouterWorker | None:
         w = self.workers.get(worker_id) if worker_id is not None else None
         return w if w is not None and w.health == WorkerHealth.HEALTHY and w.role == role else None
 
-    def serves(self, w: Worker) -> bool:
+    def serves(self, w: RouterWorker) -> bool:
         """Whether requests wait on ``w``: it decodes them, or their KV has yet to come from it."""
         return bool(self._serving(w))
 
-    def _serving(self, w: Worker) -> list[str]:
+    def _serving(self, w: RouterWorker) -> list[str]:
         # a request ``w`` only holds a reservation for, as the target of a live migration in
         # flight, keeps running on its source (the migration fails): it is not ``w``'s to serve
         return [a for a in w.attempts if (att := self.attempts.get(a)) is None
                 or att.decode == w.id or (att.prefill == w.id and not att.kv_arrived)]
 
-    def pick(self, blocks_needed: Callable[[int], int]) -> tuple[Worker, Worker, int] | str:
+    def pick(self, blocks_needed: Callable[[int], int]) -> tuple[RouterWorker, RouterWorker, int] | str:
         """Seed 5.3: the least-queued prefill worker, and the least-loaded decode worker whose
         free KV exceeds ``headroom`` x the request's (``blocks_needed(block_size)``); or why none."""
         now = time.monotonic()
@@ -209,7 +210,7 @@ class RoutingTable:
             self.waiting -= 1
 
     # -- workers telling
-    def join(self, worker: Worker) -> Worker | None:
+    def join(self, worker: RouterWorker) -> RouterWorker | None:
         """Add (or replace a dead) worker; returns the one it replaced."""
         old = self.workers.get(worker.id)
         self.workers[worker.id] = worker
@@ -217,17 +218,17 @@ class RoutingTable:
             self.held_out[worker.id] = time.monotonic() + self.readmit_delay_s
         return old
 
-    def heard_from(self, w: Worker) -> None:
+    def heard_from(self, w: RouterWorker) -> None:
         w.last_heartbeat = time.monotonic()
 
-    def progress(self, w: Worker, steps: int) -> None:
+    def progress(self, w: RouterWorker, steps: int) -> None:
         w.steps = steps
 
-    def heartbeat(self, w: Worker, stats: dict, transfer: dict) -> None:
+    def heartbeat(self, w: RouterWorker, stats: dict, transfer: dict) -> None:
         w.stats, w.transfer = stats, transfer
         w.kv_blocks_used = stats.get("kv_blocks_used", 0)
 
-    def lose(self, w: Worker, reason: str, at: float) -> list[str]:
+    def lose(self, w: RouterWorker, reason: str, at: float) -> list[str]:
         """``w`` is dead: every attempt on it hears so. Returns the attempts it was serving."""
         w.health, w.down_reason = WorkerHealth.DEAD, reason
         serving = self._serving(w)
@@ -280,19 +281,19 @@ class RoutingTable:
         return True
 
     # -- live migration telling
-    def reserve_target(self, att: Attempt, target: Worker) -> None:
+    def reserve_target(self, att: Attempt, target: RouterWorker) -> None:
         target.attempts.add(att.id)
         target.reserved_blocks += att.blocks
         target.queue_depth += 1
 
-    def undo_target(self, att: Attempt, target: Worker) -> None:
+    def undo_target(self, att: Attempt, target: RouterWorker) -> None:
         if att.id in target.attempts:
             target.attempts.discard(att.id)
             target.reserved_blocks -= att.blocks
             target.queue_depth -= 1
             target.send(Abort(att.id))
 
-    def switch(self, att: Attempt, source: Worker, target: Worker) -> None:
+    def switch(self, att: Attempt, source: RouterWorker, target: RouterWorker) -> None:
         """The route now points at the target; the source's share is released."""
         att.decode = target.id
         if att.id in source.attempts:
@@ -301,4 +302,4 @@ class RoutingTable:
             source.queue_depth -= 1
 
 
-__all__ = ["Attempt", "ClientAbort", "EventLog", "RoutingTable", "Worker", "WorkerLost"]
+__all__ = ["Attempt", "ClientAbort", "EventLog", "RoutingTable", "RouterWorker", "WorkerLost"]
