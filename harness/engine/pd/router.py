@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 class _Lost(Exception):
     """The attempt cannot continue (a worker died, the transfer failed); reschedule it."""
 
+    def __init__(self, reason: str, worker: str, at: float) -> None:
+        super().__init__(reason)
+        self.reason, self.worker, self.at = reason, worker, at   # who was lost, when (monotonic)
+
 
 class _NoCapacity(EngineError):
     pass
@@ -172,8 +176,7 @@ class Router:
                         return
                     yield ev
             except _Lost as exc:
-                lost_worker, lost_at = exc.args[1], exc.args[2]
-                reason = exc.args[0]
+                lost_worker, lost_at, reason = exc.worker, exc.at, exc.reason
                 how = f"was lost ({reason})"
                 log.warning("%s lost on %s: %s", att.id, lost_worker, reason)  # why a request was re-placed
                 if not self.config.reschedule_enabled:
