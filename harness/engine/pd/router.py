@@ -1,12 +1,11 @@
 """PD router: the global scheduler in front of N prefill and M decode worker processes.
 
 - Control plane: workers connect to the router's control port and register; each connection
-  carries the typed messages of messages.py both ways (commands down, heartbeats and tokens up).
-  A broken connection marks the worker dead at once; a silent one is marked dead after
-  ``heartbeat_timeout_s`` (seed Section 5.1, layer 1), or after ``hang_timeout_s`` when it holds
-  requests it serves (``no_progress``: a SIGSTOPped worker stops its progress beats, see
-  ``_watch_heartbeats``). A worker that reconnects, or a new one, joins the routing table
-  (routing.py: the one owner of worker state and counters) without a router restart.
+  carries the typed messages of control/messages.py both ways (commands down, heartbeats and
+  tokens up). worker_sessions.py runs those connections: registration, liveness (a broken
+  connection, ``heartbeat_timeout_s``, or ``hang_timeout_s`` without progress beats while serving
+  marks the worker dead) and handing each message on. Workers join and leave the routing table
+  (control/routing.py: the one owner of worker state and counters) without a router restart.
 - Scheduling (seed Section 5.3): the least-queued prefill worker; the decode target is the
   least-loaded worker whose free KV exceeds ``kv_headroom_factor`` (1.2) x the request's KV;
   when none fits the request waits in the admission queue.
@@ -30,18 +29,17 @@ from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from harness.engine.core.config import EngineConfig
-from harness.engine.control.codec import MessageError, encode, read_message
-from harness.engine.control.messages import (CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message,
-                                             Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register,
-                                             SetSpeculativeCommand, Tokens, TransferEvent, Welcome, params_dict)
+from harness.engine.control.messages import (CorruptFrames, Import, ImportFailed, ImportReady, Prefill, PrefillDone,
+                                             PrefillFailed, SetSpeculativeCommand, Tokens, params_dict)
 from harness.engine.core.types import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.resilience.control import ResilienceControl
 from harness.engine.pd.router_config import RouterConfig
+from harness.engine.pd.worker_sessions import WorkerSessions
 from harness.engine.control.routing import Attempt, ClientAbort, EventLog, RoutingTable, RouterWorker, WorkerLost
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.kvtransfer.config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
-from harness.states import PD_ROLES, EventKind, WorkerHealth, WorkerRole
+from harness.states import EventKind, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +69,8 @@ class Router:
         self.events = EventLog(self.config.max_events)
         self._capacity = asyncio.Condition()
         self.counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}
-        self._server: asyncio.AbstractServer | None = None
-        self._monitor: asyncio.Task | None = None
-        self._conn_tasks: set[asyncio.Task] = set()
         self.resilience = ResilienceControl(self.config, self.table, self.events)
+        self.sessions = WorkerSessions(self.config, self.table, self.events, self.resilience, self._notify_capacity)
 
     @property
     def workers(self) -> dict[str, RouterWorker]:
@@ -120,15 +116,8 @@ class Router:
                 att.inbox.put_nowait(ClientAbort())
 
     async def close(self) -> None:
-        if self._monitor:
-            self._monitor.cancel()
         self.resilience.stop()
-        if self._server:
-            self._server.close()
-        for w in self.workers.values():
-            w.writer.close()  # each connection task then reads EOF and ends by itself
-        if self._conn_tasks:
-            await asyncio.wait(list(self._conn_tasks), timeout=2.0)
+        await self.sessions.close()
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         self._tokenizer.validate(request.prompt_token_ids)
@@ -313,110 +302,10 @@ class Router:
 
     # -- control plane
     async def start_control(self, host: str, port: int, sock=None) -> tuple[str, int]:
-        if sock is not None:
-            self._server = await asyncio.start_server(self._on_connect, sock=sock)
-        else:
-            self._server = await asyncio.start_server(self._on_connect, host, port)
-        self._monitor = asyncio.get_running_loop().create_task(self._watch_heartbeats())
+        """Listen for workers on ``host:port`` (or ``sock``); returns the address bound."""
+        address = await self.sessions.start(host, port, sock)
         self.resilience.start()
-        return self._server.sockets[0].getsockname()[:2]
-
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._conn_tasks.add(task)
-        worker = None
-        peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
-        try:
-            hello = await read_message(reader, peer)
-            if not isinstance(hello, Register):
-                if hello is not None:
-                    log.warning("refused control connection from %s: it sent %s before register", peer, hello.TYPE)
-                    writer.write(encode(Refused(f"the first message must be register, got {hello.TYPE}")))
-                return
-            if hello.role not in PD_ROLES:
-                log.warning("refused worker %s from %s: role %r", hello.id, peer, hello.role)
-                writer.write(encode(Refused(f"worker role {hello.role!r} is not prefill or decode")))
-                return
-            if any(w.id == hello.id for w in self.table.healthy()):
-                writer.write(encode(Refused(f"worker id {hello.id} is already registered and healthy")))
-                return
-            worker = RouterWorker(hello.id, WorkerRole(hello.role), hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
-                            hello.kv_blocks_total, hello.block_size)
-            old = self.table.join(worker)
-            writer.write(encode(Welcome(self.config.heartbeat_interval_s, self.config.progress_interval_s)))
-            self.record_event(EventKind.WORKER_UP, worker=worker.id, role=worker.role, pid=worker.pid,
-                        rejoined=old is not None)
-            await self._notify_capacity()
-            while (msg := await read_message(reader, worker.id)) is not None:
-                self._on_message(worker, msg)
-            self._worker_lost(worker, "connection_lost")
-        except MessageError as exc:  # the stream lost its framing: hang up
-            log.warning("control connection from %s refused: %s", worker.id if worker else peer, exc)
-            if worker is not None:
-                self._worker_lost(worker, "protocol_error")
-        except Exception:
-            log.exception("control connection failed")
-            if worker is not None:
-                self._worker_lost(worker, "protocol_error")
-        finally:
-            writer.close()
-            self._conn_tasks.discard(task)
-
-    def _on_message(self, w: RouterWorker, msg: Message) -> None:
-        if w.health != WorkerHealth.HEALTHY:
-            return  # a worker declared dead stays dead until it reconnects
-        self.table.heard_from(w)  # any message proves liveness
-        if isinstance(msg, Progress):
-            self.table.progress(w, msg.steps)
-            return
-        if isinstance(msg, Heartbeat):
-            self.table.heartbeat(w, msg.stats, msg.transfer)
-            self.resilience.on_heartbeat(w)
-            return
-        if self.resilience.on_message(w, msg):
-            return  # a fault or migration reply, not part of a request's stream
-        if isinstance(msg, TransferEvent):
-            self.record_event(EventKind.of_transfer(msg.event), worker=w.id, request_id=msg.rid.rsplit("#", 1)[0],
-                              **msg.detail)
-            return
-        if not isinstance(msg, (ImportReady, ImportFailed, PrefillDone, PrefillFailed, Tokens)):
-            log.warning("refused a %s message from worker %s: workers do not send it", msg.TYPE, w.id)
-            return
-        att = self.table.attempts.get(msg.rid)
-        if att is not None:
-            att.inbox.put_nowait((w.id, msg))
-
-    def _worker_lost(self, w: RouterWorker, reason: str, **detail) -> None:
-        if w.health != WorkerHealth.HEALTHY:
-            return
-        # affected: the requests this worker was serving (their prefill, or their decode)
-        affected = self.table.lose(w, reason, time.monotonic())
-        self.resilience.on_worker_lost(w)
-        self.record_event(EventKind.WORKER_DOWN, worker=w.id, role=w.role, pid=w.pid, reason=reason,
-                          affected=affected, **detail)
-        w.writer.close()  # a hung worker that wakes up finds its connection gone and rejoins
-
-    async def _watch_heartbeats(self) -> None:
-        """Declares silent workers down. Progress beats come from the worker's event loop, which runs
-        while its engine thread is deep in a long prefill chunk (torch releases the GIL) but not
-        under SIGSTOP, which stops every thread: so silence, not a still step counter, is the hang
-        signal, and a slow but running worker is never a false alarm. Silence is only judged
-        when this loop itself ran on time, since a stalled router has not read what was sent."""
-        tick = min(0.1, self.config.heartbeat_interval_s / 4, self.config.progress_interval_s)
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            on_time, last = now - last < 3 * tick, now
-            for w in list(self.workers.values()):
-                if w.health != WorkerHealth.HEALTHY:
-                    continue
-                silent = now - w.last_heartbeat
-                if silent > self.config.heartbeat_timeout_s:
-                    self._worker_lost(w, "heartbeat_timeout", silent_s=round(silent, 4))
-                elif (on_time and w.steps is not None and silent > self.config.hang_timeout_s
-                      and self.table.serves(w)):
-                    self._worker_lost(w, "no_progress", silent_s=round(silent, 4), steps=w.steps)
+        return address
 
     def fault(self, worker_id: str, spec: dict) -> dict:
         w = self.workers.get(worker_id)

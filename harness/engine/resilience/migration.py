@@ -87,7 +87,7 @@ class MigrationManager:
         self.active: dict[str, MigrationState] = {}   # attempt id -> in-flight migration
         self.counters = {"completed": 0, "failed": 0, "timed_out": 0}
 
-    # -- routing of worker replies (called from Router._on_message)
+    # -- routing of worker replies (called from WorkerSessions._on_message)
     def on_message(self, worker: RouterWorker, msg: Message) -> bool:
         """Consume a migration reply; False when ``msg`` is not one (the stream gets it)."""
         if not isinstance(msg, MIGRATION_REPLIES):
