@@ -36,7 +36,8 @@ from concurrent.futures import Future
 
 from harness.engine.kvtransfer.lane_conn import (LaneBroken, LaneConn, LaneJob, LaneSender, PartialWrite, flush, settle,
                                                  write_now)
-from harness.engine.kvtransfer.wire import Frame, FrameKind, crc_trailer, encode_frame, frame_buffers, read_frame
+from harness.engine.kvtransfer.wire import Frame, FrameKind, encode_frame, read_frame
+from harness.engine.kvtransfer.wire_send import crc_trailer, frame_buffers
 from harness.errors import KVIntegrityError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from harness.engine.kvtransfer.wire import Frame, close_socket, send_buffers
+from harness.engine.kvtransfer.wire import Frame, close_socket
+from harness.engine.kvtransfer.wire_send import send_buffers
 
 _IOV_MAX = 1024           # buffers one writev takes
 

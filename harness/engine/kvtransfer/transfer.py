@@ -35,8 +35,9 @@ from harness.engine.kvtransfer.lane import LANES, LaneBroken
 from harness.engine.kvtransfer.lane_conn import EncodedFrame, LaneJob
 from harness.engine.kvtransfer.receiver import KVReceiver, KVSink
 from harness.engine.kvtransfer.wire import (PATH_CONTROL, PATH_FABRIC, BufferPool, CorruptFrameError, Frame, FrameKind,
-                                    KVLayout, TruncatedFrameError, close_socket, encode_frame, frame_buffers,
-                                    read_frame, send_frame, tensor_bytes)
+                                            KVLayout, TruncatedFrameError, close_socket, encode_frame, read_frame,
+                                            tensor_bytes)
+from harness.engine.kvtransfer.wire_send import frame_buffers, send_frame
 from harness.engine.kvtransfer.stats import TransferStats
 from harness.engine.kvtransfer.config import TransferConfig, config_from_dict
 from harness.errors import KVIntegrityError, KVTransferError
