@@ -91,7 +91,9 @@ def test_requests_survive_the_trip_as_requests():
     (b'{"v": 1, "type": "progress", "steps": true}', "progress.steps"),
     (b'{"v": 1, "type": "progress", "steps": 1.5}', "progress.steps"),
     (b'{"v": 1, "type": "tokens", "rid": "x", "token_ids": [1, "a"], "text": "", "finished": false, '
-     b'"finish_reason": null, "num_output_tokens": 1}', "tokens.token_ids"),
+     b'"finish_reason": null, "num_output_tokens": 1}', "tokens.token_ids[1]"),
+    (b'{"v": 1, "type": "transfer_event", "rid": "x", "event": "teleport"}', "transfer_event.event"),
+    (b'{"v": 1, "type": "set_offload", "enabled": true, "threshold": "high"}', "set_offload.threshold"),
 ])
 def test_malformed_messages_are_refused_naming_the_problem(body, words):
     with pytest.raises(codec.MessageError) as info:

@@ -144,7 +144,7 @@ def _refusal(kind: str, checker: _Checker, exc: ValidationError) -> MessageError
     name = str(first["loc"][0])
     if first["type"] == "missing":
         return MessageError(f"{kind}: required field {name!r} is missing", fix=f"send {name}")
-    where = ".".join(str(part) for part in first["loc"])
+    where = name + "".join(f"[{part}]" for part in first["loc"][1:] if isinstance(part, int))  # list items
     return MessageError(f"{kind}.{where}: {first['input']!r} is not of type {checker.hints[name]} ({first['msg']})",
                         fix=f"send {name} as {checker.hints[name]}")
 

@@ -163,10 +163,10 @@ class RoutingTable:
         self.waiting = 0                  # requests waiting for a placement (the admission queue)
 
     # -- asking
-    def healthy(self, role: str | None = None) -> list[RouterWorker]:
+    def healthy(self, role: WorkerRole | None = None) -> list[RouterWorker]:
         return [w for w in self.workers.values() if w.health == WorkerHealth.HEALTHY and role in (None, w.role)]
 
-    def healthy_worker(self, worker_id: str | None, role: str) -> RouterWorker | None:
+    def healthy_worker(self, worker_id: str | None, role: WorkerRole) -> RouterWorker | None:
         w = self.workers.get(worker_id) if worker_id is not None else None
         return w if w is not None and w.health == WorkerHealth.HEALTHY and w.role == role else None
 

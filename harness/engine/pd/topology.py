@@ -32,7 +32,7 @@ from harness.errors import ConfigError, EngineError, ProbeError
 from harness.probes.admin import AdminClient
 from harness.probes.admin_models import EngineEvent, Worker
 from harness.waiting import WaitTimeoutError, wait_until
-from harness.states import PD_ROLES, WorkerRole
+from harness.states import PD_ROLES, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +235,8 @@ class Topology:
             raise EngineError(f"workers {sorted(pending)} did not register within the startup timeout",
                               fix="raise startup_timeout_s on a loaded machine; see log_tail(worker_id)") from exc
 
-    def wait_health(self, worker_id: str, health: str, timeout_s: float = 10.0) -> Worker:
-        """Wait until the router reports ``worker_id`` with ``health`` ("healthy" or "dead")."""
+    def wait_health(self, worker_id: str, health: WorkerHealth, timeout_s: float = 10.0) -> Worker:
+        """Wait until the router reports ``worker_id`` with ``health``."""
         try:
             return wait_until(lambda: next((w for w in self.workers() if w.id == worker_id), None), timeout_s, 0.05,
                               what=f"worker {worker_id} to be {health}",
