@@ -6,7 +6,7 @@ import torch
 
 from harness.engine.core.config import EngineConfig
 from harness.engine.core.engine_core import EngineCore
-from harness.engine.pd.messages import VERSION, from_dict
+from harness.engine.control.codec import VERSION, from_dict
 from harness.engine.core.oracle import greedy_reference
 from harness.engine.core.types import GenerateRequest, SamplingParams
 from harness.engine.core.tokenizer import ByteTokenizer

@@ -11,6 +11,7 @@ import time
 import torch
 
 from harness.engine.kvtransfer import lane
+from harness.engine.kvtransfer.lane_conn import LaneJob
 from harness.engine.kvtransfer.transfer import (PATH_FABRIC, Endpoint, Frame, FrameKind, KVLayout, KVReceiver,
                                                 KVSender, TransferConfig, TransferStats)
 
@@ -142,18 +143,19 @@ class _Sender:  # _merge_frames only compares senders by identity
     pass
 
 
-def _data(sender, start: int, end: int, nbytes: int = 8) -> tuple:
+def _data(sender, start: int, end: int, nbytes: int = 8) -> LaneJob:
     parts = [memoryview(bytes([start]) * nbytes) for _ in range(end - start)]
-    return ("data", sender, Frame(FrameKind.DATA, "r", start, end, torch.float32, (end - start, 2, 1, 1, 1), parts))
+    return LaneJob("data", sender, Frame(FrameKind.DATA, "r", start, end, torch.float32, (end - start, 2, 1, 1, 1),
+                                         parts))
 
 
 def test_adjacent_layers_of_one_transfer_queued_together_become_one_frame():
     a, b = _Sender(), _Sender()
-    end = ("end", a, None)
+    end = LaneJob("end", a)
     out = lane._merge_frames([_data(a, 0, 1), _data(a, 1, 2), _data(a, 2, 3), end, _data(a, 3, 4)])
-    assert [(k, f.layer_start, f.layer_end) if k == "data" else (k,) for k, _, f in out] == \
+    assert [(j.kind, j.frame.layer_start, j.frame.layer_end) if j.kind == "data" else (j.kind,) for j in out] == \
         [("data", 0, 3), ("end",), ("data", 3, 4)]
-    merged = out[0][2]
+    merged = out[0].frame
     assert merged.shape == (3, 2, 1, 1, 1) and [bytes(p)[0] for p in merged.payload] == [0, 1, 2]
     # another transfer between, a gap in the layers, or too many bytes: no merge
     assert len(lane._merge_frames([_data(a, 0, 1), _data(b, 1, 2), _data(a, 1, 2)])) == 3

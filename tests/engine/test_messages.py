@@ -1,4 +1,4 @@
-"""The router <-> worker control protocol (harness/engine/pd/messages.py): every kind round-trips,
+"""The router <-> worker control protocol (harness/engine/control/messages.py and codec.py): every kind round-trips,
 malformed frames are refused with a reason, and a peer that sends one does not take the router down."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import struct
 
 import pytest
 
-from harness.engine.pd import messages as m
+from harness.engine.control import codec
+from harness.engine.control import messages as m
 from harness.engine.core.types import GenerateRequest, SamplingParams
 from harness.engine.pd.router import Router
 from harness.engine.pd.router_config import RouterConfig
@@ -27,14 +28,14 @@ SAMPLES: dict[str, m.Message] = {
     "prefill": m.Prefill("r1#0", [72, 105], [], PARAMS, transfer={"mode": "layerwise"},
                          target={"kv": ["10.0.0.2", 7000], "control": ["10.1.0.2", 7001]}),
     "abort": m.Abort("r1#0"),
-    "set_speculative": m.SetSpeculative(False),
-    "set_offload": m.SetOffload(True, 0.85),
+    "set_speculative": m.SetSpeculativeCommand(False),
+    "set_offload": m.SetOffloadCommand(True, 0.85),
     "fault": m.CorruptFrames(2),
-    "hbm_fill": m.HbmFill("f-1", 0.5),
-    "hbm_release": m.HbmRelease("f-1"),
-    "ecc_poison": m.EccPoison("f-2", blocks=[3, 4]),
-    "ecc_clear": m.EccClear("f-2"),
-    "fault_state": m.FaultState("f-2", "ecc_poison", True, 0.5, 2, 2, blocks=[3, 4], affected=["r1#0"],
+    "hbm_fill": m.HbmFillCommand("f-1", 0.5),
+    "hbm_release": m.HbmReleaseCommand("f-1"),
+    "ecc_poison": m.EccPoisonCommand("f-2", blocks=[3, 4]),
+    "ecc_clear": m.EccClearCommand("f-2"),
+    "fault_state": m.FaultStateReport("f-2", "ecc_poison", True, 0.5, 2, 2, blocks=[3, 4], affected=["r1#0"],
                                 ecc_handling=True),
     "import_ready": m.ImportReady("r1#0"),
     "import_failed": m.ImportFailed("r1#0", "no KV headroom"),
@@ -60,20 +61,20 @@ def test_the_samples_cover_every_message_kind():
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
 def test_every_kind_round_trips_through_the_wire_format(kind):
     msg = SAMPLES[kind]
-    wire = m.encode(msg)
+    wire = codec.encode(msg)
     (n,) = struct.unpack("!I", wire[:4])
     assert n == len(wire) - 4
     data = json.loads(wire[4:])
-    assert data["type"] == kind and data["v"] == m.VERSION
-    back = m.decode(wire[4:])
+    assert data["type"] == kind and data["v"] == codec.VERSION
+    back = codec.decode(wire[4:])
     assert type(back) is type(msg) and back == msg
 
 
 def test_requests_survive_the_trip_as_requests():
-    imp = m.decode(m.encode(SAMPLES["import"])[4:])
+    imp = codec.decode(codec.encode(SAMPLES["import"])[4:])
     req = imp.request()
     assert req.request_id == "r1#0" and req.resume_token_ids == [33] and req.params.stop == ("\n",)
-    mig = m.decode(m.encode(SAMPLES["migrate_in"])[4:])
+    mig = codec.decode(codec.encode(SAMPLES["migrate_in"])[4:])
     assert m.request_from_dict(mig.request, mig.rid).prompt_token_ids == [72]
 
 
@@ -90,17 +91,19 @@ def test_requests_survive_the_trip_as_requests():
     (b'{"v": 1, "type": "progress", "steps": true}', "progress.steps"),
     (b'{"v": 1, "type": "progress", "steps": 1.5}', "progress.steps"),
     (b'{"v": 1, "type": "tokens", "rid": "x", "token_ids": [1, "a"], "text": "", "finished": false, '
-     b'"finish_reason": null, "num_output_tokens": 1}', "tokens.token_ids"),
+     b'"finish_reason": null, "num_output_tokens": 1}', "tokens.token_ids[1]"),
+    (b'{"v": 1, "type": "transfer_event", "rid": "x", "event": "teleport"}', "transfer_event.event"),
+    (b'{"v": 1, "type": "set_offload", "enabled": true, "threshold": "high"}', "set_offload.threshold"),
 ])
 def test_malformed_messages_are_refused_naming_the_problem(body, words):
-    with pytest.raises(m.MessageError) as info:
-        m.decode(body)
+    with pytest.raises(codec.MessageError) as info:
+        codec.decode(body)
     assert words in str(info.value) and info.value.fix
 
 
 def test_encode_takes_only_typed_messages():
     with pytest.raises(AttributeError):
-        m.encode({"type": "abort", "rid": "x"})
+        codec.encode({"type": "abort", "rid": "x"})
 
 
 def _reader(*chunks: bytes) -> asyncio.StreamReader:
@@ -113,11 +116,11 @@ def _reader(*chunks: bytes) -> asyncio.StreamReader:
 
 def test_read_message_skips_a_bad_frame_with_a_logged_reason(caplog):
     async def main():
-        bad = m.frame({"v": 1, "type": "teleport"})
-        reader = _reader(bad, struct.pack("!I", 5) + b"nope!", m.encode(m.Abort("r9")))
-        with caplog.at_level(logging.WARNING, logger="harness.engine.pd.messages"):
-            first = await m.read_message(reader, "decode-0")
-            rest = await m.read_message(reader, "decode-0")
+        bad = codec.frame({"v": 1, "type": "teleport"})
+        reader = _reader(bad, struct.pack("!I", 5) + b"nope!", codec.encode(m.Abort("r9")))
+        with caplog.at_level(logging.WARNING, logger="harness.engine.control.codec"):
+            first = await codec.read_message(reader, "decode-0")
+            rest = await codec.read_message(reader, "decode-0")
         return first, rest
 
     first, rest = asyncio.run(main())
@@ -128,9 +131,9 @@ def test_read_message_skips_a_bad_frame_with_a_logged_reason(caplog):
 
 def test_an_oversized_frame_is_refused_not_read():
     async def main():
-        await m.read_message(_reader(struct.pack("!I", m.MAX_MSG_BYTES + 1)))
+        await codec.read_message(_reader(struct.pack("!I", codec.MAX_MSG_BYTES + 1)))
 
-    with pytest.raises(m.MessageError, match="exceeds"):
+    with pytest.raises(codec.MessageError, match="exceeds"):
         asyncio.run(main())
 
 
@@ -141,16 +144,16 @@ def test_the_router_survives_malformed_messages_and_keeps_serving(caplog):
         try:
             # a peer that never registers properly is refused and the router carries on
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(m.encode(m.Abort("x")))
-            assert (await m.read_message(reader)) == m.Refused("the first message must be register, got abort")
+            writer.write(codec.encode(m.Abort("x")))
+            assert (await codec.read_message(reader)) == m.Refused("the first message must be register, got abort")
             writer.close()
             # a registered worker's garbage is dropped with a reason; the worker stays healthy
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(m.encode(SAMPLES["register"]))
-            assert isinstance(await m.read_message(reader), m.Welcome)
-            writer.write(m.frame({"v": 1, "type": "teleport"}) + m.frame({"v": 1, "type": "progress", "steps": "x"}))
-            writer.write(m.encode(m.Welcome(1.0)))  # a router -> worker kind sent the wrong way
-            writer.write(m.encode(m.Progress(77)))
+            writer.write(codec.encode(SAMPLES["register"]))
+            assert isinstance(await codec.read_message(reader), m.Welcome)
+            writer.write(codec.frame({"v": 1, "type": "teleport"}) + codec.frame({"v": 1, "type": "progress", "steps": "x"}))
+            writer.write(codec.encode(m.Welcome(1.0)))  # a router -> worker kind sent the wrong way
+            writer.write(codec.encode(m.Progress(77)))
             for _ in range(100):
                 if router.workers["decode-0"].steps == 77:
                     break

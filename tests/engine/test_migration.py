@@ -24,7 +24,7 @@ from harness.engine.core.config import EngineConfig
 from harness.engine.core.engine_core import EngineCore
 from harness.engine.core.oracle import greedy_reference
 from harness.engine.core.types import GenerateRequest, SamplingParams
-from harness.engine.pd.messages import VERSION, frame, read_raw
+from harness.engine.control.codec import VERSION, frame, read_raw
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.kvtransfer.transfer import PATH_CONTROL, PATH_FABRIC, Endpoint, KVSender, TransferConfig, TransferStats
 from harness.engine.resilience.worker_migration import transfer_id

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harness.engine.core.types import FinishReason, GenerateRequest, SamplingParams
-from harness.engine.pd.messages import VERSION, frame, read_raw
+from harness.engine.control.codec import VERSION, frame, read_raw
 from harness.engine.pd.router import Router
 from harness.engine.pd.router_config import RouterConfig
 

@@ -1,4 +1,4 @@
-"""The routing table (harness/engine/pd/routing.py): the one owner of worker state keeps every
+"""The routing table (harness/engine/control/routing.py): the one owner of worker state keeps every
 counter consistent through placement, KV arrival, live migration, release and worker loss."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from harness.engine.core.types import GenerateRequest, SamplingParams
-from harness.engine.pd.messages import Abort, decode
-from harness.engine.pd.routing import Attempt, RoutingTable, Worker, WorkerLost
+from harness.engine.control.codec import decode
+from harness.engine.control.messages import Abort
+from harness.engine.control.routing import Attempt, RoutingTable, RouterWorker, WorkerLost
 
 
 class Wire:
@@ -26,7 +27,7 @@ class Wire:
 def table_with(*specs: tuple[str, str, int]) -> RoutingTable:
     table = RoutingTable(kv_headroom_factor=1.2)
     for wid, role, blocks in specs:
-        table.join(Worker(wid, role, 1, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), blocks, 16))
+        table.join(RouterWorker(wid, role, 1, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), blocks, 16))
     return table
 
 
@@ -40,7 +41,7 @@ def attempt(table: RoutingTable, rid: str, prompt: int = 16, max_tokens: int = 1
     return att
 
 
-def counters(w: Worker) -> tuple[int, int, set]:
+def counters(w: RouterWorker) -> tuple[int, int, set]:
     return w.queue_depth, w.reserved_blocks, set(w.attempts)
 
 
@@ -97,10 +98,10 @@ def test_pick_needs_headroom_and_skips_draining_and_dead_workers():
 def test_the_readmit_sabotage_keeps_a_re_registered_worker_out_of_placement_while_listed_healthy():
     table = RoutingTable(kv_headroom_factor=1.2, readmit_delay_s=3600.0)
     for wid, role in (("p", "prefill"), ("d0", "decode"), ("d1", "decode")):
-        table.join(Worker(wid, role, 1, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), 100, 16))
+        table.join(RouterWorker(wid, role, 1, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), 100, 16))
     assert not table.held_out  # a first registration is not held out
     table.lose(table.workers["d1"], "connection_lost", 0.0)
-    table.join(Worker("d1", "decode", 2, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), 100, 16))
+    table.join(RouterWorker("d1", "decode", 2, ("127.0.0.1", 1), ("127.0.0.1", 2), Wire(), 100, 16))
     assert [w.id for w in table.healthy("decode")] == ["d0", "d1"]
     for i in range(4):  # least-loaded would alternate; the held-out worker never gets one
         att = attempt(table, f"r{i}")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.engine.pd.worker_stats import RecentWindow
+from harness.engine.control.worker_stats import RecentWindow
 
 
 def test_tpot_p99_comes_from_gaps_between_a_requests_events_per_token():

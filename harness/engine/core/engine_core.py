@@ -9,16 +9,15 @@ prompt (+ resumed tokens), a running one its last token, a preempted one everyth
 (recompute), so all three paths are the same code.
 
 The engine is not thread-safe: call it from one thread (clients run it in a dedicated thread
-or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...), migration
-(``export_request``, ``import_request``) and fault hooks are methods here too (what they hand over:
-handoff.py); see docs/engine.md.
+or process). PD entry points (``prefill_for_transfer``, ``begin_import`` ...) and fault hooks are methods here
+too, live migration's (``export_request``, ``pause_request`` ...) come from request_migration.py (what they
+hand over: handoff.py); see docs/engine.md.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -27,6 +26,7 @@ from torch import Tensor
 from harness.engine.core.config import EngineConfig
 from harness.engine.core.handoff import ExportedRequest, ImportHandle, PrefillResult
 from harness.engine.core.kv_cache import KVBlockPool, PagedAttention
+from harness.engine.core.request_migration import RequestMigration
 from harness.engine.core.model import DenseKV, load_model
 from harness.engine.core.offload import OffloadManager
 from harness.engine.core.output import OutputTracker
@@ -53,7 +53,7 @@ def validate_request(config: EngineConfig, req: GenerateRequest) -> None:
                                   f"{config.context_len}", param="prompt", code="context_length_exceeded")
 
 
-class EngineCore:
+class EngineCore(RequestMigration):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_config = config.model
@@ -355,87 +355,6 @@ class EngineCore:
         """Revert poisoning (the page is replaced): poisoned blocks (all, or ``blocks``) get zeroed
         memory; quarantined ones that nothing references return to service."""
         return self.pool.restore(blocks)
-
-    # ---- migration -----------------------------------------------------------------------
-
-    def export_request(self, request_id: str) -> ExportedRequest:
-        """Lift a request (and its KV, checksummed) out of this engine; emits no event."""
-        seq = self.requests.get(request_id)
-        if seq is None:
-            raise EngineError(f"no active request {request_id!r} to export",
-                              fix="export a request that is running on this engine")
-        nb = self.pool.blocks_for(seq.num_computed)
-        blocks = [self.pool.export_block(b) for b in seq.block_table[:nb]]
-        exported = ExportedRequest(request=seq.req, output_token_ids=list(seq.tracker.output_ids), seed=seq.seed,
-                                   num_computed=seq.num_computed, blocks=blocks, pending_token=seq.pending_token)
-        self._finish(seq)
-        return exported
-
-    def import_request(self, exported: ExportedRequest) -> None:
-        """Join a migrated request to this engine; every block's checksum is verified first."""
-        for payload in exported.blocks:
-            payload.verify()
-        req = exported.request
-        if req.request_id in self.requests:
-            raise InvalidRequestError(f"request id {req.request_id!r} is already in use", param="request_id")
-        if len(exported.blocks) != self.pool.blocks_for(exported.num_computed):
-            raise KVIntegrityError(f"{len(exported.blocks)} blocks cannot hold {exported.num_computed} tokens",
-                                   fix="export and import with the same block_size")
-        blocks = self.pool.allocate(self.pool.blocks_for(exported.num_computed + 1))
-        try:
-            for b, payload in zip(blocks, exported.blocks):
-                self.pool.import_block(b, payload)
-        except KVIntegrityError:
-            self.pool.free(blocks)
-            raise
-        seq = self._new_sequence(replace(req), exported.seed, list(exported.output_token_ids))
-        seq.block_table, seq.num_computed, seq.pending_token = blocks, exported.num_computed, exported.pending_token
-        self._join_running(seq)
-
-    def pause_request(self, request_id: str) -> list[int]:
-        """Live migration, source side: take a decoding request out of the batch but keep its
-        KV (blocks) until ``release_paused`` or ``resume_request``. Returns its tokens (prompt +
-        output); the KV of all but the last is cached."""
-        seq = self.requests.get(request_id)
-        if seq is not None and seq.status is RequestStatus.SWAPPED and not self.offload.fetch_now(seq):
-            raise EngineError(f"request {request_id!r} is offloaded and its KV cannot come back to HBM now",
-                              fix="migrate a resident request, or retry when blocks are free")
-        if seq is None or seq.status is not RequestStatus.RUNNING:
-            raise EngineError(f"request {request_id!r} is not running here "
-                              f"({seq.status.value if seq else 'unknown'})",
-                              fix="migrate a request while it decodes on this worker")
-        if seq.pending_token is not None or seq.num_tokens - seq.num_computed != 1:
-            raise EngineError(f"request {request_id!r} is not decoding yet (prefill or first token pending)",
-                              fix="retry the migration after its first token")
-        self.scheduler.running.remove(seq)
-        seq.status = RequestStatus.PAUSED
-        return list(seq.tokens)
-
-    def read_kv(self, request_id: str, num_tokens: int):
-        """Yield (k, v) per layer, each [num_tokens, KVH, hd], copied out of the request's blocks."""
-        seq = self.requests[request_id]
-        assert num_tokens <= seq.num_computed, "reading KV that is not computed"
-        for layer in range(self.model_config.n_layers):
-            yield self.pool.gather(layer, seq.block_table, num_tokens)
-
-    def resume_request(self, request_id: str) -> bool:
-        """Undo ``pause_request`` (the migration failed): the request decodes here again."""
-        seq = self.requests.get(request_id)
-        if seq is None or seq.status is not RequestStatus.PAUSED:
-            return False
-        self.scheduler.join_running(seq)
-        if self.pool.quarantined & set(seq.block_table):  # poisoned while paused: never decode from it
-            logger.warning("request %s lost KV to poisoning while paused; recomputing it", request_id)
-            self.scheduler.preempt(seq)
-        return True
-
-    def release_paused(self, request_id: str) -> bool:
-        """The target took over: drop the paused request and free its KV, emitting no event."""
-        seq = self.requests.get(request_id)
-        if seq is None or seq.status is not RequestStatus.PAUSED:
-            return False
-        self._finish(seq)
-        return True
 
     def _join_running(self, seq: Sequence) -> None:
         self.requests[seq.req.request_id] = seq

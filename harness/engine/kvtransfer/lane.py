@@ -34,8 +34,10 @@ import threading
 import time
 from concurrent.futures import Future
 
-from harness.engine.kvtransfer.lane_conn import LaneBroken, LaneConn, LaneSender, flush, settle, write_now
-from harness.engine.kvtransfer.wire import Frame, FrameKind, crc_trailer, encode_frame, frame_buffers, read_frame
+from harness.engine.kvtransfer.lane_conn import (LaneBroken, LaneConn, LaneJob, LaneSender, PartialWrite, flush, settle,
+                                                 write_now)
+from harness.engine.kvtransfer.wire import Frame, FrameKind, encode_frame, read_frame
+from harness.engine.kvtransfer.wire_send import crc_trailer, frame_buffers
 from harness.errors import KVIntegrityError
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ class _Lane:
         lock = threading.RLock()
         self.cv = threading.Condition(lock)    # reply waiters: a reply, a written END, a death
         self.work = threading.Condition(lock)  # the writer thread: jobs queued for it
-        self.queue: collections.deque[tuple] = collections.deque()  # for the writer thread, in order
+        self.queue: collections.deque[LaneJob | PartialWrite] = collections.deque()  # for the writer thread, in order
         self.writing = False   # a thread is writing on the connection (the producer or the writer)
         self.reading = False   # a waiter is reading replies
         self.retired = False   # ended idle: takes no more jobs
@@ -63,7 +65,7 @@ class _Lane:
         self.thread = threading.Thread(target=self._run, name=f"kv-lane-{host}:{port}", daemon=True)
 
     # -- writing
-    def offer(self, job: tuple) -> bool:
+    def offer(self, job: LaneJob) -> bool:
         """Send ``job`` now from this thread when nothing is ahead of it and the connection
         takes it without blocking; whatever is left goes to the writer thread. False: the lane
         has retired (Lanes.submit gives the endpoint's lane now)."""
@@ -80,10 +82,10 @@ class _Lane:
         try:
             left = self._send_batch([job], inline=True)
         except Exception as exc:  # noqa: BLE001 - a bug here fails the transfer, never the caller
-            log.exception("KV lane to %s:%d failed to write a %s frame", self.host, self.port, job[0])
-            job[1].lane_failed(exc)
-            if job[0] == "end":
-                settle(job[2], LaneBroken(f"lane error: {exc!r}"))
+            log.exception("KV lane to %s:%d failed to write a %s frame", self.host, self.port, job.kind)
+            job.sender.lane_failed(exc)
+            if job.kind == "end":
+                settle(job.reply, LaneBroken(f"lane error: {exc!r}"))
         finally:
             with self.cv:
                 self.writing = False
@@ -91,13 +93,12 @@ class _Lane:
                     self.queue.appendleft(left)
                 if self.queue:  # only then: a wake-up per frame would cost the producer the GIL
                     self.work.notify()
-                if job[0] == "end":  # its END went out or failed: its waiter learns which
+                if job.kind == "end":  # its END went out or failed: its waiter learns which
                     self.cv.notify_all()
         return True
 
-    def _inline_ok(self, job: tuple) -> bool:
-        kind, _, arg = job
-        return self.conn is not None and not self.conn.dead and (kind == "end" or _wire_bytes(arg.payload)
+    def _inline_ok(self, job: LaneJob) -> bool:
+        return self.conn is not None and not self.conn.dead and (job.kind == "end" or _wire_bytes(job.frame.payload)
                                                                  <= COALESCE_BYTES)
 
     def _run(self) -> None:
@@ -113,20 +114,20 @@ class _Lane:
                     self.work.wait(max(0.05, IDLE_EXIT_S - idle))
                 self.writing = True
                 batch = [self.queue.popleft()]
-                if batch[0][0] != "cont":  # what queued meanwhile goes out in the same system call
+                if isinstance(batch[0], LaneJob):  # what queued meanwhile goes out in the same system call
                     size = _job_bytes(batch[0])
-                    while self.queue and self.queue[0][0] != "cont" and size < COALESCE_BYTES:
+                    while self.queue and isinstance(self.queue[0], LaneJob) and size < COALESCE_BYTES:
                         batch.append(self.queue.popleft())
                         size += _job_bytes(batch[-1])
             try:
                 self._send_batch(batch, inline=False)
             except Exception as exc:  # noqa: BLE001 - a bug here must not kill the lane of every transfer
                 log.exception("KV lane to %s:%d failed a batch of %d jobs", self.host, self.port, len(batch))
-                for kind, sender, arg in batch:
-                    if sender is not None:
-                        sender.lane_failed(exc)
-                    if kind == "end":
-                        settle(arg, LaneBroken(f"lane error: {exc!r}"))
+                for job in batch:
+                    if isinstance(job, LaneJob):
+                        job.sender.lane_failed(exc)
+                        if job.kind == "end":
+                            settle(job.reply, LaneBroken(f"lane error: {exc!r}"))
             finally:
                 with self.cv:
                     self.writing = False
@@ -159,63 +160,65 @@ class _Lane:
         conn = self.conn = LaneConn(sock, sender.config.timeout_s, self.cv)
         return conn
 
-    def _send_batch(self, batch: list[tuple], inline: bool) -> tuple | None:
+    def _send_batch(self, batch: list[LaneJob] | list[PartialWrite], inline: bool) -> LaneJob | PartialWrite | None:
         """Frames and ENDs in queue order: small ones gathered into one write, a large frame on
         its own (send_frame checksums it slice by slice while cached). ``inline``: one job from
         its producer, written without blocking; returns what the writer thread must finish."""
-        if batch[0][0] == "cont":
-            _, _, (conn, views, counted) = batch[0]
-            if not conn.dead:
+        if isinstance(batch[0], PartialWrite):
+            rest = batch[0]
+            if not rest.conn.dead:
                 try:
-                    flush(conn, views, counted)
+                    flush(rest.conn, rest.views, rest.counted)
                 except OSError as exc:
-                    conn.kill(f"send failed: {exc}")
+                    rest.conn.kill(f"send failed: {exc}")
             return None
         live, conn = [], None
         if inline:
             try:
-                conn = self._connection(batch[0][1], may_connect=False)
+                conn = self._connection(batch[0].sender, may_connect=False)
             except OSError:
                 conn = None
             if conn is None:
                 return batch[0]  # a connection to open: the writer thread does it
-        for kind, sender, arg in _merge_frames(batch):
-            entry = sender.encode(arg) if kind == "data" else None  # kept for a retry even if not sent now
+        for job in _merge_frames(batch):
+            sender = job.sender
+            entry = sender.encode(job.frame) if job.kind == "data" else None  # kept for a retry even if not sent now
             if sender.cancelled or sender.lane_broken:
-                if kind == "end":
-                    settle(arg, LaneBroken("cancelled" if sender.cancelled else "the layer stream broke"))
+                if job.kind == "end":
+                    settle(job.reply, LaneBroken("cancelled" if sender.cancelled else "the layer stream broke"))
                 continue
-            live.append((kind, sender, arg, entry))
+            live.append((job, entry))
         if not live:
             return None
         try:
-            conn = conn or self._connection(live[0][1], may_connect=True)
+            conn = conn or self._connection(live[0][0].sender, may_connect=True)
         except OSError as exc:
-            for kind, sender, arg, _ in live:
-                sender.lane_failed(exc)
-                if kind == "end":
-                    settle(arg, LaneBroken(str(exc)))
+            for job, _ in live:
+                job.sender.lane_failed(exc)
+                if job.kind == "end":
+                    settle(job.reply, LaneBroken(str(exc)))
             return None
         gather: list = []
         counted: list[tuple[LaneSender, int]] = []
         late = None  # inline DATA: (parts, claimed crc) of the trailer written after the payload
         try:
-            for kind, sender, arg, entry in live:
+            for job, entry in live:
+                sender = job.sender
                 if sender.lane_conn is not None and sender.lane_conn is not conn:
                     # its earlier frames went on a connection that has died (the reader may not have
                     # marked it yet): never continue a transfer on another one
                     sender.lane_failed(LaneBroken("its lane connection broke"))
                 if sender.lane_broken:  # its earlier frames died with a connection: the retry sends
-                    if kind == "end":
-                        settle(arg, LaneBroken("the layer stream broke"))
+                    if job.kind == "end":
+                        settle(job.reply, LaneBroken("the layer stream broke"))
                     continue
                 sender.lane_conn = conn
                 conn.use(sender)
                 sender.lane_started()
-                if kind == "end":
-                    conn.expect(sender, arg)
+                if job.kind == "end":
+                    conn.expect(sender, job.reply)
                     bufs = frame_buffers(*encode_frame(sender.end_frame()))
-                elif _wire_bytes(entry[3]) > COALESCE_BYTES:
+                elif _wire_bytes(entry.wire) > COALESCE_BYTES:
                     flush(conn, gather, counted)
                     sender.send_entry(conn.sock, entry, sender.primary.path)
                     continue
@@ -235,15 +238,15 @@ class _Lane:
                     trailer = crc_trailer(late[0], late[1])
                     rest = rest + [trailer] if rest else write_now(conn, [trailer])
                 if rest:
-                    return ("cont", None, (conn, rest, counted))
+                    return PartialWrite(conn, rest, counted)
                 gather.clear()
             flush(conn, gather, counted)
         except (OSError, KVIntegrityError) as exc:
             conn.kill(f"send failed: {exc}")  # fails the ENDs awaited on it
-            for kind, sender, arg, _ in live:
-                sender.lane_failed(exc)
-                if kind == "end":
-                    settle(arg, LaneBroken(str(exc)))
+            for job, _ in live:
+                job.sender.lane_failed(exc)
+                if job.kind == "end":
+                    settle(job.reply, LaneBroken(str(exc)))
         return None
 
     # -- reading
@@ -292,21 +295,21 @@ class _Lane:
             conn.resolve(frame.request_id, frame.body())
 
 
-def _merge_frames(batch: list[tuple]) -> list[tuple]:
+def _merge_frames(batch: list[LaneJob]) -> list[LaneJob]:
     """Consecutive frames of one transfer with adjacent layers become one frame (the receiver
     takes any layer range): one header, one landing and one checksum instead of several."""
-    out: list[tuple] = []
+    out: list[LaneJob] = []
     for job in batch:
-        kind, sender, frame = job
-        if out and kind == "data" and out[-1][0] == "data" and out[-1][1] is sender:
-            prev = out[-1][2]
+        frame = job.frame
+        if out and job.kind == "data" and out[-1].kind == "data" and out[-1].sender is job.sender:
+            prev = out[-1].frame
             if (prev.layer_end == frame.layer_start and prev.dtype == frame.dtype
                     and prev.shape[1:] == frame.shape[1:] and isinstance(prev.payload, list)
                     and isinstance(frame.payload, list)
                     and _wire_bytes(prev.payload) + _wire_bytes(frame.payload) <= COALESCE_BYTES):
-                out[-1] = ("data", sender, Frame(FrameKind.DATA, frame.request_id, prev.layer_start, frame.layer_end,
-                                                 frame.dtype, (prev.shape[0] + frame.shape[0], *frame.shape[1:]),
-                                                 prev.payload + frame.payload))
+                out[-1] = LaneJob("data", job.sender, Frame(
+                    FrameKind.DATA, frame.request_id, prev.layer_start, frame.layer_end, frame.dtype,
+                    (prev.shape[0] + frame.shape[0], *frame.shape[1:]), prev.payload + frame.payload))
                 continue
         out.append(job)
     return out
@@ -317,9 +320,8 @@ def _wire_bytes(payload) -> int:
     return sum(memoryview(p).nbytes for p in parts)
 
 
-def _job_bytes(job: tuple) -> int:
-    kind, _, arg = job
-    return _wire_bytes(arg.payload) if kind == "data" else 0
+def _job_bytes(job: LaneJob) -> int:
+    return _wire_bytes(job.frame.payload) if job.kind == "data" else 0
 
 
 class Lanes:
@@ -329,8 +331,8 @@ class Lanes:
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._lock = threading.Lock()
 
-    def submit(self, host: str, port: int, job: tuple) -> _Lane:
-        """Send a ("data", sender, frame) or ("end", sender, future) job on the endpoint's lane;
+    def submit(self, host: str, port: int, job: LaneJob) -> _Lane:
+        """Send a transfer's DATA frame or END on the endpoint's lane;
         returns the lane, which takes the transfer's later jobs (``offer``) and hands back its
         END's reply (``wait_reply``)."""
         while True:

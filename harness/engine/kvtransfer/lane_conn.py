@@ -10,11 +10,42 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
-from harness.engine.kvtransfer.wire import Frame, close_socket, send_buffers
+from harness.engine.kvtransfer.wire import Frame, close_socket
+from harness.engine.kvtransfer.wire_send import send_buffers
 
 _IOV_MAX = 1024           # buffers one writev takes
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedFrame:
+    """A DATA frame as its sender encoded it, kept for a retry: the layers it carries, its header
+    and its payload on the wire (bytes, or the list of buffers a layer-wise frame is made of)."""
+    layer_start: int
+    layer_end: int
+    head: bytes
+    wire: Any
+
+
+@dataclass(frozen=True, slots=True)
+class LaneJob:
+    """One thing a lane sends, in its order: a transfer's DATA frame (``frame``) or its END
+    (``reply``: the future its REPLY settles)."""
+    kind: Literal["data", "end"]
+    sender: "LaneSender"
+    frame: Frame | None = None
+    reply: Future | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartialWrite:
+    """The rest of an inline gather write that the socket did not take at once: the writer
+    thread finishes it (``flush``) before anything queued behind it."""
+    conn: "LaneConn"
+    views: list
+    counted: list
 
 
 class LaneSender(Protocol):
@@ -30,13 +61,13 @@ class LaneSender(Protocol):
     @property
     def cancelled(self) -> bool: ...
 
-    def encode(self, frame: Frame) -> tuple: ...
+    def encode(self, frame: Frame) -> EncodedFrame: ...
 
-    def send_entry(self, sock: socket.socket, entry: tuple, path: str) -> None: ...
+    def send_entry(self, sock: socket.socket, entry: EncodedFrame, path: str) -> None: ...
 
-    def wire_buffers(self, entry: tuple) -> list: ...
+    def wire_buffers(self, entry: EncodedFrame) -> list: ...
 
-    def wire_parts(self, entry: tuple) -> tuple: ...
+    def wire_parts(self, entry: EncodedFrame) -> tuple[bytes, list, int | None]: ...
 
     def count_sent(self, nbytes: int, path: str) -> None: ...
 

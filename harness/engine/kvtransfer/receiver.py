@@ -21,7 +21,8 @@ import torch
 
 from harness.engine.kvtransfer.stats import TransferStats
 from harness.engine.kvtransfer.wire import (BufferPool, CorruptFrameError, Frame, FrameKind, KVLayout,
-                                    TruncatedFrameError, close_socket, encode_frame, read_frame, send_frame)
+                                            TruncatedFrameError, close_socket, encode_frame, read_frame)
+from harness.engine.kvtransfer.wire_send import send_frame
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,16 @@ import torch
 import zstandard
 
 from harness.engine.kvtransfer.lane import LANES, LaneBroken
+from harness.engine.kvtransfer.lane_conn import EncodedFrame, LaneJob
 from harness.engine.kvtransfer.receiver import KVReceiver, KVSink
 from harness.engine.kvtransfer.wire import (PATH_CONTROL, PATH_FABRIC, BufferPool, CorruptFrameError, Frame, FrameKind,
-                                    KVLayout, TruncatedFrameError, close_socket, encode_frame, frame_buffers,
-                                    read_frame, send_frame, tensor_bytes)
+                                            KVLayout, TruncatedFrameError, close_socket, encode_frame, read_frame,
+                                            tensor_bytes)
+from harness.engine.kvtransfer.wire_send import frame_buffers, send_frame
 from harness.engine.kvtransfer.stats import TransferStats
 from harness.engine.kvtransfer.config import TransferConfig, config_from_dict
 from harness.errors import KVIntegrityError, KVTransferError
+from harness.states import TransferEventKind
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class KVSender:
         self._corrupt_left = corrupt_frames  # fault hook: damage the wire copy of the next N frames
         self._on_event = on_event or (lambda kind, **kw: None)
         self._compressor = zstandard.ZstdCompressor(level=config.zstd_level) if config.compression else None
-        self._frames: dict[int, tuple[int, int, bytes, bytes]] = {}  # start -> (start, end, head, wire)
+        self._frames: dict[int, EncodedFrame] = {}  # first layer -> the frame, kept for a retry
         self._open: tuple | None = None  # (start, layers, parts) of the frame being filled
         self._last_layer = -1
         self._whole: list[Frame] = []   # mode "whole": frames kept until finish
@@ -125,11 +128,11 @@ class KVSender:
         self._open = None
         frame = Frame(FrameKind.DATA, self.request_id, start, start + n, k.dtype, (n, 2, *k.shape), parts)
         if self._lane:  # out now on the decode endpoint's lane, without waiting on the network
-            self._to_lane(("data", self, frame))
+            self._to_lane(LaneJob("data", self, frame=frame))
         else:
             self._whole.append(frame)
 
-    def _to_lane(self, job: tuple) -> None:
+    def _to_lane(self, job: LaneJob) -> None:
         lane = self._lane_ref
         if lane is None or not lane.offer(job):  # none yet, or it retired (idle): the endpoint's lane now
             self._lane_ref = LANES.submit(self.primary.host, self.primary.port, job)
@@ -155,7 +158,7 @@ class KVSender:
             lane_reply: Future | None = None
             if self._lane:  # END follows this transfer's last frame on the lane
                 lane_reply = Future()
-                self._to_lane(("end", self, lane_reply))
+                self._to_lane(LaneJob("end", self, reply=lane_reply))
             else:
                 for frame in self._whole:
                     self.encode(frame)
@@ -180,7 +183,7 @@ class KVSender:
         self.lane_broken = True
         log.info("%s: layer stream to %s broke: %s", self.request_id, self.primary, exc)
         self.stats.add(self.primary.path, failures=1)
-        self._on_event("stream_error", path=self.primary.path, error=str(exc))
+        self._on_event(TransferEventKind.STREAM_ERROR, path=self.primary.path, error=str(exc))
 
     def _deliver(self, first_token_id: int, lane_reply: Future | None) -> TransferResult:
         """Path by path (primary, then the fallback), up to 1 + max_retries attempts each, waiting
@@ -193,7 +196,7 @@ class KVSender:
             if n_path:
                 used_fallback = True
                 self.stats.add(endpoint.path, fallbacks=1)
-                self._on_event("fallback", path=endpoint.path, error=str(last_error))
+                self._on_event(TransferEventKind.FALLBACK, path=endpoint.path, error=str(last_error))
                 log.warning("%s: %s path failed (%s); falling back to %s", self.request_id, self.primary.path,
                             last_error, endpoint.path)
             for n in range(1, self.config.max_retries + 2):
@@ -201,7 +204,7 @@ class KVSender:
                     time.sleep(min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (n - 2)))
                     retries += 1
                     self.stats.add(endpoint.path, retries=1)
-                    self._on_event("retry", path=endpoint.path, attempt=n, error=str(last_error))
+                    self._on_event(TransferEventKind.RETRY, path=endpoint.path, attempt=n, error=str(last_error))
                 try:
                     if lane_reply is not None and n_path == 0 and n == 1:
                         self._lane_attempt(lane_reply)
@@ -220,11 +223,11 @@ class KVSender:
 
     # -- internals
     def _covered(self) -> set[int]:
-        return {layer for s, e, _, _ in self._frames.values() for layer in range(s, e)}
+        return {layer for f in self._frames.values() for layer in range(f.layer_start, f.layer_end)}
 
-    def encode(self, frame: Frame) -> tuple[int, int, bytes, bytes]:
+    def encode(self, frame: Frame) -> EncodedFrame:
         head, wire = encode_frame(frame, self._compressor)
-        entry = (frame.layer_start, frame.layer_end, head, wire)
+        entry = EncodedFrame(frame.layer_start, frame.layer_end, head, wire)
         self._frames[frame.layer_start] = entry
         return entry
 
@@ -241,27 +244,26 @@ class KVSender:
                 self.stats.add(self.primary.path, seconds=time.perf_counter() - self._lane_t0)
         self._check_reply(body)
 
-    def wire_buffers(self, entry: tuple[int, int, bytes, bytes]) -> list:
+    def wire_buffers(self, entry: EncodedFrame) -> list:
         """A small frame's buffers for the lane's gather write (the corruption hook applies)."""
-        _, _, head, wire = entry
         wire, crc = self._maybe_corrupt(entry)
-        return frame_buffers(head, wire, crc)
+        return frame_buffers(entry.head, wire, crc)
 
-    def wire_parts(self, entry: tuple[int, int, bytes, bytes]) -> tuple[bytes, list, int | None]:
+    def wire_parts(self, entry: EncodedFrame) -> tuple[bytes, list, int | None]:
         """A frame's header, payload parts and the trailer to claim (None: the parts' own crc32c,
         which the lane computes once they are written; the corruption hook applies)."""
         wire, crc = self._maybe_corrupt(entry)
-        return entry[2], wire if isinstance(wire, list) else [wire], crc
+        return entry.head, wire if isinstance(wire, list) else [wire], crc
 
     def count_sent(self, nbytes: int, path: str) -> None:
         self._sent_bytes += nbytes
         self._frames_sent += 1
         self.stats.add(path, bytes=nbytes, frames=1)
 
-    def _maybe_corrupt(self, entry: tuple[int, int, bytes, bytes]) -> tuple[object, int | None]:
+    def _maybe_corrupt(self, entry: EncodedFrame) -> tuple[object, int | None]:
         """The wire payload to send and the trailer to claim: the fault hook damages the next N
         frames' payload while the trailer stays that of the intact one."""
-        wire = entry[3]
+        wire = entry.wire
         if self._corrupt_left <= 0:
             return wire, None
         self._corrupt_left -= 1
@@ -269,12 +271,13 @@ class KVSender:
         crc = crc32c.crc32c(wire)  # the trailer of the intact payload
         damaged = bytearray(wire)
         damaged[len(damaged) // 2] ^= 0xFF
-        log.warning("%s: fault hook corrupted the frame of layers %d-%d", self.request_id, entry[0], entry[1])
+        log.warning("%s: fault hook corrupted the frame of layers %d-%d", self.request_id, entry.layer_start,
+                    entry.layer_end)
         return damaged, crc
 
-    def send_entry(self, sock: socket.socket, entry: tuple[int, int, bytes, bytes], path: str) -> None:
+    def send_entry(self, sock: socket.socket, entry: EncodedFrame, path: str) -> None:
         wire, crc = self._maybe_corrupt(entry)
-        self.count_sent(send_frame(sock, entry[2], wire, crc), path)
+        self.count_sent(send_frame(sock, entry.head, wire, crc), path)
 
     def _attempt(self, endpoint: Endpoint, *, first_token_id: int) -> None:
         """One delivery on a connection of its own: ask what is missing (when anything was sent
@@ -290,7 +293,8 @@ class KVSender:
                 missing = self._reply(sock)["missing"]
             else:
                 missing = sorted(self._covered())
-            for start in sorted({s for s, e, _, _ in self._frames.values() for m in missing if s <= m < e}):
+            for start in sorted({f.layer_start for f in self._frames.values() for m in missing
+                                 if f.layer_start <= m < f.layer_end}):
                 if self._cancelled.is_set():
                     raise KVTransferError(f"transfer of {self.request_id} cancelled")
                 self.send_entry(sock, self._frames[start], endpoint.path)

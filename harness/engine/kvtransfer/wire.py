@@ -1,6 +1,6 @@
 """KV transfer wire format and what both ends share: frames, checksums, pooled host buffers
-and per-path counters (seed Section 3.2). The protocol that moves frames is in transfer.py
-(sender) and receiver.py (receiver).
+and per-path counters (seed Section 3.2); writing frames (checksummed while sent, gathered) is
+wire_send.py. The protocol that moves frames is in transfer.py (sender) and receiver.py (receiver).
 
 Wire format of one frame (network byte order)::
 
@@ -20,11 +20,9 @@ import enum
 import itertools
 import json
 import math
-import os
 import socket
 import struct
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,12 +39,11 @@ PATH_FABRIC = "fabric"    # primary: the KV/fabric NIC (the RDMA analog)
 PATH_CONTROL = "control"  # fallback: relayed over the control network
 
 _FIXED = struct.Struct("!4sBBBBBBHHHQQq")
-_U32 = struct.Struct("!I")
+U32 = struct.Struct("!I")  # the header's and the payload's crc32c
 _MAX_RID_BYTES = 256
 _SMALL_FRAME = 64 << 10  # payloads up to this size are read in one go into fresh memory
 _LAND_IOV = 64  # views one read lands in at most: 1 MiB of 16 KiB views, about the L2 cache, measured best
-_PARALLEL_CRC_SLICES = 4  # frames of more slices than this are checksummed aside (send_frame)
-_SEND_SLICE = 1 << 20  # slices: the socket timeout means "no progress", and each is checksummed while cached
+SLICE_BYTES = 1 << 20  # slices: the socket timeout means "no progress", and each is checksummed while cached
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4,
                 torch.int8: 5, torch.uint8: 6}
@@ -165,7 +162,7 @@ def encode_frame(frame: Frame, compressor: zstandard.ZstdCompressor | None = Non
     head = _FIXED.pack(MAGIC, VERSION, int(frame.kind), flags, _DTYPE_CODES[frame.dtype], len(frame.shape), 0,
                        frame.layer_start, frame.layer_end, len(rid), payload_len(wire), payload_len(raw), frame.aux)
     head += struct.pack(f"!{len(frame.shape)}I", *frame.shape) + rid
-    return head + _U32.pack(crc32c.crc32c(head)), wire
+    return head + U32.pack(crc32c.crc32c(head)), wire
 
 
 def payload_len(payload) -> int:
@@ -205,7 +202,7 @@ def _recv_payload(sock: socket.socket, n: int, buf: torch.Tensor | None) -> tupl
     view = memoryview(buf[:n].numpy())
     got, crc = 0, 0
     while got < n:
-        k = sock.recv_into(view[got:], min(n - got, _SEND_SLICE))
+        k = sock.recv_into(view[got:], min(n - got, SLICE_BYTES))
         if k == 0:
             raise TruncatedFrameError(f"connection closed after {got} of {n} payload bytes")
         crc = crc32c.crc32c(view[got:got + k], crc)
@@ -228,8 +225,8 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
         raise CorruptFrameError(f"bad magic/version {magic!r}/{version}", reason="header", in_sync=False)
     if rid_len > _MAX_RID_BYTES or ndim > 8:
         raise CorruptFrameError("header field out of range", reason="header", in_sync=False)
-    var = _recv_exact(sock, 4 * ndim + rid_len + _U32.size)
-    (head_crc,) = _U32.unpack(var[-4:])
+    var = _recv_exact(sock, 4 * ndim + rid_len + U32.size)
+    (head_crc,) = U32.unpack(var[-4:])
     if crc32c.crc32c(bytes(fixed) + bytes(var[:-4])) != head_crc:
         raise CorruptFrameError("header crc32c mismatch", reason="header", in_sync=False)
     if wire_len > max_frame_bytes or raw_len > max_frame_bytes:
@@ -243,14 +240,14 @@ def read_frame(sock: socket.socket, max_frame_bytes: int = 1 << 31, pool: Buffer
         if landing is not None:
             return _land(sock, landing, rid, ls, le, _DTYPES[dtype_code], shape, wire_len, aux)
     if wire_len <= _SMALL_FRAME:  # END, QUERY, REPLY: payload and trailer in one read, no pooled buffer
-        rest = _recv_exact(sock, wire_len + _U32.size)
+        rest = _recv_exact(sock, wire_len + U32.size)
         payload = memoryview(rest)[:wire_len]
         return _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc32c.crc32c(payload),
-                       _U32.unpack_from(rest, wire_len)[0], raw_len, aux, None)
+                       U32.unpack_from(rest, wire_len)[0], raw_len, aux, None)
     buffer = pool.take(wire_len) if pool is not None else None
     try:
         payload, crc = _recv_payload(sock, wire_len, buffer)
-        (payload_crc,) = _U32.unpack(_recv_exact(sock, _U32.size))
+        (payload_crc,) = U32.unpack(_recv_exact(sock, U32.size))
     except BaseException:
         if buffer is not None:
             pool.give(buffer)
@@ -271,7 +268,7 @@ def _land(sock: socket.socket, landing: tuple[list[memoryview], Callable[[bool],
     views, done = landing
     ok = False
     try:
-        trailer = bytearray(_U32.size)
+        trailer = bytearray(U32.size)
         bufs = [*views, memoryview(trailer)]  # the payload's crc32c trailer comes in the last read
         ends = list(itertools.accumulate(map(len, bufs)))  # where each buffer ends in the payload
         total, i, crc, summed = 0, 0, 0, 0
@@ -288,7 +285,7 @@ def _land(sock: socket.socket, landing: tuple[list[memoryview], Callable[[bool],
             for view in views[summed:i]:
                 crc = crc32c.crc32c(view, crc)
             summed = i
-        ok = crc == _U32.unpack(trailer)[0]
+        ok = crc == U32.unpack(trailer)[0]
     finally:
         done(ok)
     if not ok:
@@ -319,88 +316,6 @@ def _verify(kind, flags, dtype_code, ls, le, rid, shape, payload, crc, payload_c
     return Frame(kind, rid, ls, le, dtype, shape, payload, aux, buffer)
 
 
-def send_frame(sock: socket.socket, head: bytes, wire: bytes | bytearray | memoryview | list,
-               crc: int | None = None) -> int:
-    """Send header, payload (one buffer or a list of parts) and the payload's crc32c trailer,
-    checksumming each slice just before it is sent (one pass over memory, no copy); ``crc``
-    overrides the trailer (the corruption fault hook). Header and trailer ride with the first
-    and last slice in one ``sendmsg`` each, so a small frame costs one or two system calls."""
-    parts = wire if isinstance(wire, list) else [wire]
-    slices = [v[off:off + _SEND_SLICE] for v in map(memoryview, parts) for off in range(0, len(v), _SEND_SLICE)]
-    # a large frame is checksummed by another thread while this one sends it (crc32c lets go of
-    # the GIL): in line, the checksum added 15 % to the sender's time per byte
-    aside = _checksum_aside(slices) if crc is None and len(slices) > _PARALLEL_CRC_SLICES else None
-    running = 0
-    pending: list = [head]
-    for piece in slices:
-        if aside is None:
-            running = crc32c.crc32c(piece, running)
-        pending.append(piece)
-        if len(pending) > 1 and sum(map(len, pending)) >= _SEND_SLICE:
-            _sendmsg_all(sock, pending)
-            pending = []
-    if crc is None:
-        crc = aside.result() if aside is not None else running
-    pending.append(_U32.pack(crc))
-    _sendmsg_all(sock, pending)
-    return len(head) + payload_len(parts) + _U32.size
-
-
-_CRC_POOL: list[ThreadPoolExecutor] = []
-_CRC_POOL_LOCK = threading.Lock()
-
-
-def _checksum_aside(slices: list) -> Future:
-    """The crc32c of ``slices``, computed by this process's checksum thread."""
-    with _CRC_POOL_LOCK:
-        if not _CRC_POOL:
-            _CRC_POOL.append(ThreadPoolExecutor(1, thread_name_prefix="kv-crc"))
-    return _CRC_POOL[0].submit(_crc_of, slices)
-
-
-def _crc_of(slices: list) -> int:
-    crc = 0
-    for piece in slices:
-        crc = crc32c.crc32c(piece, crc)
-        os.sched_yield()  # a slice at a time: a thread waiting for this core (the receiver's, on a
-        # small machine) gets it now rather than after the whole frame
-    return crc
-
-
-def crc_trailer(parts: list, crc: int | None = None) -> bytes:
-    """A payload's crc32c trailer: of ``parts``, or ``crc`` when given (the corruption hook)."""
-    if crc is None:
-        crc = 0
-        for part in parts:
-            crc = crc32c.crc32c(part, crc)
-    return _U32.pack(crc)
-
-
-def frame_buffers(head: bytes, wire: bytes | bytearray | memoryview | list, crc: int | None = None) -> list:
-    """One frame as a list of buffers (header, payload parts, crc32c trailer) for a gather write
-    together with other frames (``send_buffers``); ``crc`` overrides the trailer as in send_frame.
-    For small frames: a large one goes through send_frame, which checksums slice by slice."""
-    parts = wire if isinstance(wire, list) else [wire]
-    return [head, *parts, crc_trailer(parts, crc)]
-
-
-def send_buffers(sock: socket.socket, buffers: list) -> None:
-    """Send several frames' buffers in as few system calls as the socket takes."""
-    _sendmsg_all(sock, buffers)
-
-
-def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
-    """``sendall`` for a list of buffers (gather write): resumes after a partial send."""
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    while views:
-        sent = sock.sendmsg(views)
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if sent:
-            views[0] = views[0][sent:]
-
-
 @dataclass(frozen=True)
 class KVLayout:
     """What the decode side expects for one request (from its import handle)."""
@@ -410,7 +325,6 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-
 
 
 def close_socket(sock: socket.socket) -> None:

@@ -1,12 +1,11 @@
 """PD router: the global scheduler in front of N prefill and M decode worker processes.
 
 - Control plane: workers connect to the router's control port and register; each connection
-  carries the typed messages of messages.py both ways (commands down, heartbeats and tokens up).
-  A broken connection marks the worker dead at once; a silent one is marked dead after
-  ``heartbeat_timeout_s`` (seed Section 5.1, layer 1), or after ``hang_timeout_s`` when it holds
-  requests it serves (``no_progress``: a SIGSTOPped worker stops its progress beats, see
-  ``_watch_heartbeats``). A worker that reconnects, or a new one, joins the routing table
-  (routing.py: the one owner of worker state and counters) without a router restart.
+  carries the typed messages of control/messages.py both ways (commands down, heartbeats and
+  tokens up). worker_sessions.py runs those connections: registration, liveness (a broken
+  connection, ``heartbeat_timeout_s``, or ``hang_timeout_s`` without progress beats while serving
+  marks the worker dead) and handing each message on. Workers join and leave the routing table
+  (control/routing.py: the one owner of worker state and counters) without a router restart.
 - Scheduling (seed Section 5.3): the least-queued prefill worker; the decode target is the
   least-loaded worker whose free KV exceeds ``kv_headroom_factor`` (1.2) x the request's KV;
   when none fits the request waits in the admission queue.
@@ -27,25 +26,30 @@ import logging
 import math
 import time
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from harness.engine.core.config import EngineConfig
-from harness.engine.pd.messages import (CorruptFrames, Heartbeat, Import, ImportFailed, ImportReady, Message, MessageError,
-                                     Prefill, PrefillDone, PrefillFailed, Progress, Refused, Register, SetSpeculative,
-                                     Tokens, TransferEvent, Welcome, encode, params_dict, read_message)
+from harness.engine.control.messages import (CorruptFrames, Import, ImportFailed, ImportReady, Prefill, PrefillDone,
+                                             PrefillFailed, SetSpeculativeCommand, Tokens, params_dict)
 from harness.engine.core.types import EngineStats, FinishReason, GenerateRequest, TokenEvent
 from harness.engine.resilience.control import ResilienceControl
 from harness.engine.pd.router_config import RouterConfig
-from harness.engine.pd.routing import Attempt, ClientAbort, EventLog, RoutingTable, Worker, WorkerLost
+from harness.engine.pd.worker_sessions import WorkerSessions
+from harness.engine.control.routing import Attempt, ClientAbort, EventLog, RoutingTable, RouterWorker, WorkerLost
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.kvtransfer.config import TransferConfig
 from harness.errors import ConfigError, EngineError, InvalidRequestError
+from harness.states import EventKind, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
 
 class _Lost(Exception):
     """The attempt cannot continue (a worker died, the transfer failed); reschedule it."""
+
+    def __init__(self, reason: str, worker: str, at: float) -> None:
+        super().__init__(reason)
+        self.reason, self.worker, self.at = reason, worker, at   # who was lost, when (monotonic)
 
 
 class _NoCapacity(EngineError):
@@ -65,13 +69,11 @@ class Router:
         self.events = EventLog(self.config.max_events)
         self._capacity = asyncio.Condition()
         self.counters = {"reschedules": 0, "reschedule_failures": 0, "admission_timeouts": 0}
-        self._server: asyncio.AbstractServer | None = None
-        self._monitor: asyncio.Task | None = None
-        self._conn_tasks: set[asyncio.Task] = set()
         self.resilience = ResilienceControl(self.config, self.table, self.events)
+        self.sessions = WorkerSessions(self.config, self.table, self.events, self.resilience, self._notify_capacity)
 
     @property
-    def workers(self) -> dict[str, Worker]:
+    def workers(self) -> dict[str, RouterWorker]:
         return self.table.workers
 
     @property
@@ -79,7 +81,7 @@ class Router:
         """Requests waiting for a placement (the admission queue)."""
         return self.table.waiting
 
-    def record_event(self, kind: str, **detail) -> None:
+    def record_event(self, kind: EventKind, **detail: Any) -> None:
         self.events.record(kind, **detail)
 
     # -- EngineClient
@@ -89,24 +91,24 @@ class Router:
     def stats(self) -> EngineStats:
         s = EngineStats()
         for w in self.workers.values():
-            if w.health != "healthy":
+            if w.health != WorkerHealth.HEALTHY:
                 continue
             for name in ("num_running", "num_waiting", "prompt_tokens_total", "generation_tokens_total",
                          "spec_draft_tokens", "spec_accepted_tokens"):
                 setattr(s, name, getattr(s, name) + int(w.stats.get(name, 0)))
-            if w.role == "decode":
+            if w.role == WorkerRole.DECODE:
                 s.kv_blocks_used += w.kv_blocks_used
                 s.kv_blocks_total += w.kv_blocks_total
                 s.kv_block_bytes = int(w.stats.get("kv_block_bytes", s.kv_block_bytes))
                 s.spec_enabled = s.spec_enabled or bool(w.stats.get("spec_enabled"))
         s.num_waiting += self.waiting
-        s.extra = {"workers_healthy": sum(w.health == "healthy" for w in self.workers.values()),
+        s.extra = {"workers_healthy": sum(w.health == WorkerHealth.HEALTHY for w in self.workers.values()),
                    "admission_queue": self.waiting}
         return s
 
     async def set_speculative(self, enabled: bool) -> None:
         for w in self.workers.values():
-            w.send(SetSpeculative(bool(enabled)))
+            w.send(SetSpeculativeCommand(bool(enabled)))
 
     async def abort(self, request_id: str) -> None:
         for att in list(self.table.attempts.values()):
@@ -114,15 +116,8 @@ class Router:
                 att.inbox.put_nowait(ClientAbort())
 
     async def close(self) -> None:
-        if self._monitor:
-            self._monitor.cancel()
         self.resilience.stop()
-        if self._server:
-            self._server.close()
-        for w in self.workers.values():
-            w.writer.close()  # each connection task then reads EOF and ends by itself
-        if self._conn_tasks:
-            await asyncio.wait(list(self._conn_tasks), timeout=2.0)
+        await self.sessions.close()
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         self._tokenizer.validate(request.prompt_token_ids)
@@ -145,11 +140,11 @@ class Router:
             except _NoCapacity as exc:
                 if resumed:
                     self.counters["reschedule_failures"] += 1
-                    self.record_event("reschedule_failed", request_id=request.request_id, error=str(exc))
+                    self.record_event(EventKind.RESCHEDULE_FAILED, request_id=request.request_id, error=str(exc))
                 yield self._error(request, streamed, str(exc))
                 return
             if resumed:
-                self.record_event("reschedule", request_id=request.request_id, from_worker=lost_worker,
+                self.record_event(EventKind.RESCHEDULE, request_id=request.request_id, from_worker=lost_worker,
                             to_prefill=att.prefill, to_decode=att.decode, resumed_tokens=len(streamed) -
                             len(request.resume_token_ids), since_loss_s=round(time.monotonic() - lost_at, 4))
             how = "ended"  # how the attempt ended, for a migration in flight (finished / was lost / ended)
@@ -160,7 +155,7 @@ class Router:
                     ev.num_prompt_tokens = n_prompt
                     ev.degraded = degraded
                     if resumed and first:
-                        self.record_event("resumed", request_id=request.request_id, worker=att.decode,
+                        self.record_event(EventKind.RESUMED, request_id=request.request_id, worker=att.decode,
                                     since_loss_s=round(time.monotonic() - lost_at, 4))
                     first = False
                     if ev.finished:
@@ -170,8 +165,7 @@ class Router:
                         return
                     yield ev
             except _Lost as exc:
-                lost_worker, lost_at = exc.args[1], exc.args[2]
-                reason = exc.args[0]
+                lost_worker, lost_at, reason = exc.worker, exc.at, exc.reason
                 how = f"was lost ({reason})"
                 log.warning("%s lost on %s: %s", att.id, lost_worker, reason)  # why a request was re-placed
                 if not self.config.reschedule_enabled:
@@ -261,7 +255,7 @@ class Router:
                     yield self._token_event(request, att, *part)
             elif isinstance(msg, PrefillDone):
                 self.table.kv_arrived(att)
-                self.record_event("kv_transfer", request_id=request.request_id, prefill=att.prefill, decode=att.decode,
+                self.record_event(EventKind.KV_TRANSFER, request_id=request.request_id, prefill=att.prefill, decode=att.decode,
                             mode=self.config.transfer.get("mode", "layerwise"), prefill_s=msg.prefill_s,
                             transfer_s=msg.seconds, bytes=msg.bytes, path=msg.path,
                             retries=msg.retries, fallback=msg.fallback)
@@ -295,7 +289,7 @@ class Router:
             if att.last_worker is not None and worker != att.last_worker:
                 # the stall a migrated stream sees: last token from the source to first from the target
                 gaps = sorted(att.gaps)
-                self.record_event("migration_resumed", request_id=request.request_id, from_worker=att.last_worker,
+                self.record_event(EventKind.MIGRATION_RESUMED, request_id=request.request_id, from_worker=att.last_worker,
                                   to_worker=worker, stall_s=round(now - att.last_active, 6),
                                   at_token=msg.num_output_tokens - len(msg.token_ids),
                                   typical_gap_s=round(gaps[len(gaps) // 2], 6) if gaps else None)
@@ -308,121 +302,21 @@ class Router:
 
     # -- control plane
     async def start_control(self, host: str, port: int, sock=None) -> tuple[str, int]:
-        if sock is not None:
-            self._server = await asyncio.start_server(self._on_connect, sock=sock)
-        else:
-            self._server = await asyncio.start_server(self._on_connect, host, port)
-        self._monitor = asyncio.get_running_loop().create_task(self._watch_heartbeats())
+        """Listen for workers on ``host:port`` (or ``sock``); returns the address bound."""
+        address = await self.sessions.start(host, port, sock)
         self.resilience.start()
-        return self._server.sockets[0].getsockname()[:2]
-
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._conn_tasks.add(task)
-        worker = None
-        peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
-        try:
-            hello = await read_message(reader, peer)
-            if not isinstance(hello, Register):
-                if hello is not None:
-                    log.warning("refused control connection from %s: it sent %s before register", peer, hello.TYPE)
-                    writer.write(encode(Refused(f"the first message must be register, got {hello.TYPE}")))
-                return
-            if hello.role not in ("prefill", "decode"):
-                log.warning("refused worker %s from %s: role %r", hello.id, peer, hello.role)
-                writer.write(encode(Refused(f"worker role {hello.role!r} is not prefill or decode")))
-                return
-            if any(w.id == hello.id for w in self.table.healthy()):
-                writer.write(encode(Refused(f"worker id {hello.id} is already registered and healthy")))
-                return
-            worker = Worker(hello.id, hello.role, hello.pid, tuple(hello.kv_addr), tuple(hello.control_addr), writer,
-                            hello.kv_blocks_total, hello.block_size)
-            old = self.table.join(worker)
-            writer.write(encode(Welcome(self.config.heartbeat_interval_s, self.config.progress_interval_s)))
-            self.record_event("worker_up", worker=worker.id, role=worker.role, pid=worker.pid,
-                        rejoined=old is not None)
-            await self._notify_capacity()
-            while (msg := await read_message(reader, worker.id)) is not None:
-                self._on_message(worker, msg)
-            self._worker_lost(worker, "connection_lost")
-        except MessageError as exc:  # the stream lost its framing: hang up
-            log.warning("control connection from %s refused: %s", worker.id if worker else peer, exc)
-            if worker is not None:
-                self._worker_lost(worker, "protocol_error")
-        except Exception:
-            log.exception("control connection failed")
-            if worker is not None:
-                self._worker_lost(worker, "protocol_error")
-        finally:
-            writer.close()
-            self._conn_tasks.discard(task)
-
-    def _on_message(self, w: Worker, msg: Message) -> None:
-        if w.health != "healthy":
-            return  # a worker declared dead stays dead until it reconnects
-        self.table.heard_from(w)  # any message proves liveness
-        if isinstance(msg, Progress):
-            self.table.progress(w, msg.steps)
-            return
-        if isinstance(msg, Heartbeat):
-            self.table.heartbeat(w, msg.stats, msg.transfer)
-            self.resilience.on_heartbeat(w)
-            return
-        if self.resilience.on_message(w, msg):
-            return  # a fault or migration reply, not part of a request's stream
-        if isinstance(msg, TransferEvent):
-            self.record_event(f"transfer_{msg.event}", worker=w.id, request_id=msg.rid.rsplit("#", 1)[0],
-                              **msg.detail)
-            return
-        if not isinstance(msg, (ImportReady, ImportFailed, PrefillDone, PrefillFailed, Tokens)):
-            log.warning("refused a %s message from worker %s: workers do not send it", msg.TYPE, w.id)
-            return
-        att = self.table.attempts.get(msg.rid)
-        if att is not None:
-            att.inbox.put_nowait((w.id, msg))
-
-    def _worker_lost(self, w: Worker, reason: str, **detail) -> None:
-        if w.health != "healthy":
-            return
-        # affected: the requests this worker was serving (their prefill, or their decode)
-        affected = self.table.lose(w, reason, time.monotonic())
-        self.resilience.on_worker_lost(w)
-        self.record_event("worker_down", worker=w.id, role=w.role, pid=w.pid, reason=reason,
-                          affected=affected, **detail)
-        w.writer.close()  # a hung worker that wakes up finds its connection gone and rejoins
-
-    async def _watch_heartbeats(self) -> None:
-        """Declares silent workers down. Progress beats come from the worker's event loop, which runs
-        while its engine thread is deep in a long prefill chunk (torch releases the GIL) but not
-        under SIGSTOP, which stops every thread: so silence, not a still step counter, is the hang
-        signal, and a slow but running worker is never a false alarm. Silence is only judged
-        when this loop itself ran on time, since a stalled router has not read what was sent."""
-        tick = min(0.1, self.config.heartbeat_interval_s / 4, self.config.progress_interval_s)
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            on_time, last = now - last < 3 * tick, now
-            for w in list(self.workers.values()):
-                if w.health != "healthy":
-                    continue
-                silent = now - w.last_heartbeat
-                if silent > self.config.heartbeat_timeout_s:
-                    self._worker_lost(w, "heartbeat_timeout", silent_s=round(silent, 4))
-                elif (on_time and w.steps is not None and silent > self.config.hang_timeout_s
-                      and self.table.serves(w)):
-                    self._worker_lost(w, "no_progress", silent_s=round(silent, 4), steps=w.steps)
+        return address
 
     def fault(self, worker_id: str, spec: dict) -> dict:
         w = self.workers.get(worker_id)
-        if w is None or w.health != "healthy":
+        if w is None or w.health != WorkerHealth.HEALTHY:
             raise InvalidRequestError(f"no healthy worker {worker_id!r}", param="worker_id", status=404)
         allowed = {"corrupt_frames"}
         if not spec or set(spec) - allowed or not all(isinstance(v, int) and v >= 0 for v in spec.values()):
             raise InvalidRequestError(f"fault must be an object with {sorted(allowed)} as non-negative integers, "
                                       f"got {spec!r}", param="fault")
         w.send(CorruptFrames(**spec))
-        self.record_event("fault_hook", worker=worker_id, **spec)
+        self.record_event(EventKind.FAULT_HOOK, worker=worker_id, **spec)
         return {"worker": worker_id, **spec}
 
     def set_transfer(self, spec: dict) -> dict:
@@ -432,5 +326,5 @@ class Router:
         except ConfigError as exc:
             raise InvalidRequestError(str(exc), param="transfer") from None
         self.config.transfer = dict(spec)
-        self.record_event("transfer_config", **spec)
+        self.record_event(EventKind.TRANSFER_CONFIG, **spec)
         return dict(spec)

@@ -26,6 +26,7 @@ from harness.engine.pd.router import Router
 from harness.engine.pd.router_config import RouterConfig
 from harness.engine import DEFAULT_PRESET
 from harness.errors import InvalidRequestError
+from harness.states import WorkerHealth
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class RouterMetrics:
                     fam.add_metric([w.id, path], counters.get(f, 0))
             for reason, count in w.transfer.get("rejected", {}).items():
                 rejected.add_metric([w.id, reason], count)
-            up.add_metric([w.id, w.role], 1.0 if w.health == "healthy" else 0.0)
+            up.add_metric([w.id, w.role], 1.0 if w.health == WorkerHealth.HEALTHY else 0.0)
             queue.add_metric([w.id, w.role], w.public()["queue_depth"])
         yield from fams.values()
         yield from (rejected, up, queue)
@@ -93,7 +94,7 @@ def worker_health_api(router: Router) -> APIRouter:
                                 status_code=404)
         row = w.public()
         return JSONResponse({"id": worker_id, "health": row["health"], "pid": row["pid"]},
-                            status_code=200 if row["health"] == "healthy" else 503)
+                            status_code=200 if row["health"] == WorkerHealth.HEALTHY else 503)
 
     return api
 

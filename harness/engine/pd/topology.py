@@ -32,10 +32,11 @@ from harness.errors import ConfigError, EngineError, ProbeError
 from harness.probes.admin import AdminClient
 from harness.probes.admin_models import EngineEvent, Worker
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.states import PD_ROLES, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
-ROLES = ("prefill", "decode")
+ROLES = PD_ROLES
 
 
 @dataclass
@@ -91,9 +92,9 @@ class Topology:
         self.log_dir = Path(log_dir or self._tmp.name)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.verbose = verbose
-        self._initial = {"prefill": prefill, "decode": decode}
+        self._initial = {WorkerRole.PREFILL: prefill, WorkerRole.DECODE: decode}
         self._procs: dict[str, _Proc] = {}
-        self._next = {"prefill": 0, "decode": 0}
+        self._next = {WorkerRole.PREFILL: 0, WorkerRole.DECODE: 0}
         self._router: _Proc | None = None
         self._api: tuple[str, int] | None = None
         self._control: tuple[str, int] | None = None
@@ -206,7 +207,7 @@ class Topology:
 
     def add_worker(self, role: str, wait: bool = True) -> str:
         if role not in ROLES:
-            raise ConfigError(f"worker role {role!r} is unknown", fix=f"use one of {ROLES}")
+            raise ConfigError(f"worker role {role!r} is unknown", fix=f"use one of {[str(r) for r in ROLES]}")
         wid = self._spawn_worker(role)
         if wait:
             self.wait_healthy([wid])
@@ -234,8 +235,8 @@ class Topology:
             raise EngineError(f"workers {sorted(pending)} did not register within the startup timeout",
                               fix="raise startup_timeout_s on a loaded machine; see log_tail(worker_id)") from exc
 
-    def wait_health(self, worker_id: str, health: str, timeout_s: float = 10.0) -> Worker:
-        """Wait until the router reports ``worker_id`` with ``health`` ("healthy" or "dead")."""
+    def wait_health(self, worker_id: str, health: WorkerHealth, timeout_s: float = 10.0) -> Worker:
+        """Wait until the router reports ``worker_id`` with ``health``."""
         try:
             return wait_until(lambda: next((w for w in self.workers() if w.id == worker_id), None), timeout_s, 0.05,
                               what=f"worker {worker_id} to be {health}",
@@ -366,7 +367,7 @@ def run(args: argparse.Namespace) -> int:
         topo.start()
         print(f"router   pid {topo.router_pid:<7} api {topo.base_url}  admin {topo.admin_url}", flush=True)
         for w in topo.workers():
-            where = (f"kv {w['addresses']['kv']}  control {w['addresses']['control']}" if w["role"] == "decode"
+            where = (f"kv {w['addresses']['kv']}  control {w['addresses']['control']}" if w["role"] == WorkerRole.DECODE
                      else "sends KV, listens on nothing")
             print(f"{w['id']:<8} pid {w['pid']:<7} {where}", flush=True)
         if args.pid_dir is not None:

@@ -32,8 +32,10 @@ import time
 
 from harness.engine import DEFAULT_PRESET
 from harness.engine.core.config import EngineConfig
-from harness.engine.pd.messages import Message, MessageError, Progress, Register, Welcome, encode, read_message
+from harness.engine.control.codec import MessageError, encode, read_message
+from harness.engine.control.messages import Message, Progress, Register, Welcome
 from harness.engine.pd.worker_engine import WorkerEngine
+from harness.states import PD_ROLES
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ def _hostport(text: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.engine.pd.worker", description="PD worker process")
-    p.add_argument("--role", required=True, choices=("prefill", "decode"))
+    p.add_argument("--role", required=True, choices=[str(r) for r in PD_ROLES])
     p.add_argument("--id", required=True)
     p.add_argument("--router", required=True, type=_hostport, help="router control address HOST:PORT")
     p.add_argument("--preset", default=DEFAULT_PRESET)

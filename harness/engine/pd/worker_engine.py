@@ -23,15 +23,17 @@ from typing import Callable
 from harness.engine.core.config import EngineConfig
 from harness.engine.core.engine_core import EngineCore, ImportHandle
 from harness.engine.kvtransfer.landing import ImportLanding
-from harness.engine.pd.messages import (Abort, CorruptFrames, EccClear, EccPoison, HbmFill, HbmRelease, Heartbeat, Import,
-                                     ImportFailed, ImportReady, Message, MigrateIn, MigrateOut, Prefill, PrefillDone,
-                                     PrefillFailed, SetOffload, SetSpeculative, Tokens, TransferEvent)
+from harness.engine.control.messages import (FAULT_COMMANDS, Abort, CorruptFrames, Heartbeat, Import, ImportFailed,
+                                             ImportReady, Message, MigrateIn, MigrateOut, Prefill, PrefillDone,
+                                             PrefillFailed, SetOffloadCommand, SetSpeculativeCommand, Tokens,
+                                             TransferEvent)
 from harness.engine.kvtransfer.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVReceiver, KVSender,
                                      TransferConfig, TransferStats)
 from harness.engine.resilience.worker_faults import WorkerFaults, kv_block_faults, kv_used_ratio
-from harness.engine.resilience.worker_migration import LiveMigration
-from harness.engine.pd.worker_stats import RecentWindow
+from harness.engine.resilience.worker_migration import WorkerLiveMigration
+from harness.engine.control.worker_stats import RecentWindow
 from harness.errors import ConfigError, HarnessError
+from harness.states import PD_ROLES, WorkerRole
 
 log = logging.getLogger(__name__)
 # Heartbeats go out every second; the p99 over the TPOT window sorts thousands of samples, which
@@ -42,7 +44,7 @@ STATS_REFRESH_S = 0.1
 class WorkerEngine:
     def __init__(self, worker_id: str, role: str, engine_config: EngineConfig, *,
                  publish: Callable[[Message], None], on_failure: Callable[[], None]) -> None:
-        if role not in ("prefill", "decode"):
+        if role not in PD_ROLES:
             raise ConfigError(f"worker role {role!r} is unknown", fix="use --role prefill or --role decode")
         self.id, self.role = worker_id, role
         self.publish = publish
@@ -59,7 +61,7 @@ class WorkerEngine:
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
         self.faults = WorkerFaults(self.core)
         self.landing = ImportLanding(self.core, self._cmds.put)  # KV frames land in the import's blocks
-        self.migration = LiveMigration(self.core, self)
+        self.migration = WorkerLiveMigration(self.core, self)
         self.window = RecentWindow()
         self._stats_cache: dict = self._stats()
         self._stats_at = time.monotonic()
@@ -70,10 +72,9 @@ class WorkerEngine:
         # the command handler table: what each router command does, on the engine thread
         self._handlers: dict[type[Message], Callable] = {
             Import: self._import, Prefill: self._jobs_append, Abort: lambda m: self._abort(m.rid),
-            SetSpeculative: lambda m: self.core.set_speculative(m.enabled),
-            SetOffload: lambda m: self.core.set_offload(bool(m.enabled), m.threshold),
-            **{kind: lambda m: self.publish(self.faults.handle(m)) for kind in (HbmFill, HbmRelease, EccPoison,
-                                                                                  EccClear)},
+            SetSpeculativeCommand: lambda m: self.core.set_speculative(m.enabled),
+            SetOffloadCommand: lambda m: self.core.set_offload(bool(m.enabled), m.threshold),
+            **{kind: lambda m: self.publish(self.faults.handle(m)) for kind in FAULT_COMMANDS},
             MigrateIn: self.migration.migrate_in, MigrateOut: self.migration.migrate_out,
             CorruptFrames: self._arm_corrupt_frames,
         }
@@ -82,7 +83,7 @@ class WorkerEngine:
     def listen(self, kv_host: str, kv_port: int, control_host: str) -> tuple[tuple[str, int], tuple[str, int]]:
         """Decode: receive KV on the fabric address (primary path) and the control address
         (fallback path). Returns the (kv, control) addresses to register with."""
-        if self.role != "decode":
+        if self.role != WorkerRole.DECODE:
             return (kv_host, 0), (control_host, 0)
         self.receiver = KVReceiver(self, self.transfer_stats)
         return (self.receiver.listen(kv_host, kv_port, PATH_FABRIC),

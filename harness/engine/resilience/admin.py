@@ -14,17 +14,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from harness.engine.resilience.control import ResilienceControl
 from harness.engine.serving.metrics import PREFIX
 from harness.errors import InvalidRequestError
 from harness.ids import new_fault_id
+from harness.states import EventKind, WorkerRole
 
-if TYPE_CHECKING:
-    from harness.engine.pd.router import Router
+
+
+class ResilientRouter(Protocol):
+    """What the admin API and the metrics need of the router (``pd.router.Router`` is one; a
+    protocol so that resilience does not import the router's package above it)."""
+    resilience: ResilienceControl
+
+    async def set_speculative(self, enabled: bool) -> None: ...
+
+    def record_event(self, kind: EventKind, **detail: Any) -> None: ...
 
 
 async def _body(request: Request, example: str) -> dict[str, Any]:
@@ -46,7 +56,7 @@ def _text(body: dict, key: str, required: bool = True) -> str | None:
     return value
 
 
-def resilience_api(router: "Router") -> APIRouter:
+def resilience_api(router: ResilientRouter) -> APIRouter:
     api = APIRouter(prefix="/admin")
     control = router.resilience
 
@@ -61,7 +71,7 @@ def resilience_api(router: "Router") -> APIRouter:
         if not isinstance(body.get("enabled"), bool):
             raise InvalidRequestError("'enabled' must be true or false", param="enabled")
         await router.set_speculative(body["enabled"])
-        router.record_event("speculative", enabled=body["enabled"])
+        router.record_event(EventKind.SPECULATIVE, enabled=body["enabled"])
         return {"enabled": body["enabled"]}
 
     @api.post("/migrate")
@@ -109,7 +119,7 @@ def resilience_api(router: "Router") -> APIRouter:
 class ResilienceMetrics:
     """Prometheus collector: degradation level, health scores, KV use and offload tiers, migrations."""
 
-    def __init__(self, router: "Router") -> None:
+    def __init__(self, router: ResilientRouter) -> None:
         self.router = router
 
     def collect(self):
@@ -147,7 +157,7 @@ class ResilienceMetrics:
                                   labels=["worker", "tier"])
         fetch = GaugeMetricFamily(f"{PREFIX}_kv_offload_fetch_seconds", "Recent mean on-demand fetch latency",
                                   labels=["worker"])
-        for w in control.table.healthy("decode"):
+        for w in control.table.healthy(WorkerRole.DECODE):
             used.add_metric([w.id], w.kv_used_ratio())
             poisoned.add_metric([w.id], float(w.stats.get("kv_blocks_poisoned", 0)))
             for tier, n in (w.stats.get("offload") or {}).items():

@@ -19,24 +19,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from harness.engine.resilience.degradation import DegradationActions, DegradationConfig, LevelChange, Signals
 from harness.engine.resilience.health import DeltaHealthDetector, HealthConfig, HealthSnapshot, decide
-from harness.engine.pd.messages import EccClear, EccPoison, FaultState, HbmFill, HbmRelease, Message
-from harness.engine.resilience.migration import MigrationManager
+from harness.engine.control.messages import (EccClearCommand, EccPoisonCommand, FaultStateReport, HbmFillCommand,
+                                             HbmReleaseCommand, Message)
+from harness.engine.resilience.migration import MigrationManager, MigrationSettings
 from harness.engine.core.types import GenerateRequest
-from harness.engine.pd.router_config import RouterConfig
-from harness.engine.pd.routing import EventLog, RoutingTable, Worker
+from harness.engine.control.routing import EventLog, RoutingTable, RouterWorker
 from harness.errors import EngineError, InvalidRequestError, WorkerDeadError
+from harness.states import EventKind, WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
 FAULT_REPLY_TIMEOUT_S = 10.0
 
 
+class ResilienceSettings(MigrationSettings, Protocol):
+    """The router settings resilience control reads (``RouterConfig`` has them)."""
+    degradation_enabled: bool
+    degradation: dict
+    offload_enabled: bool
+    offload_threshold: float
+    auto_migrate: bool
+    health: dict
+    control_interval_s: float
+
+
 class ResilienceControl:
-    def __init__(self, config: RouterConfig, table: RoutingTable, events: EventLog) -> None:
+    def __init__(self, config: ResilienceSettings, table: RoutingTable, events: EventLog) -> None:
         self.config, self.table, self.events = config, table, events
         self.actions = DegradationActions(
             DegradationConfig.from_dict({**config.degradation, "enabled": config.degradation_enabled}), table, events,
@@ -79,7 +91,7 @@ class ResilienceControl:
 
     # -- signals
     def signals(self) -> Signals:
-        decodes = self.table.healthy("decode")
+        decodes = self.table.healthy(WorkerRole.DECODE)
         hbm = max((w.kv_used_ratio() for w in decodes), default=0.0)
         queue = self.table.waiting + sum(int(w.stats.get("num_waiting", 0)) for w in decodes)
         health = max(self.health_scores().values(), default=0.0)
@@ -89,19 +101,19 @@ class ResilienceControl:
         return {wid: det.score() for wid, det in self.detectors.items()}
 
     # -- hooks called by the router
-    def on_heartbeat(self, w: Worker) -> None:
-        if w.role != "decode":
+    def on_heartbeat(self, w: RouterWorker) -> None:
+        if w.role != WorkerRole.DECODE:
             return
         self.detectors.setdefault(w.id, DeltaHealthDetector(self.health_config)).ingest(
             HealthSnapshot.from_stats(w.stats, time.monotonic()))
         self.actions.reconcile(w)
 
-    def on_message(self, w: Worker, msg: Message) -> bool:
+    def on_message(self, w: RouterWorker, msg: Message) -> bool:
         """Consume fault and migration replies; False for messages of a request's stream."""
-        if isinstance(msg, FaultState):
+        if isinstance(msg, FaultStateReport):
             reply = msg.public()
             self.faults[msg.fault_id] = {**reply, "worker": w.id}
-            self.events.record("fault_state", worker=w.id, fault_kind=msg.kind,
+            self.events.record(EventKind.FAULT_STATE, worker=w.id, fault_kind=msg.kind,
                                      **{k: v for k, v in reply.items() if k not in ("type", "kind")})
             fut = self._replies.pop(msg.fault_id, None)
             if fut is not None and not fut.done():
@@ -109,7 +121,7 @@ class ResilienceControl:
             return True
         return self.migration.on_message(w, msg)
 
-    def on_worker_lost(self, w: Worker) -> None:
+    def on_worker_lost(self, w: RouterWorker) -> None:
         self.migration.on_worker_lost(w.id)
         self.detectors.pop(w.id, None)
         for fault_id, state in list(self.faults.items()):
@@ -126,13 +138,13 @@ class ResilienceControl:
 
     # -- Section 5.3: shed load off a sick worker
     def _shed(self, worker_id: str, det: DeltaHealthDetector) -> None:
-        w = self.table.healthy_worker(worker_id, "decode")
+        w = self.table.healthy_worker(worker_id, WorkerRole.DECODE)
         if w is None:
             return
         score = det.score()
         decision = decide(score, self.migration.candidates(w), self.migration.targets(w),
                           threshold=self.health_config.threshold, headroom=self.config.kv_headroom_factor)
-        self.events.record("health_decision", worker=worker_id, score=round(score, 4),
+        self.events.record(EventKind.HEALTH_DECISION, worker=worker_id, score=round(score, 4),
                                  components={k: round(v, 4) for k, v in det.components().items()},
                                  evict_count=decision.evict_count,
                                  plans=[{"request": p.request_id, "target": p.target} for p in decision.plans],
@@ -155,13 +167,13 @@ class ResilienceControl:
                 log.warning("automatic migration off %s failed: %s", worker_id, exc)
 
     # -- fault hooks (admin API)
-    def _worker(self, worker_id: str, role: str = "decode") -> Worker:
+    def _worker(self, worker_id: str, role: WorkerRole = WorkerRole.DECODE) -> RouterWorker:
         w = self.table.healthy_worker(worker_id, role)
         if w is None:
             raise InvalidRequestError(f"no healthy {role} worker {worker_id!r}", param="worker", status=404)
         return w
 
-    async def _ask(self, w: Worker, fault_id: str, msg: Message) -> dict:
+    async def _ask(self, w: RouterWorker, fault_id: str, msg: Message) -> dict:
         fut = asyncio.get_running_loop().create_future()
         self._replies[fault_id] = fut
         w.send(msg)
@@ -177,12 +189,12 @@ class ResilienceControl:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
             raise InvalidRequestError(f"share must be a number in (0, 1), got {share!r}", param="share")
         w = self._worker(worker_id)
-        self.events.record("fault_hook", worker=worker_id, fault_kind="hbm_fill", share=share,
+        self.events.record(EventKind.FAULT_HOOK, worker=worker_id, fault_kind="hbm_fill", share=share,
                                  fault_id=fault_id)
-        return await self._ask(w, fault_id, HbmFill(fault_id, float(share)))
+        return await self._ask(w, fault_id, HbmFillCommand(fault_id, float(share)))
 
     async def ecc_poison(self, worker_id: str, count: Any, blocks: Any, fault_id: str) -> dict:
-        msg = EccPoison(fault_id)
+        msg = EccPoisonCommand(fault_id)
         if blocks is not None:
             if not isinstance(blocks, list) or not blocks or not all(isinstance(b, int) and b >= 0 for b in blocks):
                 raise InvalidRequestError(f"blocks must be a non-empty list of block ids, got {blocks!r}",
@@ -193,7 +205,7 @@ class ResilienceControl:
                 raise InvalidRequestError(f"count must be a positive integer, got {count!r}", param="count")
             msg.count = count
         w = self._worker(worker_id)
-        self.events.record("fault_hook", worker=worker_id, fault_kind="ecc_poison", fault_id=fault_id,
+        self.events.record(EventKind.FAULT_HOOK, worker=worker_id, fault_kind="ecc_poison", fault_id=fault_id,
                                  **{k: v for k, v in (("count", msg.count), ("blocks", msg.blocks)) if v is not None})
         return await self._ask(w, fault_id, msg)
 
@@ -204,9 +216,9 @@ class ResilienceControl:
             raise InvalidRequestError(f"no {kind} fault {fault_id!r} (GET /admin/faults lists them)",
                                       param="fault_id", status=404)
         w = self.table.workers.get(state["worker"])
-        if state.get("lost") or w is None or w.health != "healthy":
+        if state.get("lost") or w is None or w.health != WorkerHealth.HEALTHY:
             return {**state, "active": False, "note": "the worker is gone; its fault went with it"}
-        undo = {"hbm_fill": HbmRelease, "ecc_poison": EccClear}[kind]
+        undo = {"hbm_fill": HbmReleaseCommand, "ecc_poison": EccClearCommand}[kind]
         return await self._ask(w, fault_id, undo(fault_id))
 
     def public(self) -> dict[str, Any]:

@@ -26,10 +26,11 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
-from harness.engine.pd.messages import Message, SetOffload, SetSpeculative
+from harness.engine.control.messages import Message, SetOffloadCommand, SetSpeculativeCommand
 from harness.engine.core.types import GenerateRequest
-from harness.engine.pd.routing import EventLog, RoutingTable, Worker
+from harness.engine.control.routing import EventLog, RoutingTable, RouterWorker
 from harness.errors import ConfigError, InvalidRequestError
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class DegradationActions:
     - L1+: admission control: a new request is answered 429 with Retry-After once
       ``l1_queue_cap`` requests already wait for a placement (``admit``);
     - L2+: speculative decoding off on every worker (restored on the way down if it was on);
-    - L3+: KV offload on (``SetOffload``, threshold 85 %) unless ``offload_enabled`` is false;
+    - L3+: KV offload on (``SetOffloadCommand``, threshold 85 %) unless ``offload_enabled`` is false;
     - L4+: max_tokens capped and long prompts cut to their last tokens, marked in the response;
     - L5: new requests answered 503 while in-flight ones finish.
 
@@ -244,21 +245,21 @@ class DegradationActions:
         a, b = change.from_level, change.to_level
         actions: dict[str, Any] = {}
         if a < 2 <= b:
-            self._spec_before = any(bool(w.stats.get("spec_enabled")) for w in self.table.healthy("decode"))
-            self._send_all(SetSpeculative(False))
+            self._spec_before = any(bool(w.stats.get("spec_enabled")) for w in self.table.healthy(WorkerRole.DECODE))
+            self._send_all(SetSpeculativeCommand(False))
             actions["speculative"] = "off"
         elif b < 2 <= a:
             if self._spec_before:
-                self._send_all(SetSpeculative(True))
+                self._send_all(SetSpeculativeCommand(True))
             actions["speculative"] = "restored" if self._spec_before else "stays off (was off before Level 2)"
         if a < 3 <= b:
             if self.offload_enabled:
-                self._send_all(SetOffload(True, self.offload_threshold))
+                self._send_all(SetOffloadCommand(True, self.offload_threshold))
                 actions["offload"] = f"on (threshold {self.offload_threshold})"
             else:
                 actions["offload"] = "NOT enabled: router.offload_enabled is false"
         elif b < 3 <= a:
-            self._send_all(SetOffload(False, self.offload_threshold))
+            self._send_all(SetOffloadCommand(False, self.offload_threshold))
             actions["offload"] = "off"
         if b >= 1:
             actions["admission_queue_cap"] = c.l1_queue_cap
@@ -267,15 +268,15 @@ class DegradationActions:
             actions["max_prompt_tokens"] = c.l4_max_prompt_tokens
         if b >= 5:
             actions["new_requests"] = "rejected (503)"
-        self.events.record("degradation_level", **change.to_event(), actions=actions)
+        self.events.record(EventKind.DEGRADATION_LEVEL, **change.to_event(), actions=actions)
 
-    def reconcile(self, w: Worker) -> None:
+    def reconcile(self, w: RouterWorker) -> None:
         level = self.controller.level
         if level >= 2 and w.stats.get("spec_enabled"):
-            w.send(SetSpeculative(False))
+            w.send(SetSpeculativeCommand(False))
         offload_on = w.stats.get("offload_enabled")
         if offload_on is not None and self.offload_enabled and bool(offload_on) != (level >= 3):
-            w.send(SetOffload(level >= 3, self.offload_threshold))
+            w.send(SetOffloadCommand(level >= 3, self.offload_threshold))
 
 
 def _retry_later(message: str, status: int, code: str, retry_after: int) -> InvalidRequestError:

@@ -27,14 +27,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from harness.engine.resilience.health import Candidate, TargetWorker, order_victims, pick_target
-from harness.engine.pd.messages import (MIGRATION_REPLIES, Message, MigrateCommitted, MigrateFailed, MigrateIn,
-                                     MigrateOut, MigrateReady, Migrated, request_dict)
-from harness.engine.pd.router_config import RouterConfig
-from harness.engine.pd.routing import Attempt, EventLog, RoutingTable, Worker
+from harness.engine.control.messages import (MIGRATION_REPLIES, Message, MigrateCommitted, MigrateFailed, MigrateIn,
+                                             MigrateOut, MigrateReady, Migrated, request_dict)
+from harness.engine.control.routing import Attempt, EventLog, RoutingTable, RouterWorker
 from harness.errors import EngineError, InvalidRequestError
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +70,25 @@ class _CalledOff:
     finished: bool = False  # the request finished on its source: moot, not failed
 
 
+class MigrationSettings(Protocol):
+    """The router settings live migration reads (``pd.router_config.RouterConfig`` has them; a
+    protocol so that resilience does not import the router's package above it)."""
+    kv_headroom_factor: float
+    migration_enabled: bool
+    migration_timeout_s: float
+    transfer: dict
+
+
 class MigrationManager:
     """Orchestrates migrations over the router's routing table (see the module docstring)."""
 
-    def __init__(self, config: RouterConfig, table: RoutingTable, events: EventLog) -> None:
+    def __init__(self, config: MigrationSettings, table: RoutingTable, events: EventLog) -> None:
         self.config, self.table, self.events = config, table, events
         self.active: dict[str, MigrationState] = {}   # attempt id -> in-flight migration
         self.counters = {"completed": 0, "failed": 0, "timed_out": 0}
 
-    # -- routing of worker replies (called from Router._on_message)
-    def on_message(self, worker: Worker, msg: Message) -> bool:
+    # -- routing of worker replies (called from WorkerSessions._on_message)
+    def on_message(self, worker: RouterWorker, msg: Message) -> bool:
         """Consume a migration reply; False when ``msg`` is not one (the stream gets it)."""
         if not isinstance(msg, MIGRATION_REPLIES):
             return False
@@ -112,7 +121,7 @@ class MigrationManager:
             _resolve(state.done, error)
 
     # -- choosing
-    def candidates(self, source: Worker) -> list[Candidate]:
+    def candidates(self, source: RouterWorker) -> list[Candidate]:
         out = []
         for att_id in source.attempts:
             att = self.table.attempts.get(att_id)
@@ -123,11 +132,11 @@ class MigrationManager:
             out.append(Candidate(att_id, att.priority, att.last_active, att.blocks * source.block_bytes()))
         return out
 
-    def targets(self, source: Worker) -> list[TargetWorker]:
+    def targets(self, source: RouterWorker) -> list[TargetWorker]:
         return [TargetWorker(w.id, len(w.attempts), w.free_blocks() * w.block_bytes())
-                for w in self.table.healthy("decode") if w.id != source.id and w.id not in self.table.draining]
+                for w in self.table.healthy(WorkerRole.DECODE) if w.id != source.id and w.id not in self.table.draining]
 
-    def _resolve_request(self, source: Worker, request_id: str | None) -> Attempt:
+    def _resolve_request(self, source: RouterWorker, request_id: str | None) -> Attempt:
         cands = self.candidates(source)
         if request_id is not None:
             match = [c for c in cands if c.request_id == request_id or c.request_id.rsplit("#", 1)[0] == request_id]
@@ -140,11 +149,11 @@ class MigrationManager:
                                       status=409, code="nothing_to_migrate")
         return self.table.attempts[order_victims(cands)[0].request_id]
 
-    def _resolve_target(self, source: Worker, att: Attempt, target: str | None) -> Worker:
+    def _resolve_target(self, source: RouterWorker, att: Attempt, target: str | None) -> RouterWorker:
         headroom = self.config.kv_headroom_factor
         need = att.blocks * source.block_bytes()
         if target is not None:
-            w = self.table.healthy_worker(target, "decode")
+            w = self.table.healthy_worker(target, WorkerRole.DECODE)
             if w is None or w.id == source.id:
                 raise InvalidRequestError(f"target {target!r} is not a healthy decode worker other than the source",
                                           param="target", status=404)
@@ -167,7 +176,7 @@ class MigrationManager:
         if not self.config.migration_enabled:
             raise InvalidRequestError("live migration is disabled in the cluster configuration "
                                       "(router.migration_enabled: false)", status=409, code="migration_disabled")
-        src = self.table.healthy_worker(source, "decode")
+        src = self.table.healthy_worker(source, WorkerRole.DECODE)
         if src is None:
             raise InvalidRequestError(f"source {source!r} is not a healthy decode worker", param="source", status=404)
         att = self._resolve_request(src, request_id)
@@ -178,7 +187,7 @@ class MigrationManager:
                                loop.create_future(), loop.create_future())
         self.active[att.id] = state
         self.table.reserve_target(att, tgt)
-        self.events.record("migration_started", request_id=state.request_id, source=src.id, target=tgt.id,
+        self.events.record(EventKind.MIGRATION_STARTED, request_id=state.request_id, source=src.id, target=tgt.id,
                             reason=reason, streamed_tokens=len(att.streamed))
         timeout = self.config.migration_timeout_s
         try:
@@ -207,7 +216,7 @@ class MigrationManager:
             # to move, and nothing failed (the caller asked too late)
             self.table.undo_target(att, tgt)
             self.counters["moot"] = self.counters.get("moot", 0) + 1
-            self.events.record("migration_moot", request_id=state.request_id, source=src.id, target=tgt.id,
+            self.events.record(EventKind.MIGRATION_MOOT, request_id=state.request_id, source=src.id, target=tgt.id,
                                 reason=reason, total_s=round(time.monotonic() - state.started, 6))
             raise InvalidRequestError(f"{state.request_id} finished on {src.id} before it could be migrated "
                                       f"({exc})", param="rid", status=409, code="request_finished") from None
@@ -223,17 +232,17 @@ class MigrationManager:
                  "num_tokens": num_tokens, "import_s": state.import_s,
                  **{k: getattr(done, k) for k in ("export_s", "transfer_s", "bytes", "path", "retries", "fallback",
                                                   "extra_tokens")}}
-        self.events.record("migration_done", **event)
+        self.events.record(EventKind.MIGRATION_DONE, **event)
         return event
 
     async def drain(self, worker_id: str) -> dict[str, Any]:
         """Planned drain (rolling update): no new placements on the worker, then migrate every
         decoding request off it. The worker stays out of placement until ``undrain``."""
-        w = self.table.healthy_worker(worker_id, "decode")
+        w = self.table.healthy_worker(worker_id, WorkerRole.DECODE)
         if w is None:
             raise InvalidRequestError(f"{worker_id!r} is not a healthy decode worker", param="worker", status=404)
         self.table.set_draining(worker_id, True)
-        self.events.record("drain_started", worker=worker_id, active=len(w.attempts))
+        self.events.record(EventKind.DRAIN_STARTED, worker=worker_id, active=len(w.attempts))
         moved, failed = [], []
         deadline = time.monotonic() + self.config.migration_timeout_s * 3
         while time.monotonic() < deadline:
@@ -249,12 +258,12 @@ class MigrationManager:
             if failed and not self.config.migration_enabled:
                 break
         left = sorted(w.attempts)
-        self.events.record("drain_done", worker=worker_id, migrated=len(moved), failed=len(failed), left=left)
+        self.events.record(EventKind.DRAIN_DONE, worker=worker_id, migrated=len(moved), failed=len(failed), left=left)
         return {"worker": worker_id, "migrated": moved, "failed": failed, "left": left}
 
     def undrain(self, worker_id: str) -> dict[str, Any]:
         self.table.set_draining(worker_id, False)
-        self.events.record("drain_ended", worker=worker_id)
+        self.events.record(EventKind.DRAIN_ENDED, worker=worker_id)
         return {"worker": worker_id, "draining": False}
 
     async def _migrate_quietly(self, source: str, request_id: str, reason: str) -> dict[str, Any]:
@@ -267,7 +276,7 @@ class MigrationManager:
         self.counters["failed"] += 1
         event = {"request_id": state.request_id, "source": state.source, "target": state.target,
                  "reason": state.reason, "error": error, "total_s": round(time.monotonic() - state.started, 6)}
-        self.events.record("migration_failed", **event)
+        self.events.record(EventKind.MIGRATION_FAILED, **event)
         log.warning("migration of %s from %s to %s failed: %s", state.attempt_id, state.source, state.target, error)
         return MigrationFailed(f"migration of {state.request_id} from {state.source} to {state.target} failed: "
                                f"{error}")

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.engine.core.engine_core import EngineCore
-from harness.engine.pd.messages import EccClear, EccPoison, FaultState, HbmFill, HbmRelease
+from harness.engine.control.messages import (EccClearCommand, EccPoisonCommand, FaultStateReport, HbmFillCommand,
+                                             HbmReleaseCommand)
 from harness.errors import EngineError, HarnessError
 
 log = logging.getLogger(__name__)
@@ -48,21 +49,21 @@ class WorkerFaults:
     fills: dict[str, _Fill] = field(default_factory=dict)
     poisons: dict[str, list[int]] = field(default_factory=dict)
 
-    def handle(self, msg: HbmFill | HbmRelease | EccPoison | EccClear) -> FaultState:
-        """Apply one fault command; returns its ``FaultState`` (``error`` set on refusal)."""
+    def handle(self, msg: HbmFillCommand | HbmReleaseCommand | EccPoisonCommand | EccClearCommand) -> FaultStateReport:
+        """Apply one fault command; returns its ``FaultStateReport`` (``error`` set on refusal)."""
         kind, fault_id = msg.TYPE, msg.fault_id
         try:
             if not fault_id:
                 raise EngineError(f"{kind} needs a fault_id", fix="send a unique fault_id with every fault")
-            state = {HbmFill: self.hbm_fill, HbmRelease: self.hbm_release,
-                     EccPoison: self.ecc_poison, EccClear: self.ecc_clear}[type(msg)](fault_id, msg)
+            state = {HbmFillCommand: self.hbm_fill, HbmReleaseCommand: self.hbm_release,
+                     EccPoisonCommand: self.ecc_poison, EccClearCommand: self.ecc_clear}[type(msg)](fault_id, msg)
         except (HarnessError, ValueError, TypeError, KeyError) as exc:
             log.warning("fault %s %s refused: %s", kind, fault_id, exc)
             state = {"active": False, "error": str(exc)}
-        return FaultState(fault_id, "hbm_fill" if kind.startswith("hbm") else "ecc_poison", **state,
+        return FaultStateReport(fault_id, "hbm_fill" if kind.startswith("hbm") else "ecc_poison", **state,
                           kv_used_ratio=kv_used_ratio(self.core), **kv_block_faults(self.core))
 
-    def hbm_fill(self, fault_id: str, msg: HbmFill) -> dict:
+    def hbm_fill(self, fault_id: str, msg: HbmFillCommand) -> dict:
         if fault_id in self.fills:  # a repeated inject is answered, not applied twice
             return {"active": True, "blocks": len(self.fills[fault_id].blocks)}
         share = float(msg.share)
@@ -86,7 +87,7 @@ class WorkerFaults:
         return {"active": True, "blocks": len(blocks), "requested_blocks": wanted,
                 "device_bytes": memory.numel() if memory is not None else 0}
 
-    def hbm_release(self, fault_id: str, msg: HbmRelease) -> dict:
+    def hbm_release(self, fault_id: str, msg: HbmReleaseCommand) -> dict:
         fill = self.fills.pop(fault_id, None)
         released = self.core.release_kv_blocks(fill.blocks) if fill else 0
         if fill is not None and fill.device_memory is not None:
@@ -94,7 +95,7 @@ class WorkerFaults:
             torch.cuda.empty_cache()  # give the bytes back to the device, not only to torch's cache
         return {"active": False, "blocks": released}
 
-    def ecc_poison(self, fault_id: str, msg: EccPoison) -> dict:
+    def ecc_poison(self, fault_id: str, msg: EccPoisonCommand) -> dict:
         handling = self.core.config.ecc_handling
         if fault_id in self.poisons:
             return {"active": True, "blocks": self.poisons[fault_id], "affected": [], "ecc_handling": handling}
@@ -117,7 +118,7 @@ class WorkerFaults:
         return {"active": True, "blocks": result["blocks"], "affected": result["request_ids"],
                 "ecc_handling": handling}
 
-    def ecc_clear(self, fault_id: str, msg: EccClear) -> dict:
+    def ecc_clear(self, fault_id: str, msg: EccClearCommand) -> dict:
         blocks = self.poisons.pop(fault_id, [])
         restored = self.core.restore_quarantined_blocks(blocks) if blocks else 0
         return {"active": False, "blocks": blocks, "restored": restored}

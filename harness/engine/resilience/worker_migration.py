@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from harness.engine.core.engine_core import EngineCore, ImportHandle
-from harness.engine.pd.messages import (Message, MigrateCommitted, MigrateFailed, MigrateIn, MigrateOut, MigrateReady,
-                                     Migrated, TransferEvent, request_from_dict)
+from harness.engine.control.messages import (Message, MigrateCommitted, MigrateFailed, MigrateIn, MigrateOut,
+                                             MigrateReady, Migrated, TransferEvent, request_from_dict)
 from harness.engine.kvtransfer.transfer import (PATH_CONTROL, PATH_FABRIC, Endpoint, KVLayout, KVSender, TransferConfig,
                                      TransferStats)
-from harness.engine.pd.worker_stats import RecentWindow
+from harness.engine.control.worker_stats import RecentWindow
 from harness.errors import EngineError, HarnessError, KVIntegrityError
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class MigrationHost(Protocol):
     def layout(self, tid: str) -> KVLayout | None: ...
 
 
-class LiveMigration:
+class WorkerLiveMigration:
     def __init__(self, core: EngineCore, host: MigrationHost) -> None:
         self.worker = host
         self.core = core

@@ -9,16 +9,16 @@ shape ``{"error": {"message", "type", "param", "code"}}``; a traceback never rea
 client. A streaming request is held until its first engine event, so that a request the
 engine refuses (admission control, bad input) still gets a proper HTTP status; after that,
 an engine failure becomes an SSE ``error`` payload followed by ``[DONE]``. Request bodies, their
-validation and their translation into a ``GenerateRequest``: openai_requests.py.
+validation and their translation into a ``GenerateRequest``: openai_requests.py; the engine stream of
+one request and the client-disconnect watch: generation.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request
@@ -28,98 +28,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from harness.engine.serving.metrics import RequestTracker, ServingMetrics, engine_alive
+from harness.engine.serving.generation import ClientGone, Generation, unless_disconnected
+from harness.engine.serving.metrics import ServingMetrics, engine_alive
 from harness.engine.core.types import EngineClient, FinishReason, TokenEvent
 from harness.engine.serving.openai_requests import (Call, ChatBody, CommonBody, CompletionBody, parse_body, to_call,
                                                     validation_error)
-from harness.errors import EngineError, HarnessError, InvalidRequestError, WorkerDeadError
+from harness.errors import HarnessError, InvalidRequestError, WorkerDeadError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-
-_T = TypeVar("_T")
-
-
-# ---- the engine stream of one request -----------------------------------------------------
-
-class _Generation:
-    """Pulls one request's events from the engine, feeds its metrics tracker and collects
-    its output; ``aclose`` aborts it in the engine unless it already finished."""
-
-    def __init__(self, client: EngineClient, call: Call, tracker: RequestTracker) -> None:
-        self._events = client.generate(call.request)
-        self._iter = self._events.__aiter__()
-        self._tracker = tracker
-        self._closed = False
-        self.final: TokenEvent | None = None
-        self.text: list[str] = []
-        self.token_ids: list[int] = []
-        self.workers: list[str] = []
-
-    async def next(self) -> TokenEvent:
-        if self.final is not None:
-            raise EngineError("internal: read past the final event")
-        try:
-            event = await self._iter.__anext__()
-        except StopAsyncIteration:
-            self._tracker.abort(FinishReason.ERROR)
-            raise EngineError("the engine ended the stream without a final event") from None
-        except InvalidRequestError:
-            self._tracker.discard()
-            raise
-        except Exception:
-            self._tracker.abort(FinishReason.ERROR)
-            raise
-        self._tracker.observe(event)
-        self.text.append(event.text)
-        self.token_ids.extend(event.token_ids)
-        if event.worker and event.worker not in self.workers:
-            self.workers.append(event.worker)
-        if event.finished:
-            self.final = event
-        return event
-
-    async def collect(self) -> TokenEvent:
-        while self.final is None:
-            await self.next()
-        return self.final
-
-    async def aclose(self) -> None:
-        self._tracker.abort()
-        if self._closed:
-            return
-        self._closed = True
-        close = getattr(self._events, "aclose", None)
-        if close is not None:
-            # Shielded: this runs while the request's task is being cancelled (client gone).
-            with anyio.CancelScope(shield=True):
-                await close()
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
-    """Await ``work`` unless the client disconnects first (then cancel it, raise _ClientGone)."""
-
-    async def wait_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_disconnect())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise _ClientGone()
-    finally:
-        for t in (task, watcher):
-            t.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-
 
 # ---- response shapes ----------------------------------------------------------------------
 
@@ -127,7 +45,7 @@ def _finish_reason(event: TokenEvent) -> str | None:
     return (event.finish_reason or FinishReason.STOP).value if event.finished else None
 
 
-def _usage(call: Call, gen: _Generation) -> dict[str, int]:
+def _usage(call: Call, gen: Generation) -> dict[str, int]:
     final = gen.final
     prompt = (final.num_prompt_tokens if final else 0) or len(call.request.prompt_token_ids)
     completion = (final.num_output_tokens if final else 0) or len(gen.token_ids)
@@ -159,7 +77,7 @@ def _chunk(call: Call, event: TokenEvent, first: bool) -> dict[str, Any]:
     return chunk
 
 
-def _full_response(call: Call, gen: _Generation) -> dict[str, Any]:
+def _full_response(call: Call, gen: Generation) -> dict[str, Any]:
     text = "".join(gen.text)
     choice: dict[str, Any] = {"index": 0}
     if call.chat:
@@ -272,7 +190,7 @@ class _SSEResponse(StreamingResponse):
                 await self.body_iterator.aclose()
 
 
-async def _stream_events(call: Call, gen: _Generation, first: TokenEvent) -> AsyncIterator[str]:
+async def _stream_events(call: Call, gen: Generation, first: TokenEvent) -> AsyncIterator[str]:
     event, is_first = first, True
     try:
         while True:
@@ -306,24 +224,24 @@ async def _generate(request: Request, body_type: type[CommonBody]) -> Response:
     try:
         call = to_call(parse_body(body_type, await _read_body(request, state.max_body_bytes)), client)
         tracker = state.metrics.track(call.request.arrival_time, ttft_on_write=call.stream)
-        gen = _Generation(client, call, tracker)
+        gen = Generation(client, call, tracker)
     except Exception as exc:
         return _exception_response(request, exc)
     handed_over = False
     try:
         if call.stream:
-            first = await _unless_disconnected(request, gen.next())
+            first = await unless_disconnected(request, gen.next())
             if first.finished and first.finish_reason == FinishReason.ERROR:
                 return _error_response(request, 500, _event_error(first), code="engine_error")
             handed_over = True
             return _SSEResponse(_stream_events(call, gen, first), media_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                 on_first_body=tracker.first_write)
-        final = await _unless_disconnected(request, gen.collect())
+        final = await unless_disconnected(request, gen.collect())
         if final.finish_reason == FinishReason.ERROR:
             return _error_response(request, 500, _event_error(final), code="engine_error")
         return JSONResponse(_full_response(call, gen))
-    except _ClientGone:
+    except ClientGone:
         logger.info("client went away; request %s aborted", call.request.request_id)
         return Response(status_code=499)  # nobody reads it; the status shows in access logs
     except Exception as exc:

@@ -24,8 +24,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from harness.engine.pd.messages import Abort, Message, Tokens, encode
+from harness.engine.control.codec import encode
+from harness.engine.control.messages import Abort, Message, Tokens
 from harness.engine.core.types import GenerateRequest
+from harness.states import WorkerHealth, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +67,16 @@ class EventLog:
 
 
 @dataclass
-class Worker:
+class RouterWorker:
     id: str
-    role: str  # "prefill" | "decode"
+    role: WorkerRole
     pid: int
     kv_addr: tuple[str, int]
     control_addr: tuple[str, int]
     writer: asyncio.StreamWriter
     kv_blocks_total: int
     block_size: int
-    health: str = "healthy"  # "healthy" | "dead"
+    health: WorkerHealth = WorkerHealth.HEALTHY
     down_reason: str | None = None
     last_heartbeat: float = field(default_factory=time.monotonic)  # last message of any kind
     steps: int | None = None      # the worker's progress counter (None: it sends no progress beats)
@@ -87,7 +89,7 @@ class Worker:
     reserved_blocks: int = 0
 
     def send(self, msg: Message) -> None:
-        if self.health == "healthy" and not self.writer.is_closing():
+        if self.health == WorkerHealth.HEALTHY and not self.writer.is_closing():
             self.writer.write(encode(msg))
 
     def free_blocks(self) -> int:
@@ -155,36 +157,36 @@ class RoutingTable:
         self.headroom = kv_headroom_factor
         self.readmit_delay_s = readmit_delay_s
         self.held_out: dict[str, float] = {}  # worker id -> monotonic time it may get placements again
-        self.workers: dict[str, Worker] = {}
+        self.workers: dict[str, RouterWorker] = {}
         self.attempts: dict[str, Attempt] = {}
         self.draining: set[str] = set()   # decode workers taking no new placements (planned drain)
         self.waiting = 0                  # requests waiting for a placement (the admission queue)
 
     # -- asking
-    def healthy(self, role: str | None = None) -> list[Worker]:
-        return [w for w in self.workers.values() if w.health == "healthy" and role in (None, w.role)]
+    def healthy(self, role: WorkerRole | None = None) -> list[RouterWorker]:
+        return [w for w in self.workers.values() if w.health == WorkerHealth.HEALTHY and role in (None, w.role)]
 
-    def healthy_worker(self, worker_id: str | None, role: str) -> Worker | None:
+    def healthy_worker(self, worker_id: str | None, role: WorkerRole) -> RouterWorker | None:
         w = self.workers.get(worker_id) if worker_id is not None else None
-        return w if w is not None and w.health == "healthy" and w.role == role else None
+        return w if w is not None and w.health == WorkerHealth.HEALTHY and w.role == role else None
 
-    def serves(self, w: Worker) -> bool:
+    def serves(self, w: RouterWorker) -> bool:
         """Whether requests wait on ``w``: it decodes them, or their KV has yet to come from it."""
         return bool(self._serving(w))
 
-    def _serving(self, w: Worker) -> list[str]:
+    def _serving(self, w: RouterWorker) -> list[str]:
         # a request ``w`` only holds a reservation for, as the target of a live migration in
         # flight, keeps running on its source (the migration fails): it is not ``w``'s to serve
         return [a for a in w.attempts if (att := self.attempts.get(a)) is None
                 or att.decode == w.id or (att.prefill == w.id and not att.kv_arrived)]
 
-    def pick(self, blocks_needed: Callable[[int], int]) -> tuple[Worker, Worker, int] | str:
+    def pick(self, blocks_needed: Callable[[int], int]) -> tuple[RouterWorker, RouterWorker, int] | str:
         """Seed 5.3: the least-queued prefill worker, and the least-loaded decode worker whose
         free KV exceeds ``headroom`` x the request's (``blocks_needed(block_size)``); or why none."""
         now = time.monotonic()
         placeable = [w for w in self.healthy() if self.held_out.get(w.id, 0.0) <= now]
-        prefills = [w for w in placeable if w.role == "prefill"]
-        decodes = [w for w in placeable if w.role == "decode" and w.id not in self.draining]
+        prefills = [w for w in placeable if w.role == WorkerRole.PREFILL]
+        decodes = [w for w in placeable if w.role == WorkerRole.DECODE and w.id not in self.draining]
         if not prefills or not decodes:
             return f"{len(prefills)} healthy prefill and {len(decodes)} healthy decode workers"
         fits = []
@@ -208,7 +210,7 @@ class RoutingTable:
             self.waiting -= 1
 
     # -- workers telling
-    def join(self, worker: Worker) -> Worker | None:
+    def join(self, worker: RouterWorker) -> RouterWorker | None:
         """Add (or replace a dead) worker; returns the one it replaced."""
         old = self.workers.get(worker.id)
         self.workers[worker.id] = worker
@@ -216,19 +218,19 @@ class RoutingTable:
             self.held_out[worker.id] = time.monotonic() + self.readmit_delay_s
         return old
 
-    def heard_from(self, w: Worker) -> None:
+    def heard_from(self, w: RouterWorker) -> None:
         w.last_heartbeat = time.monotonic()
 
-    def progress(self, w: Worker, steps: int) -> None:
+    def progress(self, w: RouterWorker, steps: int) -> None:
         w.steps = steps
 
-    def heartbeat(self, w: Worker, stats: dict, transfer: dict) -> None:
+    def heartbeat(self, w: RouterWorker, stats: dict, transfer: dict) -> None:
         w.stats, w.transfer = stats, transfer
         w.kv_blocks_used = stats.get("kv_blocks_used", 0)
 
-    def lose(self, w: Worker, reason: str, at: float) -> list[str]:
+    def lose(self, w: RouterWorker, reason: str, at: float) -> list[str]:
         """``w`` is dead: every attempt on it hears so. Returns the attempts it was serving."""
-        w.health, w.down_reason = "dead", reason
+        w.health, w.down_reason = WorkerHealth.DEAD, reason
         serving = self._serving(w)
         for att_id in list(w.attempts):
             att = self.attempts.get(att_id)
@@ -279,19 +281,19 @@ class RoutingTable:
         return True
 
     # -- live migration telling
-    def reserve_target(self, att: Attempt, target: Worker) -> None:
+    def reserve_target(self, att: Attempt, target: RouterWorker) -> None:
         target.attempts.add(att.id)
         target.reserved_blocks += att.blocks
         target.queue_depth += 1
 
-    def undo_target(self, att: Attempt, target: Worker) -> None:
+    def undo_target(self, att: Attempt, target: RouterWorker) -> None:
         if att.id in target.attempts:
             target.attempts.discard(att.id)
             target.reserved_blocks -= att.blocks
             target.queue_depth -= 1
             target.send(Abort(att.id))
 
-    def switch(self, att: Attempt, source: Worker, target: Worker) -> None:
+    def switch(self, att: Attempt, source: RouterWorker, target: RouterWorker) -> None:
         """The route now points at the target; the source's share is released."""
         att.decode = target.id
         if att.id in source.attempts:
@@ -300,4 +302,4 @@ class RoutingTable:
             source.queue_depth -= 1
 
 
-__all__ = ["Attempt", "ClientAbort", "EventLog", "RoutingTable", "Worker", "WorkerLost"]
+__all__ = ["Attempt", "ClientAbort", "EventLog", "RoutingTable", "RouterWorker", "WorkerLost"]
