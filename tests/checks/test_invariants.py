@@ -4,7 +4,7 @@ oracle is the real reference model (tiny preset) where token exactness is checke
 import pytest
 
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord
 
