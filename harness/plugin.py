@@ -125,7 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")
-    from harness.report.live import LivePhases
+    from harness.report.live_phases import LivePhases
 
     config.pluginmanager.register(LivePhases(lambda: state.live, MARKER), "harness-live-phases")
     with contextlib.suppress(OSError, ValueError):  # capture is suspended here: fd 1 is the real stdout

@@ -105,7 +105,7 @@ def _dynamo_stream(counts, done=True):
     """A record built from Dynamo-shaped SSE bytes: empty text, cumulative usage in every chunk."""
     import json
 
-    from harness.probes.streaming import RecordBuilder
+    from harness.probes.sse import RecordBuilder
 
     b = RecordBuilder(RequestRecord(request_id="d", sent_ns=0, prompt="p", max_tokens=4))
     for i, count in enumerate(counts):
