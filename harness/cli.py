@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
     "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
     "fabric": ("harness.fabric.cli", "the emulated fabric: status, remove a dead run's leftovers, measure"),
-    "schema": ("harness.clusterfile.cli", "print the cluster file's JSON Schema, or --check cluster files"),
+    "schema": ("harness.clusterfile.cli", "print the cluster file's (--checklist: the checklist's) JSON Schema, or --check files"),
     "sshd-test": ("harness.cli_hosts", "test sshd(s) in the emulated fabric's namespaces (or on loopback): up|down"),
     "gpu-fill": ("harness.cli_hosts", "hold N GiB (or a fraction) of a CUDA device's memory until killed"),
 }

@@ -45,7 +45,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     t0 = time.monotonic()
     log_dir = state.options.report_dir / state.result.run_id / "artifacts" / "cluster-logs"
     run = RunRecord(spec.name, spec.kind) if spec.kind == "bundled" else None
-    with open_cluster(spec, log_dir=log_dir if spec.kind == "bundled" else None, run=run,
+    with open_cluster(spec, state.checklist, log_dir=log_dir if spec.kind == "bundled" else None, run=run,
                       send=not state.options.dry_run) as handle:
         handle.run = run
         state.result.cluster = handle.describe()

@@ -22,7 +22,8 @@ import pytest
 
 from harness.checks.verdict import ExitCode, Status, exit_code_for
 from harness.errors import ConfigError, HarnessError, RevertError
-from harness.plugin_state import MARKER, STATE, HarnessOptions, HarnessState, console, harness_state, show
+from harness.plugin_state import (MARKER, STATE, HarnessOptions, HarnessState, console, harness_state,
+                                   load_run_cluster, show)
 from harness.report import RunResult, collect_environment, new_run_id
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")
-    from harness.report.live import LivePhases
+    from harness.report.live_phases import LivePhases
 
     config.pluginmanager.register(LivePhases(lambda: state.live, MARKER), "harness-live-phases")
     with contextlib.suppress(OSError, ValueError):  # capture is suspended here: fd 1 is the real stdout
@@ -162,13 +163,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     state.active = True
     from harness.checks.capabilities import check_item_markers
-    from harness.cluster import check_cluster
 
     what = "cluster file"
     try:  # checked in full here, before anything starts (no namespace, no process); a dry run reads no key file
-        state.spec = check_cluster(state.options.cluster, dry_run=state.options.dry_run)
+        load_run_cluster(state)
         what = "suite marker"  # pytest.mark.item naming an unknown item or capability
-        check_item_markers(items, state.spec.checklist())
+        check_item_markers(items, state.checklist)
     except ConfigError as exc:
         from rich.markup import escape
 
@@ -240,9 +240,9 @@ def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error:
     from harness.checks.verdict import Verdict
 
     marked = item_marker(item)
-    if marked is None or state.spec is None:
+    if marked is None or state.checklist is None:
         return
-    checklist = state.spec.checklist()
+    checklist = state.checklist
     have = {v.item for v in state.verdicts_by_test.get(item.nodeid, [])}
     reason = " ".join(f"error: the suite stopped in its {when} before judging this item: {error}".split())
     for item_id in marked[0]:
@@ -278,7 +278,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     result.environment = {**collect_environment(), **result.environment}  # plus what the run read on its hosts
     from harness.checks.capabilities import coverage
 
-    result.coverage = coverage(result.verdicts, list(state.spec.checklist().items) if state.spec else [])
+    result.coverage = coverage(result.verdicts, list(state.checklist.items) if state.checklist else [])
     code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
                          revert_failed=bool(result.revert_failures))
     result.exit_code = int(code)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from harness.checklists import Checklist, default_checklist
 from harness.checks.verdict import Verdict
 from harness.report import RunResult
 from harness.signals import SignalOwner
@@ -45,6 +46,7 @@ class HarnessState:
     config_error: str | None = None
     run_dir: Path | None = None
     spec: Any = None  # ClusterSpec once loaded
+    checklist: Checklist | None = None  # the run's thresholds (the cluster's overrides applied), once loaded
     verdicts_by_test: dict[str, list[Verdict]] = field(default_factory=dict)
     live: Any = None  # harness.report.live.LiveStatus once suites were collected
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
@@ -57,6 +59,16 @@ STATE = pytest.StashKey[HarnessState]()
 
 def harness_state(config: pytest.Config) -> HarnessState:
     return config.stash[STATE]
+
+
+def load_run_cluster(state: HarnessState) -> None:
+    """Parse the checklist (the one parse of a run) and check the cluster file against it, before
+    anything starts; the plugin, the fixtures and the report read ``state.checklist`` from here on."""
+    from harness.clusterfile.load import check_cluster
+
+    base = default_checklist()
+    state.spec = check_cluster(state.options.cluster, dry_run=state.options.dry_run, checklist=base)
+    state.checklist = state.spec.checklist(base)
 
 
 def console() -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.checks.machine import gate
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, judge
 from harness.report import RunResult, write_reports
 

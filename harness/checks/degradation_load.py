@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from harness.checks.degradation import ITEM
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.kv_drive import DriveResult, KvSample
 from harness.probes.records import NOT_SENT, RequestRecord

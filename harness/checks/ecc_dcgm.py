@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 
 ITEM = "ecc"

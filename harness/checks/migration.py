@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.checks.intervals import percentile_interval, share_statement
 from harness.checks.reschedule import nearest_rank
-from harness.checks.thresholds import Checklist, Threshold
+from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from harness.checks.intervals import Interval, across, measured_within, share_statement
 from harness.checks.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
-from harness.checks.thresholds import Checklist, Threshold
+from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
 

@@ -35,7 +35,7 @@ from harness.checks.invariants import failed_with_clear_error
 from harness.checks.intervals import Interval, across, measured_within
 from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, rejoin_measurement, time_measurements
 from harness.checks.stats import DEFINITION, nearest_rank
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
 from harness.probes.rejoin import Rejoin

@@ -29,7 +29,7 @@ import httpx
 
 from harness.checks.intervals import percentile_interval
 from harness.checks.stats import DEFINITION, nearest_rank
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.analysis import requests_frame
 from harness.errors import ProbeError

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from harness.checks.intervals import Interval, decide, more_to_decide
-from harness.checks.thresholds import ChecklistItem, Threshold
+from harness.checklists import ChecklistItem, Threshold
 from harness.errors import ConfigError
 
 
@@ -70,7 +70,7 @@ class Verdict:
 
 def inconclusive(checklist: Any, item_id: str, reason: str, **evidence: Any) -> Verdict:
     """The verdict of an item that was not measured (a dry run, a cluster too small for it);
-    ``checklist``: the cluster's thresholds (harness.checks.thresholds.Checklist)."""
+    ``checklist``: the cluster's thresholds (harness.checklists.Checklist)."""
     return Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.INCONCLUSIVE, reason=reason,
                    evidence=evidence)
 

@@ -2,15 +2,19 @@
 
 Every model of the cluster file (models.py, behaviour.py) is a :class:`StrictModel` whose fields are made
 with :func:`field_with_fix`, so a wrong value's error names the fix; cross-field checks raise
-:class:`FieldProblem`.
+:class:`FieldProblem` (all three from :mod:`harness.checklists.validation`, the leaf they share
+with the checklist).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, StringConstraints
+
+# the project's one validation style (shared with the checklist): callers import these from here too
+from harness.checklists.validation import FieldProblem, StrictModel, Text, field_with_fix  # noqa: F401
 
 KINDS = ("bundled", "external")
 ENGINES = ("bundled", "vllm", "sglang", "dynamo", "openai")
@@ -21,19 +25,10 @@ ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
 MAX_BUNDLED_WORKERS = 16  # per role: each worker is a process with its own model on this one machine
 METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
-
-
-class FieldProblem(ValueError):
-    """Raised by a validator: ``field`` is relative to the model (or field) being validated."""
-
-    def __init__(self, problem: str, fix: str, field: str = "") -> None:
-        self.problem, self.fix, self.field = problem, fix, field
-        super().__init__(problem)
-
-
-def field_with_fix(fix: str, description: str = "", **kwargs: Any) -> Any:
-    """A pydantic Field whose JSON Schema carries ``x-fix``: the fix a validation error names."""
-    return Field(description=description or None, json_schema_extra={"x-fix": fix}, **kwargs)
+# the fault kinds harness.faults registers (safety.allowed_faults names them): kept here, below the
+# faults layer, so the cluster file is checked without importing it; a test keeps the two equal
+FAULT_KINDS = ("dcgm_inject", "ecc_poison", "hbm_fill", "hbm_fill_host", "live_migration", "nic_flap", "pfc_storm",
+               "process_hang", "process_kill", "speculative_decoding")
 
 
 def _http_url(value: str) -> str:
@@ -43,12 +38,5 @@ def _http_url(value: str) -> str:
     return value.rstrip("/")
 
 
-Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 Url = Annotated[Text, AfterValidator(_http_url)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-
-
-class StrictModel(BaseModel):
-    """The cluster file's models: unknown keys rejected, no type coercion, immutable."""
-    # strict: YAML's `yes-please` is not a bool, `true` is not a count (ints still widen to floats)
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from harness.checks.thresholds import Checklist, field_error
-from harness.clusterfile.models import ClusterSpec, Host, Safety, Worker, Workload, settings_spec
+from harness.checklists import Checklist
+from harness.checklists.validation import field_error
+from harness.clusterfile.models import ClusterSpec, FabricSettings, Host, Safety, Worker, Workload
 from harness.errors import ConfigError, ProbeError
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,14 @@ class ClusterHandle:
                            else {"unavailable": self.fabric_unavailable})}
 
 
+def settings_spec(settings: FabricSettings) -> Any:
+    """The harness.fabric ShapingSpec of a cluster file's fabric settings (validates them)."""
+    from harness.fabric.shaping import ShapingSpec
+
+    return ShapingSpec(line_rate_bps=settings.line_rate_bps, mtu=settings.mtu,
+                       lossless_share=settings.lossless_share, tcp_in_lossless=settings.tcp_in_lossless)
+
+
 @contextlib.contextmanager
 def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
                  log_dir: Path | None = None, run: Any = None, send: bool = True) -> Iterator[ClusterHandle]:
@@ -176,7 +185,8 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
         fabric, unavailable, placement = _bundled_fabric(spec, stack, None if run is None else run.set_fabric)
         try:
             topo = Topology(prefill=b.prefill, decode=b.decode, preset=b.preset, host=b.host,
-                            router_config=dict(b.router), engine_config=dict(b.engine),
+                            router_config=b.router.model_dump(exclude_unset=True),
+                            engine_config=b.engine.model_dump(exclude_unset=True),
                             startup_timeout_s=b.ready_timeout_s, log_dir=log_dir,
                             **placement)
         except ConfigError as exc:  # the router rejected a knob: point at the cluster file, not the engine

@@ -15,14 +15,16 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import Strict, StringConstraints, field_validator, model_validator
+from pydantic import Strict, StringConstraints, field_serializer, field_validator, model_validator
 
+from harness.checklists import Checklist, default_checklist
 # base names are re-exported: callers import them from here
-from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, KINDS, METRIC_PROFILES, NAME_PATTERN,  # noqa: F401
+from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, FAULT_KINDS, KINDS, METRIC_PROFILES, NAME_PATTERN,  # noqa: F401
                                       MAX_BUNDLED_WORKERS, ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, field_with_fix,
                                       StrictModel)
 from harness.clusterfile.behaviour import (Degradation, DegradationLevel, DegradationLoad,  # noqa: F401
                                            GpuBinding, HostDcgm, LevelExpectation, MigrationSettings, Rejection)
+from harness.clusterfile.engine_settings import EngineSettings, RouterSettings, check_engine
 from harness.errors import FaultError
 
 
@@ -87,10 +89,9 @@ class Safety(StrictModel):
                 raise FieldProblem("a production cluster cannot allow every fault",
                                    "list each fault kind you accept, e.g. [process_kill]")
             return None
-        known = known_fault_kinds()
         for i, kind in enumerate(value):
-            if not kind or (known and kind not in known):
-                raise FieldProblem(f"unknown fault kind {kind!r}", f"use one of {', '.join(sorted(known))}",
+            if kind not in FAULT_KINDS:
+                raise FieldProblem(f"unknown fault kind {kind!r}", f"use one of {', '.join(FAULT_KINDS)}",
                                    field=f"[{i}]")
         return tuple(value)
 
@@ -109,16 +110,6 @@ class Safety(StrictModel):
                          fix=f"add {fault_kind!r} to safety.allowed_faults in the cluster file")
 
 
-def known_fault_kinds() -> set[str]:
-    """Fault kinds registered by harness.faults (empty if that package cannot be imported)."""
-    try:
-        import harness.faults  # noqa: F401  (importing registers the catalogue)
-        from harness.faults.base import Fault
-    except ImportError:
-        return set()
-    return set(Fault.registry)
-
-
 class BundledSettings(StrictModel):
     prefill: int = field_with_fix(f"write a whole number from 1 to {MAX_BUNDLED_WORKERS}", "prefill workers", default=2, ge=1,
                         le=MAX_BUNDLED_WORKERS)
@@ -126,10 +117,10 @@ class BundledSettings(StrictModel):
                        le=MAX_BUNDLED_WORKERS)
     preset: Text = field_with_fix("write e.g. `preset: tiny` (`python -m harness presets` lists them)", default="tiny")
     host: Text = field_with_fix("write e.g. `host: 127.0.0.1`", default="127.0.0.1")
-    router: dict[str, Any] = field_with_fix("write e.g. `router: {reschedule_enabled: true}`",
-                                  "router config knobs (sabotage included)", default_factory=dict)
-    engine: dict[str, Any] = field_with_fix("write e.g. `engine: {ecc_handling: false}`",
-                                  "EngineConfig fields of every worker (checked by load.py)", default_factory=dict)
+    router: RouterSettings = field_with_fix("write e.g. `router: {reschedule_enabled: true}`",
+                                            "router config knobs (sabotage included)", default_factory=RouterSettings)
+    engine: EngineSettings = field_with_fix("write e.g. `engine: {ecc_handling: false}`",
+                                            "EngineConfig fields of every worker", default_factory=EngineSettings)
     ready_timeout_s: float = field_with_fix("write e.g. 120", default=120.0, gt=0, allow_inf_nan=False)
 
     @field_validator("router", "engine", mode="before")
@@ -137,34 +128,30 @@ class BundledSettings(StrictModel):
     def _none_is_empty(cls, value: Any) -> Any:
         return {} if value is None else value
 
+    @model_validator(mode="after")
+    def _engine_runs_the_preset(self) -> "BundledSettings":
+        check_engine(self.preset, self.engine)
+        return self
+
+    @field_serializer("router", "engine")
+    def _as_written(self, settings: StrictModel) -> dict[str, Any]:
+        """What the file set (the engine's defaults are its own), as ``dict(...)`` of it was before."""
+        return settings.model_dump(mode="json", exclude_unset=True)
+
 
 class FabricSettings(StrictModel):
     """The bundled cluster's emulated fabric (docs/fabric.md); needs root and iproute2."""
 
     enabled: bool = field_with_fix("write `enabled: true` or `enabled: false`", default=False)
-    line_rate_bps: float = field_with_fix("write a plain number such as 1.0e+9", default=1e9, allow_inf_nan=False)
-    mtu: int = field_with_fix("write a whole number such as 9000", default=9000, ge=1)
-    lossless_share: float = field_with_fix("write a plain number such as 0.5", default=0.5, allow_inf_nan=False)
+    # the ranges harness.fabric.shaping.ShapingSpec accepts (it checks them again when the fabric is built)
+    line_rate_bps: float = field_with_fix("use 1e6..1e11 bit/s (the bundled default, 1e9, is what the KV data plane "
+                                          "fills on 2 cores)", default=1e9, ge=1e6, le=100e9, allow_inf_nan=False)
+    mtu: int = field_with_fix("use 1280..65000 (9000 = jumbo frames)", default=9000, ge=1280, le=65000)
+    lossless_share: float = field_with_fix("leave room for both classes, e.g. 0.5", "guaranteed share of the line "
+                                           "rate for the lossless class", default=0.5, ge=0.05, le=0.95,
+                                           allow_inf_nan=False)
     tcp_in_lossless: bool = field_with_fix("write `tcp_in_lossless: true` or `tcp_in_lossless: false`",
                                  "deliberately broken: TCP/IP traffic shares the paused class", default=False)
-
-    @model_validator(mode="after")
-    def _shapeable(self) -> "FabricSettings":
-        from harness.errors import ConfigError
-
-        try:
-            settings_spec(self)
-        except ConfigError as exc:
-            raise FieldProblem(str(exc).removesuffix(f" (fix: {exc.fix})"), exc.fix or "see docs/fabric.md") from None
-        return self
-
-
-def settings_spec(settings: FabricSettings) -> Any:
-    """The harness.fabric ShapingSpec of these settings (validates them)."""
-    from harness.fabric.shaping import ShapingSpec
-
-    return ShapingSpec(line_rate_bps=settings.line_rate_bps, mtu=settings.mtu,
-                       lossless_share=settings.lossless_share, tcp_in_lossless=settings.tcp_in_lossless)
 
 
 class Endpoints(StrictModel):
@@ -371,11 +358,10 @@ class ClusterSpec(ClusterFile):
     def threshold_overrides(self) -> dict[str, Any]:
         return self.thresholds
 
-    def checklist(self, base: Any = None) -> Any:
-        """The checklist thresholds with this cluster's overrides applied."""
-        from harness.checks.thresholds import Checklist
-
-        return (base or Checklist.load()).with_overrides(self.thresholds or None, origin=self.path)
+    def checklist(self, base: Checklist | None = None) -> Checklist:
+        """The checklist thresholds with this cluster's overrides applied to ``base`` (the run's
+        parsed checklist; None: the shipped one)."""
+        return (base or default_checklist()).with_overrides(self.thresholds or None, origin=self.path)
 
     def api_key(self) -> str | None:
         """The API key from the environment variable named by ``auth.api_key_env`` (None: no auth)."""
@@ -393,9 +379,3 @@ class ClusterSpec(ClusterFile):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
-
-def did_you_mean(word: str, choices: Any) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
-    return f"did you mean `{close[0]}`? " if close else ""

@@ -1,6 +1,6 @@
 """Fabric faults: NIC port flapping and PFC congestion (a pause storm) on the lossless class.
 
-Both run their pattern as one small shell loop on the target host (through the host's executor,
+Both run their pattern as one small shell loop on the target host (harness/faults/host_loop.py; through the host's executor,
 so the same fault works on a bundled fabric namespace and over SSH). The loop always ends in the
 healthy state (link up, class restored), stops early when its stop file appears, and removes
 its pid file when it exits; a revert touches the stop file, waits for the loop to be gone, then
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -26,93 +25,13 @@ from harness.errors import ConfigError, FaultError
 from harness.fabric.builder import fabric_unavailable_reason, link_state
 from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, change_class_command, read_classes
 from harness.faults.base import Fault, no_ledger
+from harness.faults.host_loop import COMMAND_TIMEOUT_S, STATE_DIR, HostLoop
 from harness.ids import new_fault_id
-from harness.hosts import CommandResult, Executor, LocalExecutor, describe_command
+from harness.hosts import Executor, LocalExecutor, describe_command
 
 log = logging.getLogger(__name__)
 
-STATE_DIR = "/tmp/pdh-faults"   # on the target host: loop pid and stop files
-COMMAND_TIMEOUT_S = 15.0
 POLL_S = 0.02
-
-
-class _HostLoop:
-    """A pattern loop on the target host: ``count`` times (inject, sleep on_s, restore, sleep off_s)."""
-
-    def __init__(self, fault_id: str, inject: Sequence[Sequence[str]], restore: Sequence[Sequence[str]],
-                 count: int, on_s: float, off_s: float) -> None:
-        self.pid_file, self.stop_file = f"{STATE_DIR}/{fault_id}.pid", f"{STATE_DIR}/{fault_id}.stop"
-        self.log_file = f"{STATE_DIR}/{fault_id}.log"
-        self.inject, self.restore, self.count, self.on_s, self.off_s = inject, restore, count, on_s, off_s
-        self._thread: threading.Thread | None = None
-        self.result: CommandResult | None = None
-
-    def script(self) -> str:
-        on = "; ".join(shlex.join(a) for a in self.inject)
-        off = "; ".join(shlex.join(a) for a in self.restore)
-        # Transitions go to a log file on the host, never to our pipe: if the harness dies, a write
-        # to its closed pipe would kill the loop half-way (link left down). PIPE and HUP are ignored
-        # for the same reason (an SSH session that drops); TERM and INT restore before exiting.
-        return (f"mkdir -p {STATE_DIR}; echo $$ > {self.pid_file}; : > {self.log_file}; trap '' PIPE HUP; "
-                f"trap '{off}; rm -f {self.pid_file}; exit 0' TERM INT; i=0; "
-                f"while [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; do "
-                f"{on}; echo \"on $(date +%s.%N)\" >> {self.log_file}; sleep {self.on_s:g}; "
-                f"{off}; echo \"off $(date +%s.%N)\" >> {self.log_file}; i=$((i+1)); "
-                f"if [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; then sleep {self.off_s:g}; fi; "
-                f"done; rm -f {self.pid_file}")
-
-    def argv(self) -> list[str]:
-        return ["sh", "-c", self.script()]
-
-    @property
-    def duration_s(self) -> float:
-        return self.count * (self.on_s + self.off_s)
-
-    def start(self, ex: Executor) -> None:
-        ex.run(["rm", "-f", self.stop_file], timeout=COMMAND_TIMEOUT_S, check=False)
-
-        def run() -> None:
-            self.result = ex.run(self.argv(), timeout=self.duration_s + 60, check=False)
-
-        self._thread = threading.Thread(target=run, name=f"fault-loop-{self.pid_file}", daemon=True)
-        self._thread.start()
-
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def wait(self, timeout_s: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
-
-    def transitions(self, ex: Executor) -> list[tuple[str, float]]:
-        """("on" | "off", wall time) of each change the loop made, from its log on the host."""
-        res = ex.run(["cat", self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
-        return [(w, float(t)) for w, t in (line.split() for line in res.stdout.splitlines()
-                                           if line.startswith(("on ", "off ")))]
-
-    def alive(self, ex: Executor) -> bool:
-        """The loop still runs: its pid file exists and names a live process (a SIGKILLed loop leaves the file)."""
-        check = f'test -e {self.pid_file} && kill -0 "$(cat {self.pid_file})" 2>/dev/null'
-        return ex.run(["sh", "-c", check], timeout=COMMAND_TIMEOUT_S, check=False).rc == 0
-
-    def stop(self, ex: Executor, *, restore: bool = True) -> str:
-        """Ask the loop to end, wait until it is gone (it may be a crashed run's), restore once more."""
-        ex.run(["sh", "-c", f"mkdir -p {STATE_DIR} && touch {self.stop_file}"], timeout=COMMAND_TIMEOUT_S)
-        limit = self.on_s + self.off_s + 10
-        deadline = time.monotonic() + limit
-        if self._thread is not None:
-            self.wait(limit)
-        while self.alive(ex):
-            if time.monotonic() > deadline:
-                raise FaultError(f"the fault loop ({self.pid_file}) did not stop within {limit:.0f} s",
-                                 fix=f"kill the process in {self.pid_file} on the host, then revert again")
-            time.sleep(0.1)  # the loop finishes its current sleep, then sees the stop file
-        for argv in self.restore if restore else ():
-            ex.run(list(argv), timeout=COMMAND_TIMEOUT_S)
-        ex.run(["rm", "-f", self.stop_file, self.pid_file, self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
-        return "loop stopped; restored" if restore else "loop stopped"
 
 
 def _require_tools(ex: Executor, kind: str) -> None:
@@ -164,7 +83,7 @@ class NicFlap(Fault):
                               fix="pass e.g. count=3")
         if self.safety_timer_s is None:
             self.safety_timer_s = self.count * self.period_s + 30.0
-        self._loop = _HostLoop(self.fault_id, [self._set("down")], [self._set("up")], self.count,
+        self._loop = HostLoop(self.fault_id, [self._set("down")], [self._set("up")], self.count,
                                self.period_s * self.duty, self.period_s * (1 - self.duty))
 
     @classmethod
@@ -309,7 +228,7 @@ class PfcStorm(Fault):
         return out
 
     def _build_loop(self) -> None:
-        self._loop = _HostLoop(self.fault_id, self._pause(), self._restore(), self.bursts,
+        self._loop = HostLoop(self.fault_id, self._pause(), self._restore(), self.bursts,
                                self.pause_ms / 1000, self.resume_ms / 1000)
 
     def prepare(self, ex: Executor) -> str:

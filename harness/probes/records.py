@@ -68,7 +68,7 @@ class RequestRecord:
     ``chunk_ns[i]`` is when the i-th SSE message that carried output arrived and
     ``chunk_tokens[i]`` how many tokens it carried (several with speculative decoding).
     A chunk that carries no token (no token ids, no rise of per-chunk usage, no text) is not an output
-    chunk; one that carries a token is, whatever its text (harness.probes.streaming.RecordBuilder).
+    chunk; one that carries a token is, whatever its text (harness.probes.sse.RecordBuilder).
     """
 
     request_id: str

@@ -12,7 +12,7 @@ import jinja2
 from markupsafe import Markup, escape
 
 from harness.checks.intervals import brackets
-from harness.checks.thresholds import COMPARISONS
+from harness.checklists import COMPARISONS
 from harness.report import RunResult
 from harness.report import item_plots, plots, run_plots
 from harness.report.events import event_summary, unique_events
@@ -86,10 +86,10 @@ def _checklist_items(result: RunResult) -> list[str]:
     items = [*cov.get("judged", {}), *cov.get("not_judged", {}), *cov.get("not_run", [])]
     if items:
         return items
-    from harness.checks.thresholds import Checklist
+    from harness.checklists import default_checklist
 
     try:
-        return list(Checklist.load().items)
+        return list(default_checklist().items)
     except Exception:  # noqa: BLE001 -- counts then cover the items with verdicts only
         return []
 
@@ -102,9 +102,9 @@ def kv_level_chart(result: RunResult) -> Markup | None:
     triggers = {m["key"]: m["threshold"] for v in item3 for m in v.evidence.get("measurements", [])
                 if m.get("key") in ("trigger_utilization", "level3_trigger_utilization")}
     if not triggers and (result.cluster_samples or changes):
-        from harness.checks.thresholds import Checklist
+        from harness.checklists import default_checklist
         try:
-            t = Checklist.load().item("6.1.3").thresholds
+            t = default_checklist().item("6.1.3").thresholds
             triggers = {k: t[k].value for k in ("trigger_utilization", "level3_trigger_utilization")}
         except Exception:  # noqa: BLE001 -- a report still renders without the trigger lines
             triggers = {}

@@ -5,7 +5,7 @@ degradation level.
 On a terminal it is a rich ``Live`` panel as wide as the terminal, shown only while a conformance
 test runs (so pytest's own progress output is never drawn over); elsewhere (CI logs) it is a plain
 status line (:meth:`LiveStatus.plain_line`: a UTC timestamp, under 200 characters, always on a line
-of its own) at most once every ``plain_every_s``. Request counts are this suite's (they restart
+of its own) at most once every ``plain_every_s``; harness/report/live_phases.py shows it. Request counts are this suite's (they restart
 when the test changes). It writes to its own duplicate of the
 terminal's file descriptor, taken before any test runs, so pytest's output capture neither
 swallows it nor receives it. A background thread samples the cluster's metrics (KV use,
@@ -15,7 +15,6 @@ report's KV/degradation plot.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -24,10 +23,9 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable
 
 import httpx
-import pytest
 
 from harness.report.text import faults_summary
 
@@ -342,44 +340,6 @@ class LiveStatus:
             self._http = None
 
 
-class LivePhases:
-    """pytest hooks that show the live display inside a conformance test's setup, call and
-    teardown only: pytest's own progress output between them is never drawn over."""
-
-    def __init__(self, get_live: Callable[[], LiveStatus | None], marker: str) -> None:
-        self._get_live, self._marker = get_live, marker
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
-        with self._phase(item, SETUP):
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        with self._phase(item, "running"):
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
-        with self._phase(item, "teardown (reverting, stopping load)"):
-            return (yield)
-
-    @contextlib.contextmanager
-    def _phase(self, item: pytest.Item, phase: str) -> Iterator[None]:
-        live = self._get_live()
-        if live is None or item.get_closest_marker(self._marker) is None:
-            yield
-            return
-        if _cursor_mid_line(item.config):
-            live.begin_line()
-        live.set_phase(phase, test=item.nodeid)
-        live.start()
-        try:
-            yield
-        finally:
-            live.stop()
-
-
 def _suite(nodeid: str) -> str:
     """The suite's file (and parameters): what the user passed to pytest, short enough for a line."""
     from harness.report.suites import suite_label
@@ -394,10 +354,3 @@ def _terminal_width(stream: IO[str]) -> int | None:
     except (AttributeError, OSError, ValueError):
         return None
     return columns or None  # a terminal that never set its size reports 0: rich's default then
-
-
-def _cursor_mid_line(config: pytest.Config) -> bool:
-    """Whether pytest's terminal writer left its cursor after text (a progress dot, a file name)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    writer = getattr(reporter, "_tw", None)
-    return bool(getattr(writer, "width_of_current_line", 0))

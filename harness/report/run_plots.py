@@ -40,10 +40,10 @@ def slo_lines(metric: str, verdicts: Sequence[Any], cluster: Mapping[str, Any]) 
                         out[p] = (m["op"], float(m["threshold"]))
     if out:
         return out
-    from harness.checks.thresholds import Checklist
+    from harness.checklists import default_checklist
 
     try:
-        checklist = Checklist.load().with_overrides(cluster.get("threshold_overrides") or None, origin="cluster file")
+        checklist = default_checklist().with_overrides(cluster.get("threshold_overrides") or None, origin="cluster file")
         thresholds = checklist.item(item).thresholds
     except Exception as exc:  # noqa: BLE001 -- the chart still draws without its SLO lines
         log.warning("no SLO lines for %s: %s", metric, exc)

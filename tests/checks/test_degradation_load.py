@@ -3,7 +3,7 @@ actions judged on them. Records and KV samples built here (anchor: perf 0 == wal
 wall ns); the levels are the cluster file's models."""
 
 from harness.checks.degradation_load import level_index_at, load_degradation_verdict, measure_levels
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.clusterfile.models import Degradation
 from harness.probes.kv_drive import DriveResult, KvSample

@@ -1,7 +1,7 @@
 """ecc through DCGM: when a worker counts as drained after an injected ECC error, and the verdict."""
 
 from harness.checks.ecc_dcgm import QUIET_S, Injection, dcgm_verdict
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 
 

@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 from harness.checks.epilogue import expectation, finish_suite, run_links
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from harness.checks.extend import measure_until_decided, repeat_until_decided
 from harness.checks.intervals import percentile_interval
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Status, judge
 
 ITEM = Checklist.load().item("6.2.ttft")

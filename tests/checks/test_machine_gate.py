@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.checks.machine import COMPARED_ITEMS, LIMITS, TIMING_ITEMS, MachineLimits, gate, starved
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 
 CHECKLIST = Checklist.load()

@@ -6,7 +6,7 @@ import pytest
 from harness.checks.migration import migration_verdict
 from harness.checks.migration_blackbox import KillWindow, crossing, measure
 from harness.checks.reschedule_blackbox import ClientFault
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord
 

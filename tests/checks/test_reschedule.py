@@ -4,7 +4,7 @@ test input in the shapes the router's /admin/events and the load generator produ
 import pytest
 
 from harness.checks.reschedule import FaultMark, measure, nearest_rank, reschedule_verdict
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord
 

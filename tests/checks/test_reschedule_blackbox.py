@@ -5,7 +5,7 @@ import pytest
 
 from harness.checks.reschedule_blackbox import (ClientFault, client_view_evidence, client_view_verdict,
                                                 first_success_sent_after, longest_stall, measure_client_view)
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord
 from harness.probes.rejoin import Rejoin

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest, mak
 
 from harness.checks.slo import (DISAGREEMENT_MIN_MS, HistogramDelta, ServerHistograms, client_latency,
                                 disagreement, histogram_delta, server_quantile, server_summary, slo_verdicts)
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.prometheus import parse_metrics
 from harness.probes.records import RequestRecord

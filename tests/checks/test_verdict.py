@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import ExitCode, Measurement, Status, Verdict, exit_code_for, judge
 from harness.errors import ConfigError
 
@@ -75,7 +75,7 @@ def test_exit_code_precedence(statuses, harness_error, revert_failed, code):
 # -- measurements with intervals (harness/checks/intervals.py) ---------------------------------
 
 def _threshold(op, value=500.0):
-    from harness.checks.thresholds import Threshold
+    from harness.checklists import Threshold
     return Threshold(item="6.2.ttft", key="ttft_p99_ms", value=value, op=op, unit="ms", origin="test")
 
 

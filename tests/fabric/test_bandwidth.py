@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.errors import ConfigError
 from harness.fabric.bandwidth import Station

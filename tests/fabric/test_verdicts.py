@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.fabric.bandwidth import BandwidthResult
 from harness.fabric.kvbandwidth import KVCurve, KVPoint

@@ -21,7 +21,7 @@ SUITE = """
 import time
 import pytest
 import harness.checks.machine as machine
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, judge
 
 pytestmark = pytest.mark.conformance

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # every test runs pytest as a subprocess
 
 HEADER = """
 import pytest
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, judge
 from harness.errors import RevertError
 

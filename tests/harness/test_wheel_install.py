@@ -196,7 +196,7 @@ def test_users_own_copy_of_the_suites_dry_runs_against_a_cluster_file_in_cwd(ins
         "name": "mine", "kind": "external", "description": "attached to by a wheel install, dry run only",
         "endpoints": {"api": f"{api}/v1", "metrics": f"{api}/metrics", "admin": api}}))
 
-    probe = _run([py, "-c", "import harness, harness.plugin; from harness.checks.thresholds import Checklist; "
+    probe = _run([py, "-c", "import harness, harness.plugin; from harness.checklists import Checklist; "
                             "print(harness.__file__); print(Checklist.load().item('6.1.1').title)"],
                  cwd=work, env=env, timeout=120)
     assert probe.returncode == 0, probe.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.clusterfile.handle import ClusterHandle
 from harness.clusterfile.load import parse_cluster
 from harness.faults import FaultRunner, Ledger

@@ -11,7 +11,7 @@ import functools
 import pytest
 
 from harness.checks.migration import assess, measure, migration_verdict
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.engine.core.oracle import greedy_reference
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.pd.topology import Topology

@@ -3,7 +3,7 @@
 import json
 
 from harness.probes.records import RequestRecord
-from harness.probes.streaming import RecordBuilder, SSEDecoder
+from harness.probes.sse import RecordBuilder, SSEDecoder
 
 
 def _msg(payload) -> bytes:

@@ -1,7 +1,7 @@
 import pytest
 
 from harness.checks.intervals import measured_within
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.report import RunResult, collect_environment
 

@@ -3,7 +3,7 @@ threshold line; a verdict without the data draws nothing (never an empty frame).
 
 import re
 
-from harness.checks.thresholds import Checklist
+from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, judge
 from harness.report import RunResult
 from harness.report.events import event_summary

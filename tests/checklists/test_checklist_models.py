@@ -1,6 +1,6 @@
 import pytest
 
-from harness.checks.thresholds import DEFAULT_CHECKLIST, Checklist
+from harness.checklists import DEFAULT_CHECKLIST, Checklist, default_checklist
 from harness.errors import ConfigError
 
 
@@ -57,3 +57,30 @@ def test_malformed_checklist_file(tmp_path):
 def test_unknown_item_lists_known_ones():
     with pytest.raises(ConfigError, match="6.1.4"):
         Checklist.load(DEFAULT_CHECKLIST).item("6.1.9")
+
+
+@pytest.mark.parametrize("threshold, field, fix", [
+    ("{value: .inf, op: '<', unit: s}", "items.a.thresholds.k.value", "write a plain number"),
+    ("{value: true, op: '<', unit: s}", "items.a.thresholds.k.value", "write a plain number"),
+    ("{value: 1, op: '<', unit: s, orign: harness}", "items.a.thresholds.k.orign", "did you mean `origin`?"),
+    ("{value: 1, op: '<', origin: paper}", "items.a.thresholds.k.origin", "use article or harness"),
+])
+def test_a_bad_threshold_entry_names_its_field_and_fix(tmp_path, threshold, field, fix):
+    bad = tmp_path / "c.yaml"
+    bad.write_text(f"items:\n  a:\n    title: t\n    source: s\n    why: w\n    thresholds:\n      k: {threshold}\n")
+    with pytest.raises(ConfigError) as err:
+        Checklist.load(bad)
+    assert f"`{field}`" in str(err.value) and fix in str(err.value)
+
+
+def test_an_unquoted_numeric_item_id_is_read_as_its_text(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("items:\n  6.1:\n    title: t\n    source: s\n    why: w\n    thresholds:\n"
+                    "      k: {value: 2, op: '>=', origin: harness}\n")
+    t = Checklist.load(path).threshold("6.1", "k")
+    assert (t.value, t.op, t.unit, t.article, t.origin) == (2.0, ">=", "", False, str(path))
+
+
+def test_the_shipped_checklist_is_parsed_once_and_shared():
+    assert default_checklist() is default_checklist()
+    assert default_checklist() == Checklist.load(DEFAULT_CHECKLIST)

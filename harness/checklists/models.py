@@ -1,0 +1,212 @@
+"""The checklist (``checklists/section6.yaml``) as pydantic models: the file's schema
+(:class:`ChecklistFile`, printed by ``python -m harness schema --checklist``) and the thresholds the
+checks judge against (:class:`Checklist`, with a cluster's overrides applied).
+
+Every error names the file, the field and the fix, because these files are edited by hand by
+people who are about to gate a rollout on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
+
+from harness.checklists.validation import (StrictModel, Text, config_error, display_path, field_error,
+                                           field_with_fix, load_yaml_mapping)
+from harness.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Shipped inside the package (a link to checklists/section6.yaml in a checkout, so the documented
+# file and the packaged one are the same file): a wheel install finds it too.
+DEFAULT_CHECKLIST = Path(__file__).resolve().parent / "section6.yaml"
+
+COMPARISONS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+}
+Comparison = Literal["<", "<=", ">", ">=", "=="]
+_NUMBER_FIX = "write a plain number such as 3 or 0.8"
+_DOCS_FIX = "see the comments at the top of checklists/section6.yaml"
+
+
+def _text_keys(value: Any) -> Any:
+    """YAML reads an unquoted ``6.1: ...`` as a number: a key is its text either way."""
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else value
+
+
+class ThresholdEntry(StrictModel):
+    """One threshold as the file writes it: ``{value: 3, op: '<=', unit: s}``."""
+
+    value: float = field_with_fix(_NUMBER_FIX, "the number; a cluster file may override it", allow_inf_nan=False)
+    op: Comparison = field_with_fix(f"use one of {', '.join(COMPARISONS)}", "how a measurement is compared")
+    unit: str = field_with_fix("write e.g. `unit: s`", default="")
+    origin: Literal["article", "harness"] = field_with_fix(
+        "use article or harness", "harness: the article gives no number, the harness chose it", default="article")
+
+
+class ItemEntry(StrictModel):
+    """One checklist item as the file writes it."""
+
+    title: Text = field_with_fix("add `title: ...` to the item")
+    source: Text = field_with_fix("add `source: ...` to the item", "the article's words")
+    why: Text = field_with_fix("add `why: ...` to the item", "why the item matters to users")
+    thresholds: dict[str, ThresholdEntry] = field_with_fix(
+        "add `thresholds: {name: {value: N, op: '<=', unit: s}}`", min_length=1)
+
+    @field_validator("thresholds", mode="before")
+    @classmethod
+    def _threshold_names_are_text(cls, value: Any) -> Any:
+        return _text_keys(value)
+
+
+class ChecklistFile(StrictModel):
+    """A checklist file (``checklists/section6.yaml``)."""
+
+    version: Literal[1] | None = field_with_fix("write `version: 1`", default=None)
+    items: dict[str, ItemEntry] = field_with_fix("list checklist items under `items:`", min_length=1)
+
+    @field_validator("items", mode="before")
+    @classmethod
+    def _item_ids_are_text(cls, value: Any) -> Any:
+        return _text_keys(value)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Threshold(_Frozen):
+    """A threshold the checks judge against: the file's entry plus where its number came from."""
+
+    item: str
+    key: str
+    value: float
+    op: Comparison
+    unit: str = ""
+    origin: str  # the file the value came from (checklist or the cluster that overrode it)
+    article: bool = True  # False when the article gives no number and the harness chose it
+
+    def holds(self, measured: float) -> bool:
+        return COMPARISONS[self.op](float(measured), self.value)
+
+    def describe(self) -> str:
+        return f"{self.op} {self.value:g} {self.unit}".strip()
+
+
+class ChecklistItem(_Frozen):
+    id: str
+    title: str
+    source: str  # the article's words
+    why: str
+    thresholds: Mapping[str, Threshold] = {}
+
+
+# a cluster file's `thresholds:` section: {item: {key: number}}
+_OVERRIDES = TypeAdapter(dict[str, dict[str, float]], config=ConfigDict(strict=True, allow_inf_nan=False))
+
+
+class Checklist(_Frozen):
+    path: str
+    items: Mapping[str, ChecklistItem]
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_CHECKLIST) -> "Checklist":
+        """Read and validate a checklist file (the shipped one: use :func:`default_checklist`)."""
+        data = load_yaml_mapping(Path(path))
+        shown = display_path(path)
+        try:
+            parsed = ChecklistFile.model_validate(data)
+        except ValidationError as exc:
+            raise config_error(exc, shown, ChecklistFile, default_fix=_DOCS_FIX) from None
+        log.info("checklist %s parsed: %d items", shown, len(parsed.items))
+        return cls.from_file(parsed, origin=shown)
+
+    @classmethod
+    def from_file(cls, parsed: ChecklistFile, *, origin: str) -> "Checklist":
+        items = {item_id: ChecklistItem(
+            id=item_id, title=entry.title, source=entry.source, why=entry.why,
+            thresholds={key: Threshold(item=item_id, key=key, value=t.value, op=t.op, unit=t.unit, origin=origin,
+                                       article=t.origin == "article") for key, t in entry.thresholds.items()})
+            for item_id, entry in parsed.items.items()}
+        return cls(path=origin, items=items)
+
+    def item(self, item_id: str) -> ChecklistItem:
+        try:
+            return self.items[item_id]
+        except KeyError:
+            raise ConfigError(f"{self.path}: no checklist item {item_id!r}",
+                              fix=f"use one of {', '.join(self.items)}") from None
+
+    def threshold(self, item_id: str, key: str) -> Threshold:
+        item = self.item(item_id)
+        try:
+            return item.thresholds[key]
+        except KeyError:
+            raise ConfigError(f"{self.path}: item {item_id} has no threshold {key!r}",
+                              fix=f"use one of {', '.join(item.thresholds)}") from None
+
+    def with_overrides(self, overrides: Any, *, origin: str | Path,
+                       field_prefix: str = "thresholds") -> "Checklist":
+        """Return a copy with values replaced from ``{item: {key: value}}`` (a cluster's
+        ``thresholds:`` section); unknown items or keys are errors, not silently ignored."""
+        if overrides is None:
+            return self
+        if not isinstance(overrides, dict):
+            raise field_error(origin, field_prefix, f"expected a mapping, got {type(overrides).__name__}",
+                              'write `"6.1.4": {reschedule_p100_s: 3.0}`')
+        overrides = _text_keys(overrides)
+        for item_id in overrides:  # the item names first: a misspelt item is the likelier mistake
+            if item_id not in self.items:
+                raise field_error(origin, f"{field_prefix}.{item_id}", "unknown checklist item",
+                                  f"use one of {', '.join(self.items)} (defined in {self.path})")
+        try:
+            numbers = _OVERRIDES.validate_python({k: _text_keys(v) for k, v in overrides.items()})
+        except ValidationError as exc:
+            raise _override_error(exc, origin, field_prefix) from None
+        items = dict(self.items)
+        for item_id, values in numbers.items():
+            item = items[item_id]
+            new = dict(item.thresholds)
+            for key, number in values.items():
+                if key not in new:
+                    raise field_error(origin, f"{field_prefix}.{item_id}.{key}", "unknown threshold",
+                                      f"use one of {', '.join(new)}")
+                log.info("threshold %s.%s overridden: %s -> %s (%s)", item_id, key, new[key].value, number, origin)
+                new[key] = new[key].model_copy(update={"value": number, "origin": str(origin)})
+            items[item_id] = item.model_copy(update={"thresholds": new})
+        return self.model_copy(update={"items": items})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {iid: {"title": it.title, "source": it.source, "why": it.why,
+                      "thresholds": {k: {"value": t.value, "op": t.op, "unit": t.unit, "origin": t.origin,
+                                         "article": t.article} for k, t in it.thresholds.items()}}
+                for iid, it in self.items.items()}
+
+
+@functools.cache
+def default_checklist() -> Checklist:
+    """The shipped checklist, parsed on first use and then shared (the models are immutable): a run
+    parses it once however many places read it (the plugin, the cluster file's overrides, the report)."""
+    return Checklist.load(DEFAULT_CHECKLIST)
+
+
+def _override_error(exc: ValidationError, origin: str | Path, field_prefix: str) -> ConfigError:
+    err = exc.errors(include_url=False)[0]
+    where = ".".join([field_prefix, *(str(p) for p in err["loc"])])
+    if len(err["loc"]) < 2:  # the item's value is not a mapping
+        return field_error(origin, where, f"expected a mapping of threshold values, got {err.get('input')!r}",
+                           "write `key: number` pairs under the item")
+    return field_error(origin, where, f"expected a finite number, got {err.get('input')!r}", _NUMBER_FIX)
+
+
+def json_schema() -> dict[str, Any]:
+    """The checklist file's JSON Schema (``python -m harness schema --checklist``)."""
+    schema = ChecklistFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "PD conformance harness checklist"
+    return schema
