@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from harness.checks.intervals import (bootstrap_interval, measured_within, percentile_interval, ratio_input_level,
-                                      ratio_interval, ratio_of_medians)
-from harness.checks.stats import nearest_rank
+from harness.stats.intervals import (bootstrap_interval, measured_within, percentile_interval, ratio_input_level,
+                                   ratio_interval, ratio_of_medians)
+from harness.stats import nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, inconclusive, judge
 from harness.fabric.bandwidth import BandwidthResult

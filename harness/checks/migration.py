@@ -28,7 +28,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from harness.checks.intervals import percentile_interval, share_statement
+from harness.stats.intervals import percentile_interval, share_statement
 from harness.checks.reschedule import nearest_rank
 from harness.checks.thresholds import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge

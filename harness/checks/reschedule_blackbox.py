@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
-from harness.checks.intervals import Interval, across, measured_within
+from harness.stats.intervals import Interval, across, measured_within
 from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, rejoin_measurement, time_measurements
-from harness.checks.stats import DEFINITION, nearest_rank
+from harness.stats import DEFINITION, nearest_rank
 from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord

@@ -26,7 +26,7 @@ import pytest
 
 from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
-from harness.checks.stats import nearest_rank
+from harness.stats import nearest_rank
 from harness.checks.verdict import Verdict
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
