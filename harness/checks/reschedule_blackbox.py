@@ -39,19 +39,9 @@ from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
 from harness.probes.rejoin import Rejoin
+from harness.scenarios.records import ClientFault
 
 DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
-
-
-@dataclass(frozen=True)
-class ClientFault:
-    """One fault as the client-view measurement needs it: wall time (time.time()) and victims."""
-
-    wall: float
-    victims: tuple[str, ...]
-    role: str | None = None      # "prefill", "decode", "aggregated" or None: for the report and the counts per role
-    label: str = ""
-    inject_s: float = 0.0        # how long the inject step took: the fault took effect somewhere inside it
 
 
 @dataclass

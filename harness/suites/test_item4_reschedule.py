@@ -25,7 +25,7 @@ from harness.checks.reschedule_blackbox import (client_faults, client_view_evide
 from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
-from harness.probes import blackbox_faults as blackbox
+from harness.scenarios import blackbox_faults as blackbox
 from harness.probes.admin_models import Worker
 from harness.probes.rejoin import Rejoin
 from harness.waiting import WaitTimeoutError, wait_until
@@ -278,7 +278,7 @@ BLACKBOX_TAIL_S = 30.0
 
 def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
     """6.1.4 on a cluster without router events: the inventory's workers killed and hung under load
-    (harness/probes/blackbox_faults.py), each back in the cluster's traffic before the next fault, judged
+    (harness/scenarios/blackbox_faults.py), each back in the cluster's traffic before the next fault, judged
     from the client records alone (harness/checks/reschedule_blackbox.py): until the streams on the victim
     ended and a new request was served, the longest stall clients saw (a hang the cluster does not detect
     shows there), and how long the cluster kept each restarted worker out after it was healthy. A role with
