@@ -162,7 +162,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     state.active = True
     from harness.checks.capabilities import check_item_markers
-    from harness.cluster import check_cluster
+    from harness.clusterfile import check_cluster
 
     what = "cluster file"
     try:  # checked in full here, before anything starts (no namespace, no process); a dry run reads no key file

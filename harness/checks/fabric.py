@@ -43,16 +43,6 @@ def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str,
     return cluster.fabric.placement(cluster.topology.worker_ids())
 
 
-def ssh_nodes(cluster: Any, audit: Any = None) -> dict[str, Any] | None:
-    """The fabric items' roles among the cluster's SSH fabric hosts (harness.fabric.remote.pick),
-    or None when the cluster is not reached that way (bundled, or fewer than 2 such hosts)."""
-    from harness.fabric.remote import fabric_nodes, pick, ssh_fabric_reason
-
-    if cluster.fabric is not None or ssh_fabric_reason(cluster.spec) is not None:
-        return None
-    return pick(fabric_nodes(cluster, audit))
-
-
 def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: Sequence[BandwidthResult],
                           curve: Sequence[BandwidthResult], kv_goodput: dict[str, Any] | None = None) -> Verdict:
     """Item 1 on named hosts: the raw fabric bandwidth (ib_write_bw, else iperf3) between them as

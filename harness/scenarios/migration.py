@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.errors import ProbeError
 from harness.faults import FaultRunner, Ledger, LiveMigration
-from harness.probes.admin import AdminError
+from harness.engine.admin.client import AdminError
 from harness.probes.observed_stream import ObservedStream
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest

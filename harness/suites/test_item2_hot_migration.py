@@ -37,7 +37,7 @@ from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError, ProbeError
 from harness.scenarios.migration import MigrationAttempt, migrate_observed_stream
-from harness.probes.admin_models import Worker
+from harness.engine.admin.models import AdminWorker
 from harness.probes.records import RequestRecord
 from harness.waiting import WaitTimeoutError, wait_until
 
@@ -52,7 +52,7 @@ LOADED_MAX_S = 240.0       # upper bound of the load run; it is finished as soon
 LOADED_MAX_TOKENS = 160    # the Locust requests' length
 
 
-def _decode_workers(timeline: Any) -> list[Worker]:
+def _decode_workers(timeline: Any) -> list[AdminWorker]:
     return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 

@@ -26,7 +26,7 @@ from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
 from harness.scenarios import blackbox_faults as blackbox
-from harness.probes.admin_models import Worker
+from harness.engine.admin.models import AdminWorker
 from harness.probes.rejoin import Rejoin
 from harness.waiting import WaitTimeoutError, wait_until
 
@@ -60,7 +60,7 @@ def fault_plan(faults_per_kind: int, roles: Sequence[str] = ("prefill", "decode"
     return kills + hangs
 
 
-def lone_roles(workers: Sequence[Worker]) -> dict[str, str]:
+def lone_roles(workers: Sequence[AdminWorker]) -> dict[str, str]:
     """Roles with fewer than two workers, each with why it cannot be judged: a fault on its only
     worker leaves nothing to take over, so rescheduling can never happen there."""
     out = {}
@@ -116,7 +116,7 @@ def wait_served_through(timeline: Any, worker_id: str, since_seq: int, keep_load
     return rejoin
 
 
-def _health(workers: list[Worker], worker_id: str) -> str | None:
+def _health(workers: list[AdminWorker], worker_id: str) -> str | None:
     return next((w.health for w in workers if w.id == worker_id), None)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.checks.thresholds import Checklist
-from harness.clusterfile.handle import ClusterHandle
+from harness.cluster import ClusterHandle
 from harness.clusterfile.load import parse_cluster
 from harness.faults import FaultRunner, Ledger
 from harness.scenarios import blackbox_faults as blackbox
