@@ -79,17 +79,22 @@ def import_graph(root: Path, package: str, *, type_checking: bool = True) -> dic
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in _module_level(tree.body, type_checking):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    prefix = _base_of_relative(name, path.name == "__init__.py", node.level)
-                    base = f"{prefix}.{base}" if base else prefix
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            graph[name].update(t for t in targets if t in modules and t != name)
+            graph[name].update(t for t in _targets(node, name, path, modules) if t in modules and t != name)
     return graph
+
+
+def _targets(node: ast.AST, name: str, path: Path, modules: Mapping[str, Path]) -> list[str]:
+    """The modules an import statement of module ``name`` names (``from X import Y`` -> ``X.Y`` when Y is
+    a submodule, else ``X``); [] for any other statement."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        prefix = _base_of_relative(name, path.name == "__init__.py", node.level)
+        base = f"{prefix}.{base}" if base else prefix
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -208,17 +213,8 @@ def all_imports(root: Path, package: str) -> list[tuple[str, int, str]]:
     found = []
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    prefix = _base_of_relative(name, path.name == "__init__.py", node.level)
-                    base = f"{prefix}.{base}" if base else prefix
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            found += [(name, node.lineno, t) for t in dict.fromkeys(targets)
-                      if t != name and (t == package or t.startswith(package + "."))]
+            found += [(name, node.lineno, t) for t in dict.fromkeys(_targets(node, name, path, modules))
+                      if t != name and _covers(package, t)]
     return sorted(found)
 
 
