@@ -20,7 +20,7 @@ import argparse
 import statistics
 
 from harness.engine.pd.topology import Topology
-from harness.probes.admin import AdminClient
+from harness.engine.admin.client import AdminClient
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 SEED_TABLE = {2048: (45, 12), 8192: (180, 35), 32768: (720, 110)}  # ms: whole vs layer-wise, 70B on H100s

@@ -33,7 +33,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session.
     Before anything starts, what a dead run left is reverted and ended (the ledger's faults, its
     stopped or stray processes, its namespaces): see harness.faults.session.recover_before_bringup."""
-    from harness.cluster import load_cluster, open_cluster
+    from harness.cluster import open_cluster
+    from harness.clusterfile import load_cluster
     from harness.faults.runs import RunRecord
     from harness.faults.session import recover_before_bringup
 
@@ -344,7 +345,7 @@ class Timeline:
         return bool(self._cluster.admin_url)
 
     def events(self, **params: Any) -> list[dict[str, Any]]:
-        from harness.probes.admin import AdminClient
+        from harness.engine.admin.client import AdminClient
 
         if not self.available:
             return []
@@ -352,7 +353,7 @@ class Timeline:
             return client.events(**params)
 
     def workers(self) -> list[dict[str, Any]]:
-        from harness.probes.admin import AdminClient
+        from harness.engine.admin.client import AdminClient
 
         if not self.available:
             raise HarnessError(f"cluster {self._cluster.name!r} has no admin endpoint: no live worker table",

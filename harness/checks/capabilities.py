@@ -144,7 +144,7 @@ def capabilities_of(cluster: Any) -> Capabilities:
     kv_urls = bool(cluster.metrics_url) or any(w.metrics for w in workers)
     profile = spec.metric_profile
     kv_metric = kv_urls and profile is not None and "kv_usage" in _profile(profile)
-    from harness.fabric.remote import ssh_fabric_reason
+    from harness.fabric.ssh_hosts import ssh_fabric_reason
 
     ssh_fabric = None if bundled else ssh_fabric_reason(spec)   # None: the fabric is reached over SSH
     provided = {

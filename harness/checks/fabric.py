@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from harness.checks.intervals import (bootstrap_interval, measured_within, percentile_interval, ratio_input_level,
-                                      ratio_interval, ratio_of_medians)
-from harness.checks.stats import nearest_rank
+from harness.stats.intervals import (bootstrap_interval, measured_within, percentile_interval, ratio_input_level,
+                                   ratio_interval, ratio_of_medians)
+from harness.stats import nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, inconclusive, judge
 from harness.fabric.bandwidth import BandwidthResult
@@ -41,16 +41,6 @@ def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str,
                                    cluster.fabric_unavailable or "the cluster has no emulated fabric"))
         return None
     return cluster.fabric.placement(cluster.topology.worker_ids())
-
-
-def ssh_nodes(cluster: Any, audit: Any = None) -> dict[str, Any] | None:
-    """The fabric items' roles among the cluster's SSH fabric hosts (harness.fabric.remote.pick),
-    or None when the cluster is not reached that way (bundled, or fewer than 2 such hosts)."""
-    from harness.fabric.remote import fabric_nodes, pick, ssh_fabric_reason
-
-    if cluster.fabric is not None or ssh_fabric_reason(cluster.spec) is not None:
-        return None
-    return pick(fabric_nodes(cluster, audit))
 
 
 def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: Sequence[BandwidthResult],

@@ -28,14 +28,14 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from harness.checks.intervals import percentile_interval, share_statement
+from harness.stats.intervals import percentile_interval, share_statement
 from harness.checks.reschedule import nearest_rank
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
 
 if TYPE_CHECKING:
-    from harness.probes.migration import MigrationAttempt
+    from harness.scenarios.migration import MigrationAttempt
 
 ITEM = "6.1.2"
 PHASES = ("idle", "loaded")
@@ -136,7 +136,7 @@ _MEASUREMENT_PROBLEMS = ("the stream had no steady", "no client record")
 
 def assess(attempts: Iterable["MigrationAttempt"], samples: Sequence[MigrationSample],
            records: Iterable[RequestRecord]) -> Assessment:
-    """Sort attempts (harness/probes/migration.py) into measured, failed and unmeasured, using the
+    """Sort attempts (harness/scenarios/migration.py) into measured, failed and unmeasured, using the
     samples :func:`measure` made from the router's events and the client records."""
     by_request = {s.request_id: s for s in samples}
     by_id = {r.response_id: r for r in records if r.response_id}

@@ -3,7 +3,7 @@
 NVIDIA Dynamo's request migration (``--migration-limit``) replays a stream's prompt and the tokens
 it produced so far on another worker when its worker dies; the bundled engine's rescheduling does
 the same. Such an engine has no "migrate this stream now" API, so the suite kills a worker of the
-cluster file's inventory while streams decode on it (harness/probes/migration_on_loss.py) and
+cluster file's inventory while streams decode on it (harness/scenarios/migration_on_loss.py) and
 measures, per stream that crossed the migration, what the client saw:
 
 * **the stall at the crossing**: the stream's longest gap between chunks at or after the kill
@@ -31,29 +31,17 @@ A stream in flight on the victim that failed instead of resuming is a failed mig
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from harness.checks.migration import Assessment, MigrationSample
-from harness.checks.reschedule_blackbox import ClientFault
 from harness.probes.records import NOT_SENT, RequestRecord
+from harness.scenarios.records import KillWindow
 
 MIN_GAPS_BEFORE = 3   # inter-chunk gaps a stream needs before the kill for a typical gap
 
 DEFINITION = ("per stream that crossed a migration after its worker was killed, as the client saw it: its "
               "longest inter-chunk gap at or after the kill (the switch to the new worker), minus the mean of "
               "its gaps before the kill (includes the engine's time to notice the loss)")
-
-
-@dataclass(frozen=True)
-class KillWindow:
-    """One kill: its phase ("idle" or "loaded"), the fault (wall time, victim), and the rise of the
-    engine's migration counter over the kill's window (None: the engine has no counter)."""
-
-    phase: str
-    fault: ClientFault
-    migrations: float | None = None
-    window_s: float = 5.0        # how long after the kill a stream's switch is looked for
 
 
 def _wall(rec: RequestRecord, perf_ns: int | None) -> float | None:

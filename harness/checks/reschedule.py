@@ -13,7 +13,7 @@ inject step, so signal delivery is included), until all of these hold:
 Events carry the router's wall clock; fault marks and request records carry the harness's.
 On one machine (the bundled cluster) that is one clock; on a real cluster keep hosts in NTP.
 
-Each time is known within its measurement resolution (harness/checks/intervals.py,
+Each time is known within its measurement resolution (harness/stats/intervals.py,
 ``measured_within``): the fault took effect somewhere inside its inject step (``inject_s``), and
 each clock reading is good to EVENT_CLOCK_RESOLUTION_S. So p100 passes when every fault's upper
 bound is within the budget and fails when any lower bound is beyond; the evidence adds an exact
@@ -26,8 +26,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from harness.checks.intervals import Interval, across, measured_within, share_statement
-from harness.checks.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
+from harness.stats.intervals import Interval, across, measured_within, share_statement
+from harness.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord

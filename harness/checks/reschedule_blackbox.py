@@ -32,26 +32,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
-from harness.checks.intervals import Interval, across, measured_within
+from harness.stats.intervals import Interval, across, measured_within
 from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, rejoin_measurement, time_measurements
-from harness.checks.stats import DEFINITION, nearest_rank
+from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
 from harness.probes.rejoin import Rejoin
+from harness.scenarios.records import ClientFault
 
 DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
-
-
-@dataclass(frozen=True)
-class ClientFault:
-    """One fault as the client-view measurement needs it: wall time (time.time()) and victims."""
-
-    wall: float
-    victims: tuple[str, ...]
-    role: str | None = None      # "prefill", "decode", "aggregated" or None: for the report and the counts per role
-    label: str = ""
-    inject_s: float = 0.0        # how long the inject step took: the fault took effect somewhere inside it
 
 
 @dataclass

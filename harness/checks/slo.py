@@ -4,8 +4,8 @@
 Judged from the CLIENT's records, the latency users see (docs/load-and-metrics.md): TTFT is the
 first chunk that carries a non-empty token minus the (scheduled) send, TPOT is (E2E - TTFT) / (n - 1)
 over requests with n >= 2 output tokens; only successful requests enter the percentiles, which
-are nearest-rank (harness/checks/stats.py), each with its distribution-free 95 % interval from
-order statistics (harness/checks/intervals.py): a p99 needs 368 requests before it has an upper
+are nearest-rank (harness/stats/__init__.py), each with its distribution-free 95 % interval from
+order statistics (harness/stats/intervals.py): a p99 needs 368 requests before it has an upper
 bound, so fewer leave it inconclusive, naming that count.
 
 Beside them, the server's own view: the engine's TTFT and TPOT histograms (named by its metric
@@ -27,8 +27,8 @@ from typing import Any, Iterable, Sequence
 
 import httpx
 
-from harness.checks.intervals import percentile_interval
-from harness.checks.stats import DEFINITION, nearest_rank
+from harness.stats.intervals import percentile_interval
+from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.analysis import requests_frame

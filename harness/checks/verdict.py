@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-from harness.checks.intervals import Interval, decide, more_to_decide
+from harness.stats.intervals import Interval, decide, more_to_decide
 from harness.checklists import ChecklistItem, Threshold
 from harness.errors import ConfigError
 
@@ -96,7 +96,7 @@ def exit_code_for(verdicts: Iterable[Verdict], *, harness_error: bool = False,
 @dataclass(frozen=True)
 class Measurement:
     """One measured quantity judged against one threshold; ``value`` None means not measured.
-    A timing measurement carries the ``interval`` its samples give (harness/checks/intervals.py):
+    A timing measurement carries the ``interval`` its samples give (harness/stats/intervals.py):
     it then passes or fails only when the whole interval does; exact counts carry none."""
 
     threshold: Threshold

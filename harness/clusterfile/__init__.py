@@ -1,7 +1,7 @@
-"""Cluster inventories (``clusters/*.yaml``): the schema (pydantic models), loading with errors
-that name file, field and fix, and the handle tests receive. See ``docs/clusters.md``."""
+"""Cluster inventories (``clusters/*.yaml``): the schema (pydantic models) and loading with errors
+that name file, field and fix. The handle tests receive (``ClusterHandle``, ``open_cluster``) is in
+``harness.cluster``, above the probes it opens. See ``docs/clusters.md``."""
 
-from harness.clusterfile.handle import ClusterHandle, open_cluster, settings_spec
 from harness.clusterfile.load import (CLUSTERS_DIR, check_before_start, check_cluster, cluster_search_path, json_schema,
                                      load_cluster, missing_ssh_files, parse_cluster, resolve_cluster_path)
 from harness.clusterfile.models import (ENGINES, KINDS, ROLES, WORKER_ROLES, Auth, BundledSettings, ClusterFile,
@@ -10,6 +10,6 @@ from harness.clusterfile.models import (ENGINES, KINDS, ROLES, WORKER_ROLES, Aut
 
 __all__ = ["CLUSTERS_DIR", "check_before_start", "check_cluster", "cluster_search_path", "missing_ssh_files",
            "ENGINES", "KINDS", "ROLES", "WORKER_ROLES", "Auth", "BundledSettings", "ClusterFile",
-           "ClusterHandle", "ClusterSpec", "Endpoints", "FabricSettings", "Host", "ProcessLocator", "Restart",
-           "SSHSettings", "Safety", "Worker", "Workload", "json_schema", "load_cluster", "open_cluster",
-           "parse_cluster", "resolve_cluster_path", "settings_spec"]
+           "ClusterSpec", "Endpoints", "FabricSettings", "Host", "ProcessLocator", "Restart",
+           "SSHSettings", "Safety", "Worker", "Workload", "json_schema", "load_cluster",
+           "parse_cluster", "resolve_cluster_path"]

@@ -23,7 +23,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from harness.checks.stats import nearest_rank
+from harness.stats import nearest_rank
 from harness.errors import ConfigError, ProbeError
 from harness.fabric.bandwidth import Station
 from harness.fabric.procs import HostProcess

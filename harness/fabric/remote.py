@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from harness.errors import ConfigError, ProbeError
 from harness.fabric.bandwidth import BandwidthResult, Station, measure_bulk
 from harness.fabric.procs import HostProcess
+from harness.fabric.ssh_hosts import fabric_hosts, ssh_fabric_reason
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,6 @@ def ssh_prefix(target: Any) -> tuple[str, ...]:
             "-o", "LogLevel=ERROR", f"{target.user}@{target.host}", "--")
 
 
-def fabric_hosts(spec: Any) -> list[Any]:
-    """The cluster file's hosts that the fabric items can drive over SSH (ssh + fabric settings)."""
-    return [h for h in spec.hosts if h.ssh is not None and getattr(h, "fabric", None) is not None]
-
-
-def ssh_fabric_reason(spec: Any) -> str | None:
-    """None when the cluster's fabric can be judged over SSH, else why not."""
-    if spec.kind != "external":
-        return "the SSH fabric path is for `kind: external` clusters"
-    n = len(fabric_hosts(spec))
-    return None if n >= 2 else f"{n} host(s) with both `ssh:` and `fabric:` settings; the fabric items need 2"
-
-
 def fabric_nodes(cluster: Any, audit: Any = None) -> list[FabricNode]:
     """One FabricNode per SSH fabric host of ``cluster`` (a ClusterHandle)."""
     nodes = []
@@ -94,6 +82,14 @@ def pick(nodes: Sequence[FabricNode]) -> dict[str, FabricNode]:
     source = prefill[0]
     decode = [n for n in nodes if n is not source and "decode" in n.roles] or [n for n in nodes if n is not source]
     return {"source": source, "peer": decode[0], "other": decode[1] if len(decode) > 1 else decode[0]}
+
+
+def ssh_nodes(cluster: Any, audit: Any = None) -> dict[str, FabricNode] | None:
+    """The fabric items' roles among the cluster's SSH fabric hosts (:func:`pick`), or None when the
+    cluster is not reached that way (it has an emulated fabric, is bundled, or has fewer than 2 such hosts)."""
+    if cluster.fabric is not None or ssh_fabric_reason(cluster.spec) is not None:
+        return None
+    return pick(fabric_nodes(cluster, audit))
 
 
 def tool_present(ex: Any, tool: str) -> bool:

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from harness.checks.stats import nearest_rank
+from harness.stats import nearest_rank
 from harness.errors import ConfigError, ProbeError
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.ends import OP_TIMEOUT_S

@@ -45,7 +45,7 @@ class _AdminSetting(Fault):
 
     def _get(self, path: str) -> Any:
         """``GET /admin{path}`` through the typed admin client, as plain JSON (it goes to the ledger)."""
-        from harness.probes.admin import AdminClient
+        from harness.engine.admin.client import AdminClient
 
         try:
             with AdminClient(self.admin_url, timeout_s=HTTP_TIMEOUT_S) as admin:
@@ -91,7 +91,7 @@ class SpeculativeDecoding(_AdminSetting):
                 if w.get("role") == "decode" and w.get("health") == "healthy"}
 
     def _set(self, enabled: bool) -> str:
-        from harness.probes.admin import AdminClient
+        from harness.engine.admin.client import AdminClient
 
         try:
             with AdminClient(self.admin_url, timeout_s=HTTP_TIMEOUT_S) as admin:
@@ -154,7 +154,7 @@ class SpeculativeDecoding(_AdminSetting):
 @dataclass
 class LiveMigration(_AdminSetting):
     """Live-migrate one decoding request off ``source``; ``reply`` is the router's migration_done
-    event. Refusals raise the admin client's :class:`~harness.probes.admin.AdminError` (status,
+    event. Refusals raise the admin client's :class:`~harness.engine.admin.client.AdminError` (status,
     code, param) so a caller can tell "too late" from "the engine failed"."""
 
     kind: ClassVar[str] = "live_migration"
@@ -192,7 +192,7 @@ class LiveMigration(_AdminSetting):
         return [m for m in flights if m.get("source") == self.source and m.get("reason") == "admin"]
 
     def inject(self, ex: Executor) -> str:
-        from harness.probes.admin import AdminClient
+        from harness.engine.admin.client import AdminClient
 
         with AdminClient(self.admin_url, timeout_s=self.timeout_s) as admin:
             self.reply = dict(admin.migrate(self.source, rid=self.rid, target=self.target_worker).raw)

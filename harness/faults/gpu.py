@@ -60,7 +60,7 @@ class AdminFault(Fault):
 
     def _call(self, method: str, path: str, body: dict | None = None, *, ok_404: bool = False) -> dict | list | None:
         """One admin call through the typed client, as the engine's JSON (the reply goes to the ledger)."""
-        from harness.probes.admin import AdminClient, AdminError
+        from harness.engine.admin.client import AdminClient, AdminError
 
         try:
             with AdminClient(self.admin_url, timeout_s=HTTP_TIMEOUT_S) as admin:

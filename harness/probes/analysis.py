@@ -9,7 +9,7 @@
   send, which adds the generator's own queueing delay (no coordinated omission). In closed
   loop both are equal.
 - Only ``ok`` requests enter percentiles; every other status is counted apart.
-- Percentiles by nearest rank, the project's one definition (harness/checks/stats.py): always an
+- Percentiles by nearest rank, the project's one definition (harness/stats/__init__.py): always an
   observed value, never an interpolation between two.
 """
 
@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.checks.stats import percentile_or_nan
+from harness.stats import percentile_or_nan
 from harness.errors import ProbeError
 from harness.probes.records import NOT_SENT, STATUSES, RequestRecord
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, read_records
-from harness.probes.urls import http_url
+from harness.urls import http_url
 from harness.probes.workload import LoadProfile, worker_records_path
 
 log = logging.getLogger(__name__)

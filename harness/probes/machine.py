@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from harness.checks.stats import nearest_rank
+from harness.stats import nearest_rank
 from harness.errors import ProbeError
 from harness.probes import procfs
 

@@ -22,7 +22,7 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.errors import ProbeError
-from harness.probes.urls import http_url
+from harness.urls import http_url
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, process_anchor
 from harness.probes.request_shape import DEFAULT_SHAPE, RequestShape
 from harness.probes.sse import MessageHook, RecordBuilder
-from harness.probes.urls import http_url
+from harness.urls import http_url
 
 log = logging.getLogger(__name__)
 

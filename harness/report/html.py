@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jinja2
 from markupsafe import Markup, escape
 
-from harness.checks.intervals import brackets
+from harness.stats.intervals import brackets
 from harness.checklists import COMPARISONS
 from harness.report import RunResult
 from harness.report import item_plots, plots, run_plots

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.checks.intervals import brackets
+from harness.stats.intervals import brackets
 from harness.checks.verdict import Status, Verdict
 from harness.report import RunResult
 from harness.report.suites import suite_label

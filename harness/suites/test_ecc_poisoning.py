@@ -34,7 +34,7 @@ from harness.checks.epilogue import expectation, finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError
 from harness.faults import EccPoison
-from harness.probes.admin_models import Worker
+from harness.engine.admin.models import AdminWorker
 from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,11 @@ MAX_TRIES_PER_BITE = 3  # poisonings tried per one that must hit a running reque
 POLL_S = 0.1
 
 
-def _healthy_decodes(timeline: Any) -> list[Worker]:
+def _healthy_decodes(timeline: Any) -> list[AdminWorker]:
     return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
-def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> Worker | None:
+def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> AdminWorker | None:
     """The healthy decode worker running the most requests, once one runs any; None after ``deadline_s``."""
     try:
         return wait_until(lambda: max(_healthy_decodes(timeline), key=lambda w: w.num_running, default=None),

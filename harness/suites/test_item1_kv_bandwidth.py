@@ -28,7 +28,8 @@ from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench
 from harness.fabric.linerate import read_line_rate
 from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
-                                   raw_bandwidth_verdict, ssh_nodes)
+                                   raw_bandwidth_verdict)
+from harness.fabric.remote import ssh_nodes
 from harness.hosts import LocalExecutor
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]

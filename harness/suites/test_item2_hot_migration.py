@@ -11,7 +11,7 @@ request migration; cluster file `migration: {on_worker_loss: true}`), workers of
 inventory are killed while the harness's streams decode on them, and the crossing is judged from the
 client alone (harness/checks/migration_blackbox.py, :func:`_on_worker_loss`).
 
-Victims are the harness's own streams (harness/probes/migration.py): each is watched chunk by
+Victims are the harness's own streams (harness/scenarios/migration.py): each is watched chunk by
 chunk, and the migration of that very request is asked for off the worker its chunks name as soon
 as it has MIGRATE_AFTER_TOKENS tokens, so the source is never guessed from a heartbeat that may
 come after a short stream ended. A stream the harness could not catch mid-decode is *unmeasured*,
@@ -36,8 +36,8 @@ from harness.checks.extend import repeat_until_decided
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError, ProbeError
-from harness.probes.migration import MigrationAttempt, migrate_observed_stream
-from harness.probes.admin_models import Worker
+from harness.scenarios.migration import MigrationAttempt, migrate_observed_stream
+from harness.engine.admin.models import AdminWorker
 from harness.probes.records import RequestRecord
 from harness.waiting import WaitTimeoutError, wait_until
 
@@ -52,7 +52,7 @@ LOADED_MAX_S = 240.0       # upper bound of the load run; it is finished as soon
 LOADED_MAX_TOKENS = 160    # the Locust requests' length
 
 
-def _decode_workers(timeline: Any) -> list[Worker]:
+def _decode_workers(timeline: Any) -> list[AdminWorker]:
     return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
@@ -172,8 +172,8 @@ LOSS_TOKENS_AFTER = 320    # tokens a stream still wants after the kill (it must
 def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
     """6.1.2 from the client on an engine that migrates on worker loss (see the module doc)."""
     from harness.checks.migration_blackbox import DEFINITION, measure as measure_crossings
-    from harness.probes import blackbox_faults as blackbox
-    from harness.probes.migration_on_loss import kill_role, kill_under_streams
+    from harness.scenarios import blackbox_faults as blackbox
+    from harness.scenarios.migration_on_loss import kill_role, kill_under_streams
 
     checklist = cluster.thresholds
     t = checklist.item(ITEM).thresholds

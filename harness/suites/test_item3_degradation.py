@@ -31,7 +31,7 @@ from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
 from harness.faults import HbmFill, SpeculativeDecoding
-from harness.probes.admin import AdminClient
+from harness.engine.admin.client import AdminClient
 from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
 from harness.probes.request_shape import request_shape
 from harness.probes.streaming import AsyncStreamingClient

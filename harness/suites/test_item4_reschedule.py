@@ -25,8 +25,8 @@ from harness.checks.reschedule_blackbox import (client_faults, client_view_evide
 from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import FaultError, ProbeError
 from harness.faults import ProcessHang, ProcessKill, select_targets
-from harness.probes import blackbox_faults as blackbox
-from harness.probes.admin_models import Worker
+from harness.scenarios import blackbox_faults as blackbox
+from harness.engine.admin.models import AdminWorker
 from harness.probes.rejoin import Rejoin
 from harness.waiting import WaitTimeoutError, wait_until
 
@@ -60,7 +60,7 @@ def fault_plan(faults_per_kind: int, roles: Sequence[str] = ("prefill", "decode"
     return kills + hangs
 
 
-def lone_roles(workers: Sequence[Worker]) -> dict[str, str]:
+def lone_roles(workers: Sequence[AdminWorker]) -> dict[str, str]:
     """Roles with fewer than two workers, each with why it cannot be judged: a fault on its only
     worker leaves nothing to take over, so rescheduling can never happen there."""
     out = {}
@@ -116,7 +116,7 @@ def wait_served_through(timeline: Any, worker_id: str, since_seq: int, keep_load
     return rejoin
 
 
-def _health(workers: list[Worker], worker_id: str) -> str | None:
+def _health(workers: list[AdminWorker], worker_id: str) -> str | None:
     return next((w.health for w in workers if w.id == worker_id), None)
 
 
@@ -278,7 +278,7 @@ BLACKBOX_TAIL_S = 30.0
 
 def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
     """6.1.4 on a cluster without router events: the inventory's workers killed and hung under load
-    (harness/probes/blackbox_faults.py), each back in the cluster's traffic before the next fault, judged
+    (harness/scenarios/blackbox_faults.py), each back in the cluster's traffic before the next fault, judged
     from the client records alone (harness/checks/reschedule_blackbox.py): until the streams on the victim
     ended and a new request was served, the longest stall clients saw (a hang the cluster does not detect
     shows there), and how long the cluster kept each restarted worker out after it was healthy. A role with

@@ -27,7 +27,8 @@ from harness.checks.extend import repeat_until_decided
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.tcpprobe import TcpClassSample, sample_tcp_class
 from harness.checks.verdict import inconclusive
-from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped, ssh_nodes
+from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped
+from harness.fabric.remote import ssh_nodes
 from harness.faults import PfcStorm
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.slow]

@@ -26,11 +26,12 @@ import pytest
 
 from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
-from harness.checks.stats import nearest_rank
+from harness.stats import nearest_rank
 from harness.checks.verdict import Verdict
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
-from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped, ssh_nodes
+from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped
+from harness.fabric.remote import ssh_nodes
 from harness.faults import NicFlap
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,8 @@ import pytest
 from harness.checks.capabilities import (ITEM_ALTERNATIVES, ITEM_NEEDS, PROVIDERS, Capabilities, capabilities_of,
                                          coverage, needs_of, not_supported, ways_of)
 from harness.checks.verdict import Status, Verdict
-from harness.cluster import ClusterHandle, load_cluster
+from harness.cluster import ClusterHandle
+from harness.clusterfile import load_cluster
 from harness.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.checks.extend import measure_until_decided, repeat_until_decided
-from harness.checks.intervals import percentile_interval
+from harness.stats.intervals import percentile_interval
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Status, judge
 

@@ -72,7 +72,7 @@ def test_exit_code_precedence(statuses, harness_error, revert_failed, code):
                          revert_failed=revert_failed) is code
 
 
-# -- measurements with intervals (harness/checks/intervals.py) ---------------------------------
+# -- measurements with intervals (harness/stats/intervals.py) ---------------------------------
 
 def _threshold(op, value=500.0):
     from harness.checklists import Threshold
@@ -80,7 +80,7 @@ def _threshold(op, value=500.0):
 
 
 def _iv(lo, hi, n=412):
-    from harness.checks.intervals import Interval
+    from harness.stats.intervals import Interval
     return Interval(lo, hi, 0.95, "order statistics", n, noun="requests")
 
 
@@ -118,7 +118,7 @@ def test_an_unbounded_side_never_passes(ttft, op, value, interval):
 
 
 def test_a_straddle_names_the_interval_and_what_would_decide(ttft):
-    from harness.checks.intervals import percentile_interval
+    from harness.stats.intervals import percentile_interval
     values = [float(v) for v in range(1, 201)] * 2   # 400 requests, p99 = 198 ms
     iv = percentile_interval(values, 99, noun="requests")
     v = judge(ttft, [Measurement(_threshold("<", 199.5), 198.0, "client TTFT p99", iv)])

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from harness.clusterfile import FabricSettings, load_cluster, parse_cluster, settings_spec
+from harness.cluster import settings_spec
+from harness.clusterfile import FabricSettings, load_cluster, parse_cluster
 from harness.clusterfile.base import FAULT_KINDS
 from harness.clusterfile.engine_settings import ENGINE_RESERVED, EngineSettings, RouterSettings
 from harness.clusterfile.load import json_schema

@@ -13,7 +13,7 @@ import pytest
 from harness.engine.core.oracle import greedy_reference
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.pd.topology import Topology
-from harness.probes.migration import ObservedStream
+from harness.probes.observed_stream import ObservedStream
 from harness.probes.streaming import CompletionRequest, StreamingClient
 
 pytestmark = pytest.mark.slow

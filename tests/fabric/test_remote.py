@@ -14,9 +14,9 @@ from harness.clusterfile import load_cluster
 from harness.errors import ConfigError, ProbeError
 from harness.fabric.bandwidth import parse_iperf3_json
 from harness.fabric.procs import remote_command
-from harness.fabric.remote import (FabricNode, ib_write_bw_argv, parse_ib_write_bw, pick, ssh_fabric_reason,
-                                   ssh_prefix)
+from harness.fabric.remote import FabricNode, ib_write_bw_argv, parse_ib_write_bw, pick, ssh_prefix
 from harness.fabric.bandwidth import Station
+from harness.fabric.ssh_hosts import ssh_fabric_reason
 from harness.hosts import SSHTarget
 
 DATA = Path(__file__).parent / "data"

@@ -2,7 +2,7 @@ import textwrap
 
 import pytest
 
-from harness.cluster import CLUSTERS_DIR, load_cluster, resolve_cluster_path
+from harness.clusterfile import CLUSTERS_DIR, load_cluster, resolve_cluster_path
 from harness.errors import ConfigError, FaultError
 
 

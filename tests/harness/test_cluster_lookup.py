@@ -4,7 +4,7 @@ package; the default checklist is loaded from the package."""
 import pytest
 
 from harness.checklists import DEFAULT_CHECKLIST, Checklist
-from harness.cluster import CLUSTERS_DIR, cluster_search_path, resolve_cluster_path
+from harness.clusterfile import CLUSTERS_DIR, cluster_search_path, resolve_cluster_path
 from harness.errors import ConfigError
 
 

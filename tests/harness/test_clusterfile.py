@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from harness.cli import main as cli_main
-from harness.cluster import CLUSTERS_DIR, ClusterHandle, json_schema, load_cluster
+from harness.cluster import ClusterHandle
+from harness.clusterfile import CLUSTERS_DIR, json_schema, load_cluster
 from harness.errors import ConfigError
 
 V2 = textwrap.dedent("""\

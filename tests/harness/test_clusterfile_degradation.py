@@ -6,7 +6,7 @@ import json
 import pytest
 
 from harness.cli import main as cli_main
-from harness.cluster import load_cluster
+from harness.clusterfile import load_cluster
 from harness.errors import ConfigError
 
 BASE = """\

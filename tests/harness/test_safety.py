@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from harness.cluster import ClusterHandle, load_cluster
+from harness.cluster import ClusterHandle
+from harness.clusterfile import load_cluster
 from harness.errors import FaultError
 from harness.faults import ProcessKill
 from harness.fixtures import make_fault_runner

@@ -15,8 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from harness.errors import ProbeError
-from harness.probes.admin import AdminClient, AdminError
-from harness.probes.admin_models import DegradationState, FaultState, MigrationResult, Worker
+from harness.engine.admin.client import AdminClient, AdminError
+from harness.engine.admin.models import AdminWorker, DegradationState, FaultState, MigrationResult
 
 WORKER = {"id": "decode-0", "role": "decode", "pid": 4242, "health": "healthy", "down_reason": None,
           "addresses": {"control": "127.0.0.1:1", "kv": "127.0.0.1:2"}, "queue_depth": 0, "active_requests": 2,
@@ -82,7 +82,7 @@ def test_workers_are_typed_and_still_read_like_the_json(engine):
                                                           "pid": None, "active_requests": 0, "num_running": 0}])})
     with AdminClient(e.url) as admin:  # the router's address, no /admin: the client adds it
         a, b = admin.workers()
-        assert isinstance(a, Worker) and (a.id, a.role, a.pid, a.healthy, a.busy) == ("decode-0", "decode", 4242, True, True)
+        assert isinstance(a, AdminWorker) and (a.id, a.role, a.pid, a.healthy, a.busy) == ("decode-0", "decode", 4242, True, True)
         assert (b.pid, b.healthy, b.busy) == (None, False, False)
         assert a["addresses"]["kv"] == "127.0.0.1:2" and a.get("nope", 5) == 5 and a.raw == WORKER
         assert json.loads(json.dumps(a.raw)) == WORKER

@@ -88,7 +88,8 @@ def test_locust_users_send_the_key_and_the_profile_does_not_hold_it(server, tmp_
 
 
 def test_the_cluster_handle_builds_keyed_clients_with_the_engine_profile(server, tmp_path, monkeypatch):
-    from harness.cluster import ClusterHandle, load_cluster
+    from harness.cluster import ClusterHandle
+    from harness.clusterfile import load_cluster
 
     path = tmp_path / "c.yaml"
     path.write_text(f"kind: external\nengine: vllm\nmodel: m\nauth: {{api_key_env: T_KEY}}\n"

@@ -79,7 +79,8 @@ def test_a_hosts_dcgm_exporter_is_read_at_both_ends_and_its_ecc_and_xid_changes_
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from harness.cluster import ClusterHandle, load_cluster
+    from harness.cluster import ClusterHandle
+    from harness.clusterfile import load_cluster
     from harness.probes.gpu_hosts import HostGpuWatch
 
     body = {"text": EXPORTER % (0, 0)}

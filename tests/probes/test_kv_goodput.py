@@ -6,7 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from harness.cluster import ClusterHandle, load_cluster
+from harness.cluster import ClusterHandle
+from harness.clusterfile import load_cluster
 from harness.probes.kv_goodput import engine_kv_goodput
 
 NIXL = """# HELP vllm:nixl_bytes_transferred Number of bytes transferred per NIXL transfer.

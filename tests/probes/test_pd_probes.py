@@ -9,7 +9,7 @@ import time
 import pytest
 
 from harness.engine.pd.topology import Topology
-from harness.probes.admin import AdminClient, WorkerPoller
+from harness.engine.admin.client import AdminClient, WorkerPoller
 from harness.probes.analysis import summarize
 from harness.probes.load import LoadRunner
 from harness.probes.prometheus import PrometheusScraper

@@ -122,7 +122,8 @@ def test_every_engine_a_cluster_file_may_name_has_a_request_shape():
 
 
 def test_attaching_checks_the_shape_and_a_dry_run_sends_nothing(strict_server, tmp_path):
-    from harness.cluster import load_cluster, open_cluster
+    from harness.cluster import open_cluster
+    from harness.clusterfile import load_cluster
 
     path = tmp_path / "strict.yaml"
     path.write_text(f"version: 2\nname: strict\nkind: external\nengine: vllm\nendpoints: {{api: {strict_server}}}\n")

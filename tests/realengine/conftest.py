@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from harness.probes.migration_on_loss import migration_count
+from harness.scenarios.migration_on_loss import migration_count
 from harness.probes.request_shape import request_shape
 from harness.probes.streaming import CompletionRequest, StreamingClient
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from clusters.dynamo.launch import FRONTEND_PORT, LaunchError, build, worker_layout
-from harness.cluster import load_cluster
+from harness.clusterfile import load_cluster
 from tests.realengine.conftest import REPO
 
 

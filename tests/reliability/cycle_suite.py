@@ -15,7 +15,7 @@ import pytest
 from harness.checks.verdict import Status, Verdict
 from harness.faults import (EccPoison, HbmFill, NicFlap, PfcStorm, ProcessHang, ProcessKill, SpeculativeDecoding,
                             select_targets)
-from harness.probes.migration import migrate_observed_stream
+from harness.scenarios.migration import migrate_observed_stream
 
 pytestmark = pytest.mark.conformance
 HOLD_S = 0.6

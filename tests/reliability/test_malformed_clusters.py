@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from harness.cluster import check_before_start, load_cluster
+from harness.clusterfile import check_before_start, load_cluster
 from harness.errors import ConfigError
 
 from .machine import marked_processes

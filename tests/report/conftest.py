@@ -1,6 +1,6 @@
 import pytest
 
-from harness.checks.intervals import measured_within
+from harness.stats.intervals import measured_within
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.report import RunResult, collect_environment

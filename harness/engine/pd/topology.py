@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 from harness.engine.pd.router_config import RouterConfig
 from harness.engine import DEFAULT_PRESET
 from harness.errors import ConfigError, EngineError, ProbeError
-from harness.probes.admin import AdminClient
-from harness.probes.admin_models import EngineEvent, Worker
+from harness.engine.admin.client import AdminClient
+from harness.engine.admin.models import AdminWorker, EngineEvent
 from harness.waiting import WaitTimeoutError, wait_until
 from harness.states import PD_ROLES, WorkerHealth, WorkerRole
 
@@ -152,7 +152,7 @@ class Topology:
         return self._router.pid if self._router else None
 
     # -- queries
-    def workers(self) -> list[Worker]:
+    def workers(self) -> list[AdminWorker]:
         """``GET /admin/workers``: id, role, pid, health, addresses, queue depth, KV blocks."""
         with AdminClient(self.admin_url, timeout_s=10) as admin:
             return admin.workers()
@@ -235,7 +235,7 @@ class Topology:
             raise EngineError(f"workers {sorted(pending)} did not register within the startup timeout",
                               fix="raise startup_timeout_s on a loaded machine; see log_tail(worker_id)") from exc
 
-    def wait_health(self, worker_id: str, health: WorkerHealth, timeout_s: float = 10.0) -> Worker:
+    def wait_health(self, worker_id: str, health: WorkerHealth, timeout_s: float = 10.0) -> AdminWorker:
         """Wait until the router reports ``worker_id`` with ``health``."""
         try:
             return wait_until(lambda: next((w for w in self.workers() if w.id == worker_id), None), timeout_s, 0.05,

@@ -7,6 +7,9 @@ about the tail (it does not invent a value between the two slowest requests). Ev
 the harness reports (latency summaries, verdicts, fabric probes) comes from :func:`nearest_rank`;
 quantiles of server histograms, which hold no observed values, are interpolated inside buckets
 as Prometheus does (harness.probes.prometheus.histogram_quantile) and say so.
+
+A leaf package (layer 0, docs/architecture.md): it imports only ``harness.errors``, so probes,
+fabric and checks all use it without depending on each other. Confidence intervals: ``.intervals``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``GET /admin/events`` lists what the router saw (worker down/up, reschedules, retries,
 fallbacks) with wall-clock and monotonic times; the resilience endpoints read the degradation
 state, switch speculative decoding, migrate and drain, and hold the HBM-fill and ECC-poison fault
-hooks. Results are typed (harness/probes/admin_models.py). A ``WorkerPoller`` snapshots the
+hooks. Results are typed (harness/engine/admin/models.py). A ``WorkerPoller`` snapshots the
 worker table in the background during a run, so a report can show who was healthy when.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 
 from harness.errors import ProbeError
-from harness.probes.admin_models import (DegradationState, DrainResult, EngineEvent, FaultState, MigrationResult, R,
-                                         Worker, event_list)
-from harness.probes.urls import http_url
+from harness.engine.admin.models import (AdminWorker, DegradationState, DrainResult, EngineEvent, FaultState,
+                                         MigrationResult, R, event_list)
+from harness.urls import http_url
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,11 @@ class AdminClient:
         return [cls.parse(x, f"GET {self.base_url}{path}") for x in items]
 
     # -- reading
-    def workers(self) -> list[Worker]:
+    def workers(self) -> list[AdminWorker]:
         """``GET /admin/workers``: every worker the router knows, healthy or not."""
-        return self._list(Worker, "/workers", "workers")
+        return self._list(AdminWorker, "/workers", "workers")
 
-    def worker(self, worker_id: str) -> Worker | None:
+    def worker(self, worker_id: str) -> AdminWorker | None:
         """One row of ``workers()``; None when the router does not know ``worker_id``."""
         return next((w for w in self.workers() if w.id == worker_id), None)
 
@@ -189,7 +189,7 @@ class AdminClient:
 class WorkerSnapshot:
     t_wall_ns: int
     t_mono_ns: int
-    workers: list[Worker] | None   # None: the poll failed
+    workers: list[AdminWorker] | None   # None: the poll failed
     error: str | None = None
 
 

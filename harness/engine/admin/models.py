@@ -1,9 +1,11 @@
-"""Typed results of the bundled engine's admin API (harness/probes/admin.py's AdminClient).
+"""Typed results of the bundled engine's admin API (harness/engine/admin/client.py's AdminClient).
 
 Each result is a frozen dataclass with the fields the harness reads, checked when the answer is
-parsed (a missing or mistyped field is a ProbeError naming the endpoint and the field, not a
-KeyError three calls later), plus ``raw``: the whole JSON object as the engine sent it, for
-evidence (it serialises as is) and for fields the dataclass does not name.
+parsed by a pydantic ``TypeAdapter`` of the dataclass: its annotations (strict types: no "5" for an
+int, no true for 1) are the one statement of each field's type, and a missing or mistyped field is
+a ProbeError naming the endpoint and the field, not a KeyError three calls later. ``raw`` keeps the
+whole JSON object as the engine sent it, for evidence (it serialises as is) and for fields the
+dataclass does not name.
 
 The results also read like the JSON objects they came from (``w["id"]``, ``w.get("num_running",
 0)``): the suites and checks written against the plain dicts keep working while they move to the
@@ -14,9 +16,12 @@ fields) and every check consumes it as dicts, so events stay dicts, typed as ``E
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
+
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, ValidationError
 
 from harness.errors import ProbeError
 
@@ -41,29 +46,17 @@ class AdminRecord(Mapping):
     """Base of the typed results: named fields parsed from ``raw``, read-only dict access to ``raw``."""
 
     raw: dict[str, Any] = field(repr=False, compare=False)
-    #: field name -> accepted JSON types; the fields without a default must be present
-    _types: ClassVar[dict[str, tuple[type, ...]]] = {}
 
     @classmethod
     def parse(cls: type[R], payload: Any, endpoint: str) -> R:
         if not isinstance(payload, dict):
             raise ProbeError(f"{endpoint} answered {type(payload).__name__}, not a JSON object", fix=_NOT_OURS_FIX)
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name == "raw":
-                continue
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            if f.name not in payload or payload[f.name] is None:
-                if required:
-                    raise ProbeError(f"{endpoint}: the answer has no {f.name!r} (keys: {sorted(payload)[:12]})",
-                                     fix=_NOT_OURS_FIX)
-                continue
-            value, types = payload[f.name], cls._types.get(f.name)
-            if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-                raise ProbeError(f"{endpoint}: {f.name!r} is {value!r}, expected "
-                                 f"{' or '.join(t.__name__ for t in types)}", fix=_NOT_OURS_FIX)
-            values[f.name] = value
-        return cls(raw=payload, **values)
+        named = (f.name for f in dataclasses.fields(cls) if f.name != "raw")
+        values = {name: payload[name] for name in named if payload.get(name) is not None}  # null: the default
+        try:
+            return _adapter(cls).validate_python({**values, "raw": payload})
+        except ValidationError as exc:
+            raise ProbeError(_first_problem(exc, endpoint, payload), fix=_NOT_OURS_FIX) from None
 
     # read-only mapping over the JSON object
     def __getitem__(self, key: str) -> Any:
@@ -76,32 +69,44 @@ class AdminRecord(Mapping):
         return len(self.raw)
 
 
-_STR, _INT, _NUM, _BOOL = (str,), (int,), (int, float), (bool,)
+@functools.cache
+def _adapter(cls: type[R]) -> TypeAdapter[R]:
+    return TypeAdapter(cls)
+
+
+# pydantic's error type -> the JSON type the field wanted, as the message says it
+_EXPECTED = {"int_type": "int", "float_type": "int or float", "bool_type": "bool", "string_type": "str",
+             "dict_type": "dict", "list_type": "list"}
+
+
+def _first_problem(exc: ValidationError, endpoint: str, payload: dict[str, Any]) -> str:
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else "?"
+    if error["type"] == "missing":
+        return f"{endpoint}: the answer has no {name!r} (keys: {sorted(payload)[:12]})"
+    expected = _EXPECTED.get(error["type"], error["msg"])
+    return f"{endpoint}: {name!r} is {error.get('input')!r}, expected {expected}"
 
 
 @dataclass(frozen=True)
-class Worker(AdminRecord):
+class AdminWorker(AdminRecord):
     """One row of ``GET /admin/workers``."""
 
-    id: str
-    role: str
-    health: str
-    pid: int | None = None
-    down_reason: str | None = None
-    queue_depth: int = 0
-    active_requests: int = 0
-    num_running: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    kv_used_ratio: float | None = None
-    kv_blocks_poisoned: int = 0
-    kv_blocks_quarantined: int = 0
-    spec_enabled: bool = False
-    heartbeat_age_s: float | None = None
-    _types: ClassVar[dict[str, tuple[type, ...]]] = {
-        "id": _STR, "role": _STR, "health": _STR, "pid": _INT, "queue_depth": _INT, "active_requests": _INT,
-        "num_running": _INT, "kv_blocks_used": _INT, "kv_blocks_total": _INT, "kv_used_ratio": _NUM,
-        "kv_blocks_poisoned": _INT, "kv_blocks_quarantined": _INT, "spec_enabled": _BOOL, "heartbeat_age_s": _NUM}
+    id: StrictStr
+    role: StrictStr
+    health: StrictStr
+    pid: StrictInt | None = None
+    down_reason: StrictStr | None = None
+    queue_depth: StrictInt = 0
+    active_requests: StrictInt = 0
+    num_running: StrictInt = 0
+    kv_blocks_used: StrictInt = 0
+    kv_blocks_total: StrictInt = 0
+    kv_used_ratio: StrictFloat | None = None
+    kv_blocks_poisoned: StrictInt = 0
+    kv_blocks_quarantined: StrictInt = 0
+    spec_enabled: StrictBool = False
+    heartbeat_age_s: StrictFloat | None = None
 
     @property
     def healthy(self) -> bool:
@@ -117,16 +122,13 @@ class Worker(AdminRecord):
 class DegradationState(AdminRecord):
     """``GET /admin/degradation``: the level, its thresholds, the signals that drive it, its history."""
 
-    level: int
-    name: str = ""
-    enabled: bool = True
+    level: StrictInt
+    name: StrictStr = ""
+    enabled: StrictBool = True
     thresholds: dict = field(default_factory=dict)
     signals: dict = field(default_factory=dict)
     history: list = field(default_factory=list)
     counters: dict = field(default_factory=dict)
-    _types: ClassVar[dict[str, tuple[type, ...]]] = {
-        "level": _INT, "name": _STR, "enabled": _BOOL, "thresholds": (dict,), "signals": (dict,),
-        "history": (list,), "counters": (dict,)}
 
 
 @dataclass(frozen=True)
@@ -134,14 +136,12 @@ class FaultState(AdminRecord):
     """A fault hook's state (``/admin/faults*``): the worker's ``fault_state`` answer. ``error`` is set
     when the worker refused the fault (the HTTP answer is still 200)."""
 
-    fault_id: str
-    kind: str | None = None
-    worker: str | None = None
-    active: bool = False
-    error: str | None = None
-    kv_used_ratio: float | None = None
-    _types: ClassVar[dict[str, tuple[type, ...]]] = {
-        "fault_id": _STR, "kind": _STR, "worker": _STR, "active": _BOOL, "error": _STR, "kv_used_ratio": _NUM}
+    fault_id: StrictStr
+    kind: StrictStr | None = None
+    worker: StrictStr | None = None
+    active: StrictBool = False
+    error: StrictStr | None = None
+    kv_used_ratio: StrictFloat | None = None
 
     @property
     def blocks(self) -> Any:
@@ -157,26 +157,22 @@ class FaultState(AdminRecord):
 class MigrationResult(AdminRecord):
     """``POST /admin/migrate``: the router's ``migration_done`` event for the request it moved."""
 
-    request_id: str
-    source: str
-    target: str
-    reason: str = ""
-    total_s: float = 0.0
-    num_tokens: int = 0
-    _types: ClassVar[dict[str, tuple[type, ...]]] = {
-        "request_id": _STR, "source": _STR, "target": _STR, "reason": _STR, "total_s": _NUM, "num_tokens": _INT}
+    request_id: StrictStr
+    source: StrictStr
+    target: StrictStr
+    reason: StrictStr = ""
+    total_s: StrictFloat = 0.0
+    num_tokens: StrictInt = 0
 
 
 @dataclass(frozen=True)
 class DrainResult(AdminRecord):
     """``POST /admin/drain``: what moved off the worker, what failed to, what was left on it."""
 
-    worker: str
+    worker: StrictStr
     migrated: list = field(default_factory=list)
     failed: list = field(default_factory=list)
     left: list = field(default_factory=list)
-    _types: ClassVar[dict[str, tuple[type, ...]]] = {
-        "worker": _STR, "migrated": (list,), "failed": (list,), "left": (list,)}
 
 
 def event_list(payload: Any, endpoint: str) -> list[EngineEvent]:
@@ -192,4 +188,4 @@ def event_list(payload: Any, endpoint: str) -> list[EngineEvent]:
 
 
 __all__ = ["AdminRecord", "DegradationState", "DrainResult", "EngineEvent", "FaultState", "MigrationResult",
-           "Worker", "event_list"]
+           "AdminWorker", "event_list"]

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from harness.checks import reschedule
-from harness.checks.stats import nearest_rank, percentile_or_nan
+from harness.stats import nearest_rank, percentile_or_nan
 from harness.errors import ProbeError
 from harness.probes.analysis import percentiles
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness.checklists import Checklist
-from harness.clusterfile.handle import ClusterHandle
+from harness.cluster import ClusterHandle
 from harness.clusterfile.load import parse_cluster
 from harness.faults import FaultRunner, Ledger
-from harness.probes import blackbox_faults as blackbox
+from harness.scenarios import blackbox_faults as blackbox
 from harness.probes.inventory import wait_healthy
 from tests.faults.conftest import free_port
 

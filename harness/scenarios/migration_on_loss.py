@@ -8,7 +8,7 @@ One kill (:func:`kill_under_streams`):
    every one of them has ``after_tokens`` tokens (each has a steady gap to compare with) or ended;
 2. the engine's migration counter is read (when its profile has one and a metrics URL is known);
 3. a worker of the role that decodes (decode, else aggregated) is killed through the fault runner
-   (harness/probes/blackbox_faults.py: ledger first, restart or supervisor, wait for the new process
+   (harness/scenarios/blackbox_faults.py: ledger first, restart or supervisor, wait for the new process
    and its health URL), held ``observe_s`` so the engine must move the streams by itself;
 4. the streams are awaited, the counter read again: a :class:`KillWindow` and the streams' records.
 """
@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.checks.migration_blackbox import KillWindow
 from harness.errors import ProbeError
-from harness.probes import blackbox_faults as blackbox
 from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest
+from harness.scenarios import blackbox_faults as blackbox
+from harness.scenarios.records import KillWindow
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from harness.checks.reschedule_blackbox import ClientFault
 from harness.errors import FaultError
 from harness.faults import ProcessHang, ProcessKill
 from harness.probes.inventory import InventoryWorker, locate_pid, resolve, wait_healthy
 from harness.probes.rejoin import Rejoin, RejoinWatch
+from harness.scenarios.records import ClientFault
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,15 @@ outcomes, kept apart because they mean different things:
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.errors import ProbeError
 from harness.faults import FaultRunner, Ledger, LiveMigration
-from harness.probes.admin import AdminError
+from harness.engine.admin.client import AdminError
+from harness.probes.observed_stream import ObservedStream
 from harness.probes.records import RequestRecord
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.streaming import CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -54,67 +54,6 @@ class MigrationAttempt:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class ObservedStream:
-    """A streaming request in a thread of its own, watched chunk by chunk: ``ready`` is set once
-    it has ``after_tokens`` tokens and says which worker produced the latest one."""
-
-    def __init__(self, api_url: str, request: CompletionRequest, after_tokens: int, *,
-                 timeout_s: float = 300.0, name: str = "observed-stream") -> None:
-        self.api_url = api_url
-        self.request = request
-        self.after_tokens = after_tokens
-        self.timeout_s = timeout_s
-        self.ready = threading.Event()
-        self.worker: str | None = None          # served_by of the latest chunk
-        self.request_id: str | None = None
-        self.tokens = 0
-        self.record: RequestRecord | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> ObservedStream:
-        self._thread.start()
-        return self
-
-    def _on_message(self, rec: RequestRecord, msg: dict) -> None:
-        served = msg.get("served_by")
-        if isinstance(served, str) and served:
-            self.worker = served
-        self.request_id = rec.response_id
-        self.tokens = sum(rec.chunk_tokens)
-        if self.tokens >= self.after_tokens and self.worker and self.request_id:
-            self.ready.set()
-
-    def _run(self) -> None:
-        try:
-            with StreamingClient(self.api_url, timeout_s=self.timeout_s, read_timeout_s=min(120.0, self.timeout_s),
-                                 user="migration-probe") as client:
-                self.record = client.send(self.request, on_message=self._on_message)
-        except BaseException as exc:  # noqa: BLE001 - kept for the caller; the thread must not die silently
-            self.error = exc
-        finally:
-            self.ready.set()  # wake a waiter: the stream is over (check ``finished``)
-
-    @property
-    def finished(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        """True when the stream showed ``after_tokens`` tokens on a known worker and still runs."""
-        self.ready.wait(timeout_s)
-        return self.ready.is_set() and not self.finished and self.tokens >= self.after_tokens
-
-    def join(self, timeout_s: float) -> RequestRecord:
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise ProbeError(f"{self._thread.name} did not end within {timeout_s:.0f} s",
-                             fix="see the router's log: a stream that never ends is a hung request")
-        if self.record is None:
-            raise ProbeError(f"{self._thread.name} failed in the client: {self.error!r}",
-                             fix="this is a harness bug; see the traceback in the log")
-        return self.record
 
 
 def migrate_observed_stream(api_url: str, admin_url: str, *, phase: str, index: int, prompt: str,
@@ -172,4 +111,4 @@ def _ask(admin_url: str, attempt: MigrationAttempt, faults: Any) -> None:
         log.info("migration attempt %s-%d: %s (%s)", attempt.phase, attempt.index, attempt.outcome, attempt.detail)
 
 
-__all__ = ["MigrationAttempt", "OUTCOMES", "ObservedStream", "migrate_observed_stream"]
+__all__ = ["MigrationAttempt", "OUTCOMES", "migrate_observed_stream"]

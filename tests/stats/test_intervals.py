@@ -14,10 +14,10 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from harness.checks.intervals import (BOOTSTRAP_MIN_N, LEVEL, Interval, across, bootstrap_interval,
-                                      clopper_pearson_lower, decide, mean, measured_within, min_samples,
-                                      more_to_decide, order_statistic_ranks, percentile_interval,
-                                      ratio_input_level, ratio_interval, ratio_of_medians)
+from harness.stats.intervals import (BOOTSTRAP_MIN_N, LEVEL, Interval, across, bootstrap_interval,
+                                   clopper_pearson_lower, decide, mean, measured_within, min_samples,
+                                   more_to_decide, order_statistic_ranks, percentile_interval,
+                                   ratio_input_level, ratio_interval, ratio_of_medians)
 from harness.errors import ConfigError
 
 TRIALS = 1000

@@ -2,7 +2,7 @@
 dry run's description of what would be signalled and how each worker comes back."""
 
 from harness.clusterfile.models import Worker
-from harness.probes.blackbox_faults import describe_plan, plan, victims, without_survivor
+from harness.scenarios.blackbox_faults import describe_plan, plan, victims, without_survivor
 
 
 def worker(name: str, role: str, **extra) -> Worker:
