@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import pytest
 
@@ -33,9 +32,12 @@ from harness.checks.ecc import ITEM, Poisoning, ecc_verdict, judge_outcomes
 from harness.checks.epilogue import expectation, finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError
-from harness.faults import EccPoison
+from harness.faults import EccPoison, FaultRunner
 from harness.probes.admin_models import Worker
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.clusterfile import ClusterHandle
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +51,11 @@ MAX_TRIES_PER_BITE = 3  # poisonings tried per one that must hit a running reque
 POLL_S = 0.1
 
 
-def _healthy_decodes(timeline: Any) -> list[Worker]:
+def _healthy_decodes(timeline: Timeline) -> list[Worker]:
     return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
-def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> Worker | None:
+def _busy_decode(timeline: Timeline, deadline_s: float = 20.0) -> Worker | None:
     """The healthy decode worker running the most requests, once one runs any; None after ``deadline_s``."""
     try:
         return wait_until(lambda: max(_healthy_decodes(timeline), key=lambda w: w.num_running, default=None),
@@ -63,8 +65,9 @@ def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> Worker | None:
         return None
 
 
-def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, faults, timeline, conformance,
-                                                            harness_options):
+def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHandle, load: Load, faults: FaultRunner,
+                                                            timeline: Timeline, conformance: Conformance,
+                                                            harness_options: HarnessOptions) -> None:
     if not timeline.available:  # a real cluster: an ECC error injected into its GPU monitoring (DCGM)
         _through_dcgm(cluster, load, faults, conformance, harness_options)
         return
@@ -131,7 +134,8 @@ DCGM_POLL_S = 0.5
 DCGM_COME_BACK_S = 60.0     # after the revert, how long the worker's return is watched (evidence only)
 
 
-def _through_dcgm(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
+def _through_dcgm(cluster: ClusterHandle, load: Load, faults: FaultRunner, conformance: Conformance,
+                  harness_options: HarnessOptions) -> None:
     """ecc on a real cluster: inject a double-bit ECC error into one worker's GPU monitoring through
     DCGM under load and judge whether the cluster drains that worker (see the module doc)."""
     import random

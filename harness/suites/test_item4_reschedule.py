@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pytest
 
@@ -24,11 +24,16 @@ from harness.checks.reschedule_blackbox import (client_faults, client_view_evide
                                                 first_success_sent_after, measure_client_view, same_run_baseline)
 from harness.checks.verdict import Verdict, inconclusive
 from harness.errors import FaultError, ProbeError
-from harness.faults import ProcessHang, ProcessKill, select_targets
+from harness.faults import FaultRunner, ProcessHang, ProcessKill, select_targets
 from harness.probes import blackbox_faults as blackbox
-from harness.probes.admin_models import Worker
+from harness.probes.admin_models import EngineEvent, Worker
+from harness.probes.records import RequestRecord
 from harness.probes.rejoin import Rejoin
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.clusterfile import ClusterHandle
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
+from harness.probes.load import LoadRunner
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,7 @@ def lone_roles(workers: Sequence[Worker]) -> dict[str, str]:
     return out
 
 
-def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
+def make_fault(kind: str, worker: Mapping[str, object], cluster: ClusterHandle) -> ProcessKill | ProcessHang:
     if kind == "process_hang":
         return ProcessHang.from_worker(worker)
     topo = cluster.topology
@@ -83,7 +88,7 @@ def make_fault(kind: str, worker: dict[str, Any], cluster: Any) -> Any:
                                    healthy_timeout_s=REJOIN_TIMEOUT_S)
 
 
-def wait_served_through(timeline: Any, worker_id: str, since_seq: int, keep_load: Callable[[], None],
+def wait_served_through(timeline: Timeline, worker_id: str, since_seq: int, keep_load: Callable[[], None],
                         limit_s: float) -> Rejoin:
     """How ``worker_id`` came back after its revert: from when the router lists it healthy until the
     router serves through it (moves a request's KV through it: a ``kv_transfer`` event naming it),
@@ -120,7 +125,7 @@ def _health(workers: list[Worker], worker_id: str) -> str | None:
     return next((w.health for w in workers if w.id == worker_id), None)
 
 
-def _wait_busy(timeline: Any, worker_id: str) -> None:
+def _wait_busy(timeline: Timeline, worker_id: str) -> None:
     """Up to BUSY_WAIT_S for the target to hold requests; the fault goes ahead either way."""
     if not wait_until(lambda: any(w.id == worker_id and w.active_requests > 0 for w in timeline.workers()),
                       BUSY_WAIT_S, POLL_S, what=f"requests on {worker_id}", on_timeout="return"):
@@ -132,9 +137,9 @@ class ContinuousLoad:
     next ``s`` seconds, ``records()`` finishes every run (LoadRunner.finish: requests in flight end,
     nothing new is sent) and merges their records."""
 
-    def __init__(self, start_load: Any, run_s: float) -> None:
+    def __init__(self, start_load: Load, run_s: float) -> None:
         self._start_load, self.run_s = start_load, run_s
-        self.runs: list[Any] = []
+        self.runs: list[LoadRunner] = []
         self.ends_at = 0.0  # monotonic time the newest run stops sending (conservative)
 
     def ensure(self, needed_s: float) -> None:
@@ -146,7 +151,7 @@ class ContinuousLoad:
         # its clock started at least one request ago, so this end estimate errs early
         self.ends_at = time.monotonic() + run.profile.duration_s - 1.0
 
-    def records(self) -> list[Any]:
+    def records(self) -> list[RequestRecord]:
         # the faults are done: finish every run now (no new request, the ones in flight end) rather
         # than wait out the rest of its duration
         records = [r for run in self.runs for r in run.finish()]
@@ -156,11 +161,11 @@ class ContinuousLoad:
         return run_links(*self.runs)
 
 
-def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
+def _wait_settled(timeline: Timeline, worker_id: str, since_seq: int) -> int:
     """Until the router declared the worker down and every affected request was re-placed or
     failed (or SETTLE_TIMEOUT_S passed: the measurement then says what did not happen)."""
     last = since_seq
-    seen: list[dict[str, Any]] = []
+    seen: list[EngineEvent] = []
 
     def settled() -> bool:
         nonlocal last
@@ -179,8 +184,9 @@ def _wait_settled(timeline: Any, worker_id: str, since_seq: int) -> int:
     return last
 
 
-def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster, load, faults, timeline, conformance,
-                                                           harness_options):
+def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandle, load: Load, faults: FaultRunner,
+                                                           timeline: Timeline, conformance: Conformance,
+                                                           harness_options: HarnessOptions) -> None:
     if not cluster.admin_url:  # a foreign cluster: its inventory's processes, judged from the client
         _blackbox(cluster, load, faults, conformance, harness_options)
         return
@@ -276,7 +282,8 @@ BLACKBOX_LOAD_MAX_S = 3600.0  # upper bound of the load run; it is finished afte
 BLACKBOX_TAIL_S = 30.0
 
 
-def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
+def _blackbox(cluster: ClusterHandle, load: Load, faults: FaultRunner, conformance: Conformance,
+              harness_options: HarnessOptions) -> None:
     """6.1.4 on a cluster without router events: the inventory's workers killed and hung under load
     (harness/probes/blackbox_faults.py), each back in the cluster's traffic before the next fault, judged
     from the client records alone (harness/checks/reschedule_blackbox.py): until the streams on the victim
@@ -334,7 +341,7 @@ def _blackbox(cluster: Any, load: Any, faults: Any, conformance: Any, harness_op
     finish_suite(conformance, cluster, records, expected=None, links=links, faults=faults)
 
 
-def _serve_after_last_fault(run: Any, fault_wall: float | None) -> None:
+def _serve_after_last_fault(run: LoadRunner, fault_wall: float | None) -> None:
     """Keep the load running until a request sent after the last fault was served (up to
     BLACKBOX_TAIL_S), so that "no request sent after the fault succeeded" is measured, not planned."""
     if fault_wall is None:
@@ -345,7 +352,7 @@ def _serve_after_last_fault(run: Any, fault_wall: float | None) -> None:
         log.warning("no request sent after the last fault was served within %.0f s", BLACKBOX_TAIL_S)
 
 
-def _wait_serving(run: Any, what: str = "the load") -> None:
+def _wait_serving(run: LoadRunner, what: str = "the load") -> None:
     """Until ``run`` completed a request (its records file has a line)."""
     def served() -> bool:
         if run.records_path.exists() and run.records_path.stat().st_size > 0:
@@ -362,6 +369,6 @@ def _wait_serving(run: Any, what: str = "the load") -> None:
                          fix=f"check the cluster answers; see the Locust log: {run.log_path}") from exc
 
 
-def _load_ended(run: Any) -> None:
+def _load_ended(run: LoadRunner) -> None:
     raise ProbeError(f"the load run ended before the faults were done (Locust log: {run.log_path})",
                      fix="raise --load-duration, or see the Locust log for why it stopped")

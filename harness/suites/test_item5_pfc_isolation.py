@@ -27,7 +27,10 @@ from harness.checks.extend import repeat_until_decided
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.tcpprobe import TcpClassSample, sample_tcp_class
 from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped, ssh_nodes
-from harness.faults import PfcStorm
+from harness.faults import FaultRunner, PfcStorm
+from harness.clusterfile import ClusterHandle
+from harness.fixtures import Conformance
+from harness.plugin_state import HarnessOptions
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.slow]
 
@@ -39,7 +42,8 @@ PAUSE_MS, RESUME_MS = 300.0, 100.0
 STORM_S = 60.0   # longer than max_repeats "during" samples; reverted as soon as the verdict is decided
 
 
-def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_options):
+def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultRunner, conformance: Conformance,
+                                          harness_options: HarnessOptions) -> None:
     bursts = int(STORM_S * 1000 // (PAUSE_MS + RESUME_MS))
     if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
         stormed, peer, other = nodes["source"], nodes["peer"], nodes["other"]
