@@ -31,6 +31,7 @@ from harness.checks.stats import nearest_rank  # noqa: F401  (also imported from
 from harness.checks.thresholds import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
+from harness.scenarios.fault_marks import FaultMark, affected_request_id
 
 if TYPE_CHECKING:
     from harness.probes.rejoin import Rejoin
@@ -39,18 +40,6 @@ ITEM = "6.1.4"
 # one clock reading's error: wall time (1 us) read beside the perf counter that times the client's
 # records (ClockAnchor: back to back, microseconds unless preempted) and its slew over a run
 EVENT_CLOCK_RESOLUTION_S = 0.001
-
-
-@dataclass(frozen=True)
-class FaultMark:
-    """One injected process fault as the reschedule check needs it."""
-
-    fault_id: str
-    kind: str     # "process_kill" or "process_hang"
-    worker: str   # worker id as the router names it
-    role: str     # "prefill" or "decode"
-    wall: float   # time.time() when injection started
-    inject_s: float = 0.0   # how long the inject step took: the fault took effect somewhere inside it
 
 
 @dataclass
@@ -97,11 +86,6 @@ class RescheduleSample:
         d["breakdown"] = self.breakdown
         d["interval"] = None if self.interval is None else self.interval.to_dict()
         return d
-
-
-def affected_request_id(attempt_id: str) -> str:
-    """The router lists attempts (``<request id>#<n>``); events name requests."""
-    return attempt_id.rsplit("#", 1)[0]
 
 
 def measure(faults: Sequence[FaultMark], events: Iterable[dict[str, Any]],

@@ -39,6 +39,7 @@ from harness.checks.thresholds import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
 from harness.probes.rejoin import Rejoin
+from harness.scenarios.fault_marks import first_success_sent_after, record_wall_s as _wall
 
 DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
 
@@ -101,10 +102,6 @@ def client_faults(marks: Iterable[Any]) -> list[ClientFault]:
     """ClientFaults of the engine-event measurement's FaultMarks (harness.checks.reschedule)."""
     return [ClientFault(m.wall, (m.worker,), m.role, f"{'kill' if m.kind == 'process_kill' else 'hang'} {m.worker}")
             for m in marks]
-
-
-def _wall(rec: RequestRecord, perf_ns: int | None) -> float | None:
-    return None if perf_ns is None else rec.anchor.perf_to_wall(perf_ns) / 1e9
 
 
 def _in_flight_at(rec: RequestRecord, t: float) -> bool:
@@ -173,15 +170,6 @@ def same_run_baseline(faults: Sequence[ClientFault], records: Iterable[RequestRe
             "request": rid, "explains_failure": explains,
             "sentence": (f"outside the faults, in the same run, clients' longest gap was {worst:.2f} s "
                          f"({'not ' if explains else ''}far inside the {limit_s:g} s limit)")}
-
-
-def first_success_sent_after(records: Iterable[RequestRecord], wall: float) -> float | None:
-    """Wall time of the first token of the earliest request sent at or after ``wall`` that completed
-    ok (new work served after a fault); None when there is none yet."""
-    firsts = [_wall(r, r.first_token_ns) for r in records
-              if r.ok and r.finish_reason != "error" and r.first_token_ns is not None
-              and (_wall(r, r.sent_ns) or 0.0) >= wall]
-    return min((f for f in firsts if f is not None), default=None)
 
 
 def _measure_one(fault: ClientFault, records: list[RequestRecord], until: float) -> ClientRescheduleSample:
