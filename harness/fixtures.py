@@ -21,6 +21,7 @@ from harness.errors import HarnessError
 from harness.plugin_state import MARKER, HarnessOptions, harness_state, show, show_line
 
 if TYPE_CHECKING:  # imported where used: the plugin loads this module before any test needs them
+    from harness.checks.thresholds import Checklist
     from harness.clusterfile import ClusterHandle
     from harness.faults import FaultRunner
     from harness.probes.admin_models import EngineEvent, Worker
@@ -214,6 +215,14 @@ class Conformance:
         path = self._state.options.report_dir / self._state.result.run_id / "artifacts" / safe
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+@pytest.fixture(scope="session")
+def checklist(cluster: ClusterHandle) -> Checklist:
+    """The run's thresholds: checklists/section6.yaml parsed into its model with the cluster file's
+    overrides applied, the one Checklist the cluster was opened with. Suites hand it to the checks
+    unchanged (docs/architecture.md, "One threshold's path: 6.1.4")."""
+    return cluster.thresholds
 
 
 @pytest.fixture

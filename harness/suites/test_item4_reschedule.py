@@ -22,6 +22,7 @@ from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
                                                 measure_client_view, same_run_baseline)
+from harness.checks.thresholds import Checklist
 from harness.checks.verdict import inconclusive
 from harness.clusterfile import ClusterHandle
 from harness.errors import FaultError
@@ -37,13 +38,13 @@ pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.4", "nothing-lost")
               pytest.mark.timeout(1800)]
 
 
-def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandle, load: Load, faults: FaultRunner,
-                                                           timeline: Timeline, conformance: Conformance,
+def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandle, checklist: Checklist, load: Load,
+                                                           faults: FaultRunner, timeline: Timeline,
+                                                           conformance: Conformance,
                                                            harness_options: HarnessOptions) -> None:
     if not cluster.admin_url:  # a foreign cluster: its inventory's processes, judged from the client
-        _blackbox(cluster, load, faults, conformance, harness_options)
+        _blackbox(cluster, checklist, load, faults, conformance, harness_options)
         return
-    checklist = cluster.thresholds
     if harness_options.dry_run and dry_run.reads_no_admin_api(cluster):
         plan = fault_plan(harness_options.kills)
         conformance.show_plan([dry_run.unread_targets(cluster, kind, f"one {role} worker", f"fault {i + 1}/{len(plan)}")
@@ -77,7 +78,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandl
                  faults=faults, events=done.events)
 
 
-def _blackbox(cluster: ClusterHandle, load: Load, faults: FaultRunner, conformance: Conformance,
+def _blackbox(cluster: ClusterHandle, checklist: Checklist, load: Load, faults: FaultRunner, conformance: Conformance,
               harness_options: HarnessOptions) -> None:
     """6.1.4 on a cluster without router events: the inventory's workers killed and hung under load
     (harness/scenarios/reschedule_blackbox.py), each back in the cluster's traffic before the next fault,
@@ -86,7 +87,6 @@ def _blackbox(cluster: ClusterHandle, load: Load, faults: FaultRunner, conforman
     detect shows there), and how long the cluster kept each restarted worker out after it was healthy. A
     role with one worker is not faulted (nothing can take over); too few faults of a kind leave it
     inconclusive."""
-    checklist = cluster.thresholds
     not_judged = blackbox.without_survivor(cluster.workers)
     steps = blackbox.plan(cluster.workers, harness_options.kills)
     budget = checklist.threshold(ITEM, "reschedule_p100_s").value
