@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.epilogue import finish_suite, run_links
+from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.extend import measure_until_decided
 from harness.checks.slo import TPOT_ITEM, TTFT_ITEM, ServerHistograms, slo_verdicts
 from harness.checks.verdict import inconclusive

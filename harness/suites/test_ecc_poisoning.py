@@ -32,7 +32,7 @@ from harness import dry_run
 from harness.checks.capabilities import dcgm_workers
 from harness.checks.ecc import ITEM, Poisoning, ecc_verdict, judge_outcomes
 from harness.checks.ecc_dcgm import WHAT_IT_EXERCISES, dcgm_verdict
-from harness.checks.epilogue import expectation, finish_suite, run_links
+from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import FaultError
 from harness.faults import DcgmInject, EccPoison, FaultRunner

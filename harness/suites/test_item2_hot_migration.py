@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 import pytest
 
-from harness.checks.epilogue import finish_suite, run_links
+from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.thresholds import Threshold

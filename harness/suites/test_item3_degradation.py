@@ -26,7 +26,7 @@ import pytest
 from harness import dry_run
 from harness.checks.degradation import ITEM, Step, degradation_verdict
 from harness.checks.degradation_load import load_degradation_verdict
-from harness.checks.epilogue import finish_suite, run_links
+from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.verdict import inconclusive
 from harness.errors import ProbeError
 from harness.faults import FaultRunner, HbmFill, SpeculativeDecoding

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from harness import dry_run
-from harness.checks.epilogue import finish_suite, run_links
+from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
                                                 measure_client_view, same_run_baseline)

@@ -24,7 +24,7 @@ from typing import Callable
 
 import pytest
 
-from harness.checks.epilogue import finish_suite, run_links
+from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
 from harness.checks.stats import nearest_rank
 from harness.checks.verdict import Verdict
