@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.extend import measure_until_decided
 from harness.checks.slo import TPOT_ITEM, TTFT_ITEM, ServerHistograms, slo_verdicts
 from harness.checks.verdict import inconclusive
-from harness.probes.prometheus import engine_of
 from harness.clusterfile import ClusterHandle
 from harness.fixtures import Conformance, Load
 from harness.plugin_state import HarnessOptions
+from harness.probes.prometheus import engine_of
+from harness.suites.epilogue import finish_suite, run_links
 
 # the timeout holds the cluster's start, max_load_s of load and a Locust start-up per extension
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.2.ttft", "6.2.tpot", "nothing-lost"), pytest.mark.slow,

@@ -32,17 +32,17 @@ from harness import dry_run
 from harness.checks.capabilities import dcgm_workers
 from harness.checks.ecc import ITEM, Poisoning, ecc_verdict, judge_outcomes
 from harness.checks.ecc_dcgm import WHAT_IT_EXERCISES, dcgm_verdict
-from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.checks.verdict import inconclusive
+from harness.clusterfile import ClusterHandle
 from harness.errors import FaultError
 from harness.faults import DcgmInject, EccPoison, FaultRunner
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
 from harness.probes.admin_models import Worker
 from harness.probes.prometheus import ENGINE_PROFILES
 from harness.scenarios.ecc_dcgm import DcgmDrainUnderLoad
+from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
-from harness.clusterfile import ClusterHandle
-from harness.fixtures import Conformance, Load, Timeline
-from harness.plugin_state import HarnessOptions
 
 log = logging.getLogger(__name__)
 

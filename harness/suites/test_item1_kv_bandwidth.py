@@ -23,16 +23,16 @@ from __future__ import annotations
 import pytest
 
 from harness.checks.extend import repeat_until_decided
+from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
+                                   raw_bandwidth_verdict, ssh_nodes)
 from harness.checks.verdict import inconclusive
+from harness.clusterfile import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench
 from harness.fabric.linerate import read_line_rate
-from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
-                                   raw_bandwidth_verdict, ssh_nodes)
-from harness.hosts import LocalExecutor
-from harness.clusterfile import ClusterHandle
 from harness.faults import FaultRunner
 from harness.fixtures import Conformance
+from harness.hosts import LocalExecutor
 from harness.plugin_state import HarnessOptions
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]

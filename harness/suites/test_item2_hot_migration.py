@@ -31,21 +31,21 @@ from typing import Callable, Mapping
 
 import pytest
 
-from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
 from harness.checks.thresholds import Threshold
 from harness.checks.verdict import Verdict, inconclusive
-from harness.errors import FaultError, ProbeError
-from harness.probes.migration import MigrationAttempt, migrate_observed_stream
-from harness.probes.admin_models import EngineEvent, Worker
-from harness.probes.load import LoadRunner
-from harness.probes.records import RequestRecord
-from harness.waiting import WaitTimeoutError, wait_until
 from harness.clusterfile import ClusterHandle
+from harness.errors import FaultError, ProbeError
 from harness.faults import FaultRunner
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
+from harness.probes.admin_models import EngineEvent, Worker
+from harness.probes.load import LoadRunner
+from harness.probes.migration import MigrationAttempt, migrate_observed_stream
+from harness.probes.records import RequestRecord
+from harness.suites.epilogue import finish_suite, run_links
+from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
 

@@ -26,19 +26,19 @@ import pytest
 from harness import dry_run
 from harness.checks.degradation import ITEM, Step, degradation_verdict
 from harness.checks.degradation_load import load_degradation_verdict
-from harness.suites.epilogue import finish_suite, run_links
+from harness.checks.thresholds import Checklist
 from harness.checks.verdict import inconclusive
+from harness.clusterfile import ClusterHandle
 from harness.errors import ProbeError
 from harness.faults import FaultRunner, HbmFill, SpeculativeDecoding
-from harness.checks.thresholds import Checklist
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
 from harness.probes.admin import AdminClient
 from harness.probes.admin_models import DegradationState, Worker
 from harness.probes.kv_drive import DrivePlan, DriveResult, KvDrive, KvMeter
 from harness.probes.request_shape import request_shape
 from harness.probes.streaming import AsyncStreamingClient
-from harness.clusterfile import ClusterHandle
-from harness.fixtures import Conformance, Load, Timeline
-from harness.plugin_state import HarnessOptions
+from harness.suites.epilogue import finish_suite, run_links
 
 log = logging.getLogger(__name__)
 

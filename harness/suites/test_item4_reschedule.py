@@ -18,7 +18,6 @@ from __future__ import annotations
 import pytest
 
 from harness import dry_run
-from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.reschedule import ITEM, measure, reschedule_verdict
 from harness.checks.reschedule_blackbox import (client_faults, client_view_evidence, client_view_verdict,
                                                 measure_client_view, same_run_baseline)
@@ -32,6 +31,7 @@ from harness.plugin_state import HarnessOptions
 from harness.probes import blackbox_faults as blackbox
 from harness.scenarios.reschedule import LOAD_RUN_S, RescheduleUnderLoad, fault_plan, lone_roles
 from harness.scenarios.reschedule_blackbox import LOAD_MAX_S, BlackboxRescheduleUnderLoad
+from harness.suites.epilogue import finish_suite, run_links
 
 # timeout: a hang guard sized for the default plan with room for --kills up to about 20
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.4", "nothing-lost"), pytest.mark.slow,

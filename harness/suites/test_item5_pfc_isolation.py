@@ -24,11 +24,11 @@ import threading
 import pytest
 
 from harness.checks.extend import repeat_until_decided
+from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped, ssh_nodes
+from harness.clusterfile import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.tcpprobe import TcpClassSample, sample_tcp_class
-from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped, ssh_nodes
 from harness.faults import FaultRunner, PfcStorm
-from harness.clusterfile import ClusterHandle
 from harness.fixtures import Conformance
 from harness.plugin_state import HarnessOptions
 

@@ -24,17 +24,17 @@ from typing import Callable
 
 import pytest
 
-from harness.suites.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
+from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped, ssh_nodes
 from harness.checks.stats import nearest_rank
 from harness.checks.verdict import Verdict
+from harness.clusterfile import ClusterHandle
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
-from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped, ssh_nodes
 from harness.faults import FaultRunner, NicFlap
-from harness.clusterfile import ClusterHandle
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
+from harness.suites.epilogue import finish_suite, run_links
 
 log = logging.getLogger(__name__)
 
