@@ -18,6 +18,7 @@ import pytest
 
 from harness.checks.extend import measure_until_decided
 from harness.checks.slo import TPOT_ITEM, TTFT_ITEM, ServerHistograms, slo_verdicts
+from harness.checks.thresholds import Checklist
 from harness.checks.verdict import inconclusive
 from harness.clusterfile import ClusterHandle
 from harness.fixtures import Conformance, Load
@@ -33,9 +34,8 @@ LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundre
 MIN_EXTENSION_S = 5.0   # a shorter Locust run is mostly its own start-up
 
 
-def test_ttft_and_tpot_meet_the_dashboard_targets(cluster: ClusterHandle, load: Load, conformance: Conformance,
-                                                  harness_options: HarnessOptions) -> None:
-    checklist = cluster.thresholds
+def test_ttft_and_tpot_meet_the_dashboard_targets(cluster: ClusterHandle, checklist: Checklist, load: Load,
+                                                  conformance: Conformance, harness_options: HarnessOptions) -> None:
     if harness_options.dry_run:  # a dry run sends nothing to the cluster, load included
         for item in (TTFT_ITEM, TPOT_ITEM):
             conformance.record(inconclusive(checklist, item, "dry run: no load was sent"))
