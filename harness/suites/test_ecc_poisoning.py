@@ -40,6 +40,7 @@ from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
 from harness.probes.admin_models import Worker
 from harness.probes.prometheus import ENGINE_PROFILES
+from harness.probes.records import RequestRecord
 from harness.scenarios.ecc_dcgm import DcgmDrainUnderLoad
 from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
@@ -122,7 +123,7 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     expected = expectation(cluster, ignore_eos=run.profile.ignore_eos)
 
-    def exact(rec):
+    def exact(rec: RequestRecord) -> bool | None:
         want = expected(rec) if expected else None
         return None if want is None else rec.token_ids == want
 

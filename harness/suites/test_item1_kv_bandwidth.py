@@ -20,16 +20,19 @@ time (vLLM's NIXL histograms).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 
 from harness.checks.extend import repeat_until_decided
 from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
                                    raw_bandwidth_verdict, ssh_nodes)
-from harness.checks.verdict import inconclusive
+from harness.checks.verdict import Verdict, inconclusive
 from harness.clusterfile import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench
 from harness.fabric.linerate import read_line_rate
+from harness.fabric.remote import FabricNode
 from harness.faults import FaultRunner
 from harness.fixtures import Conformance
 from harness.hosts import LocalExecutor
@@ -41,7 +44,8 @@ SIZES_MIB = (1, 8, 32, 128)
 CURVE_REPEATS = 3   # at the smaller sizes (evidence); the judged largest size gets min_repeats and more
 
 
-def _judged_with_repeats(cluster: ClusterHandle, judge, repeat, count):
+def _judged_with_repeats(cluster: ClusterHandle, judge: Callable[[], Verdict], repeat: Callable[[int], object],
+                         count: Callable[[], int]) -> Verdict:
     """The verdict after min_repeats at the judged size, and more while its interval straddles."""
     t = cluster.thresholds.item(ITEM_KV_BANDWIDTH).thresholds
     (verdict,) = repeat_until_decided(lambda: [judge()], repeat, count, first=int(t["min_repeats"].value),
@@ -87,7 +91,8 @@ def _planned(cluster: ClusterHandle, conformance: Conformance, what: str) -> Non
                                                                            "planned, not run"))
 
 
-def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRunner, nodes) -> None:
+def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRunner,
+              nodes: dict[str, FabricNode]) -> None:
     from harness.fabric.remote import raw_curve, raw_timed
     from harness.probes.kv_goodput import engine_kv_goodput
 

@@ -31,6 +31,7 @@ from harness.checks.verdict import Verdict
 from harness.clusterfile import ClusterHandle
 from harness.fabric.bandwidth import Station
 from harness.fabric.kvbandwidth import KVBench
+from harness.fabric.remote import FabricNode
 from harness.faults import FaultRunner, NicFlap
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
@@ -119,7 +120,7 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster: ClusterHandle
 
 
 def _over_ssh(cluster: ClusterHandle, load: Load, faults: FaultRunner, timeline: Timeline, conformance: Conformance,
-              harness_options: HarnessOptions, nodes) -> None:
+              harness_options: HarnessOptions, nodes: dict[str, FabricNode]) -> None:
     from harness.fabric.remote import bulk
 
     source, victim = nodes["source"], nodes["peer"]
