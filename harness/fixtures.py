@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, TextIO
 
 import pytest
 
@@ -20,7 +20,17 @@ from harness.checks.verdict import Verdict
 from harness.errors import HarnessError
 from harness.plugin_state import MARKER, HarnessOptions, harness_state, show, show_line
 
-MACHINE = pytest.StashKey[Any]()  # the session's harness.probes.machine.MachineMonitor while the cluster is up
+if TYPE_CHECKING:  # imported where used: the plugin loads this module before any test needs them
+    from harness.checklists import Checklist
+    from harness.cluster import ClusterHandle
+    from harness.faults import FaultRunner
+    from harness.engine.admin.models import EngineEvent, AdminWorker
+    from harness.probes.gpu_hosts import HostGpuWatch
+    from harness.probes.load import LoadRunner
+    from harness.probes.machine import MachineMonitor
+    from harness.signals import SignalOwner
+
+MACHINE = pytest.StashKey["MachineMonitor"]()  # the session's test-machine monitor while the cluster is up
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +39,7 @@ def harness_options(pytestconfig: pytest.Config) -> HarnessOptions:
 
 
 @pytest.fixture(scope="session")
-def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
+def cluster(pytestconfig: pytest.Config) -> Iterator[ClusterHandle]:
     """The cluster under test (a :class:`harness.cluster.ClusterHandle`) for the whole session.
     Before anything starts, what a dead run left is reverted and ended (the ledger's faults, its
     stopped or stray processes, its namespaces): see harness.faults.session.recover_before_bringup."""
@@ -73,7 +83,7 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
         run.close()  # torn down cleanly: nothing for a later run to clean up
 
 
-def _watch_host_gpus(config: pytest.Config, handle: Any) -> Any:
+def _watch_host_gpus(config: pytest.Config, handle: ClusterHandle) -> HostGpuWatch | None:
     """GPU state of the cluster's SSH hosts when it is attached (harness/probes/gpu_hosts.py); None
     without SSH hosts or in a dry run (it runs commands on the hosts)."""
     from harness.faults.ledger import state_dir
@@ -89,7 +99,7 @@ def _watch_host_gpus(config: pytest.Config, handle: Any) -> Any:
     return watch
 
 
-def _watch_machine(config: pytest.Config) -> Any:
+def _watch_machine(config: pytest.Config) -> MachineMonitor:
     """The test machine's health (CPU pressure, the load generator's and engine's run-queue wait,
     timer lag) sampled until the cluster's session ends: harness/probes/machine.py."""
     from harness.probes.machine import MachineMonitor
@@ -99,7 +109,7 @@ def _watch_machine(config: pytest.Config) -> Any:
     return monitor
 
 
-def _machine_record(monitor: Any) -> dict[str, Any]:
+def _machine_record(monitor: MachineMonitor) -> dict[str, Any]:
     """``results.json``'s ``machine``: the limits and the run's samples, at most 300 points."""
     from harness.checks.machine import LIMITS
 
@@ -115,7 +125,7 @@ class Conformance:
         self._state = harness_state(config)
         self.nodeid = nodeid
         self.started = time.time()  # the test's machine-health window starts here
-        self.load_runs: list[Any] = []  # this test's LoadRunners (the ``load`` fixture adds them)
+        self.load_runs: list[LoadRunner] = []  # this test's LoadRunners (the ``load`` fixture adds them)
 
     def record(self, verdict: Verdict, windows: Sequence[tuple[float, float]] | None = None) -> Verdict:
         """Record ``verdict``, gated by the test machine's health over ``windows`` (wall-clock
@@ -208,6 +218,14 @@ class Conformance:
         return path
 
 
+@pytest.fixture(scope="session")
+def checklist(cluster: ClusterHandle) -> Checklist:
+    """The run's thresholds: checklists/section6.yaml parsed into its model with the cluster file's
+    overrides applied, the one Checklist the cluster was opened with. Suites hand it to the checks
+    unchanged (docs/architecture.md, "One threshold's path: 6.1.4")."""
+    return cluster.thresholds
+
+
 @pytest.fixture
 def conformance(request: pytest.FixtureRequest) -> Conformance:
     return Conformance(request.config, request.node.nodeid)
@@ -244,15 +262,15 @@ class _LiveOutput:
         pass
 
 
-def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | Path | None = None,
-                      out: Any = None, signals: Any = None) -> Any:
+def make_fault_runner(cluster: ClusterHandle, *, dry_run: bool = False, state_dir: str | Path | None = None,
+                      out: TextIO | None = None, signals: SignalOwner | None = None) -> FaultRunner:
     """A FaultRunner for ``cluster`` (a ClusterHandle) that refuses, before touching anything, every
     fault the cluster's safety settings do not allow (production clusters: all but those listed)."""
-    from harness.faults import FaultRunner, Ledger
+    from harness.faults import Fault, FaultRunner, Ledger
     from harness.hosts import ExecutorPool
 
     class SafeFaultRunner(FaultRunner):
-        def inject(self, fault: Any) -> Any:
+        def inject(self, fault: Fault) -> Fault:
             if self.dry_run:  # the plan says what safety would do; a dry run changes nothing either way
                 from harness.dry_run import PREFIX, safety_word
 
@@ -275,8 +293,8 @@ def make_fault_runner(cluster: Any, *, dry_run: bool = False, state_dir: str | P
 
 
 @pytest.fixture
-def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conformance,
-           pytestconfig: pytest.Config) -> Iterator[Any]:
+def faults(cluster: ClusterHandle, harness_options: HarnessOptions, conformance: Conformance,
+           pytestconfig: pytest.Config) -> Iterator[FaultRunner]:
     """A FaultRunner bound to the cluster (see :func:`make_fault_runner`); records every activity
     into the report and reverts whatever is still active when the test ends, however it ends."""
     from rich.markup import escape
@@ -296,9 +314,16 @@ def faults(cluster: Any, harness_options: HarnessOptions, conformance: Conforman
         conformance.add_fault_records(runner.records)
 
 
+class Load(Protocol):
+    """The ``load`` fixture: ``load(duration_s=..., max_tokens=...)`` (any LoadProfile field over the
+    options' profile) starts a Locust run against the cluster and returns its running LoadRunner."""
+
+    def __call__(self, **overrides: Any) -> LoadRunner: ...
+
+
 @pytest.fixture
-def load(cluster: Any, harness_options: HarnessOptions, conformance: Conformance,
-         request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+def load(cluster: ClusterHandle, harness_options: HarnessOptions, conformance: Conformance,
+         request: pytest.FixtureRequest) -> Iterator[Load]:
     """``load(**profile_overrides)`` starts a Locust run against the cluster (LoadProfile from the
     options); every run is stopped and reaped when the test ends."""
     from harness.probes.load import LoadRunner
@@ -337,22 +362,22 @@ class Timeline:
     """Router events of the cluster under test (bundled or any engine with the admin API); without
     one, events (extra evidence) are empty and ``workers()`` says what would provide a table."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: ClusterHandle) -> None:
         self._cluster = cluster
 
     @property
     def available(self) -> bool:
         return bool(self._cluster.admin_url)
 
-    def events(self, **params: Any) -> list[dict[str, Any]]:
+    def events(self, since: int = 0, type: str | None = None) -> list[EngineEvent]:  # noqa: A002 (the API's name)
         from harness.engine.admin.client import AdminClient
 
         if not self.available:
             return []
         with AdminClient(self._cluster.admin_url) as client:
-            return client.events(**params)
+            return client.events(since=since, type=type)
 
-    def workers(self) -> list[dict[str, Any]]:
+    def workers(self) -> list[AdminWorker]:
         from harness.engine.admin.client import AdminClient
 
         if not self.available:
@@ -364,5 +389,5 @@ class Timeline:
 
 
 @pytest.fixture
-def timeline(cluster: Any) -> Timeline:
+def timeline(cluster: ClusterHandle) -> Timeline:
     return Timeline(cluster)

@@ -13,6 +13,7 @@ Per injection, the worker counts as drained from the first moment that either
   running request for ``QUIET_S`` in a row while the load keeps arriving: the router stopped sending
   it work.
 
+The injection and its polls are made by harness/scenarios/ecc_dcgm.py (``Injection``).
 Judged: every injection drained within ``drain_after_injection_s`` (the cluster's health path must
 react in time), at least one injection made. Whether the worker came back after the healthy value
 was restored is evidence, not judged: un-draining is the cluster's policy.
@@ -20,53 +21,16 @@ was restored is evidence, not judged: un-draining is the cluster's policy.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
+from harness.scenarios.ecc_dcgm import QUIET_S, Injection
 
 ITEM = "ecc"
-QUIET_S = 3.0   # no running request for this long counts as drained
 
 WHAT_IT_EXERCISES = ("the cluster's GPU monitoring and health path (a DCGM field injection), not the memory: no KV "
                      "byte changed, so wrong tokens cannot follow and are not checked")
-
-
-@dataclass
-class Injection:
-    worker: str
-    host: str
-    gpu: int
-    field_name: str
-    value: int
-    t_inject: float                                   # wall time of the injection
-    drained_after_s: float | None = None
-    drained_how: str | None = None
-    back_after_s: float | None = None                 # after the revert: health 200 again (None: not seen)
-    samples: list[tuple[float, int | None, float | None]] = field(default_factory=list)  # (s, health, running)
-    problem: str | None = None
-
-    def observe(self, t: float, health: int | None, running: float | None, ran_before: bool) -> None:
-        """One poll ``t`` s after the injection: the health URL's status (0: no answer; None: no URL)
-        and the running-requests gauge (None: not read)."""
-        self.samples.append((round(t, 3), health, running))
-        if self.drained_after_s is not None:
-            return
-        if health is not None and health != 200:
-            self.drained_after_s, self.drained_how = t, (f"its health URL answered {health}" if health
-                                                         else "its health URL stopped answering")
-            return
-        quiet = [s for s in self.samples if s[2] is not None]
-        if not ran_before or not quiet or quiet[-1][2] != 0:
-            return
-        since = next((s[0] for s in reversed(quiet) if s[2] != 0), None)
-        start = next(s[0] for s in quiet if since is None or s[0] > since)
-        if t - start >= QUIET_S:
-            self.drained_after_s, self.drained_how = start, f"no running request on it for {QUIET_S:g} s"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def dcgm_verdict(injections: Sequence[Injection], checklist: Checklist) -> Verdict:

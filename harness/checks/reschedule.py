@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from harness.stats.intervals import Interval, across, measured_within, share_statement
 from harness.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
-from harness.checklists import Checklist, Threshold
+from harness.checklists import Checklist, ChecklistItem, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
+from harness.scenarios.fault_marks import FaultMark, affected_request_id
 
 if TYPE_CHECKING:
     from harness.probes.rejoin import Rejoin
@@ -39,18 +40,6 @@ ITEM = "6.1.4"
 # one clock reading's error: wall time (1 us) read beside the perf counter that times the client's
 # records (ClockAnchor: back to back, microseconds unless preempted) and its slew over a run
 EVENT_CLOCK_RESOLUTION_S = 0.001
-
-
-@dataclass(frozen=True)
-class FaultMark:
-    """One injected process fault as the reschedule check needs it."""
-
-    fault_id: str
-    kind: str     # "process_kill" or "process_hang"
-    worker: str   # worker id as the router names it
-    role: str     # "prefill" or "decode"
-    wall: float   # time.time() when injection started
-    inject_s: float = 0.0   # how long the inject step took: the fault took effect somewhere inside it
 
 
 @dataclass
@@ -97,11 +86,6 @@ class RescheduleSample:
         d["breakdown"] = self.breakdown
         d["interval"] = None if self.interval is None else self.interval.to_dict()
         return d
-
-
-def affected_request_id(attempt_id: str) -> str:
-    """The router lists attempts (``<request id>#<n>``); events name requests."""
-    return attempt_id.rsplit("#", 1)[0]
 
 
 def measure(faults: Sequence[FaultMark], events: Iterable[dict[str, Any]],
@@ -155,12 +139,12 @@ def _sent_and_first_token_wall(rec: RequestRecord) -> tuple[float, float]:
     return anchor.perf_to_wall(rec.sent_ns) / 1e9, anchor.perf_to_wall(rec.first_token_ns) / 1e9  # type: ignore[arg-type]
 
 
-def time_measurements(t: dict[str, Any], times: Sequence[float | None], what: str,
+def time_measurements(item: ChecklistItem, times: Sequence[float | None], what: str,
                       intervals: Sequence[Interval | None] | None = None) -> list[Measurement]:
-    """p100 and p95 of the completed times (None: rescheduling never completed) against the item's
-    thresholds, and how many faults never completed. ``intervals``: each time's resolution bounds
-    (None entries for the faults that never completed); the percentiles then carry the bounds of
-    the same percentile over the lower and the upper bounds."""
+    """p100 and p95 of the completed times (None: rescheduling never completed) against ``item``'s
+    ``reschedule_p100_s`` and ``reschedule_p95_s``, and how many faults never completed.
+    ``intervals``: each time's resolution bounds (None entries for the faults that never completed);
+    the percentiles then carry the bounds of the same percentile over the lower and the upper bounds."""
     done = [v for v in times if v is not None]
     bounds = [i for i in intervals or () if i is not None]
 
@@ -168,11 +152,11 @@ def time_measurements(t: dict[str, Any], times: Sequence[float | None], what: st
         return across(bounds, q, noun="faults") if bounds else None
 
     return [
-        Measurement(t["reschedule_p100_s"], nearest_rank(done, 100) if done else None,
+        Measurement(item.thresholds["reschedule_p100_s"], nearest_rank(done, 100) if done else None,
                     f"p100 {what} over {len(done)} fault(s)", bounded(100)),
-        Measurement(t["reschedule_p95_s"], nearest_rank(done, 95) if done else None,
+        Measurement(item.thresholds["reschedule_p95_s"], nearest_rank(done, 95) if done else None,
                     f"p95 {what} over {len(done)} fault(s)", bounded(95)),
-        Measurement(t["faults_not_rescheduled"], len(times) - len(done),
+        Measurement(item.thresholds["faults_not_rescheduled"], len(times) - len(done),
                     f"faults whose rescheduling never completed (of {len(times)})"),
     ]
 
@@ -185,7 +169,7 @@ def share_within(budget: Threshold, intervals: Sequence[Interval | None]) -> str
     return share_statement(ok, len(intervals), "faults", f"rescheduled {budget.describe()} (upper bounds)")
 
 
-def rejoin_measurement(t: Mapping[str, Any], rejoins: Sequence[Rejoin]) -> Measurement | None:
+def rejoin_measurement(item: ChecklistItem, rejoins: Sequence[Rejoin]) -> Measurement | None:
     """The longest time the cluster kept a healthy worker out after its revert, against
     ``rejoin_limit_s`` (recovery is part of 6.1.4); None when no rejoin could be observed (each
     entry of the evidence says why)."""
@@ -193,7 +177,7 @@ def rejoin_measurement(t: Mapping[str, Any], rejoins: Sequence[Rejoin]) -> Measu
     if not seen:
         return None
     worst = max(seen, key=lambda r: r.kept_out_s or 0.0)
-    return Measurement(t["rejoin_limit_s"], worst.kept_out_s,
+    return Measurement(item.thresholds["rejoin_limit_s"], worst.kept_out_s,
                        f"longest time a healthy worker was kept out of the cluster's traffic, over {len(seen)} "
                        f"restart(s) or resume(s) ({worst.sentence()})")
 
@@ -204,13 +188,12 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
     ``rejoin_limit_s`` fails the item); ``not_judged``: roles with no survivor, never faulted (a pass
     cannot cover them); ``stopped``: why the plan ended early (a pass cannot rest on it)."""
     item = checklist.item(ITEM)
-    t = item.thresholds
     incomplete = [s for s in samples if s.total_s is None]
-    measurements = time_measurements(t, [s.total_s for s in samples], "rescheduling time",
+    measurements = time_measurements(item, [s.total_s for s in samples], "rescheduling time",
                                      [s.interval for s in samples])
-    if (rejoin := rejoin_measurement(t, rejoins)) is not None:
+    if (rejoin := rejoin_measurement(item, rejoins)) is not None:
         measurements.append(rejoin)
-    need = int(t["min_faults_per_kind"].value)
+    need = int(item.thresholds["min_faults_per_kind"].value)
     groups: dict[str, int] = {}
     for s in samples:
         key = f"{s.label.split()[0]} {s.fault.role}"
@@ -230,7 +213,7 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
         "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4),
                      "note": s.breakdown} for s in samples],
         "faults_per_kind": groups,
-        "within_budget": share_within(t["reschedule_p100_s"], [s.interval for s in samples]),
+        "within_budget": share_within(item.thresholds["reschedule_p100_s"], [s.interval for s in samples]),
         "resolution": {"event_clock_s": EVENT_CLOCK_RESOLUTION_S,
                        "inject_step_s": {s.label: round(s.fault.inject_s, 4) for s in samples}},
         "per_fault": [s.to_dict() for s in samples],

@@ -33,13 +33,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
 from harness.stats.intervals import Interval, across, measured_within
-from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, rejoin_measurement, time_measurements
+from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, ITEM, rejoin_measurement, time_measurements
 from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
 from harness.probes.rejoin import Rejoin
 from harness.scenarios.records import ClientFault
+from harness.scenarios.fault_marks import first_success_sent_after, record_wall_s as _wall
 
 DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
 
@@ -91,10 +92,6 @@ def client_faults(marks: Iterable[Any]) -> list[ClientFault]:
     """ClientFaults of the engine-event measurement's FaultMarks (harness.checks.reschedule)."""
     return [ClientFault(m.wall, (m.worker,), m.role, f"{'kill' if m.kind == 'process_kill' else 'hang'} {m.worker}")
             for m in marks]
-
-
-def _wall(rec: RequestRecord, perf_ns: int | None) -> float | None:
-    return None if perf_ns is None else rec.anchor.perf_to_wall(perf_ns) / 1e9
 
 
 def _in_flight_at(rec: RequestRecord, t: float) -> bool:
@@ -163,15 +160,6 @@ def same_run_baseline(faults: Sequence[ClientFault], records: Iterable[RequestRe
             "request": rid, "explains_failure": explains,
             "sentence": (f"outside the faults, in the same run, clients' longest gap was {worst:.2f} s "
                          f"({'not ' if explains else ''}far inside the {limit_s:g} s limit)")}
-
-
-def first_success_sent_after(records: Iterable[RequestRecord], wall: float) -> float | None:
-    """Wall time of the first token of the earliest request sent at or after ``wall`` that completed
-    ok (new work served after a fault); None when there is none yet."""
-    firsts = [_wall(r, r.first_token_ns) for r in records
-              if r.ok and r.finish_reason != "error" and r.first_token_ns is not None
-              and (_wall(r, r.sent_ns) or 0.0) >= wall]
-    return min((f for f in firsts if f is not None), default=None)
 
 
 def _measure_one(fault: ClientFault, records: list[RequestRecord], until: float) -> ClientRescheduleSample:
@@ -248,20 +236,19 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     Too little evidence never passes: fewer than ``min_faults_per_kind`` kills or hangs of a judged
     role (``roles``, default: those faulted), a plan that stopped early (``stopped``), or no role
     with a survivor (``not_judged``: role -> why) make it inconclusive unless a measurement fails."""
-    item = checklist.item("6.1.4")
-    t = item.thresholds
+    item = checklist.item(ITEM)
     stalls = [s.longest_stall_s for s in samples]
-    measurements = time_measurements(t, [s.total_s for s in samples], "client-view rescheduling time",
+    measurements = time_measurements(item, [s.total_s for s in samples], "client-view rescheduling time",
                                      intervals=[s.interval for s in samples])
     stall_bounds = [measured_within(v, below=EVENT_CLOCK_RESOLUTION_S, above=EVENT_CLOCK_RESOLUTION_S, noun="faults")
                     for v in stalls]
-    measurements.insert(2, Measurement(t["reschedule_p100_s"], max(stalls) if stalls else None,
+    measurements.insert(2, Measurement(item.thresholds["reschedule_p100_s"], max(stalls) if stalls else None,
                                        "longest stall a client saw across a fault",
                                        across(stall_bounds, 100, noun="faults") if stall_bounds else None))
-    rejoin = rejoin_measurement(t, [r for _, r in rejoins])
+    rejoin = rejoin_measurement(item, [r for _, r in rejoins])
     if rejoin is not None:
         measurements.append(rejoin)
-    thin = _too_thin(samples, int(t["min_faults_per_kind"].value), roles, not_judged or {}, stopped)
+    thin = _too_thin(samples, int(item.thresholds["min_faults_per_kind"].value), roles, not_judged or {}, stopped)
     evidence = client_view_evidence(samples)
     evidence["rejoin"] = [{"fault": label, **r.to_dict()} for label, r in rejoins]
     for sample, (label, r) in zip(evidence["samples"], rejoins):  # both in injection order
@@ -276,7 +263,8 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     # the one line names the worst fault, every way the cluster was not whole, every role left unjudged
     extra = []
     slowest = max((s for s in samples if s.total_s is not None), key=lambda s: s.total_s or 0.0, default=None)
-    if verdict.status.value == "fail" and slowest is not None and slowest.total_s > t["reschedule_p100_s"].value:
+    budget = item.thresholds["reschedule_p100_s"]
+    if verdict.status.value == "fail" and slowest is not None and slowest.total_s > budget.value:
         extra.append(f"worst: {slowest.fault.label} ({slowest.breakdown})")
     worst = _worst(rejoins)
     if rejoin is not None and worst is not None and not rejoin.threshold.holds(rejoin.value) \

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.extend import measure_until_decided
 from harness.checks.slo import TPOT_ITEM, TTFT_ITEM, ServerHistograms, slo_verdicts
+from harness.checklists import Checklist
 from harness.checks.verdict import inconclusive
+from harness.cluster import ClusterHandle
+from harness.fixtures import Conformance, Load
+from harness.plugin_state import HarnessOptions
 from harness.probes.prometheus import engine_of
+from harness.suites.epilogue import finish_suite, run_links
 
 # the timeout holds the cluster's start, max_load_s of load and a Locust start-up per extension
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.2.ttft", "6.2.tpot", "nothing-lost"), pytest.mark.slow,
@@ -30,8 +34,8 @@ LOAD_S = 15.0      # seconds of load (--load-duration overrides): several hundre
 MIN_EXTENSION_S = 5.0   # a shorter Locust run is mostly its own start-up
 
 
-def test_ttft_and_tpot_meet_the_dashboard_targets(cluster, load, conformance, harness_options):
-    checklist = cluster.thresholds
+def test_ttft_and_tpot_meet_the_dashboard_targets(cluster: ClusterHandle, checklist: Checklist, load: Load,
+                                                  conformance: Conformance, harness_options: HarnessOptions) -> None:
     if harness_options.dry_run:  # a dry run sends nothing to the cluster, load included
         for item in (TTFT_ITEM, TPOT_ITEM):
             conformance.record(inconclusive(checklist, item, "dry run: no load was sent"))

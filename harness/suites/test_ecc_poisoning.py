@@ -23,18 +23,26 @@ the cluster's monitoring and health path, not the memory (:func:`_through_dcgm`)
 from __future__ import annotations
 
 import logging
+import random
 import time
-from typing import Any
 
 import pytest
 
 from harness import dry_run
+from harness.checks.capabilities import dcgm_workers
 from harness.checks.ecc import ITEM, Poisoning, ecc_verdict, judge_outcomes
-from harness.checks.epilogue import expectation, finish_suite, run_links
+from harness.checks.ecc_dcgm import WHAT_IT_EXERCISES, dcgm_verdict
 from harness.checks.verdict import inconclusive
+from harness.cluster import ClusterHandle
 from harness.errors import FaultError
-from harness.faults import EccPoison
+from harness.faults import DcgmInject, EccPoison, FaultRunner
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
 from harness.engine.admin.models import AdminWorker
+from harness.probes.prometheus import ENGINE_PROFILES
+from harness.probes.records import RequestRecord
+from harness.scenarios.ecc_dcgm import DcgmDrainUnderLoad
+from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
@@ -49,11 +57,11 @@ MAX_TRIES_PER_BITE = 3  # poisonings tried per one that must hit a running reque
 POLL_S = 0.1
 
 
-def _healthy_decodes(timeline: Any) -> list[AdminWorker]:
+def _healthy_decodes(timeline: Timeline) -> list[AdminWorker]:
     return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
-def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> AdminWorker | None:
+def _busy_decode(timeline: Timeline, deadline_s: float = 20.0) -> AdminWorker | None:
     """The healthy decode worker running the most requests, once one runs any; None after ``deadline_s``."""
     try:
         return wait_until(lambda: max(_healthy_decodes(timeline), key=lambda w: w.num_running, default=None),
@@ -63,8 +71,9 @@ def _busy_decode(timeline: Any, deadline_s: float = 20.0) -> AdminWorker | None:
         return None
 
 
-def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, faults, timeline, conformance,
-                                                            harness_options):
+def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHandle, load: Load, faults: FaultRunner,
+                                                            timeline: Timeline, conformance: Conformance,
+                                                            harness_options: HarnessOptions) -> None:
     if not timeline.available:  # a real cluster: an ECC error injected into its GPU monitoring (DCGM)
         _through_dcgm(cluster, load, faults, conformance, harness_options)
         return
@@ -114,7 +123,7 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     expected = expectation(cluster, ignore_eos=run.profile.ignore_eos)
 
-    def exact(rec):
+    def exact(rec: RequestRecord) -> bool | None:
         want = expected(rec) if expected else None
         return None if want is None else rec.token_ids == want
 
@@ -127,92 +136,41 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster, load, fault
                  events=timeline.events(type="fault_state"))
 
 
-DCGM_POLL_S = 0.5
-DCGM_COME_BACK_S = 60.0     # after the revert, how long the worker's return is watched (evidence only)
-
-
-def _through_dcgm(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
-    """ecc on a real cluster: inject a double-bit ECC error into one worker's GPU monitoring through
-    DCGM under load and judge whether the cluster drains that worker (see the module doc)."""
-    import random
-
-    from harness.checks.capabilities import dcgm_workers
-    from harness.checks.ecc_dcgm import WHAT_IT_EXERCISES, Injection, dcgm_verdict
-    from harness.faults import DcgmInject
-    from harness.probes.inventory import is_healthy
-    from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
-
+def _through_dcgm(cluster: ClusterHandle, load: Load, faults: FaultRunner, conformance: Conformance,
+                  harness_options: HarnessOptions) -> None:
+    """ecc on a real cluster: a double-bit ECC error injected into one worker's GPU monitoring through
+    DCGM under load (harness/scenarios/ecc_dcgm.py); judged on whether the cluster drains that worker."""
     checklist = cluster.thresholds
-    budget = checklist.threshold(ITEM, "drain_after_injection_s").value
     worker = random.Random(harness_options.seed).choice(dcgm_workers(cluster.spec))
     host = next(h for h in cluster.spec.hosts if h.name == worker.host)
-    fault = DcgmInject(host=worker.host, gpu=worker.gpus[0], field_name="ecc_dbe_volatile", value=1,
-                       hold_s=budget + 10, dcgmi=host.dcgm.dcgmi, worker=worker.name)
-    plan = [f"under load: {line}" for line in fault.plan()]
+    scenario = DcgmDrainUnderLoad(
+        worker, host.dcgm.dcgmi, checklist.threshold(ITEM, "drain_after_injection_s").value, faults, load,
+        running_family=ENGINE_PROFILES.get(cluster.spec.metric_profile or "", {}).get("requests_running"),
+        auth_headers=cluster.auth_headers(), load_s=harness_options.load_duration)
     if harness_options.dry_run:
-        faults.inject(fault)
-        faults.revert_all()
+        scenario.rehearse()
         conformance.record(inconclusive(checklist, ITEM, "dry run: the ECC injection was planned, not made",
-                                        plan=plan, what_this_exercises=WHAT_IT_EXERCISES))
+                                        plan=scenario.plan, what_this_exercises=WHAT_IT_EXERCISES))
         return
-    family = ENGINE_PROFILES.get(cluster.spec.metric_profile or "", {}).get("requests_running")
-    if not worker.health and not (worker.metrics and family):
+    if not scenario.drain_visible:
         conformance.record(inconclusive(
             checklist, ITEM, f"{worker.name} has neither a health URL nor metrics with a running-requests gauge: "
-                             "a drain could not be seen (set workers[].health or workers[].metrics)", plan=plan))
+                             "a drain could not be seen (set workers[].health or workers[].metrics)",
+            plan=scenario.plan))
         return
     try:
         cluster.check_fault_allowed(DcgmInject.kind)
     except FaultError as exc:
-        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {exc}", plan=plan))
+        conformance.record(inconclusive(checklist, ITEM, f"not judged on this cluster: {exc}", plan=scenario.plan))
         return
-
-    def running() -> float | None:
-        if not (worker.metrics and family):
-            return None
-        import httpx
-
-        try:
-            resp = httpx.get(worker.metrics, timeout=5, headers=cluster.auth_headers())
-            return sum(x.value for x in parse_metrics(resp.text) if x.name == family)
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    def health() -> int | None:
-        if not worker.health:
-            return None
-        import httpx
-
-        try:
-            return httpx.get(worker.health, timeout=5).status_code
-        except httpx.HTTPError:
-            return 0  # not answering at all: out of service too
-
-    run = load(duration_s=harness_options.load_duration or budget + DCGM_COME_BACK_S + 60, max_tokens=128)
-    wait_until(lambda: run.records_path.exists() and run.records_path.stat().st_size > 0, 120, POLL_S,
-               what="the load to complete a request")
-    ran_before = bool(running()) if family and worker.metrics else True
-    try:
-        faults.inject(fault)
-    except FaultError as exc:  # e.g. the host has no DCGM after all: say so, never crash the run
-        run.finish()
-        conformance.record(inconclusive(checklist, ITEM, f"the ECC injection could not be made: {exc}", plan=plan))
+    done = scenario.run()
+    if done.injection is None:
+        conformance.record(inconclusive(checklist, ITEM, f"the ECC injection could not be made: {done.not_made}",
+                                        plan=scenario.plan))
         return
-    injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
-    inj = Injection(worker.name, worker.host, worker.gpus[0], fault.field_name, fault.value, injected.started_wall)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 <= budget and inj.drained_after_s is None and run.running:
-        inj.observe(time.monotonic() - t0, health(), running(), ran_before)
-        time.sleep(DCGM_POLL_S)
-    faults.revert(fault)
-    if worker.health:
-        t1 = time.monotonic()
-        if wait_until(lambda: is_healthy(worker.health), DCGM_COME_BACK_S, DCGM_POLL_S,
-                      what=f"{worker.name} healthy again", on_timeout="return"):
-            inj.back_after_s = round(time.monotonic() - t1, 2)
-    records = run.finish()
-    verdict = dcgm_verdict([inj], checklist)
-    links = run_links(run)
-    verdict.evidence.update(links=links, plan=plan)
+    verdict = dcgm_verdict([done.injection], checklist)
+    links = run_links(done.load_run)
+    verdict.evidence.update(links=links, plan=scenario.plan)
     conformance.record(verdict)
-    finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos, links=links, faults=faults)
+    finish_suite(conformance, cluster, done.records, ignore_eos=done.load_run.profile.ignore_eos, links=links,
+                 faults=faults)

@@ -20,17 +20,23 @@ time (vLLM's NIXL histograms).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 
 from harness.checks.extend import repeat_until_decided
-from harness.checks.verdict import inconclusive
+from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
+                                   raw_bandwidth_verdict, ssh_nodes)
+from harness.checks.verdict import Verdict, inconclusive
+from harness.cluster import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench
 from harness.fabric.linerate import read_line_rate
-from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
-                                   raw_bandwidth_verdict)
-from harness.fabric.remote import ssh_nodes
+from harness.fabric.remote import FabricNode
+from harness.faults import FaultRunner
+from harness.fixtures import Conformance
 from harness.hosts import LocalExecutor
+from harness.plugin_state import HarnessOptions
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]
 
@@ -38,7 +44,8 @@ SIZES_MIB = (1, 8, 32, 128)
 CURVE_REPEATS = 3   # at the smaller sizes (evidence); the judged largest size gets min_repeats and more
 
 
-def _judged_with_repeats(cluster, judge, repeat, count):
+def _judged_with_repeats(cluster: ClusterHandle, judge: Callable[[], Verdict], repeat: Callable[[int], object],
+                         count: Callable[[], int]) -> Verdict:
     """The verdict after min_repeats at the judged size, and more while its interval straddles."""
     t = cluster.thresholds.item(ITEM_KV_BANDWIDTH).thresholds
     (verdict,) = repeat_until_decided(lambda: [judge()], repeat, count, first=int(t["min_repeats"].value),
@@ -46,7 +53,8 @@ def _judged_with_repeats(cluster, judge, repeat, count):
     return verdict
 
 
-def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance, faults, harness_options):
+def test_kv_transfer_reaches_80_percent_of_line_rate(cluster: ClusterHandle, conformance: Conformance,
+                                                     faults: FaultRunner, harness_options: HarnessOptions) -> None:
     if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
         if harness_options.dry_run:  # no fault, but the probes load the fabric: a dry run only says what they would do
             return _planned(cluster, conformance, f"raw bandwidth {nodes['source'].name} ({nodes['source'].interface})"
@@ -76,14 +84,15 @@ def test_kv_transfer_reaches_80_percent_of_line_rate(cluster, conformance, fault
     conformance.record(verdict)
 
 
-def _planned(cluster, conformance, what: str) -> None:
+def _planned(cluster: ClusterHandle, conformance: Conformance, what: str) -> None:
     conformance.show_plan([f"{what}: transfers of {', '.join(f'{s} MiB' for s in SIZES_MIB)}, the largest repeated "
                            "until its interval decides (no fault; it loads the fabric)"])
     conformance.record(inconclusive(cluster.thresholds, ITEM_KV_BANDWIDTH, "dry run: the bandwidth probes were "
                                                                            "planned, not run"))
 
 
-def _over_ssh(cluster, conformance, faults, nodes) -> None:
+def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRunner,
+              nodes: dict[str, FabricNode]) -> None:
     from harness.fabric.remote import raw_curve, raw_timed
     from harness.probes.kv_goodput import engine_kv_goodput
 

@@ -27,18 +27,24 @@ generator's and the other workers' CPU time, as a real full-load migration inclu
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Callable, Mapping
 
 import pytest
 
-from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
 from harness.checks.migration import ITEM, assess, measure, migration_verdict
-from harness.checks.verdict import inconclusive
+from harness.checklists import Threshold
+from harness.checks.verdict import Verdict, inconclusive
+from harness.cluster import ClusterHandle
 from harness.errors import FaultError, ProbeError
+from harness.faults import FaultRunner
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
+from harness.engine.admin.models import EngineEvent, AdminWorker
+from harness.probes.load import LoadRunner
 from harness.scenarios.migration import MigrationAttempt, migrate_observed_stream
-from harness.engine.admin.models import AdminWorker
 from harness.probes.records import RequestRecord
+from harness.suites.epilogue import finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
 
 log = logging.getLogger(__name__)
@@ -52,7 +58,7 @@ LOADED_MAX_S = 240.0       # upper bound of the load run; it is finished as soon
 LOADED_MAX_TOKENS = 160    # the Locust requests' length
 
 
-def _decode_workers(timeline: Any) -> list[AdminWorker]:
+def _decode_workers(timeline: Timeline) -> list[AdminWorker]:
     return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
@@ -60,12 +66,13 @@ class _Phase:
     """Victims of one phase, one at a time, until ``need`` migrations are measured or refused, or too
     many were tried."""
 
-    def __init__(self, name: str, cluster: Any, timeline: Any, need: int, faults: Any = None) -> None:
+    def __init__(self, name: str, cluster: ClusterHandle, timeline: Timeline, need: int,
+                 faults: FaultRunner | None = None) -> None:
         self.name, self.cluster, self.timeline, self.need, self.faults = name, cluster, timeline, need, faults
         self.attempts: list[MigrationAttempt] = []
         self.records: list[RequestRecord] = []
 
-    def run(self, still_loaded: Any = lambda: True) -> None:
+    def run(self, still_loaded: Callable[[], bool] = lambda: True) -> None:
         for i in range(len(self.attempts), self.need * MAX_ATTEMPTS_FACTOR):  # a later run continues
             refused = sum(a.outcome == "refused" for a in self.attempts)  # certain failures: enough evidence
             if self._measured() + refused >= self.need or not still_loaded():
@@ -88,7 +95,8 @@ class _Phase:
         return assess(self.attempts, samples, self.records).measured(self.name)
 
 
-def _until_decided(t: Any, phase: str, judge: Any, more: Any, measured: Any) -> dict[str, Any]:
+def _until_decided(t: Mapping[str, Threshold], phase: str, judge: Callable[[], Verdict], more: Callable[[int], None],
+                   measured: Callable[[], int]) -> dict[str, object]:
     """Run a phase to its min_migrations, then more while its median delta straddles the limit (up
     to max_migrations); ``more(k)`` adds k measured migrations. Returns the extension evidence."""
     (verdict,) = repeat_until_decided(lambda: [judge()], more, measured, first=int(t[f"min_migrations_{phase}"].value),
@@ -96,7 +104,7 @@ def _until_decided(t: Any, phase: str, judge: Any, more: Any, measured: Any) -> 
     return verdict.evidence["extension"]
 
 
-def _wait_for_load(timeline: Any, run: Any, timeout_s: float = 90.0) -> None:
+def _wait_for_load(timeline: Timeline, run: LoadRunner, timeout_s: float = 90.0) -> None:
     """Until Locust's users keep requests in flight on the decode workers (ends as soon as they do)."""
     def in_flight() -> int:
         if not run.running:
@@ -112,7 +120,8 @@ def _wait_for_load(timeline: Any, run: Any, timeout_s: float = 90.0) -> None:
                          f"(Locust log tail: {run.log_tail(500)!r})", fix="see the Locust and router logs") from exc
 
 
-def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, harness_options):
+def test_hot_migration_ttft_delta(cluster: ClusterHandle, load: Load, faults: FaultRunner, timeline: Timeline,
+                                  conformance: Conformance, harness_options: HarnessOptions) -> None:
     if not timeline.available:  # no admin API: the engine migrates streams when their worker is lost
         _on_worker_loss(cluster, load, faults, conformance, harness_options)
         return
@@ -131,13 +140,13 @@ def test_hot_migration_ttft_delta(cluster, load, faults, timeline, conformance, 
         return
     idle, loaded = (_Phase(p, cluster, timeline, 0, faults) for p in ("idle", "loaded"))
 
-    def judged(events: Any = None) -> Any:
+    def judged(events: list[EngineEvent] | None = None) -> Verdict:
         attempts, victims = idle.attempts + loaded.attempts, idle.records + loaded.records
         phase_of = {a.request_id: a.phase for a in attempts if a.outcome == "migrated" and a.request_id}
         events = timeline.events(type="migration_resumed") if events is None else events
         return migration_verdict(assess(attempts, measure(events, victims, phase_of), victims), checklist=checklist)
 
-    def extend(phase: _Phase, still_loaded: Any = lambda: True) -> dict[str, Any]:
+    def extend(phase: _Phase, still_loaded: Callable[[], bool] = lambda: True) -> dict[str, object]:
         def more(k: int) -> None:
             phase.need = phase._measured() + k
             phase.run(still_loaded)
@@ -169,7 +178,8 @@ KILL_OBSERVE_S = 5.0       # a kill is held this long: the engine must move the 
 LOSS_TOKENS_AFTER = 320    # tokens a stream still wants after the kill (it must outlive the kill's set-up)
 
 
-def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harness_options: Any) -> None:
+def _on_worker_loss(cluster: ClusterHandle, load: Load, faults: FaultRunner, conformance: Conformance,
+                    harness_options: HarnessOptions) -> None:
     """6.1.2 from the client on an engine that migrates on worker loss (see the module doc)."""
     from harness.checks.migration_blackbox import DEFINITION, measure as measure_crossings
     from harness.scenarios import blackbox_faults as blackbox
@@ -199,14 +209,14 @@ def _on_worker_loss(cluster: Any, load: Any, faults: Any, conformance: Any, harn
     def measured(name: str) -> int:
         return measure_crossings([w for w in windows if w.phase == name], victims).measured(name)
 
-    def phase(name: str, still_loaded: Any = lambda: True) -> dict[str, Any]:
+    def phase(name: str, still_loaded: Callable[[], bool] = lambda: True) -> dict[str, object]:
         def more(k: int) -> None:
             need[name] = measured(name) + k
             kills(name, still_loaded)
         return _until_decided(t, name, lambda: migration_verdict(measure_crossings(windows, victims),
                                                                  checklist=checklist), more, lambda: measured(name))
 
-    def kills(name: str, still_loaded: Any) -> None:
+    def kills(name: str, still_loaded: Callable[[], bool]) -> None:
         while sum(w.phase == name for w in windows) < need[name] * MAX_ATTEMPTS_FACTOR:
             assessed = measure_crossings([w for w in windows if w.phase == name], victims)
             if assessed.measured(name) + len(assessed.failures) >= need[name] or not still_loaded():

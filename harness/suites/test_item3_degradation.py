@@ -20,21 +20,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 import pytest
 
 from harness import dry_run
 from harness.checks.degradation import ITEM, Step, degradation_verdict
 from harness.checks.degradation_load import load_degradation_verdict
-from harness.checks.epilogue import finish_suite, run_links
+from harness.checklists import Checklist
 from harness.checks.verdict import inconclusive
+from harness.cluster import ClusterHandle
 from harness.errors import ProbeError
-from harness.faults import HbmFill, SpeculativeDecoding
+from harness.faults import FaultRunner, HbmFill, SpeculativeDecoding
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
 from harness.engine.admin.client import AdminClient
-from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
+from harness.engine.admin.models import DegradationState, AdminWorker
+from harness.probes.kv_drive import DrivePlan, DriveResult, KvDrive, KvMeter
 from harness.probes.request_shape import request_shape
 from harness.probes.streaming import AsyncStreamingClient
+from harness.suites.epilogue import finish_suite, run_links
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +50,21 @@ POLL_S = 0.1
 STEP_DOWN_TIMEOUT_S = 60.0
 
 
-def _degradation(admin: str) -> dict[str, Any]:
-    """``GET /admin/degradation`` through the typed admin client (its JSON, read like a dict)."""
+def _degradation(admin: str) -> DegradationState:
+    """``GET /admin/degradation`` through the typed admin client."""
     with AdminClient(admin) as client:
-        return dict(client.degradation().raw)
+        return client.degradation()
 
 
-def _decodes(timeline: Any) -> list[dict[str, Any]]:
-    return [w for w in timeline.workers() if w["role"] == "decode" and w["health"] == "healthy"]
+def _decodes(timeline: Timeline) -> list[AdminWorker]:
+    return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
 
 
-def _plateaus(state: dict[str, Any], checklist: Any) -> list[tuple[str, float, int]]:
+def _plateaus(state: DegradationState, checklist: Checklist) -> list[tuple[str, float, int]]:
     """(name, KV use to aim at, expected level) between the cluster's thresholds; where the
     cluster has none (controller off), the checklist's."""
     t = checklist.item(ITEM).thresholds
-    th = state.get("thresholds", {})
+    th = state.thresholds
     l1 = th.get("L1", {}).get("hbm") or 0.75
     l2 = th.get("L2", {}).get("hbm") or t["trigger_utilization"].value
     l3 = th.get("L3", {}).get("hbm") or t["level3_trigger_utilization"].value
@@ -69,25 +73,27 @@ def _plateaus(state: dict[str, Any], checklist: Any) -> list[tuple[str, float, i
             ("between L3 and L4", (l3 + l4) / 2, 3)]
 
 
-def _hold(admin: str, timeline: Any, step: Step, hold_s: float, spec_was_on: bool) -> None:
+def _hold(admin: str, timeline: Timeline, step: Step, hold_s: float, spec_was_on: bool) -> None:
     """Watch the level for ``hold_s``; check the level's actions on every decode worker."""
     deadline = time.monotonic() + hold_s
     while time.monotonic() < deadline:
         state = _degradation(admin)
-        step.reached = max(step.reached, state["level"])
-        step.hbm_seen = max(step.hbm_seen, state["signals"]["hbm"])
+        step.reached = max(step.reached, state.level)
+        step.hbm_seen = max(step.hbm_seen, state.signals["hbm"])
         time.sleep(POLL_S)
     workers = _decodes(timeline)
     if step.reached >= 2 and spec_was_on:
-        step.actions_missing += [f"{step.name}: {w['id']} still decodes speculatively at Level {step.reached}"
-                                 for w in workers if w.get("spec_enabled")]
+        step.actions_missing += [f"{step.name}: {w.id} still decodes speculatively at Level {step.reached}"
+                                 for w in workers if w.spec_enabled]
     if step.reached >= 3:
-        step.actions_missing += [f"{step.name}: {w['id']} has KV offload off at Level {step.reached}"
-                                 for w in workers if not w.get("offload_enabled")]
+        step.actions_missing += [f"{step.name}: {w.id} has KV offload off at Level {step.reached}"
+                                 for w in workers if not w.raw.get("offload_enabled")]  # not a AdminWorker field
 
 
-def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, timeline, conformance,
-                                                         harness_options, request):
+def test_level2_then_level3_trigger_at_their_thresholds(cluster: ClusterHandle, load: Load, faults: FaultRunner,
+                                                        timeline: Timeline, conformance: Conformance,
+                                                        harness_options: HarnessOptions,
+                                                        request: pytest.FixtureRequest) -> None:
     checklist = cluster.thresholds
     admin = cluster.admin_url
     if not admin:  # a foreign engine: by load, against the cluster file's stated levels
@@ -102,7 +108,7 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, t
     if harness_options.dry_run:  # print each fill's plan (the shares depend on the load: the first plateau's)
         share = round(_plateaus(state, checklist)[0][1], 4)
         for w in _decodes(timeline):
-            faults.inject(HbmFill(admin_url=admin, worker_id=w["id"], share=share))
+            faults.inject(HbmFill(admin_url=admin, worker_id=w.id, share=share))
         faults.revert_all()
         conformance.record(inconclusive(checklist, ITEM, "dry run: the HBM fills were planned, none injected"))
         return
@@ -116,19 +122,20 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster, load, faults, t
         faults.revert(spec)
 
 
-def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options, state, spec_was_on) -> None:
+def _run_plateaus(cluster: ClusterHandle, load: Load, faults: FaultRunner, timeline: Timeline, conformance: Conformance,
+                  harness_options: HarnessOptions, state: DegradationState, spec_was_on: bool) -> None:
     checklist, admin = cluster.thresholds, cluster.admin_url
-    dwell = float(state.get("min_dwell_s") or 2.0)
+    dwell = float(state.raw.get("min_dwell_s") or 2.0)  # not a DegradationState field
     plateaus = _plateaus(state, checklist)
     # each plateau climbs at most one level per dwell, then is held for two more dwells
     hold_s = 5 * dwell + 2.0
     duration = harness_options.load_duration or len(plateaus) * hold_s + STEP_DOWN_TIMEOUT_S / 2 + 20
     run = load(duration_s=duration, users=LOAD_USERS, max_tokens=48)
     deadline = time.monotonic() + 60
-    while _degradation(admin)["level"] != 0 and time.monotonic() < deadline:
+    while _degradation(admin).level != 0 and time.monotonic() < deadline:
         time.sleep(POLL_S)  # a previous suite's degradation must have ended
     time.sleep(2.0)  # let the load reach its steady KV use before measuring the baseline
-    base = max((w.get("kv_used_ratio") or 0.0) for w in _decodes(timeline))
+    base = max((w.kv_used_ratio or 0.0) for w in _decodes(timeline))
     steps, filled, fills = [], base, []
     for name, target, level in plateaus:
         step = Step(name, target, level)
@@ -136,7 +143,7 @@ def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options,
         share = target - filled
         if share > 0.005:
             for w in _decodes(timeline):
-                fills.append(faults.inject(HbmFill(admin_url=admin, worker_id=w["id"], share=round(share, 4))))
+                fills.append(faults.inject(HbmFill(admin_url=admin, worker_id=w.id, share=round(share, 4))))
             filled = target
         _hold(admin, timeline, step, hold_s, spec_was_on)
     reverted_at = time.monotonic()
@@ -144,7 +151,7 @@ def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options,
         faults.revert(fault)
     step_down_s = None
     while time.monotonic() - reverted_at < STEP_DOWN_TIMEOUT_S:
-        if _degradation(admin)["level"] == 0:
+        if _degradation(admin).level == 0:
             step_down_s = time.monotonic() - reverted_at
             break
         time.sleep(POLL_S)
@@ -153,7 +160,7 @@ def _run_plateaus(cluster, load, faults, timeline, conformance, harness_options,
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     events = timeline.events()
     verdict = degradation_verdict(steps, events, round(step_down_s, 3), checklist,
-                                  controller_enabled=bool(state.get("enabled", True)))
+                                  controller_enabled=state.enabled)
     links = run_links(run)
     verdict.evidence.update(links=links, baseline_kv_use=round(base, 4), dwell_s=dwell,
                             speculative_turned_on_first=spec_was_on)
@@ -169,7 +176,7 @@ DRIVE_STEP_DOWN_TIMEOUT_S = 60.0
 DRIVE_REQUEST_TIMEOUT_S = 300.0   # one stream's whole life, queueing included; longer counts as hung
 
 
-def drive_plan(cluster: Any, seed: int) -> DrivePlan:
+def drive_plan(cluster: ClusterHandle, seed: int) -> DrivePlan:
     """The load that drives KV use: degradation.load, else the workload's lengths (else 512/128 tokens).
     A level with a max_tokens cap gets requests asking for twice the cap, so that a missing cap shows."""
     spec = cluster.spec.degradation
@@ -185,12 +192,12 @@ def drive_plan(cluster: Any, seed: int) -> DrivePlan:
                      step_down_timeout_s=DRIVE_STEP_DOWN_TIMEOUT_S, seed=seed)
 
 
-def metrics_urls(cluster: Any) -> list[str]:
+def metrics_urls(cluster: ClusterHandle) -> list[str]:
     """endpoints.metrics and every worker's own (behind a router such as vllm-router, KV use is on the workers)."""
     return list(dict.fromkeys(u for u in [cluster.metrics_url, *(w.metrics for w in cluster.workers)] if u))
 
 
-def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: str) -> None:
+def _by_load(cluster: ClusterHandle, conformance: Conformance, harness_options: HarnessOptions, test_name: str) -> None:
     checklist = cluster.thresholds
     levels = cluster.spec.degradation.levels
     plan = drive_plan(cluster, harness_options.seed)
@@ -220,7 +227,7 @@ def _by_load(cluster: Any, conformance: Any, harness_options: Any, test_name: st
     records_path = conformance.artifact_dir(f"{test_name}-kv-drive") / "requests.jsonl"
     conformance.phase("KV drive")
 
-    async def drive() -> Any:
+    async def drive() -> DriveResult:
         async with AsyncStreamingClient(cluster.api_url, model=cluster.model, api_key=cluster.api_key(),
                                         timeout_s=DRIVE_REQUEST_TIMEOUT_S, read_timeout_s=120.0,
                                         request_shape=request_shape(cluster.engine)) as client:

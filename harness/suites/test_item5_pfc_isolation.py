@@ -24,12 +24,15 @@ import threading
 import pytest
 
 from harness.checks.extend import repeat_until_decided
+from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped
+from harness.fabric.remote import ssh_nodes
+from harness.cluster import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.tcpprobe import TcpClassSample, sample_tcp_class
 from harness.checks.verdict import inconclusive
-from harness.checks.fabric import ITEM_PFC_ISOLATION, pfc_isolation_verdict, placement_or_skip, skipped
-from harness.fabric.remote import ssh_nodes
-from harness.faults import PfcStorm
+from harness.faults import FaultRunner, PfcStorm
+from harness.fixtures import Conformance
+from harness.plugin_state import HarnessOptions
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.slow]
 
@@ -51,7 +54,8 @@ def storm_bursts(most: int) -> int:
     return int((most * SAMPLE_S + 20) * 1000 // (PAUSE_MS + RESUME_MS))
 
 
-def test_pfc_storm_does_not_spread_to_tcp(cluster, faults, conformance, harness_options):
+def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultRunner, conformance: Conformance,
+                                          harness_options: HarnessOptions) -> None:
     most = int(cluster.thresholds.threshold(ITEM_PFC_ISOLATION, "max_repeats").value)
     bursts = storm_bursts(most)
     if (nodes := ssh_nodes(cluster, faults.audit)) is not None:

@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 
-from harness.checks.epilogue import finish_suite, run_links
 from harness.checks.extend import repeat_until_decided
-from harness.stats import nearest_rank
-from harness.checks.verdict import Verdict
-from harness.fabric.bandwidth import Station
-from harness.fabric.kvbandwidth import KVBench
 from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped
 from harness.fabric.remote import ssh_nodes
-from harness.faults import NicFlap
+from harness.stats import nearest_rank
+from harness.checks.verdict import Verdict
+from harness.cluster import ClusterHandle
+from harness.fabric.bandwidth import Station
+from harness.fabric.kvbandwidth import KVBench
+from harness.fabric.remote import FabricNode
+from harness.faults import FaultRunner, NicFlap
+from harness.fixtures import Conformance, Load, Timeline
+from harness.plugin_state import HarnessOptions
+from harness.suites.epilogue import finish_suite, run_links
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +47,8 @@ PROBE_MIB = 32
 LOAD_S = 60.0
 
 
-def _around_flaps(cluster: Any, faults: Any, flap: NicFlap, probe: Callable[[], float],
-                  flaps: dict[str, Any]) -> tuple[Verdict, list[tuple[str, float]], float]:
+def _around_flaps(cluster: ClusterHandle, faults: FaultRunner, flap: NicFlap, probe: Callable[[], float],
+                  flaps: dict[str, object]) -> tuple[Verdict, list[tuple[str, float]], float]:
     """Probe transfers before the flaps, flap, then transfers after them until the bandwidth is
     back (or twice the allowed recovery time) and at least as many as before, more while the
     verdict straddles; the verdict and the flap transitions."""
@@ -72,8 +76,9 @@ def _around_flaps(cluster: Any, faults: Any, flap: NicFlap, probe: Callable[[], 
     return verdict, transitions, last_up
 
 
-def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults, timeline, conformance,
-                                                         harness_options):
+def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster: ClusterHandle, load: Load, faults: FaultRunner,
+                                                          timeline: Timeline, conformance: Conformance,
+                                                          harness_options: HarnessOptions) -> None:
     if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
         return _over_ssh(cluster, load, faults, timeline, conformance, harness_options, nodes)
     placed = placement_or_skip(cluster, conformance, ITEM_NIC_FLAP)
@@ -115,7 +120,8 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster, load, faults,
                  faults=faults, events=events)
 
 
-def _over_ssh(cluster, load, faults, timeline, conformance, harness_options, nodes) -> None:
+def _over_ssh(cluster: ClusterHandle, load: Load, faults: FaultRunner, timeline: Timeline, conformance: Conformance,
+              harness_options: HarnessOptions, nodes: dict[str, FabricNode]) -> None:
     from harness.fabric.remote import bulk
 
     source, victim = nodes["source"], nodes["peer"]

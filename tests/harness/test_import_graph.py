@@ -182,7 +182,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("harness.clusterfile.models", "harness.faults"): "checklist helper (clusterfile/models.py)",
     ("harness.clusterfile.models", "harness.fabric"): "checklist helper (clusterfile/models.py)",
-    ("harness.clusterfile", "harness.checks.thresholds"): "checklist helper (checks/thresholds.py -> checklists/)",
+    ("harness.clusterfile", "harness.checklists"): "checklist helper (checks/thresholds.py -> checklists/)",
     ("harness.engine.pd", "harness.engine.resilience"): "engine helper (the engine.pd <-> engine.resilience cycle)",
 }
 

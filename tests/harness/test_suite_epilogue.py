@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from harness.checks.epilogue import expectation, finish_suite, run_links
+from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.probes.records import RequestRecord

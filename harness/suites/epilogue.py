@@ -1,5 +1,8 @@
 """The end every conformance suite shares: after its own item's verdict, judge and show the run.
 
+Wiring, not a check: it records into the report (the ``conformance`` fixture) what the pure checks
+return (harness/checks/invariants.py's nothing-lost verdict) beside the run's latency and timeline.
+
 One call, :func:`finish_suite`, replaces the lines each suite used to copy::
 
     expected = oracle_expectation(cluster.oracle, ignore_eos=...) if cluster.oracle else None
@@ -27,31 +30,37 @@ A suite adopts it by deleting those lines and calling, at its end::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import Expected, check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.verdict import Verdict
 from harness.probes.records import RequestRecord
 from harness.probes.timeline import merge_timeline
 
+if TYPE_CHECKING:
+    from harness.cluster import ClusterHandle
+    from harness.faults import FaultRunner
+    from harness.fixtures import Conformance
+    from harness.probes.load import LoadRunner
+
 _ORACLE = object()  # finish_suite's default: build the expectation from the cluster's oracle
 
 
-def expectation(cluster: Any, *, ignore_eos: bool) -> Expected | None:
+def expectation(cluster: ClusterHandle, *, ignore_eos: bool) -> Expected | None:
     """The oracle's expected tokens per request record, or None for a cluster without an oracle
     (a foreign engine: nothing-lost is then judged on final states and clear errors only)."""
     return oracle_expectation(cluster.oracle, ignore_eos=ignore_eos) if cluster.oracle else None
 
 
-def run_links(*runs: Any) -> list[str]:
+def run_links(*runs: LoadRunner) -> list[str]:
     """Report-relative links to the records file of each load run (``LoadRunner.records_path``)."""
     return [f"artifacts/{run.records_path.parent.name}/{run.records_path.name}" for run in runs]
 
 
-def finish_suite(conformance: Any, cluster: Any, records: Sequence[RequestRecord], *, ignore_eos: bool = False,
-                 expected: Expected | None | object = _ORACLE, links: Iterable[str] = (), faults: Any = None,
-                 events: Iterable[Mapping[str, Any]] = (),
-                 event_filter: Callable[[Mapping[str, Any]], bool] | None = None) -> Verdict:
+def finish_suite(conformance: Conformance, cluster: ClusterHandle, records: Sequence[RequestRecord], *,
+                 ignore_eos: bool = False, expected: Expected | None | object = _ORACLE, links: Iterable[str] = (),
+                 faults: FaultRunner | None = None, events: Iterable[Mapping[str, object]] = (),
+                 event_filter: Callable[[Mapping[str, object]], bool] | None = None) -> Verdict:
     """Record the nothing-lost verdict, the latency evidence and the merged timeline of a run.
 
     ``records`` are every request of the run (load and probe streams alike); ``ignore_eos`` as the
