@@ -179,12 +179,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 #: (importing module or package, imported module or package) -> who removes the edge: the one
 #: allow-list, for edges in files another change of issue 25 owns (a prefix covers its submodules).
 #: The lead deletes an entry once that change is merged; the test then keeps the edge out.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("harness.clusterfile.models", "harness.faults"): "checklist helper (clusterfile/models.py)",
-    ("harness.clusterfile.models", "harness.fabric"): "checklist helper (clusterfile/models.py)",
-    ("harness.clusterfile", "harness.checklists"): "checklist helper (checks/thresholds.py -> checklists/)",
-    ("harness.engine.pd", "harness.engine.resilience"): "engine helper (the engine.pd <-> engine.resilience cycle)",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _covers(prefix: str, module: str) -> bool:
