@@ -8,13 +8,13 @@ import io
 from pathlib import Path
 
 from harness.faults import Action, FaultRunner, Ledger, ProcessHang, ProcessKill
-from harness.engine.admin.models import EngineEvent, Worker
+from harness.engine.admin.models import EngineEvent, AdminWorker
 from harness.scenarios.fault_marks import affected_request_id, injection
 from harness.scenarios.reschedule import RescheduleUnderLoad, fault_plan, lone_roles, make_fault
 
 
-def worker(wid: str, role: str, pid: int, health: str = "healthy") -> Worker:
-    return Worker.parse({"id": wid, "role": role, "health": health, "pid": pid}, "GET /admin/workers")
+def worker(wid: str, role: str, pid: int, health: str = "healthy") -> AdminWorker:
+    return AdminWorker.parse({"id": wid, "role": role, "health": health, "pid": pid}, "GET /admin/workers")
 
 
 WORKERS = [worker("prefill-0", "prefill", 101), worker("prefill-1", "prefill", 102),
@@ -24,10 +24,10 @@ WORKERS = [worker("prefill-0", "prefill", 101), worker("prefill-1", "prefill", 1
 class Router:
     """The router's view the scenario reads (the ``timeline`` fixture's two calls)."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(self, workers: list[AdminWorker]) -> None:
         self._workers = workers
 
-    def workers(self) -> list[Worker]:
+    def workers(self) -> list[AdminWorker]:
         return list(self._workers)
 
     def events(self, since: int = 0, type: str | None = None) -> list[EngineEvent]:  # noqa: A002
