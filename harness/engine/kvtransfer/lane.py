@@ -34,8 +34,8 @@ import threading
 import time
 from concurrent.futures import Future
 
-from harness.engine.kvtransfer.lane_conn import (LaneBroken, LaneConn, LaneJob, LaneSender, PartialWrite, flush, settle,
-                                                 write_now)
+from harness.engine.kvtransfer.lane_conn import (LaneBroken, LaneConn, LaneJob, LaneSender, PartialWrite, count, flush,
+                                                 settle, write_now)
 from harness.engine.kvtransfer.wire import Frame, FrameKind, encode_frame, read_frame
 from harness.engine.kvtransfer.wire_send import crc_trailer, frame_buffers
 from harness.errors import KVIntegrityError
@@ -233,6 +233,7 @@ class _Lane:
                     counted.append((sender, sum(memoryview(b_).nbytes for b_ in bufs)))
                 gather += bufs
             if inline:
+                count(counted)
                 rest = write_now(conn, gather)
                 if late is not None:
                     trailer = crc_trailer(late[0], late[1])

@@ -159,13 +159,20 @@ def write_now(conn: LaneConn, buffers: list) -> list:
     return views
 
 
-def flush(conn: LaneConn, gather: list, counted: list) -> None:
-    if gather:
-        send_buffers(conn.sock, gather)
+def count(counted: list) -> None:
+    """Count frames as sent before they are written: once a transfer's END is out, its REPLY can
+    come back and its result be read before the writing thread runs again (counted after the
+    write, a delivered transfer once reported 0 frames and 0 bytes on a loaded machine)."""
     for sender, nbytes in counted:
         sender.count_sent(nbytes, sender.primary.path)
-    gather.clear()
     counted.clear()
+
+
+def flush(conn: LaneConn, gather: list, counted: list) -> None:
+    count(counted)
+    if gather:
+        send_buffers(conn.sock, gather)
+    gather.clear()
 
 
 def settle(fut: Future, exc: BaseException | None = None, result: object = None) -> None:
