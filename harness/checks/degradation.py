@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
+from harness.states import EventKind
 
 ITEM = "6.1.3"
 
@@ -42,7 +43,7 @@ class Step:
 def level_entries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Upward ``degradation_level`` events, in order."""
     return [e for e in sorted(events, key=lambda e: e["seq"])
-            if e["type"] == "degradation_level" and e["to_level"] > e["from_level"]]
+            if e["type"] == EventKind.DEGRADATION_LEVEL and e["to_level"] > e["from_level"]]
 
 
 def degradation_verdict(steps: Sequence[Step], events: Iterable[dict[str, Any]], step_down_s: float | None,
@@ -76,7 +77,7 @@ def degradation_verdict(steps: Sequence[Step], events: Iterable[dict[str, Any]],
         "steps": [s.to_dict() for s in steps],
         "level_changes": [{k: e.get(k) for k in ("wall_time", "from_level", "to_level", "reason", "hbm", "queue",
                                                   "health", "actions")}
-                          for e in events if e["type"] == "degradation_level"],
+                          for e in events if e["type"] == EventKind.DEGRADATION_LEVEL],
         "samples": [{"label": s.name, "value": s.reached, "note": f"aimed at KV use {s.target_hbm:.3f}, router saw "
                      f"{s.hbm_seen:.3f}; expected Level {s.expect_level}"} for s in steps],
     }

@@ -33,6 +33,7 @@ from harness.checks.reschedule import nearest_rank
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
+from harness.states import EventKind
 
 if TYPE_CHECKING:
     from harness.scenarios.migration import MigrationAttempt
@@ -82,12 +83,12 @@ def measure(events: Iterable[dict[str, Any]], records: Iterable[RequestRecord],
     by_id = {r.response_id: r for r in records if r.response_id}
     samples = []
     for i, e in enumerate(events):
-        if e["type"] != "migration_resumed" or e.get("request_id") not in phase_of:
+        if e["type"] != EventKind.MIGRATION_RESUMED or e.get("request_id") not in phase_of:
             continue
         rid = e["request_id"]
         s = MigrationSample(phase_of[rid], rid, e["from_worker"], e["to_worker"])
         s.migration = next(({k: v for k, v in d.items() if k not in ("seq", "type", "request_id")}
-                            for d in reversed(events[:i]) if d["type"] == "migration_done"
+                            for d in reversed(events[:i]) if d["type"] == EventKind.MIGRATION_DONE
                             and d.get("request_id") == rid), None)
         if e.get("typical_gap_s") is None:
             s.problem = "the stream had no steady inter-token gap before the switch"

@@ -32,6 +32,7 @@ from harness.checklists import Checklist, ChecklistItem, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
 from harness.scenarios.fault_marks import FaultMark, affected_request_id
+from harness.states import EventKind, PD_ROLES
 
 if TYPE_CHECKING:
     from harness.probes.rejoin import Rejoin
@@ -107,7 +108,7 @@ def measure(faults: Sequence[FaultMark], events: Iterable[dict[str, Any]],
 def _measure_one(fault: FaultMark, events: list[dict[str, Any]],
                  successes: list[tuple[float, float]]) -> RescheduleSample:
     s = RescheduleSample(fault)
-    down = next((e for e in events if e["type"] == "worker_down" and e.get("worker") == fault.worker), None)
+    down = next((e for e in events if e["type"] == EventKind.WORKER_DOWN and e.get("worker") == fault.worker), None)
     if down is None:
         s.problem = f"the router never declared {fault.worker} down"
         return s
@@ -117,9 +118,9 @@ def _measure_one(fault: FaultMark, events: list[dict[str, Any]],
         rid = e.get("request_id")
         if rid not in s.affected or e["wall_time"] < down["wall_time"]:
             continue
-        if e["type"] == "reschedule" and rid not in s.replaced_s:
+        if e["type"] == EventKind.RESCHEDULE and rid not in s.replaced_s:
             s.replaced_s[rid] = e["wall_time"] - fault.wall
-        elif e["type"] == "reschedule_failed" and rid not in s.replaced_s and rid not in s.failed:
+        elif e["type"] == EventKind.RESCHEDULE_FAILED and rid not in s.replaced_s and rid not in s.failed:
             s.failed.append(rid)
     first_new = min((first for sent, first in successes if sent >= fault.wall), default=None)
     s.first_success_s = None if first_new is None else first_new - fault.wall
@@ -200,7 +201,7 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
         groups[key] = groups.get(key, 0) + 1
     # the minimum applies to every kind: kills of both roles, and hangs of every role hung
     short = {k: c for k, c in groups.items() if c < need}
-    for role in ("prefill", "decode"):
+    for role in PD_ROLES:
         if f"kill {role}" not in groups:
             short[f"kill {role}"] = 0
     why = [stopped] if stopped else []

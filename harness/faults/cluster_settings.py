@@ -21,6 +21,7 @@ from harness.faults.base import Fault
 from harness.ids import new_fault_id
 from harness.hosts import Executor
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.states import WorkerHealth, WorkerRole
 
 HTTP_TIMEOUT_S = 15.0
 POLL_S = 0.1
@@ -88,7 +89,7 @@ class SpeculativeDecoding(_AdminSetting):
 
     def _settings(self) -> dict[str, bool]:
         return {w["id"]: bool(w.get("spec_enabled")) for w in self._get("/workers") or []
-                if w.get("role") == "decode" and w.get("health") == "healthy"}
+                if w.get("role") == WorkerRole.DECODE and w.get("health") == WorkerHealth.HEALTHY}
 
     def _set(self, enabled: bool) -> str:
         from harness.engine.admin.client import AdminClient

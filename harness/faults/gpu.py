@@ -26,6 +26,7 @@ from harness.faults.base import Fault
 from harness.ids import new_fault_id
 from harness.hosts import Executor
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.states import WorkerHealth, WorkerRole
 
 HTTP_TIMEOUT_S = 15.0
 POLL_S = 0.1  # polling the admin API while a heartbeat carries the new state
@@ -90,7 +91,7 @@ class AdminFault(Fault):
 
     def prepare(self, ex: Executor) -> str:
         w = self.worker()
-        if w.get("role") != "decode" or w.get("health") != "healthy":
+        if w.get("role") != WorkerRole.DECODE or w.get("health") != WorkerHealth.HEALTHY:
             raise FaultError(f"{self.kind}: {self.worker_id} is not a healthy decode worker ({_brief(w)})",
                              fix="target a healthy decode worker")
         return f"{self.worker_id} before the fault: {_brief(w)}"

@@ -28,6 +28,7 @@ from harness.probes.records import RequestRecord
 from harness.probes.rejoin import Rejoin
 from harness.scenarios.fault_marks import FaultMark, affected_request_id, first_success_sent_after, injection
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.states import EventKind, PD_ROLES, WorkerHealth
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,11 @@ class RouterView(Protocol):
     def events(self, since: int = 0, type: str | None = None) -> list[EngineEvent]: ...  # noqa: A002
 
 
-def fault_plan(faults_per_kind: int, roles: Sequence[str] = ("prefill", "decode")) -> list[tuple[str, str]]:
+def fault_plan(faults_per_kind: int, roles: Sequence[str] = PD_ROLES) -> list[tuple[str, str]]:
     """``faults_per_kind`` kills of each role, then as many hangs of each (the checklist's
     min_faults_per_kind applies to every kind), for the roles that have a survivor."""
-    kills = [("process_kill", r) for _ in range(faults_per_kind) for r in ("prefill", "decode") if r in roles]
-    hangs = [("process_hang", r) for _ in range(faults_per_kind) for r in ("decode", "prefill") if r in roles]
+    kills = [("process_kill", r) for _ in range(faults_per_kind) for r in PD_ROLES if r in roles]
+    hangs = [("process_hang", r) for _ in range(faults_per_kind) for r in reversed(PD_ROLES) if r in roles]
     return kills + hangs
 
 
@@ -64,7 +65,7 @@ def lone_roles(workers: Sequence[AdminWorker]) -> dict[str, str]:
     """Roles with fewer than two workers, each with why it cannot be judged: a fault on its only
     worker leaves nothing to take over, so rescheduling can never happen there."""
     out = {}
-    for role in ("prefill", "decode"):
+    for role in PD_ROLES:
         ids = [w.id for w in workers if w.role == role]
         if len(ids) < 2:
             out[role] = (f"only one {role} worker ({ids[0]}): nothing can take over" if ids
@@ -81,7 +82,7 @@ def make_fault(kind: str, worker: AdminWorker, topology: Topology | None) -> Pro
         return ProcessKill.from_worker(worker)
     topo = topology
     return ProcessKill.from_worker(worker, restart=lambda wid: topo.restart(wid),
-                                   healthy=lambda wid: _health(topo.workers(), wid) == "healthy",
+                                   healthy=lambda wid: _health(topo.workers(), wid) == WorkerHealth.HEALTHY,
                                    healthy_timeout_s=REJOIN_TIMEOUT_S)
 
 
@@ -236,11 +237,12 @@ class RescheduleUnderLoad:
             new = self.router.events(since=last)
             seen.extend(new)
             last = max([last] + [e["seq"] for e in new])
-            down = next((e for e in seen if e["type"] == "worker_down" and e.get("worker") == worker_id), None)
+            down = next((e for e in seen if e["type"] == EventKind.WORKER_DOWN and e.get("worker") == worker_id), None)
             if down is None:
                 return False
             pending = {affected_request_id(a) for a in down.get("affected", [])}
-            return not pending - {e.get("request_id") for e in seen if e["type"] in ("reschedule", "reschedule_failed")}
+            return not pending - {e.get("request_id") for e in seen
+                                  if e["type"] in (EventKind.RESCHEDULE, EventKind.RESCHEDULE_FAILED)}
 
         if not wait_until(settled, SETTLE_TIMEOUT_S, POLL_S,
                           what=f"the rescheduling after the fault on {worker_id}", on_timeout="return"):
@@ -260,11 +262,11 @@ class RescheduleUnderLoad:
         while True:
             keep_load()
             now = time.time()
-            if rejoin is None and _health(self.router.workers(), worker_id) == "healthy":
+            if rejoin is None and _health(self.router.workers(), worker_id) == WorkerHealth.HEALTHY:
                 rejoin = Rejoin(worker_id, limit_s, now, watched=["kv_transfer events of the router"],
                                 kept_out_by="the router")
             if rejoin is not None:
-                for e in self.router.events(since=seq, type="kv_transfer"):
+                for e in self.router.events(since=seq, type=EventKind.KV_TRANSFER):
                     seq = max(seq, e["seq"])
                     if worker_id in (e.get("prefill"), e.get("decode")):
                         rejoin.serving_wall = rejoin.traffic_wall = max(e["wall_time"], rejoin.healthy_wall)

@@ -44,6 +44,7 @@ from harness.probes.records import RequestRecord
 from harness.scenarios.ecc_dcgm import DcgmDrainUnderLoad
 from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ POLL_S = 0.1
 
 
 def _healthy_decodes(timeline: Timeline) -> list[AdminWorker]:
-    return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
+    return [w for w in timeline.workers() if w.role == WorkerRole.DECODE and w.healthy]
 
 
 def _busy_decode(timeline: Timeline, deadline_s: float = 20.0) -> AdminWorker | None:
@@ -133,7 +134,7 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
     verdict.evidence.update(links=links, load_duration_s=duration)
     conformance.record(verdict)
     finish_suite(conformance, cluster, records, expected=expected, links=links, faults=faults,
-                 events=timeline.events(type="fault_state"))
+                 events=timeline.events(type=EventKind.FAULT_STATE))
 
 
 def _through_dcgm(cluster: ClusterHandle, load: Load, faults: FaultRunner, conformance: Conformance,

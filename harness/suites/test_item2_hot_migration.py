@@ -46,6 +46,7 @@ from harness.scenarios.migration import MigrationAttempt, migrate_observed_strea
 from harness.probes.records import RequestRecord
 from harness.suites.epilogue import finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ LOADED_MAX_TOKENS = 160    # the Locust requests' length
 
 
 def _decode_workers(timeline: Timeline) -> list[AdminWorker]:
-    return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
+    return [w for w in timeline.workers() if w.role == WorkerRole.DECODE and w.healthy]
 
 
 class _Phase:
@@ -91,7 +92,7 @@ class _Phase:
         if not any(a.outcome == "migrated" for a in self.attempts):
             return 0
         phase_of = {a.request_id: self.name for a in self.attempts if a.outcome == "migrated"}
-        samples = measure(self.timeline.events(type="migration_resumed"), self.records, phase_of)
+        samples = measure(self.timeline.events(type=EventKind.MIGRATION_RESUMED), self.records, phase_of)
         return assess(self.attempts, samples, self.records).measured(self.name)
 
 
@@ -143,7 +144,7 @@ def test_hot_migration_ttft_delta(cluster: ClusterHandle, load: Load, faults: Fa
     def judged(events: list[EngineEvent] | None = None) -> Verdict:
         attempts, victims = idle.attempts + loaded.attempts, idle.records + loaded.records
         phase_of = {a.request_id: a.phase for a in attempts if a.outcome == "migrated" and a.request_id}
-        events = timeline.events(type="migration_resumed") if events is None else events
+        events = timeline.events(type=EventKind.MIGRATION_RESUMED) if events is None else events
         return migration_verdict(assess(attempts, measure(events, victims, phase_of), victims), checklist=checklist)
 
     def extend(phase: _Phase, still_loaded: Callable[[], bool] = lambda: True) -> dict[str, object]:

@@ -39,6 +39,7 @@ from harness.probes.kv_drive import DrivePlan, DriveResult, KvDrive, KvMeter
 from harness.probes.request_shape import request_shape
 from harness.probes.streaming import AsyncStreamingClient
 from harness.suites.epilogue import finish_suite, run_links
+from harness.states import EventKind, WorkerRole
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _degradation(admin: str) -> DegradationState:
 
 
 def _decodes(timeline: Timeline) -> list[AdminWorker]:
-    return [w for w in timeline.workers() if w.role == "decode" and w.healthy]
+    return [w for w in timeline.workers() if w.role == WorkerRole.DECODE and w.healthy]
 
 
 def _plateaus(state: DegradationState, checklist: Checklist) -> list[tuple[str, float, int]]:
@@ -167,7 +168,8 @@ def _run_plateaus(cluster: ClusterHandle, load: Load, faults: FaultRunner, timel
     conformance.record(verdict)
 
     finish_suite(conformance, cluster, records, ignore_eos=run.profile.ignore_eos, links=links, faults=faults,
-                 events=events, event_filter=lambda e: e["type"] in ("degradation_level", "fault_state"))
+                 events=events,
+                 event_filter=lambda e: e["type"] in (EventKind.DEGRADATION_LEVEL, EventKind.FAULT_STATE))
 
 
 # -- a foreign engine: KV use driven by load, the cluster file's stated actions checked on the API --------

@@ -32,6 +32,7 @@ from harness.scenarios import blackbox_faults as blackbox
 from harness.scenarios.reschedule import LOAD_RUN_S, RescheduleUnderLoad, fault_plan, lone_roles
 from harness.scenarios.reschedule_blackbox import LOAD_MAX_S, BlackboxRescheduleUnderLoad
 from harness.suites.epilogue import finish_suite, run_links
+from harness.states import PD_ROLES
 
 # timeout: a hang guard sized for the default plan with room for --kills up to about 20
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.4", "nothing-lost"), pytest.mark.slow,
@@ -52,7 +53,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandl
         conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(plan)} faults planned, none injected"))
         return
     lone = lone_roles(timeline.workers())
-    plan = fault_plan(harness_options.kills, [r for r in ("prefill", "decode") if r not in lone])
+    plan = fault_plan(harness_options.kills, [r for r in PD_ROLES if r not in lone])
     if not plan:
         conformance.record(inconclusive(checklist, ITEM, "not judged: " + "; ".join(lone.values()), not_judged=lone))
         return

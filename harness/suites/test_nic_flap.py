@@ -37,6 +37,7 @@ from harness.faults import FaultRunner, NicFlap
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
 from harness.suites.epilogue import finish_suite, run_links
+from harness.states import EventKind
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def test_nic_flap_loses_nothing_and_kv_bandwidth_recovers(cluster: ClusterHandle
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     events = timeline.events()
     first_down = min((t for what, t in transitions if what == "on"), default=last_up)
-    to_victim = [e for e in events if e["type"] == "kv_transfer" and e.get("decode") == victim_id
+    to_victim = [e for e in events if e["type"] == EventKind.KV_TRANSFER and e.get("decode") == victim_id
                  and first_down <= e["wall_time"] <= last_up + 5]
     # what the engine did meanwhile: TCP rode out short outages, retries and the fallback path longer ones
     verdict.evidence["flaps"]["kv_transfers_to_victim_during_flaps"] = {
