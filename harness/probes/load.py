@@ -49,6 +49,7 @@ class LoadRunner:
         self._proc: subprocess.Popen | None = None
         self._log_fh = None
         self.returncode: int | None = None
+        self._finish_sent = False  # finish() signalled the process group
 
     def command(self) -> list[str]:
         users = self.profile.users
@@ -107,6 +108,7 @@ class LoadRunner:
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGUSR1)  # the master and any forked workers
+                self._finish_sent = True
             except ProcessLookupError:
                 pass
         timeout_s = self.profile.stop_timeout_s + _STARTUP_ALLOWANCE_S if timeout_s is None else timeout_s
@@ -146,6 +148,8 @@ class LoadRunner:
     def records(self) -> list[RequestRecord]:
         """Every request of the run (of all Locust worker processes), in scheduled-send order."""
         files = self._record_files()
+        if not files and self.returncode == -signal.SIGUSR1 and self._finish_sent:
+            return []  # finished while still starting (_reaped): no user ever ran
         if not files:
             raise ProbeError(f"the load run wrote no records ({self.records_path}); log tail:\n{self.log_tail()}",
                              fix="see the Locust log for why no request was sent")
@@ -169,6 +173,12 @@ class LoadRunner:
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
+        if self.returncode == -signal.SIGUSR1 and self._finish_sent:
+            # still starting: the locustfile (which handles the finish signal) was not imported yet,
+            # so no user had sent anything; seen beside a CPU burner, where start-up takes seconds
+            log.warning("Locust (pid %s) was still starting when the run was finished early: it sent nothing",
+                        self._proc.pid)
+            return
         # Locust exits 1 when any request failed: that is a measurement, not a harness failure
         if check and self.returncode not in (0, 1):
             raise ProbeError(f"Locust exited with code {self.returncode}; log tail:\n{self.log_tail()}",

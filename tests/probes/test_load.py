@@ -1,5 +1,6 @@
 """Locust load runs (own process) against a real reference-engine server (tiny preset)."""
 
+import signal
 import time
 
 import pytest
@@ -140,6 +141,17 @@ def test_finish_ends_a_long_run_early_without_cutting_requests_in_flight(server,
     for r in sent:
         assert r.prompt in prompts
         assert r.token_ids == greedy_reference("tiny", tok.encode(r.prompt), 64, ignore_eos=True), r.request_id
+
+
+def test_finish_while_locust_is_still_starting_ends_the_run_with_nothing_sent(server, tmp_path):
+    """finish() right after start(): Locust has not imported the locustfile that handles the finish
+    signal yet, so the signal ends the process (a run beside a CPU burner hit this mid-suite and the
+    suite errored with "Locust exited with code -10"). The run ends, nothing was sent, no error."""
+    profile = LoadProfile(mode="closed", users=2, duration_s=300.0, max_tokens=8, seed=6)
+    with LoadRunner(server.url, profile, output_dir=tmp_path) as runner:
+        records = runner.finish()
+    assert runner.returncode in (0, -signal.SIGUSR1), runner.log_tail()
+    assert all(r.error_class == "NotSent" for r in records)
 
 
 def test_prompts_sized_in_tokens_are_measured_on_the_server_and_requests_end_the_run(server, tmp_path):
