@@ -25,14 +25,13 @@ from typing import Callable
 import pytest
 
 from harness.checks.extend import repeat_until_decided
-from harness.checks.fabric import (ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip,
-                                   raw_bandwidth_verdict, ssh_nodes)
+from harness.checks.fabric import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip, raw_bandwidth_verdict
 from harness.checks.verdict import Verdict, inconclusive
 from harness.cluster import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench
 from harness.fabric.linerate import read_line_rate
-from harness.fabric.remote import FabricNode
+from harness.fabric.remote import FabricNode, ssh_nodes
 from harness.faults import FaultRunner
 from harness.fixtures import Conformance
 from harness.hosts import LocalExecutor
