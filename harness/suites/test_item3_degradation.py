@@ -88,7 +88,7 @@ def _hold(admin: str, timeline: Timeline, step: Step, hold_s: float, spec_was_on
                                  for w in workers if w.spec_enabled]
     if step.reached >= 3:
         step.actions_missing += [f"{step.name}: {w.id} has KV offload off at Level {step.reached}"
-                                 for w in workers if not w.raw.get("offload_enabled")]  # not a AdminWorker field
+                                 for w in workers if not w.raw.get("offload_enabled")]  # not an AdminWorker field
 
 
 def test_level2_then_level3_trigger_at_their_thresholds(cluster: ClusterHandle, load: Load, faults: FaultRunner,
