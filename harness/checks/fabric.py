@@ -88,7 +88,7 @@ def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthRes
 def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: TcpClassSample,
                           after: TcpClassSample | None, storm: dict[str, Any]) -> Verdict:
     """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the sample before it
-    (latency at least RTT_NOISE_FLOOR_MS). The sample after it (None: not taken yet) is evidence of
+    (taken under the same lossless flood, without the storm; latency at least RTT_NOISE_FLOOR_MS). The sample after it (None: not taken yet) is evidence of
     recovery only: a class that shared the storm may still be draining then, which must not flatter
     the baseline."""
     base_p99 = max(before.rtt_p99_ms, RTT_NOISE_FLOOR_MS)

@@ -321,6 +321,18 @@ def link_state(ex: Executor, dev: str, netns: str | None = None) -> str:
     return str(json.loads(res.stdout)[0].get("operstate", "UNKNOWN"))
 
 
+def link_sizes(ex: Executor, dev: str, netns: str | None = None) -> tuple[int, int]:
+    """The device's (MTU, gso_max_size): the largest packet and the largest segment-offload
+    packet its queue can hold, both in bytes."""
+    res = ex.run(["ip", *(["-n", netns] if netns else []), "-j", "-d", "link", "show", "dev", dev],
+                 timeout=IP_TIMEOUT_S, check=False)
+    if res.rc != 0:
+        raise HarnessError(f"no device {dev}{f' in namespace {netns}' if netns else ''}: {res.stderr.strip()}",
+                           fix="check the device name (is the fabric built?)")
+    link = json.loads(res.stdout)[0]
+    return int(link.get("mtu", 1500)), int(link.get("gso_max_size", 65536))
+
+
 def leftovers(ex: Executor | None = None, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Every namespace and root-namespace link whose name starts with ``prefix``."""
     ex = ex or LocalExecutor()

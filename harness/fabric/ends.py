@@ -7,13 +7,19 @@ needs a Python 3 and nothing of the harness (docs/fabric.md, "Real hosts").
     python -m harness.fabric.ends tcp-client HOST PORT SECONDS INTERVAL_MS
     python -m harness.fabric.ends bulk-serve HOST PORT ACCEPT_TIMEOUT_S
     python -m harness.fabric.ends bulk-send HOST PORT DURATION_S
+    python -m harness.fabric.ends udp-sink HOST PORT MAX_S
+    python -m harness.fabric.ends udp-flood HOST PORT DATAGRAM_BYTES MAX_S
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
+import signal
 import socket
+import stat
 import sys
 import time
 
@@ -49,9 +55,11 @@ def tcp_client(host: str, port: int, seconds: float, interval_ms: float) -> None
     """A round trip that does not complete within OP_TIMEOUT_S is recorded at the time it waited
     and ends the probe: a stalled class is a measurement (huge latency), not a probe failure."""
     rtts: list[float] = []
+    sent: list[float] = []   # seconds from wall0 at which each round trip was sent
     message = b"x" * MESSAGE_BYTES
     error = None
     t0 = time.perf_counter()
+    wall0, perf0 = time.time(), t0
     try:
         with socket.create_connection((host, port), timeout=OP_TIMEOUT_S) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -61,6 +69,7 @@ def tcp_client(host: str, port: int, seconds: float, interval_ms: float) -> None
                 if now < next_send:
                     time.sleep(next_send - now)  # pacing: a steady request rate, not a flood
                 t0 = time.perf_counter()
+                sent.append(round(t0 - perf0, 6))
                 sock.sendall(message)
                 _recv_exact(sock, MESSAGE_BYTES)
                 rtts.append((time.perf_counter() - t0) * 1e3)
@@ -68,7 +77,8 @@ def tcp_client(host: str, port: int, seconds: float, interval_ms: float) -> None
     except OSError as exc:  # socket.timeout included
         rtts.append((time.perf_counter() - t0) * 1e3)
         error = f"{type(exc).__name__}: {exc}"
-    print(json.dumps({"rtt_ms": rtts, "error": error}), flush=True)
+    sent = sent[:len(rtts)] + [round(t0 - perf0, 6)] * (len(rtts) - len(sent))
+    print(json.dumps({"rtt_ms": rtts, "wall0": wall0, "sent_s": sent, "error": error}), flush=True)
 
 
 def bulk_serve(host: str, port: int, accept_timeout_s: float) -> None:
@@ -108,8 +118,90 @@ def bulk_send(host: str, port: int, duration_s: float) -> None:
             sock.sendall(payload)
 
 
+class _Stop(Exception):
+    """SIGTERM (how a remote end is stopped) or our stdin closed (how a local one is)."""
+
+
+def _stop_on_term() -> None:
+    def handler(signum: int, frame: object) -> None:
+        raise _Stop()
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _input_is_a_pipe() -> bool:
+    """A local end's stdin is our pipe; a remote end's is /dev/null (it is stopped by SIGTERM)."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _input_closed() -> bool:
+    if not _input_is_a_pipe():
+        return False
+    ready, _, _ = select.select([0], [], [], 0)
+    return bool(ready) and not os.read(0, 4096)
+
+
+def udp_sink(host: str, port: int, max_s: float) -> None:
+    """Count a flood's datagrams until told to stop (stdin closed, SIGTERM) or ``max_s``."""
+    _stop_on_term()
+    total = datagrams = 0
+    first = last = None
+    watch = _input_is_a_pipe()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((host, port))
+        print("listening", flush=True)
+        view = memoryview(bytearray(65536))
+        deadline = time.monotonic() + max_s
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([sock, 0] if watch else [sock], [], [], 0.5)
+                if 0 in ready and not os.read(0, 4096):
+                    break
+                if sock in ready:
+                    n = sock.recv_into(view)
+                    last = time.perf_counter()
+                    first = first if first is not None else last
+                    total, datagrams = total + n, datagrams + 1
+        except _Stop:
+            pass
+    seconds = (last - first) if first is not None and last is not None else 0.0
+    print(json.dumps({"bytes": total, "datagrams": datagrams, "seconds": seconds}), flush=True)
+
+
+def udp_flood(host: str, port: int, datagram_bytes: int, max_s: float) -> None:
+    """Send datagrams as fast as the path takes them, never backing off, until told to stop: like
+    an RDMA sender under PFC, a paused queue holds it (a blocking send on a full socket buffer)
+    and a resume lets it go at once."""
+    _stop_on_term()
+    sent = datagrams = refused = 0
+    payload = bytes(datagram_bytes)
+    t0 = time.perf_counter()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((host, port))
+            print("flooding", flush=True)
+            while time.perf_counter() - t0 < max_s:
+                for _ in range(32):
+                    try:
+                        sent += sock.send(payload)
+                        datagrams += 1
+                    except OSError:   # ENOBUFS, or ECONNREFUSED left by an ICMP: go on
+                        refused += 1
+                        time.sleep(0.001)
+                if _input_closed():
+                    break
+    except _Stop:
+        pass
+    print(json.dumps({"sent_bytes": sent, "datagrams": datagrams, "send_errors": refused,
+                      "seconds": time.perf_counter() - t0}), flush=True)
+
+
 COMMANDS = {"tcp-serve": (tcp_serve, (str, int)), "tcp-client": (tcp_client, (str, int, float, float)),
-            "bulk-serve": (bulk_serve, (str, int, float)), "bulk-send": (bulk_send, (str, int, float))}
+            "bulk-serve": (bulk_serve, (str, int, float)), "bulk-send": (bulk_send, (str, int, float)),
+            "udp-sink": (udp_sink, (str, int, float)), "udp-flood": (udp_flood, (str, int, int, float))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,6 +101,15 @@ class HostProcess:
         self.popen.stdin.write((line + "\n").encode())
         self.popen.stdin.flush()
 
+    def end_input(self) -> None:
+        """Close the child's stdin: the probe ends take it as "stop now" (over SSH the remote end
+        gets SIGTERM), then they print what they measured."""
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+
     def stderr_tail(self, chars: int = 1500) -> str:
         if self.popen.poll() is None:
             return "(still running)"

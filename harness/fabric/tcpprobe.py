@@ -66,6 +66,12 @@ def _realtime(station: Station, argv: list[str]) -> list[str]:
 def measure_round_trips(client: Station, server: Station, *, port: int = DEFAULT_PORT, seconds: float = 3.0,
                         interval_ms: float = 5.0) -> list[float]:
     """Round-trip times in ms of ``MESSAGE_BYTES`` messages, one every ``interval_ms``, for ``seconds``."""
+    return [rtt for _, rtt in timed_round_trips(client, server, port=port, seconds=seconds, interval_ms=interval_ms)]
+
+
+def timed_round_trips(client: Station, server: Station, *, port: int = DEFAULT_PORT, seconds: float = 3.0,
+                      interval_ms: float = 5.0) -> list[tuple[float, float]]:
+    """(wall time on the client's host when it was sent, round-trip ms) of each round trip."""
     with HostProcess.on(server, _realtime(server, server.ends("tcp-serve", server.address, str(port))),
                         name=f"TCP echo server in {server.name}") as srv:
         if srv.readline(STARTUP_TIMEOUT_S) != "listening":
@@ -75,12 +81,43 @@ def measure_round_trips(client: Station, server: Station, *, port: int = DEFAULT
                             name=f"TCP RR client in {client.name}") as cli:
             result = json.loads(cli.readline(seconds + OP_TIMEOUT_S + STARTUP_TIMEOUT_S))
     rtts = result["rtt_ms"]
+    wall0, sent = result.get("wall0", 0.0), result.get("sent_s") or [0.0] * len(rtts)
     if result.get("error"):
         log.warning("TCP round trips %s -> %s stalled: %s", client.name, server.name, result["error"])
     if not rtts:  # the client records a stalled round trip, so empty means it never ran
         raise ProbeError(f"no round trip completed between {client.name} and {server.name} in {seconds} s",
                          fix="check the fabric link and that the port is not blocked")
-    return rtts
+    return [(wall0 + t, rtt) for t, rtt in zip(sent, rtts)]
+
+
+def split_by_spans(items: Sequence[tuple[float, float, float]], spans: Sequence[tuple[float, float]], *,
+                   settle_s: float) -> tuple[list[float], list[float]]:
+    """Measurements ``(start, end, value)`` (wall times) split into those wholly inside one of
+    ``spans`` and those wholly outside every span and its aftermath (``settle_s`` after its end);
+    the rest (crossing a span's edge) are neither. Returns (inside values, outside values)."""
+    inside: list[float] = []
+    outside: list[float] = []
+    for start, end, value in items:
+        if any(s <= start and end <= e for s, e in spans):
+            inside.append(value)
+        elif all(end < s or start > e + settle_s for s, e in spans):
+            outside.append(value)
+    return inside, outside
+
+
+def class_sample(label: str, rtts: Sequence[float], flows: Sequence[float], started_wall: float,
+                 ended_wall: float) -> TcpClassSample:
+    """A sample made of round trips and bulk flows picked from longer measurements."""
+    return TcpClassSample(label, nearest_rank(rtts, 50) if rtts else 0.0, nearest_rank(rtts, 99) if rtts else 0.0,
+                          max(rtts, default=0.0), len(rtts), nearest_rank(flows, 50) if flows else 0.0,
+                          started_wall, ended_wall, tuple(rtts), tuple(flows))
+
+
+def check_probe_ports(port: int, lossless_ports: Sequence[int]) -> None:
+    """The probe's round-trip port and its bulk port (``port + 1``) must be TCP-class ports."""
+    if port in lossless_ports or port + 1 in lossless_ports:
+        raise ConfigError(f"TCP probe ports {port}/{port + 1} are lossless-class ports {list(lossless_ports)}",
+                          fix="probe the TCP class on other ports, e.g. the default 5301")
 
 
 def sample_tcp_class(client: Station, server: Station, *, label: str, port: int = DEFAULT_PORT,
@@ -88,9 +125,7 @@ def sample_tcp_class(client: Station, server: Station, *, label: str, port: int 
                      lossless_ports: Sequence[int] = ()) -> TcpClassSample:
     """Latency phase, then throughput phase (``bulk_repeats`` flows of ``bulk_seconds``), both
     ``client -> server`` on the TCP class."""
-    if port in lossless_ports or port + 1 in lossless_ports:
-        raise ConfigError(f"TCP probe ports {port}/{port + 1} are lossless-class ports {list(lossless_ports)}",
-                          fix="probe the TCP class on other ports, e.g. the default 5301")
+    check_probe_ports(port, lossless_ports)
     t0 = time.time()
     rtts = measure_round_trips(client, server, port=port, seconds=rr_seconds)
     # our own bulk ends: a stalled class then reads as 0 bit/s instead of an iperf3 control-channel error

@@ -18,13 +18,16 @@ COMMAND_TIMEOUT_S = 15.0
 
 
 class HostLoop:
-    """A pattern loop on the target host: ``count`` times (inject, sleep on_s, restore, sleep off_s)."""
+    """A pattern loop on the target host: ``count`` times (inject, sleep on_s, restore, sleep off_s);
+    with ``group`` > 0, every ``group``-th wait is ``gap_s`` instead of ``off_s`` (bursts in groups
+    with calm gaps between them)."""
 
     def __init__(self, fault_id: str, inject: Sequence[Sequence[str]], restore: Sequence[Sequence[str]],
-                 count: int, on_s: float, off_s: float) -> None:
+                 count: int, on_s: float, off_s: float, *, group: int = 0, gap_s: float = 0.0) -> None:
         self.pid_file, self.stop_file = f"{STATE_DIR}/{fault_id}.pid", f"{STATE_DIR}/{fault_id}.stop"
         self.log_file = f"{STATE_DIR}/{fault_id}.log"
         self.inject, self.restore, self.count, self.on_s, self.off_s = inject, restore, count, on_s, off_s
+        self.group, self.gap_s = group, gap_s
         self._thread: threading.Thread | None = None
         self.result: CommandResult | None = None
 
@@ -39,15 +42,21 @@ class HostLoop:
                 f"while [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; do "
                 f"{on}; echo \"on $(date +%s.%N)\" >> {self.log_file}; sleep {self.on_s:g}; "
                 f"{off}; echo \"off $(date +%s.%N)\" >> {self.log_file}; i=$((i+1)); "
-                f"if [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; then sleep {self.off_s:g}; fi; "
+                f"if [ $i -lt {self.count} ] && [ ! -e {self.stop_file} ]; then {self._wait()}; fi; "
                 f"done; rm -f {self.pid_file}")
+
+    def _wait(self) -> str:
+        if self.group <= 0:
+            return f"sleep {self.off_s:g}"
+        return f"if [ $((i % {self.group})) -eq 0 ]; then sleep {self.gap_s:g}; else sleep {self.off_s:g}; fi"
 
     def argv(self) -> list[str]:
         return ["sh", "-c", self.script()]
 
     @property
     def duration_s(self) -> float:
-        return self.count * (self.on_s + self.off_s)
+        gaps = (self.count - 1) // self.group if self.group > 0 else 0
+        return self.count * (self.on_s + self.off_s) + gaps * (self.gap_s - self.off_s)
 
     def start(self, ex: Executor) -> None:
         ex.run(["rm", "-f", self.stop_file], timeout=COMMAND_TIMEOUT_S, check=False)
@@ -81,7 +90,7 @@ class HostLoop:
     def stop(self, ex: Executor, *, restore: bool = True) -> str:
         """Ask the loop to end, wait until it is gone (it may be a crashed run's), restore once more."""
         ex.run(["sh", "-c", f"mkdir -p {STATE_DIR} && touch {self.stop_file}"], timeout=COMMAND_TIMEOUT_S)
-        limit = self.on_s + self.off_s + 10
+        limit = self.on_s + max(self.off_s, self.gap_s) + 10
         deadline = time.monotonic() + limit
         if self._thread is not None:
             self.wait(limit)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 from harness.errors import ConfigError, FaultError
-from harness.fabric.builder import fabric_unavailable_reason, link_state
+from harness.fabric.builder import fabric_unavailable_reason, link_sizes, link_state
 from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, change_class_command, read_classes
 from harness.faults.base import Fault, no_ledger
 from harness.faults.host_loop import COMMAND_TIMEOUT_S, STATE_DIR, HostLoop
@@ -32,6 +32,7 @@ from harness.hosts import Executor, LocalExecutor, describe_command
 log = logging.getLogger(__name__)
 
 POLL_S = 0.02
+PAUSE_DEBT_S = 0.01   # a paused class lets one packet through now and then: at most this much of a resume it costs
 
 
 def _require_tools(ex: Executor, kind: str) -> None:
@@ -173,7 +174,17 @@ class NicFlap(Fault):
 class PfcStorm(Fault):
     """Pause the lossless class on one or more fabric NICs in bursts (pause ``pause_ms``, resume
     ``resume_ms``, ``bursts`` times): the class's rate drops to ``pause_rate_bps`` as if the port
-    kept receiving PFC pause frames for that priority. Other classes are untouched."""
+    kept receiving PFC pause frames for that priority. Other classes are untouched.
+
+    htb cannot hold a class at zero: a paused class still sends a packet when its tokens allow,
+    charged at the pause rate, and that debt (kept in time units across a ``tc class change``)
+    blocks the class after the resume too. At 8 kbit/s one 9000-byte packet cost 9 s, one 64 KB
+    segment-offload packet the 60 s htb caps it at, so the "100 ms resumes" never came. So the
+    pause rate is what lets one MTU-sized packet cost at most PAUSE_DEBT_S (7.2 Mbit/s at MTU
+    9000: 0.7 % of a 1 Gbit/s line), and while the storm lasts the NIC's ``gso_max_size`` is its
+    MTU, so that every packet queued in the class is one MTU at most (both put back by the revert). With ``group``
+    > 0 the bursts come in groups of ``group`` with ``gap_ms`` of calm between groups, so that a
+    probe can compare the storm with calm periods interleaved with it (:meth:`spans`)."""
 
     kind: ClassVar[str] = "pfc_storm"
 
@@ -184,7 +195,9 @@ class PfcStorm(Fault):
     resume_ms: float = 100.0
     bursts: int = 20
     pause_rate_bps: float = PAUSE_RATE_BPS
-    saved: dict[str, list[float]] = field(default_factory=dict)  # "netns/dev" -> [rate, ceil, burst, prio]
+    group: int = 0          # bursts per group (0: one storm, no calm gaps)
+    gap_ms: float = 0.0     # calm between groups
+    saved: dict[str, list[float]] = field(default_factory=dict)  # "netns/dev" -> [rate, ceil, burst, prio, mtu, gso]
     fault_id: str = field(default_factory=new_fault_id)
     _loop: Any = no_ledger(default=None, init=False, repr=False)
 
@@ -197,6 +210,10 @@ class PfcStorm(Fault):
                               fix="use pause_ms in 1..60000 and resume_ms in 0..60000")
         if isinstance(self.bursts, bool) or not isinstance(self.bursts, int) or not 1 <= self.bursts <= 100000:
             raise ConfigError(f"pfc_storm bursts must be an integer >= 1, got {self.bursts!r}", fix="pass e.g. 20")
+        if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 0 \
+                or (self.group and not self.resume_ms <= self.gap_ms <= 600000):
+            raise ConfigError(f"pfc_storm group {self.group!r} / gap_ms {self.gap_ms} out of range",
+                              fix="use group 0 (no gaps), or group >= 1 with gap_ms in resume_ms..600000")
         if self.saved:
             self._build_loop()
 
@@ -213,9 +230,18 @@ class PfcStorm(Fault):
     def _key(netns: str | None, dev: str) -> str:
         return f"{netns or ''}/{dev}"
 
+    def rate_when_paused(self, netns: str | None, dev: str) -> float:
+        saved = self.saved[self._key(netns, dev)]
+        mtu = saved[4] if len(saved) > 4 else 1500
+        return max(self.pause_rate_bps, 8 * mtu / PAUSE_DEBT_S)
+
+    def _gso(self, netns: str | None, dev: str, size: float) -> list[str]:
+        return _ip(netns, "link", "set", "dev", dev, "gso_max_size", str(int(size)))
+
     def _pause(self) -> list[list[str]]:
-        return [change_class_command(dev, ns, self.classid, self.pause_rate_bps, self.pause_rate_bps, 1600,
-                                     int(self.saved[self._key(ns, dev)][3])) for ns, dev in self.nics]
+        return [change_class_command(dev, ns, self.classid, self.rate_when_paused(ns, dev),
+                                     self.rate_when_paused(ns, dev), 1600, int(self.saved[self._key(ns, dev)][3]))
+                for ns, dev in self.nics]
 
     def _restore(self) -> list[list[str]]:
         return self._restore_for(self.nics)
@@ -223,13 +249,13 @@ class PfcStorm(Fault):
     def _restore_for(self, nics: Sequence[Sequence[Any]]) -> list[list[str]]:
         out = []
         for ns, dev in nics:
-            rate, ceil, burst, prio = self.saved[self._key(ns, dev)]
+            rate, ceil, burst, prio = self.saved[self._key(ns, dev)][:4]
             out.append(change_class_command(dev, ns, self.classid, rate, ceil, int(burst), int(prio)))
         return out
 
     def _build_loop(self) -> None:
         self._loop = HostLoop(self.fault_id, self._pause(), self._restore(), self.bursts,
-                               self.pause_ms / 1000, self.resume_ms / 1000)
+                               self.pause_ms / 1000, self.resume_ms / 1000, group=self.group, gap_s=self.gap_ms / 1000)
 
     def prepare(self, ex: Executor) -> str:
         _require_tools(ex, self.kind)
@@ -240,22 +266,49 @@ class PfcStorm(Fault):
                 raise FaultError(f"pfc_storm: {_where(dev, ns)} has no class {self.classid} "
                                  f"(found {sorted(classes) or 'none'})",
                                  fix="storm a NIC shaped by harness.fabric (or name its lossless class)")
-            if cls.rate_bps <= self.pause_rate_bps * 2:
+            mtu, gso = link_sizes(ex, dev, ns)
+            if cls.rate_bps <= max(self.pause_rate_bps, 8 * mtu / PAUSE_DEBT_S) * 2:
                 raise FaultError(f"pfc_storm: class {self.classid} on {_where(dev, ns)} is already paused "
                                  f"({cls.rate_bps:g} bit/s)", fix="revert the earlier storm first (harness revert)")
-            self.saved[self._key(ns, dev)] = [cls.rate_bps, cls.ceil_bps, cls.burst_bytes, cls.prio or 0]
+            self.saved[self._key(ns, dev)] = [cls.rate_bps, cls.ceil_bps, cls.burst_bytes, cls.prio or 0, mtu, gso]
         self._build_loop()
-        return "saved " + ", ".join(f"{k}: rate {v[0]:g} ceil {v[1]:g}" for k, v in self.saved.items())
+        return "saved " + ", ".join(f"{k}: rate {v[0]:g} ceil {v[1]:g} mtu {v[4]:g} gso_max_size {v[5]:g}"
+                                    for k, v in self.saved.items())
 
     def inject(self, ex: Executor) -> str:
+        for ns, dev in self.nics:   # one MTU per queued packet: see the class docstring
+            ex.run(self._gso(ns, dev, self.saved[self._key(ns, dev)][4]), timeout=COMMAND_TIMEOUT_S)
         self._loop.start(ex)
-        return (f"pausing {self.target}: {self.bursts} x (pause {self.pause_ms:g} ms at {self.pause_rate_bps:g} "
-                f"bit/s, resume {self.resume_ms:g} ms)")
+        groups = f", in groups of {self.group} with {self.gap_ms:g} ms calm between" if self.group else ""
+        rates = sorted({self.rate_when_paused(ns, dev) for ns, dev in self.nics})
+        return (f"pausing {self.target}: {self.bursts} x (pause {self.pause_ms:g} ms at "
+                f"{'/'.join(f'{r:g}' for r in rates)} bit/s, resume {self.resume_ms:g} ms){groups}; "
+                "gso_max_size = MTU while it lasts")
 
     def running(self) -> bool:
         """The pause bursts are still going: the loop inject() started has not ended (all its bursts
         done, stopped, or failed). A measurement "during the storm" must end while this holds."""
         return self._loop is not None and self._loop.running()
+
+    def spans(self, ex: Executor) -> list[tuple[float, float]]:
+        """(first pause, last resume) wall times on the host of each group of bursts run so far (the
+        whole storm is one span without groups); the group under way when the loop still runs has
+        no end yet (inf), one cut short by a stop ends at its last transition."""
+        out: list[tuple[float, float]] = []
+        first = last = None
+        n = 0
+        for what, t in self._loop.transitions(ex) if self._loop is not None else []:
+            if what == "on" and first is None:
+                first = t
+            last = t
+            if what == "off":
+                n += 1
+                if self.group and n % self.group == 0:
+                    out.append((first, t))
+                    first = None
+        if first is not None and last is not None:
+            out.append((first, float("inf") if self.running() else last))
+        return out
 
     def counters(self, ex: Executor) -> dict[str, dict[str, float]]:
         """Per NIC: the lossless class's rate, bytes sent, overlimits, drops and backlog now."""
@@ -273,9 +326,10 @@ class PfcStorm(Fault):
         deadline = t0 + (self.pause_ms + self.resume_ms) / 1000 * 2 + 5
         paused: set[str] = set()
         while time.monotonic() < deadline and len(paused) < len(self.nics):
-            for key, c in self.counters(ex).items():
-                if c["rate_bps"] <= self.pause_rate_bps * 2:
-                    paused.add(key)
+            for ns, dev in self.nics:
+                c = self.counters(ex).get(self._key(ns, dev))
+                if c is not None and c["rate_bps"] <= self.rate_when_paused(ns, dev) * 1.01:
+                    paused.add(self._key(ns, dev))
             time.sleep(POLL_S)  # polling tc while the loop changes the class
         if len(paused) < len(self.nics):
             missing = [self._key(n, d) for n, d in self.nics if self._key(n, d) not in paused]
@@ -296,6 +350,9 @@ class PfcStorm(Fault):
         stopped = self._loop.stop(ex, restore=False)
         for argv in self._restore_for(present):
             ex.run(argv, timeout=COMMAND_TIMEOUT_S)
+        for ns, dev in present:
+            if len(saved := self.saved[self._key(ns, dev)]) > 5:
+                ex.run(self._gso(ns, dev, saved[5]), timeout=COMMAND_TIMEOUT_S)
         gone = len(self.nics) - len(present)
         return (f"{self.target}: {stopped}; class parameters put back on {len(present)} NIC(s)"
                 + (f"; {gone} NIC(s) gone" if gone else ""))
@@ -305,7 +362,11 @@ class PfcStorm(Fault):
             if _gone(ex, dev, ns):
                 continue
             c = read_classes(ex, dev, ns).get(self.classid)
-            rate, ceil = self.saved[self._key(ns, dev)][:2]
+            saved = self.saved[self._key(ns, dev)]
+            rate, ceil = saved[:2]
+            if len(saved) > 5 and (gso := link_sizes(ex, dev, ns)[1]) != int(saved[5]):
+                raise FaultError(f"pfc_storm: {_where(dev, ns)} has gso_max_size {gso}, expected {int(saved[5])}",
+                                 fix=f"put it back: {shlex.join(self._gso(ns, dev, saved[5]))}")
             if c is None or abs(c.rate_bps - rate) > rate * 0.01 or abs(c.ceil_bps - ceil) > ceil * 0.01:
                 raise FaultError(f"pfc_storm: class {self.classid} on {_where(dev, ns)} is "
                                  f"{'gone' if c is None else f'rate {c.rate_bps:g} ceil {c.ceil_bps:g}'}, "
@@ -319,10 +380,16 @@ class PfcStorm(Fault):
         if self._loop is not None:
             lines.append(f"inject: {describe_command(self.host, self._loop.argv())}")
         else:
+            groups = f" in groups of {self.group}, {self.gap_ms:g} ms calm between" if self.group else ""
             lines.append(f"inject: {self.host}$ sh -c '<{self.bursts} x pause {self.pause_ms:g} ms / resume "
-                         f"{self.resume_ms:g} ms of {self.classid} with tc class change>'")
-        lines += [f"verify: {self.host}$ {s}  # poll until the rate is {self.pause_rate_bps:g} bit/s" for s in shows]
+                         f"{self.resume_ms:g} ms of {self.classid}{groups} with tc class change>'")
+        lines[len(shows):len(shows)] = [
+            f"inject: {self.host}$ {shlex.join(_ip(ns, 'link', 'set', 'dev', dev, 'gso_max_size'))} "
+            f"{int(self.saved[self._key(ns, dev)][4]) if self._key(ns, dev) in self.saved else '<MTU>'}"
+            for ns, dev in self.nics]
+        lines += [f"verify: {self.host}$ {s}  # poll until the rate is the pause rate (8 x MTU / "
+                  f"{PAUSE_DEBT_S:g} s bit/s, at least {self.pause_rate_bps:g})" for s in shows]
         lines.append(f"revert: {self.host}$ touch {STATE_DIR}/{self.fault_id}.stop; wait for the loop to exit; "
-                     "tc class change back to the saved parameters")
+                     "tc class change back to the saved parameters; ip link set ... gso_max_size <saved>")
         lines += [f"verify_reverted: {self.host}$ {s}  # rate and ceil equal the saved ones" for s in shows]
         return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,6 +26,10 @@ def test_bad_parameters_are_refused():
         NicFlap(device="fab0", count=0)
     with pytest.raises(ConfigError, match="needs"):
         PfcStorm(nics=[])
+    with pytest.raises(ConfigError, match="gap_ms"):
+        PfcStorm(nics=[[None, "fab0"]], group=4, gap_ms=10, resume_ms=100)   # a gap shorter than a resume
+    with pytest.raises(ConfigError, match="group"):
+        PfcStorm(nics=[[None, "fab0"]], group=-1)
 
 
 def test_plans_name_the_exact_commands():
@@ -98,6 +103,27 @@ def test_pfc_storm_pauses_the_lossless_class_and_restores_it(make_fabric, tmp_pa
     verify = next(r for r in runner.records if r.action.value == "verify")
     assert "seen paused on 2 NIC(s)" in verify.output
     assert PAUSE_RATE_BPS < 4e8
+
+
+@pytest.mark.slow
+def test_a_grouped_storm_pauses_in_groups_with_calm_gaps_between(make_fabric, tmp_path):
+    fabric = make_fabric(hosts=2, line_rate_bps=8e8)
+    ex = LocalExecutor()
+    with FaultRunner(Ledger.for_cluster("fabric-test", tmp_path), handle_signals=False) as runner:
+        storm = runner.inject(PfcStorm.on_fabric_hosts(fabric.hosts[:1], pause_ms=100, resume_ms=50, bursts=6,
+                                                       group=3, gap_ms=800))
+        deadline = time.monotonic() + 2
+        while not (under_way := storm.spans(ex)) and time.monotonic() < deadline:
+            time.sleep(0.02)   # the loop logs its first pause just after making it
+        assert under_way[-1][1] == float("inf")   # the first group is under way: no end yet
+        changes = storm.wait_done(ex)
+        assert [w for w, _ in changes] == ["on", "off"] * 6
+        spans = storm.spans(ex)
+    assert len(spans) == 2 and all(end - start >= 0.25 for start, end in spans)   # 3 x 100 ms paused at least
+    gap = spans[1][0] - spans[0][1]
+    assert 0.75 <= gap < 2.0, spans   # the calm gap, not the 50 ms resume
+    inside = [t for w, t in changes if spans[0][0] <= t <= spans[0][1]]
+    assert len(inside) == 6   # the first group holds its 3 pauses and 3 resumes
 
 
 @pytest.mark.slow
