@@ -98,7 +98,7 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultR
         sabotage = fabric.config.shaping.tcp_in_lossless
         datagram = fabric.config.shaping.mtu - 28
         storm = PfcStorm.on_fabric_hosts([stormed], pause_ms=PAUSE_MS, resume_ms=RESUME_MS, bursts=bursts,
-                         group=GROUP, gap_ms=GAP_MS)
+                                         group=GROUP, gap_ms=GAP_MS)
         nics = {"stormed": f"{stormed.fabric_dev} in {stormed.netns}", "tcp_probe": "the same NIC, TCP ports"}
     if harness_options.dry_run:
         faults.inject(storm)
@@ -170,7 +170,8 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultR
                 # sized for the whole budget, the storm cannot end this soon unless it failed
                 return [inconclusive(cluster.thresholds, ITEM_PFC_ISOLATION, "the storm's bursts ended before a "
                                      "round of TCP-class samples did: nothing was measured on both sides of it")]
-            evidence["spans"] = [[a, b] for a, b in storm.spans(ex)]
+            # the group under way has no end yet (None: JSON has no infinity)
+            evidence["spans"] = [[a, b if b != float("inf") else None] for a, b in storm.spans(ex)]
             return [pfc_isolation_verdict(cluster.thresholds, calm, during, None, evidence)]
 
         (verdict,) = repeat_until_decided(judged, more, lambda: len(rounds), first=1, most=most,
