@@ -32,7 +32,7 @@ RT_PRIORITY = 20             # SCHED_FIFO priority of the round-trip ends (root 
 
 @dataclass(frozen=True)
 class TcpClassSample:
-    label: str                 # "before", "during", "after"
+    label: str                 # "calm" (between storm groups) or "before", "during", "after"
     rtt_p50_ms: float
     rtt_p99_ms: float
     rtt_max_ms: float

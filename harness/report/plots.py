@@ -253,14 +253,15 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
 
 
 def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
-    """6.1.5: the TCP class's p99 round trip and bulk throughput before, during and after the
-    storm; the allowed latency and required throughput (ratios of the sample before) as lines."""
+    """6.1.5: the TCP class's p99 round trip and bulk throughput on the calm side of the storm
+    (between its groups; "before" it in older runs), during and after it; the allowed latency and
+    required throughput (ratios of the calm side) as lines."""
     samples = evidence.get("samples") or []
     if not samples or "rtt_p99_ms" not in samples[0]:
         return None
     labels = [s["label"] for s in samples]
     floor = float(evidence.get("rtt_noise_floor_ms") or 0.0)
-    base = next((s for s in samples if s["label"] == "before"), samples[0])
+    base = next((s for s in samples if s["label"] in ("calm", "before")), samples[0])
     rtts = [s.get("rtt_p99_ms") for s in samples]
     tputs = [None if s.get("throughput_bps") is None else s["throughput_bps"] / 1e9 for s in samples]
     lat_ratio = _threshold_value(evidence, "tcp_p99_latency_ratio")

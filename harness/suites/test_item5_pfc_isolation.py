@@ -120,7 +120,7 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultR
             [(a - CLOCK_MARGIN_S, b + CLOCK_MARGIN_S, bps) for a, b, bps in flows], spans, settle_s=SETTLE_S)
         t0 = min((a for a, _, _ in timed), default=0.0)
         t1 = max((b for _, b, _ in timed + flows), default=0.0)
-        return (class_sample("calm (between storm groups)", rtt_out, flow_out, t0, t1),
+        return (class_sample("calm", rtt_out, flow_out, t0, t1),
                 class_sample("during", rtt_in, flow_in, t0, t1))
 
     def one_round() -> None:

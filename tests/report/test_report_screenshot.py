@@ -54,11 +54,11 @@ def test_report_of_a_real_run_shows_every_plot(tmp_path):
     drawn = dict(re.findall(r'data-plot="([\w-]+)" data-points="(\d+)"', dom))
     for plot in PLOTS:
         assert int(drawn.get(plot, 0)) > 0, f"plot {plot} missing or empty: {drawn}"
-    assert drawn["pfc-latency"] == drawn["pfc-throughput"] == "3"  # before, during, after
+    assert drawn["pfc-latency"] == drawn["pfc-throughput"] == "3"  # calm (between storm groups), during, after
     item5 = dom.split('id="evidence-')[1:]
     item5 = next(section for section in item5 if section.split('"')[0].endswith("6.1.5"))
     assert "not completed" not in item5
-    assert {m for m in re.findall(r'class="bar" data-label="(\w+)"', item5)} == {"before", "during", "after"}
+    assert {m for m in re.findall(r'class="bar" data-label="(\w+)"', item5)} == {"calm", "during", "after"}
     # engine events counted per kind and suite; the bulk kind (one per KV transfer) as a rate, not listed
     assert 'id="timeline-summary"' in dom and 'data-kind="kv_transfer"' in dom
     assert re.search(r'<tr class="event-kind" data-kind="kv_transfer" data-count="\d+" data-bulk="yes"', dom), dom[-3000:]
