@@ -176,13 +176,9 @@ class PfcStorm(Fault):
     ``resume_ms``, ``bursts`` times): the class's rate drops to ``pause_rate_bps`` as if the port
     kept receiving PFC pause frames for that priority. Other classes are untouched.
 
-    htb cannot hold a class at zero: a paused class still sends a packet when its tokens allow,
-    charged at the pause rate, and that debt (kept in time units across a ``tc class change``)
-    blocks the class after the resume too. At 8 kbit/s one 9000-byte packet cost 9 s, one 64 KB
-    segment-offload packet the 60 s htb caps it at, so the "100 ms resumes" never came. So the
-    pause rate is what lets one MTU-sized packet cost at most PAUSE_DEBT_S (7.2 Mbit/s at MTU
-    9000: 0.7 % of a 1 Gbit/s line), and while the storm lasts the NIC's ``gso_max_size`` is its
-    MTU, so that every packet queued in the class is one MTU at most (both put back by the revert). With ``group``
+    htb keeps a paused class's token debt across ``tc class change`` (docs/fabric.md: at 8 kbit/s
+    one 64 KB packet blocked the resumes for 60 s), so the pause rate lets one MTU cost at most
+    PAUSE_DEBT_S and the NIC's ``gso_max_size`` is its MTU while the storm lasts (reverted). With ``group``
     > 0 the bursts come in groups of ``group`` with ``gap_ms`` of calm between groups, so that a
     probe can compare the storm with calm periods interleaved with it (:meth:`spans`)."""
 
@@ -268,8 +264,10 @@ class PfcStorm(Fault):
                                  fix="storm a NIC shaped by harness.fabric (or name its lossless class)")
             mtu, gso = link_sizes(ex, dev, ns)
             if cls.rate_bps <= max(self.pause_rate_bps, 8 * mtu / PAUSE_DEBT_S) * 2:
-                raise FaultError(f"pfc_storm: class {self.classid} on {_where(dev, ns)} is already paused "
-                                 f"({cls.rate_bps:g} bit/s)", fix="revert the earlier storm first (harness revert)")
+                raise FaultError(f"pfc_storm: class {self.classid} on {_where(dev, ns)} is already paused, or too "
+                                 f"slow for a pause to show ({cls.rate_bps:g} bit/s; a pause runs at "
+                                 f"{max(self.pause_rate_bps, 8 * mtu / PAUSE_DEBT_S):g})",
+                                 fix="revert the earlier storm (harness revert), or name a class twice that fast")
             self.saved[self._key(ns, dev)] = [cls.rate_bps, cls.ceil_bps, cls.burst_bytes, cls.prio or 0, mtu, gso]
         self._build_loop()
         return "saved " + ", ".join(f"{k}: rate {v[0]:g} ceil {v[1]:g} mtu {v[4]:g} gso_max_size {v[5]:g}"
@@ -291,9 +289,8 @@ class PfcStorm(Fault):
         return self._loop is not None and self._loop.running()
 
     def spans(self, ex: Executor) -> list[tuple[float, float]]:
-        """(first pause, last resume) wall times on the host of each group of bursts run so far (the
-        whole storm is one span without groups); the group under way when the loop still runs has
-        no end yet (inf), one cut short by a stop ends at its last transition."""
+        """(first pause, last resume) host wall times of each group of bursts so far (one span without
+        groups); the group under way has no end yet (inf), one cut short ends at its last transition."""
         out: list[tuple[float, float]] = []
         first = last = None
         n = 0
@@ -326,8 +323,9 @@ class PfcStorm(Fault):
         deadline = t0 + (self.pause_ms + self.resume_ms) / 1000 * 2 + 5
         paused: set[str] = set()
         while time.monotonic() < deadline and len(paused) < len(self.nics):
+            now = self.counters(ex)
             for ns, dev in self.nics:
-                c = self.counters(ex).get(self._key(ns, dev))
+                c = now.get(self._key(ns, dev))
                 if c is not None and c["rate_bps"] <= self.rate_when_paused(ns, dev) * 1.01:
                     paused.add(self._key(ns, dev))
             time.sleep(POLL_S)  # polling tc while the loop changes the class
@@ -335,7 +333,14 @@ class PfcStorm(Fault):
             missing = [self._key(n, d) for n, d in self.nics if self._key(n, d) not in paused]
             raise FaultError(f"pfc_storm: class {self.classid} was never seen paused on {missing}",
                              fix="check that `tc class change` works on the host (root, right namespace)")
-        return f"class {self.classid} seen paused on {len(paused)} NIC(s) after {time.monotonic() - t0:.2f} s"
+        for ns, dev in self.nics:   # every queued packet one MTU at most, or a pause blocks the resumes after it
+            mtu, gso = link_sizes(ex, dev, ns)
+            if gso > mtu:
+                raise FaultError(f"pfc_storm: {_where(dev, ns)} kept gso_max_size {gso} > MTU {mtu}: a paused "
+                                 "class would stay blocked through its resumes",
+                                 fix=f"check that `{shlex.join(self._gso(ns, dev, mtu))}` works on the host")
+        return (f"class {self.classid} seen paused on {len(paused)} NIC(s) after {time.monotonic() - t0:.2f} s; "
+                "gso_max_size = MTU on each")
 
     def wait_done(self, ex: Executor, timeout_s: float | None = None) -> list[tuple[str, float]]:
         """Block until every burst ran; returns the ("on"=pause / "off"=resume, wall time) transitions."""

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from harness.errors import ConfigError, FaultError
-from harness.fabric.builder import link_state
+from harness.fabric.builder import link_sizes, link_state
 from harness.fabric.shaping import LOSSLESS_CLASS, PAUSE_RATE_BPS, read_classes
 from harness.faults import Fault, FaultRunner, Ledger, NicFlap, PfcStorm
 from harness.hosts import LocalExecutor
@@ -90,14 +90,20 @@ def test_pfc_storm_pauses_the_lossless_class_and_restores_it(make_fabric, tmp_pa
     hosts = fabric.hosts
     ex = LocalExecutor()
     before = {h.netns: read_classes(ex, h.fabric_dev, h.netns)[LOSSLESS_CLASS] for h in hosts}
+    gso_before = {h.netns: link_sizes(ex, h.fabric_dev, h.netns)[1] for h in hosts}
+    assert set(gso_before.values()) != {9000}   # the fabric's own setting (the kernel default, 64 KB)
     with FaultRunner(Ledger.for_cluster("fabric-test", tmp_path), handle_signals=False) as runner:
         storm = runner.inject(PfcStorm.on_fabric_hosts(hosts, pause_ms=200, resume_ms=50, bursts=4))
         assert storm.running()  # a sample taken now is "during" the storm (6.1.5 checks this after each)
+        # one MTU per queued packet while the storm lasts (a 64 KB offload packet at the pause rate
+        # would block the class for seconds after each resume); the revert below puts it back
+        assert {link_sizes(ex, h.fabric_dev, h.netns)[1] for h in hosts} == {9000}
         assert all(saved[0] == 4e8 for saved in storm.saved.values())
         paused = [w for w, _ in storm.wait_done(LocalExecutor())]
         assert paused == ["on", "off"] * 4
         assert not storm.running()  # every burst done: the lossless class runs at its rate again
     for h in hosts:
+        assert link_sizes(ex, h.fabric_dev, h.netns)[1] == gso_before[h.netns]
         now = read_classes(ex, h.fabric_dev, h.netns)[LOSSLESS_CLASS]
         assert (now.rate_bps, now.ceil_bps) == (before[h.netns].rate_bps, before[h.netns].ceil_bps)
     verify = next(r for r in runner.records if r.action.value == "verify")
