@@ -111,7 +111,14 @@ def test_the_fault_suites_judge_migration_on_worker_loss_and_a_hang_fails_6_1_4_
     for v in data["verdicts"]:
         by_item.setdefault(v["item"], []).append(v)
     [v612], [v614] = by_item["6.1.2"], by_item["6.1.4"]
-    assert v612["status"] in ("pass", "fail"), v612["reason"]
+    # measured from the client: pass or fail, or, where Dynamo's crossing sits at the limit (its idle
+    # median has read 33-61 ms against < 50 ms; CI once had 27-51 ms after 16 kills), inconclusive only
+    # because the median's interval still straddles the limit once a phase ran its whole budget
+    if v612["status"] == "inconclusive":
+        spent = [p for p, e in v612["evidence"]["extension"].items() if e["stopped"].startswith("budget spent")]
+        assert "straddles" in v612["reason"] and spent, (v612["reason"], v612["evidence"]["extension"])
+    else:
+        assert v612["status"] in ("pass", "fail"), v612["reason"]
     assert sum(w or 0 for w in v612["evidence"]["migration_counter"]) > 0, v612["evidence"]["migration_counter"]
     assert v614["status"] == "fail" and "worst: hang dynamo-" in v614["reason"], v614["reason"]
     assert v614["evidence"]["longest_stall_s"]["p100"] > 3.0
