@@ -250,34 +250,39 @@ class RescheduleUnderLoad:
         return last
 
     def wait_served_through(self, worker_id: str, since_seq: int, keep_load: Callable[[], None]) -> Rejoin:
-        """How ``worker_id`` came back after its revert: from when the router lists it healthy until
-        the router serves through it (moves a request's KV through it: a ``kv_transfer`` event naming
-        it), load kept flowing meanwhile. Watched past ``rejoin_limit_s`` (WATCH_FACTOR x) so that a
-        worker kept out shows as kept out for longer than the limit: a recovery finding under 6.1.4
-        (harness/checks/reschedule.py rejoin_measurement)."""
-        limit_s = self.rejoin_limit_s
-        started = time.time()
-        rejoin: Rejoin | None = None
-        seq = since_seq
-        while True:
-            keep_load()
-            now = time.time()
-            if rejoin is None and _health(self.router.workers(), worker_id) == WorkerHealth.HEALTHY:
-                rejoin = Rejoin(worker_id, limit_s, now, watched=["kv_transfer events of the router"],
-                                kept_out_by="the router")
-            if rejoin is not None:
-                for e in self.router.events(since=seq, type=EventKind.KV_TRANSFER):
-                    seq = max(seq, e["seq"])
-                    if worker_id in (e.get("prefill"), e.get("decode")):
-                        rejoin.serving_wall = rejoin.traffic_wall = max(e["wall_time"], rejoin.healthy_wall)
-                        rejoin.seen_by = rejoin.watched[0]
-                        break
-            since = now - (rejoin.healthy_wall if rejoin is not None else started)
-            if (rejoin is not None and rejoin.back) or since > limit_s * WATCH_FACTOR:
-                break
-            time.sleep(POLL_S * 2)
-        if rejoin is None:  # never even listed healthy again: kept out at least as long as it was watched
-            rejoin = Rejoin(worker_id, limit_s, started, watched=["the router's worker table"],
+        """See :func:`wait_served_through`."""
+        return wait_served_through(self.router, worker_id, since_seq, self.rejoin_limit_s, keep_load)
+
+
+def wait_served_through(router: RouterView, worker_id: str, since_seq: int, limit_s: float,
+                        keep_load: Callable[[], None] = lambda: None) -> Rejoin:
+    """How ``worker_id`` came back after its revert: from when the router lists it healthy until
+    the router serves through it (moves a request's KV through it: a ``kv_transfer`` event naming
+    it), load kept flowing meanwhile. Watched past ``limit_s`` (WATCH_FACTOR x) so that a
+    worker kept out shows as kept out for longer than the limit: a recovery finding under 6.1.4
+    (harness/checks/reschedule.py rejoin_measurement)."""
+    started = time.time()
+    rejoin: Rejoin | None = None
+    seq = since_seq
+    while True:
+        keep_load()
+        now = time.time()
+        if rejoin is None and _health(router.workers(), worker_id) == WorkerHealth.HEALTHY:
+            rejoin = Rejoin(worker_id, limit_s, now, watched=["kv_transfer events of the router"],
                             kept_out_by="the router")
-        rejoin.watched_s = round(time.time() - rejoin.healthy_wall, 2)
-        return rejoin
+        if rejoin is not None:
+            for e in router.events(since=seq, type=EventKind.KV_TRANSFER):
+                seq = max(seq, e["seq"])
+                if worker_id in (e.get("prefill"), e.get("decode")):
+                    rejoin.serving_wall = rejoin.traffic_wall = max(e["wall_time"], rejoin.healthy_wall)
+                    rejoin.seen_by = rejoin.watched[0]
+                    break
+        since = now - (rejoin.healthy_wall if rejoin is not None else started)
+        if (rejoin is not None and rejoin.back) or since > limit_s * WATCH_FACTOR:
+            break
+        time.sleep(POLL_S * 2)
+    if rejoin is None:  # never even listed healthy again: kept out at least as long as it was watched
+        rejoin = Rejoin(worker_id, limit_s, started, watched=["the router's worker table"],
+                        kept_out_by="the router")
+    rejoin.watched_s = round(time.time() - rejoin.healthy_wall, 2)
+    return rejoin
