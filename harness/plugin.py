@@ -73,6 +73,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="kills per worker role in fault suites (default 3)")
     group.addoption("--harness-seed", default=0, type=_number(int, 0, "--harness-seed"),
                     help="seed for load prompts, arrivals and fault target selection (default 0)")
+    group.addoption("--soak", default=None, type=_soak_duration,
+                    help="run suites/test_soak.py for this long (e.g. 30m, 3m, 2h): load all along, rolling faults "
+                         "from a seeded schedule, leak sampling (docs/soak.md); without it the soak suite is not run")
+    group.addoption("--soak-seed", default=None, type=_number(int, 0, "--soak-seed"),
+                    help="seed of the soak's fault schedule (default: --harness-seed); the same seed replays it")
+    group.addoption("--soak-faults-per-min", default=2.5, type=_number(float, 0.01, "--soak-faults-per-min"),
+                    help="pace of the soak's faults (default 2.5 a minute)")
+    group.addoption("--soak-window", default=None, type=_soak_duration,
+                    help="window of the soak's per-window 6.2 verdicts (default: the checklist's soak.slo window_s, "
+                         "at most a third of the run)")
     group.addoption("--live", default="auto", type=_live_mode,
                     help="live progress while suites run: rich (a panel), plain (a status line every 10 s and "
                          "at each change), off; default auto: rich on a terminal, plain otherwise")
@@ -96,6 +106,16 @@ def pytest_cmdline_main(config: pytest.Config) -> Iterator[None]:
         return int(ExitCode.HARNESS_ERROR)  # type: ignore[return-value]
 
 
+def _soak_duration(text: str) -> Any:
+    from harness.errors import ConfigError
+    from harness.scenarios.soak_schedule import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        return _Invalid(f"{exc.message} (fix: {exc.fix})")
+
+
 def _live_mode(text: str) -> Any:
     from harness.report.live import MODES
 
@@ -111,7 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # the suites' own marks, registered here too: outside a checkout there is no pyproject.toml to do it
     config.addinivalue_line("markers", "slow: end-to-end tests that start processes, clusters or browsers")
     config.addinivalue_line("markers", "root: needs root and iproute2 (network namespaces, tc)")
-    names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed")
+    names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed",
+             "soak", "soak_seed", "soak_faults_per_min", "soak_window")
     values = {n: config.getoption(n) for n in names}
     bad = [v.message for v in [*values.values(), config.getoption("live")] if isinstance(v, _Invalid)]
     if bad:
@@ -121,7 +142,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not report_dir.is_absolute():
         report_dir = Path(config.invocation_params.dir) / report_dir
     options = HarnessOptions(values["cluster"], report_dir, values["dry_run"], values["load_users"],
-                             values["load_rate"], values["load_duration"], values["kills"], values["harness_seed"])
+                             values["load_rate"], values["load_duration"], values["kills"], values["harness_seed"],
+                             values["soak"], values["soak_seed"], values["soak_faults_per_min"], values["soak_window"])
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")

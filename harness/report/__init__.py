@@ -62,6 +62,8 @@ class RunResult:
     capabilities: dict[str, Any] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
+    # a soak run (suites/test_soak.py): its schedule, fault outcomes, windows and leak series
+    soak: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_meaning(self) -> str:

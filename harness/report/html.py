@@ -18,6 +18,7 @@ from harness.report import item_plots, plots, run_plots
 from harness.report.events import event_summary, unique_events
 from harness.report.item_plots import RunView
 from harness.report.run_plots import SLO_ITEMS, band_key, fault_bands, latency_plot, slo_lines
+from harness.report.soak_section import soak_view
 from harness.report.suites import SuiteSpans, item_statuses, status_counts, suite_label
 from harness.report.text import fit_words
 
@@ -42,7 +43,8 @@ def render_html(result: RunResult) -> str:
                       for v in result.verdicts]
     distributions = [samples_chart(v.evidence["samples"], v.threshold, v.op, v.unit)
                      if not plotted and v.item not in _OWN_UNITS
-                     and any(s.get("value") is not None or s.get("note") for s in v.evidence.get("samples") or [])
+                     and isinstance(v.evidence.get("samples"), list)
+                     and any(s.get("value") is not None or s.get("note") for s in v.evidence["samples"])
                      else None for v, plotted in zip(result.verdicts, evidence_plots)]
     statuses = item_statuses(result.verdicts, _checklist_items(result))
     bands = fault_bands(result.fault_windows, spans)
@@ -57,7 +59,8 @@ def render_html(result: RunResult) -> str:
     return env.get_template("report.html.j2").render(
         r=result, charts=charts, band_key=band_key(bands, result.started), distributions=distributions,
         evidence_plots=evidence_plots, kv_plot=kv_level_chart(result), events=event_summary(run.events, spans, end),
-        statuses=statuses, counts=status_counts(statuses), suites=spans.labels, machine_plot=machine_plot)
+        statuses=statuses, counts=status_counts(statuses), suites=spans.labels, machine_plot=machine_plot,
+        soak=soak_view(getattr(result, "soak", None)))
 
 
 def _evidence(build: Callable[[Mapping[str, Any]], Markup | None]) -> Callable[[Any, RunView], Markup | None]:

@@ -145,6 +145,10 @@ class EngineConfig:
     # Seed 5.1 Layer 2: act on the node agent's page-retirement signal (quarantine a poisoned KV
     # block, recompute its request). False = an engine that ignores it (clusters/local-no-ecc.yaml).
     ecc_handling: bool = True
+    # Sabotage knob (soak.leaks must fail): a decode worker that imports a recovered stream (resume
+    # tokens: re-placed after its worker was lost, or live-migrated in) takes this many more KV
+    # blocks and never frees them, as an engine that leaks a little per fault does. 0 = no leak.
+    leak_kv_blocks_per_recovery: int = 0
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
@@ -171,6 +175,11 @@ class EngineConfig:
         if not isinstance(self.ecc_handling, bool):
             raise ConfigError(f"ecc_handling must be true or false, got {self.ecc_handling!r}",
                               fix="set ecc_handling: true (false only to prove the ECC suite can fail)")
+        leak = self.leak_kv_blocks_per_recovery
+        if not isinstance(leak, int) or isinstance(leak, bool) or leak < 0:
+            raise ConfigError(f"leak_kv_blocks_per_recovery must be an integer >= 0, got {leak!r}",
+                              fix="set leak_kv_blocks_per_recovery: 0 (above 0 only to prove the soak leak "
+                                  "check can fail)")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer or None, got {self.num_threads!r}",
                               fix="set num_threads=1 per engine process on a small machine")

@@ -58,6 +58,7 @@ class WorkerEngine:
         self._jobs: deque[Prefill] = deque()          # prefill: queued requests
         self._senders: dict[str, KVSender] = {}       # prefill: transfers in flight
         self._corrupt_frames = 0                      # fault hook (admin API)
+        self.leaked_blocks: list[int] = []            # sabotage: leak_kv_blocks_per_recovery
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
         self.faults = WorkerFaults(self.core)
         self.landing = ImportLanding(self.core, self._cmds.put)  # KV frames land in the import's blocks
@@ -75,7 +76,7 @@ class WorkerEngine:
             SetSpeculativeCommand: lambda m: self.core.set_speculative(m.enabled),
             SetOffloadCommand: lambda m: self.core.set_offload(bool(m.enabled), m.threshold),
             **{kind: lambda m: self.publish(self.faults.handle(m)) for kind in FAULT_COMMANDS},
-            MigrateIn: self.migration.migrate_in, MigrateOut: self.migration.migrate_out,
+            MigrateIn: self._migrate_in, MigrateOut: self.migration.migrate_out,
             CorruptFrames: self._arm_corrupt_frames,
         }
 
@@ -249,7 +250,27 @@ class WorkerEngine:
         self.landing.register(req.request_id, handle)
         self._layouts[req.request_id] = KVLayout(self.model.n_layers, n, self.model.n_kv_heads, self.model.head_dim,
                                                  self.core.pool.storage.dtype)
+        if req.resume_token_ids:  # a stream re-placed after its worker was lost or hung
+            self._leak_on_recovery(req.request_id)
         self.publish(ImportReady(req.request_id))
+
+    def _migrate_in(self, msg: MigrateIn) -> None:
+        known = msg.rid in self.migration.pending()   # a second MigrateIn of it is refused
+        self.migration.migrate_in(msg)
+        if not known and msg.rid in self.migration.pending():  # accepted: its KV is on the way
+            self._leak_on_recovery(msg.rid)
+
+    def _leak_on_recovery(self, rid: str) -> None:
+        """Sabotage knob ``leak_kv_blocks_per_recovery``: take that many free blocks (fewer when
+        fewer are free: the leak never fails the request) and never free them, so the soak leak
+        check (soak.leaks) has a cluster it must fail. They count as used, like a real leak's."""
+        want = self.core.config.leak_kv_blocks_per_recovery
+        if want <= 0:
+            return
+        blocks = self.core.pool.allocate(min(want, self.core.pool.num_free))
+        self.leaked_blocks += blocks
+        log.warning("sabotage: leaking %d KV blocks (leak_kv_blocks_per_recovery) on recovered request %s; "
+                    "%d leaked so far", len(blocks), rid, len(self.leaked_blocks))
 
     def _write(self, rid: str, layer_start: int, kv, release) -> None:
         try:

@@ -1,0 +1,193 @@
+"""Soak verdicts (checklist items ``soak.faults`` and ``soak.slo``): every fault of a long run judged
+by its item's rule, and the 6.2 latency targets judged per window and over the whole run.
+
+Rules per fault (harness/scenarios/soak.py records what happened):
+- every kind: after its revert the router serves through the worker again (moves a request's KV
+  through it) within ``rejoin_limit_s`` of its being healthy; a worker never back is not recovered;
+- ``process_kill`` / ``process_hang``: besides, 6.1.4's rescheduling (worker declared down, every
+  affected request re-placed, a new request served) within ``reschedule_p100_s``, judged on the
+  interval its clocks give (harness/checks/reschedule.py);
+- a fault the harness could not inject (its target never healthy and free, the engine refused an
+  ECC poisoning with nothing in use) is not judged and is named: too few judged faults is inconclusive.
+
+Pure: records and thresholds in, verdicts out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from harness.checklists import Checklist
+from harness.checks.reschedule import RescheduleSample
+from harness.checks.slo import slo_verdicts
+from harness.checks.verdict import Status, Verdict
+from harness.probes.records import RequestRecord
+from harness.scenarios.soak import SoakOutcome
+
+FAULTS_ITEM, SLO_ITEM = "soak.faults", "soak.slo"
+
+
+@dataclass
+class FaultJudgement:
+    outcome: SoakOutcome
+    status: str            # "recovered", "not recovered", "undecided", "not injected"
+    why: str
+    reschedule_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        f = self.outcome.fault
+        r = self.outcome.rejoin
+        return {"index": f.index + 1, "kind": f.kind, "target": f.target, "planned_offset_s": f.offset_s,
+                "offset_s": self.outcome.started_offset_s, "hold_s": f.hold_s, "status": self.status,
+                "why": self.why, "reschedule_s": self.reschedule_s, "inject_wall": self.outcome.inject_wall,
+                "reverted_wall": self.outcome.reverted_wall,
+                "back_after_healthy_s": None if r is None else r.after_healthy_s, "detail": self.outcome.detail}
+
+
+def judge_fault(o: SoakOutcome, sample: RescheduleSample | None, limit_s: float, rejoin_limit_s: float) -> FaultJudgement:
+    f = o.fault
+    if not o.injected:
+        return FaultJudgement(o, "not injected", o.not_injected or o.error or "never injected")
+    if o.error:
+        return FaultJudgement(o, "not recovered", o.error)
+    resched = None
+    undecided = None
+    if sample is not None:
+        resched = sample.total_s
+        iv = sample.interval
+        if resched is None:
+            return FaultJudgement(o, "not recovered", f"rescheduling never completed: {sample.breakdown}")
+        if iv is not None and iv.lo is not None and iv.lo > limit_s:
+            return FaultJudgement(o, "not recovered", f"rescheduled in {resched:.2f} s > {limit_s:g} s "
+                                  f"({sample.breakdown})", resched)
+        if iv is not None and (iv.hi is None or iv.hi > limit_s):
+            undecided = f"rescheduled in {resched:.2f} s {iv.brackets()} straddles {limit_s:g} s"
+    r = o.rejoin
+    if r is None or not r.back:
+        watched = "" if r is None else f" (watched {r.watched_s:.0f} s)"
+        return FaultJudgement(o, "not recovered", f"{f.target} never carried traffic again{watched}", resched)
+    back = r.after_healthy_s or 0.0
+    if back > rejoin_limit_s:
+        return FaultJudgement(o, "not recovered", f"{f.target} carried traffic {back:.1f} s after it was healthy "
+                              f"(> {rejoin_limit_s:g} s)", resched)
+    if undecided:
+        return FaultJudgement(o, "undecided", undecided, resched)
+    why = f"served through again {back:.1f} s after healthy"
+    if resched is not None:
+        why = f"rescheduled in {resched:.2f} s; " + why
+    return FaultJudgement(o, "recovered", why, resched)
+
+
+def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], samples: Sequence[RescheduleSample], *,
+                   stopped: str | None = None, schedule: dict[str, Any] | None = None) -> tuple[Verdict, list[FaultJudgement]]:
+    """``soak.faults``: ``samples`` are 6.1.4's measurements of the kill and hang faults (by fault id)."""
+    item = checklist.item(FAULTS_ITEM)
+    t = item.thresholds
+    limit_s, rejoin_s = t["reschedule_p100_s"].value, t["rejoin_limit_s"].value
+    by_id = {s.fault.fault_id: s for s in samples}
+    judged = [judge_fault(o, by_id.get(o.fault_id or ""), limit_s, rejoin_s) for o in outcomes]
+    by_kind: dict[str, dict[str, int]] = {}
+    for j in judged:
+        row = by_kind.setdefault(j.outcome.fault.kind, {"scheduled": 0, "recovered": 0, "not recovered": 0,
+                                                        "undecided": 0, "not injected": 0})
+        row["scheduled"] += 1
+        row[j.status] += 1
+    failed = [j for j in judged if j.status == "not recovered"]
+    undecided = [j for j in judged if j.status == "undecided"]
+    injected = [j for j in judged if j.status != "not injected"]
+    missing = [j for j in judged if j.status == "not injected"]
+    need = int(t["min_faults"].value)
+    kinds = sorted({j.outcome.fault.kind for j in injected})
+    summary = (f"{len(injected)} of {len(judged)} scheduled faults injected ({len(kinds)} kinds: {', '.join(kinds)}), "
+               f"{len(injected) - len(failed) - len(undecided)} recovered")
+    if failed:
+        status = Status.FAIL
+        worst = failed[0]
+        reason = (f"{len(failed)} fault(s) not recovered, first #{worst.outcome.fault.index + 1} "
+                  f"{worst.outcome.fault.kind} {worst.outcome.fault.target}: {worst.why}; {summary}: {item.why}")
+    elif stopped:
+        status, reason = Status.INCONCLUSIVE, f"inconclusive: the schedule {stopped}; {summary}"
+    elif len(injected) < need:
+        status = Status.INCONCLUSIVE
+        reason = (f"inconclusive: {len(injected)} faults injected, {need} needed"
+                  + (f"; not injected: {missing[0].why}" if missing else ""))
+    elif undecided:
+        status, reason = Status.INCONCLUSIVE, f"inconclusive: #{undecided[0].outcome.fault.index + 1} {undecided[0].why}; {summary}"
+    else:
+        status = Status.PASS
+        reason = f"{summary}: every one by its rule (rescheduling <= {limit_s:g} s, traffic again <= {rejoin_s:g} s)"
+        if missing:
+            reason += f"; {len(missing)} not injected (named in the evidence)"
+    evidence = {"by_kind": by_kind, "faults": [j.to_dict() for j in judged], "schedule": schedule or {},
+                "rules": {"reschedule_p100_s": limit_s, "rejoin_limit_s": rejoin_s}}
+    verdict = Verdict(item=FAULTS_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
+                      measured=float(len(failed)), threshold=t["faults_not_recovered"].value,
+                      unit=t["faults_not_recovered"].unit, op=t["faults_not_recovered"].op, evidence=evidence)
+    return verdict, judged
+
+
+def windows_of(records: Sequence[RequestRecord], start_wall: float, end_wall: float,
+               window_s: float) -> list[tuple[float, float, list[RequestRecord]]]:
+    """Records by the window their request was sent in: [start + k*window_s, + window_s); the last
+    window may be shorter (at least half a window, else merged into the one before)."""
+    edges = [start_wall]
+    while edges[-1] + window_s < end_wall:
+        edges.append(edges[-1] + window_s)
+    if len(edges) > 1 and end_wall - edges[-1] < window_s / 2:
+        edges.pop()
+    edges.append(max(end_wall, edges[-1]))
+    out: list[tuple[float, float, list[RequestRecord]]] = [(a, b, []) for a, b in zip(edges, edges[1:])]
+    for r in records:
+        t = r.start_wall_ns() / 1e9
+        for a, b, bucket in out:
+            if a <= t < b or (b == edges[-1] and t >= b):
+                bucket.append(r)
+                break
+    return out
+
+
+def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord], start_wall: float, end_wall: float,
+                        window_s: float) -> Verdict:
+    """``soak.slo``: 6.2's TTFT and TPOT targets in every window and over the whole run; a window
+    fails on a percentile whose whole interval misses its target."""
+    item = checklist.item(SLO_ITEM)
+    rows: list[dict[str, Any]] = []
+    spans = windows_of(records, start_wall, end_wall, window_s) + [(start_wall, end_wall, list(records))]
+    for k, (a, b, recs) in enumerate(spans):
+        whole = k == len(spans) - 1
+        ttft, tpot = slo_verdicts(recs, checklist)
+        row = {"window": "whole run" if whole else k + 1, "start_s": round(a - start_wall, 1),
+               "end_s": round(b - start_wall, 1), "requests": len(recs)}
+        for name, v in (("ttft", ttft), ("tpot", tpot)):
+            row[name] = {"status": v.status.value, "reason": v.reason,
+                         "p50_ms": next((m["value"] for m in v.evidence["measurements"] if m["key"].endswith("p50_ms")), None),
+                         "p99_ms": next((m["value"] for m in v.evidence["measurements"] if m["key"].endswith("p99_ms")), None)}
+        row["status"] = ("fail" if "fail" in (row["ttft"]["status"], row["tpot"]["status"]) else
+                         "pass" if row["ttft"]["status"] == row["tpot"]["status"] == "pass" else "inconclusive")
+        rows.append(row)
+    windows = rows[:-1]
+    failed = [r for r in rows if r["status"] == "fail"]
+    open_ = [r for r in rows if r["status"] == "inconclusive"]
+    t = item.thresholds["windows_failed"]
+    if failed:
+        w = failed[0]
+        which = "ttft" if w["ttft"]["status"] == "fail" else "tpot"
+        status = Status.FAIL
+        label = "the whole run" if w["window"] == "whole run" else f"window {w['window']} (+{w['start_s']:.0f}-{w['end_s']:.0f} s)"
+        reason = f"{len(failed)} of {len(rows)} windows missed 6.2; {label}: {w[which]['reason']}"
+    elif open_:
+        w = open_[0]
+        which = "ttft" if w["ttft"]["status"] == "inconclusive" else "tpot"
+        label = "the whole run" if w["window"] == "whole run" else f"window {w['window']}"
+        why = w[which]["reason"].removeprefix("inconclusive: ")
+        status, reason = Status.INCONCLUSIVE, f"inconclusive: {label}: {why}"
+    else:
+        whole = rows[-1]
+        status = Status.PASS
+        reason = (f"TTFT and TPOT within 6.2 in each of {len(windows)} windows of {window_s:g} s and over the whole run "
+                  f"(whole run: TTFT p99 {whole['ttft']['p99_ms']} ms, TPOT p99 {whole['tpot']['p99_ms']} ms, "
+                  f"{whole['requests']} requests)")
+    return Verdict(item=SLO_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
+                   measured=float(len([r for r in windows if r["status"] == "fail"])), threshold=t.value, unit=t.unit,
+                   op=t.op, evidence={"window_s": window_s, "windows": rows})

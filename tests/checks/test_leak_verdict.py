@@ -1,0 +1,167 @@
+"""soak.leaks from synthetic leak samples (harness/probes/leaks.py's types) and idle KV figures:
+an honest run passes, a planted KV leak or a steep RSS slope fails, a short run does not fail on
+its slope, nothing measured is inconclusive."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harness.checklists import Checklist
+from harness.checks.leaks import ITEM, leak_verdict
+from harness.checks.verdict import Status, Verdict, undecided
+from harness.probes.leaks import LeakSample, ProcessReading, WorkerLeakReading
+
+T0 = 1_700_000_000.0
+MB = 1 << 20
+IDLE = {"prefill-0": 0, "decode-0": 0, "decode-1": 0}
+
+
+@pytest.fixture(scope="module")
+def checklist() -> Checklist:
+    return Checklist.load()
+
+
+def run(minutes: float, *, step_s: float = 2.0, rss_mb_per_h: dict[str, float] | None = None,
+        harness_mb_per_h: float = 0.0, pids: dict[str, list[tuple[float, int, float]]] | None = None,
+        seed: int = 0) -> list[LeakSample]:
+    """Samples every ``step_s`` for ``minutes``: each worker's RSS around 300 MB (a few MB of noise)
+    growing by ``rss_mb_per_h``; ``pids``: worker -> [(from minute, pid, RSS MB then)] (restarts)."""
+    rng = np.random.default_rng(seed)
+    slopes = rss_mb_per_h or {}
+    out = []
+    for k in range(int(minutes * 60 / step_s) + 1):
+        t = k * step_s
+        workers = []
+        for i, wid in enumerate(IDLE):
+            starts = (pids or {}).get(wid, [(0.0, 1000 + i, 300.0)])
+            since, pid, base = max((s for s in starts if s[0] * 60 <= t), key=lambda s: s[0])
+            mb = base + slopes.get(wid, 0.0) * (t - since * 60) / 3600 + rng.normal(0, 3)
+            proc = ProcessReading(pid, int(mb * MB), fds=40 + int(rng.integers(0, 3)), threads=12)
+            workers.append(WorkerLeakReading(wid, wid.split("-")[0], pid, "healthy", int(rng.integers(0, 50)), 1000,
+                                             2, 3, proc))
+        harness = ProcessReading(99, int((200 + harness_mb_per_h * t / 3600 + rng.normal(0, 1)) * MB), 30, 8)
+        out.append(LeakSample(T0 + t, harness, tuple(workers)))
+    return out
+
+
+def check_json(v: Verdict) -> None:
+    assert json.loads(json.dumps(v.to_dict()))["item"] == ITEM
+
+
+def test_an_honest_run_passes_stating_its_figures(checklist):
+    v = leak_verdict(checklist, run(20), idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.PASS, v.reason
+    assert v.reason.startswith("KV blocks held once the load drained above idle before the run, the most of 3 "
+                               "workers (decode-0: 0 vs 0 before) was 0 blocks, within <= 0 blocks (and 10 more")
+    assert "steepest RSS growth" in v.reason and "MB/h [" in v.reason
+    procs = v.evidence["processes"]
+    assert len(procs) == 3 and all(p["judged"] for p in procs)
+    for p in procs:   # every interval wholly below its limit, and near the true slope (0)
+        assert p["rss_growth_mb_per_h"]["interval"]["hi"] < 256 and abs(p["rss_growth_mb_per_h"]["estimate"]) < 60
+        assert p["threads_growth_per_h"]["estimate"] == 0
+    assert v.evidence["kv"]["workers"]["decode-1"] == {"idle_before": 0, "idle_after": 0, "leaked": 0}
+    assert len(v.evidence["measurements"]) == 1 + 3 * 3 + 1    # KV, 3 growths of 3 processes, harness band
+    series = v.evidence["series"]["decode-0"]
+    assert len(series) == 300 and series[0][0] == 0 and series[-1][0] == 1200   # 601 samples, downsampled
+    assert len(series[0]) == 5 and 290 < series[0][1] < 310
+    assert len(v.evidence["harness_rss_mb"]) == 300
+    check_json(v)
+
+
+def test_a_planted_kv_leak_fails_naming_the_worker_and_its_blocks(checklist):
+    v = leak_verdict(checklist, run(3), idle_before=IDLE, idle_after={**IDLE, "decode-1": 16, "decode-0": 8})
+    assert v.status is Status.FAIL
+    assert v.measured == 16 and v.threshold == 0 and v.unit == "blocks"
+    assert "on decode-1 (16 vs 0 before; also over on decode-0: 8) was 16 blocks, required <= 0 blocks" in v.reason
+    assert "A leak of a few blocks per recovery" in v.reason   # the item's why
+    check_json(v)
+
+
+def test_blocks_held_idle_before_the_run_are_not_a_leak(checklist):
+    v = leak_verdict(checklist, run(3), idle_before={**IDLE, "decode-0": 5}, idle_after={**IDLE, "decode-0": 5})
+    assert v.status is Status.PASS, v.reason
+    assert v.evidence["kv"]["workers"]["decode-0"] == {"idle_before": 5, "idle_after": 5, "leaked": 0}
+
+
+def test_a_steep_rss_slope_over_20_minutes_fails(checklist):
+    v = leak_verdict(checklist, run(20, rss_mb_per_h={"decode-0": 1200.0}), idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.FAIL
+    assert v.reason.startswith("RSS growth of decode-0 (pid 1001) over 20.0 min after its first 60 s was ")
+    assert "MB/h [" in v.reason and "required <= 256 MB/h" in v.reason
+    assert 1000 < v.measured < 1400 and v.interval["lo"] > 256
+    other = next(p for p in v.evidence["processes"] if p["worker"] == "decode-1")
+    assert other["rss_growth_mb_per_h"]["interval"]["hi"] < 256
+
+
+def test_a_short_run_with_the_same_slope_does_not_fail_on_it(checklist):
+    v = leak_verdict(checklist, run(5, rss_mb_per_h={"decode-0": 1200.0}), idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.PASS, v.reason
+    assert "3 process(es) observed under 10 min" in v.reason and "evidence only" in v.reason
+    steep = next(p for p in v.evidence["processes"] if p["worker"] == "decode-0")
+    assert not steep["judged"] and "evidence only" in steep["note"]
+    assert steep["rss_growth_mb_per_h"]["interval"]["lo"] > 256       # the slope is there, as evidence
+    assert len(v.evidence["measurements"]) == 1 and v.evidence["harness"]["judged"] is False
+
+
+def test_a_restarted_worker_is_a_new_process_not_a_slope(checklist):
+    # decode-0 restarts at minute 12 with 150 MB more: one process's slope would be ~750 MB/h
+    restart = {"decode-0": [(0.0, 1001, 300.0), (12.0, 2001, 450.0)]}
+    v = leak_verdict(checklist, run(24, pids=restart), idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.PASS, v.reason
+    d0 = [p for p in v.evidence["processes"] if p["worker"] == "decode-0"]
+    assert [p["pid"] for p in d0] == [1001, 2001] and all(p["judged"] for p in d0)
+    assert d0[1]["first_t_rel_s"] == pytest.approx(720, abs=2)
+
+
+def test_the_harness_growing_past_its_band_fails_on_a_long_run_only(checklist):
+    v = leak_verdict(checklist, run(20, harness_mb_per_h=300.0), idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.FAIL
+    assert v.reason.startswith("the harness's own RSS rise after its first 60 s (") and "required <= 0.1" in v.reason
+    assert v.measured == pytest.approx(95 / 200, abs=0.03)   # 300 MB/h over 19 min above 200 MB
+    short = leak_verdict(checklist, run(5, harness_mb_per_h=300.0), idle_before=IDLE, idle_after=dict(IDLE))
+    assert short.status is Status.PASS and short.evidence["harness"]["band"] > 0.1
+    assert "evidence only" in short.evidence["harness"]["note"]
+
+
+def test_no_samples_is_inconclusive(checklist):
+    v = leak_verdict(checklist, [], idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.INCONCLUSIVE
+    assert "no leak samples were taken" in v.reason and v.evidence["samples_taken"] == 0
+    # a KV leak is certain evidence even without samples
+    assert leak_verdict(checklist, [], idle_before=IDLE, idle_after={**IDLE, "decode-0": 3}).status is Status.FAIL
+
+
+def test_no_idle_figures_after_the_run_is_inconclusive_and_a_missing_worker_is_named(checklist):
+    v = leak_verdict(checklist, run(3), idle_before=IDLE, idle_after={})
+    assert v.status is Status.INCONCLUSIVE and "no worker's KV blocks could be read" in v.reason
+    one = {k: n for k, n in IDLE.items() if k != "decode-1"}
+    v = leak_verdict(checklist, run(3), idle_before=IDLE, idle_after=one)
+    assert v.status is Status.INCONCLUSIVE
+    assert "the KV blocks of decode-1 could not be read once the load drained" in v.reason
+    assert v.evidence["kv"]["unread_after"] == ["decode-1"]
+    assert "could not be read" in v.evidence["kv"]["workers"]["decode-1"]["note"]
+
+
+def test_a_slope_whose_interval_straddles_the_limit_is_undecided(checklist):
+    samples = run(12, step_s=30.0, rss_mb_per_h={"decode-0": 256.0}, seed=1)
+    noisy = [LeakSample(s.t, s.harness, tuple(
+        w if w.id != "decode-0" else WorkerLeakReading(
+            w.id, w.role, w.pid, w.health, w.kv_blocks_used, w.kv_blocks_total, w.num_running, w.active_requests,
+            ProcessReading(w.pid, w.process.rss_bytes + int(((i * 7919) % 41 - 20) * MB), 40, 12))
+        for w in s.workers)) for i, s in enumerate(samples)]
+    v = leak_verdict(checklist, noisy, idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.INCONCLUSIVE, v.reason
+    assert "RSS growth of decode-0" in v.reason and "straddles <= 256 MB/h" in v.reason
+    assert [u["key"] for u in undecided(v)] == ["rss_growth_mb_per_h"]
+
+
+def test_remote_workers_without_process_readings_are_judged_on_kv_alone(checklist):
+    samples = [LeakSample(s.t, s.harness, tuple(WorkerLeakReading(w.id, w.role, None, w.health, w.kv_blocks_used,
+                                                                  w.kv_blocks_total, w.num_running, w.active_requests)
+                                                for w in s.workers)) for s in run(3)]
+    v = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE))
+    assert v.status is Status.PASS and "no process readings: growth not measured" in v.reason
+    assert v.evidence["series"]["decode-0"][0][1:4] == [None, None, None]
