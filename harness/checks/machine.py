@@ -41,6 +41,8 @@ TIMING_ITEMS: dict[str, frozenset[str]] = {
     "nic-flap": frozenset({"kv_bandwidth_recovered_fraction", "recovery_time_s"}),
     "6.2.ttft": frozenset({"ttft_p50_ms", "ttft_p99_ms"}),
     "6.2.tpot": frozenset({"tpot_p50_ms", "tpot_p99_ms"}),
+    "soak.faults": frozenset({"reschedule_p100_s", "rejoin_limit_s"}),
+    "soak.slo": frozenset({"windows_failed"}),
 }
 COMPARED_ITEMS = frozenset({"6.1.2", "6.1.5", "nic-flap"})  # judged as a ratio/delta of two windows
 

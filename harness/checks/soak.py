@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
 from harness.checks.slo import slo_verdicts
-from harness.checks.verdict import Status, Verdict
+from harness.checks.verdict import Measurement, Status, Verdict
 from harness.probes.records import RequestRecord
 from harness.scenarios.soak import SoakOutcome
 
@@ -34,11 +34,12 @@ class FaultJudgement:
     status: str            # "recovered", "not recovered", "undecided", "not injected"
     why: str
     reschedule_s: float | None = None
+    cause: str | None = None   # of a fault not recovered: the threshold key it missed (a timing) or None
 
     def to_dict(self) -> dict[str, Any]:
         f = self.outcome.fault
         r = self.outcome.rejoin
-        return {"index": f.index + 1, "kind": f.kind, "target": f.target, "planned_offset_s": f.offset_s,
+        return {"index": f.index + 1, "fault_id": self.outcome.fault_id, "kind": f.kind, "target": f.target, "planned_offset_s": f.offset_s,
                 "offset_s": self.outcome.started_offset_s, "hold_s": f.hold_s, "status": self.status,
                 "why": self.why, "reschedule_s": self.reschedule_s, "inject_wall": self.outcome.inject_wall,
                 "reverted_wall": self.outcome.reverted_wall,
@@ -60,7 +61,7 @@ def judge_fault(o: SoakOutcome, sample: RescheduleSample | None, limit_s: float,
             return FaultJudgement(o, "not recovered", f"rescheduling never completed: {sample.breakdown}")
         if iv is not None and iv.lo is not None and iv.lo > limit_s:
             return FaultJudgement(o, "not recovered", f"rescheduled in {resched:.2f} s > {limit_s:g} s "
-                                  f"({sample.breakdown})", resched)
+                                  f"({sample.breakdown})", resched, cause="reschedule_p100_s")
         if iv is not None and (iv.hi is None or iv.hi > limit_s):
             undecided = f"rescheduled in {resched:.2f} s {iv.brackets()} straddles {limit_s:g} s"
     r = o.rejoin
@@ -70,7 +71,7 @@ def judge_fault(o: SoakOutcome, sample: RescheduleSample | None, limit_s: float,
     back = r.after_healthy_s or 0.0
     if back > rejoin_limit_s:
         return FaultJudgement(o, "not recovered", f"{f.target} carried traffic {back:.1f} s after it was healthy "
-                              f"(> {rejoin_limit_s:g} s)", resched)
+                              f"(> {rejoin_limit_s:g} s)", resched, cause="rejoin_limit_s")
     if undecided:
         return FaultJudgement(o, "undecided", undecided, resched)
     why = f"served through again {back:.1f} s after healthy"
@@ -119,7 +120,24 @@ def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], sample
         reason = f"{summary}: every one by its rule (rescheduling <= {limit_s:g} s, traffic again <= {rejoin_s:g} s)"
         if missing:
             reason += f"; {len(missing)} not injected (named in the evidence)"
-    evidence = {"by_kind": by_kind, "faults": [j.to_dict() for j in judged], "schedule": schedule or {},
+    # which rule each failure broke: a time over its limit (the test machine's gate may call a starved
+    # run's timing failure inconclusive: harness/checks/machine.py) or a fault never recovered from
+    broken = {j.cause or "faults_not_recovered" for j in failed}
+    slowest = max((j.reschedule_s for j in injected if j.reschedule_s is not None), default=None)
+    backs = [b for j in injected if j.outcome.rejoin is not None and (b := j.outcome.rejoin.after_healthy_s) is not None]
+    never = sum(j.cause is None for j in failed)
+    measurements = []
+    for key, value, what in (("reschedule_p100_s", slowest, "slowest rescheduling of a kill or hang"),
+                             ("rejoin_limit_s", max(backs, default=None), "longest wait for traffic through a "
+                              "recovered worker after it was healthy"),
+                             ("faults_not_recovered", float(never), "faults never recovered from")):
+        m = Measurement(t[key], None if value is None else round(value, 3), what).to_dict()
+        m["holds"] = (key not in broken) if value is not None else None
+        if key == "reschedule_p100_s" and undecided and key not in broken:
+            m["holds"] = None   # one straddles the limit on its interval: undecided, not missed
+        measurements.append(m)
+    evidence = {"measurements": measurements, "by_kind": by_kind, "faults": [j.to_dict() for j in judged],
+                "schedule": schedule or {},
                 "rules": {"reschedule_p100_s": limit_s, "rejoin_limit_s": rejoin_s}}
     verdict = Verdict(item=FAULTS_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
                       measured=float(len(failed)), threshold=t["faults_not_recovered"].value,

@@ -87,3 +87,17 @@ def test_windows_split_requests_by_send_time_and_a_slow_window_fails_soak_slo():
     assert [w["status"] for w in v.evidence["windows"]][:2] == ["pass", "pass"]
     v = slo_windows_verdict(CHECKLIST, fast, t0, t0 + 800, 400)
     assert v.status == Status.PASS and "each of 2 windows" in v.reason, v.reason
+
+
+def test_on_a_starved_machine_a_slow_recovery_is_inconclusive_but_a_worker_never_back_still_fails():
+    from harness.checks.machine import gate
+    from tests.checks.test_machine_gate import STARVED
+
+    outs = [outcome(i) for i in range(5)] + [outcome(5, kind="process_kill", target="decode-1")]
+    slow, _ = faults_verdict(CHECKLIST, outs, [sample(outs[-1], 4.2)])
+    assert slow.status == Status.FAIL
+    gated = gate(slow, [STARVED])
+    assert gated.status == Status.INCONCLUSIVE and "would have failed" in gated.reason, gated.reason
+    never, _ = faults_verdict(CHECKLIST, [outcome(i) for i in range(5)] + [outcome(5, back_s=None)], [])
+    assert {m["key"]: m["holds"] for m in never.evidence["measurements"]}["faults_not_recovered"] is False
+    assert gate(never, [STARVED]).status == Status.FAIL
