@@ -112,7 +112,8 @@ class SoakUnderLoad:
     _faulted: dict[str, int] = field(default_factory=dict, init=False, repr=False)   # worker id -> fault index
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _fatal: list[BaseException] = field(default_factory=list, init=False, repr=False)
-    _seq: int = field(default=0, init=False, repr=False)   # the router's newest event, polled by the main loop
+    _seq: int = field(default=0, init=False, repr=False)
+    _threads: list[threading.Thread] = field(default_factory=list, init=False, repr=False)   # the router's newest event, polled by the main loop
 
     def make(self, sf: ScheduledFault, worker: AdminWorker) -> Fault:
         """The fault object of ``sf`` against the live ``worker``."""
@@ -157,12 +158,14 @@ class SoakUnderLoad:
         with sampler:
             try:
                 return self._drive(sched, traffic, outcomes, sampler, idle_before)
-            finally:   # however the run ends (an interrupt too), no fault thread begins another step
-                self._stop.set()
+            finally:   # however the run ends (an interrupt too), no fault thread begins another step,
+                self._stop.set()   # and each one ends its hold and reverts before the runner's teardown
+                for t in self._threads:
+                    t.join(timeout=SLOT_WAIT_S)
 
     def _drive(self, sched: SoakSchedule, traffic: ContinuousLoad, outcomes: list[SoakOutcome], sampler: LeakSampler,
                idle_before: dict[str, int]) -> SoakRun:
-        threads: list[threading.Thread] = []
+        threads = self._threads
         stopped = None
         traffic.ensure(sched.duration_s)
         t0 = time.monotonic()
@@ -227,6 +230,9 @@ class SoakUnderLoad:
             fault = self.make(sf, worker)
             o.started_offset_s = round(time.monotonic() - t0, 2)
             seq = self._seq
+            if self._stop.is_set():
+                o.not_injected = "the run stopped before its turn"
+                return
             try:
                 self.faults.inject(fault)
             except RevertError as exc:
