@@ -30,7 +30,7 @@ from harness.probes.rejoin import Rejoin
 from harness.scenarios.fault_marks import FaultMark, injection
 from harness.scenarios.reschedule import ContinuousLoad, RouterView, StartLoad, make_fault, wait_served_through
 from harness.scenarios.soak_schedule import ScheduledFault, SoakSchedule
-from harness.states import WorkerHealth
+from harness.states import EventKind, WorkerHealth
 from harness.waiting import wait_until
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,10 @@ class SoakUnderLoad:
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _fatal: list[BaseException] = field(default_factory=list, init=False, repr=False)
     _seq: int = field(default=0, init=False, repr=False)
+    # the router's events as the run goes, per-request kv_transfer ones left out: its log keeps the
+    # last 10000 (router max_events), and a 15-minute soak made 22668 requests, so a log read once at
+    # the end had lost the early worker_down events (7 faults judged "never declared down")
+    _events: list[EngineEvent] = field(default_factory=list, init=False, repr=False)
     _threads: list[threading.Thread] = field(default_factory=list, init=False, repr=False)   # the router's newest event, polled by the main loop
 
     def make(self, sf: ScheduledFault, worker: AdminWorker) -> Fault:
@@ -185,8 +189,7 @@ class SoakUnderLoad:
                 t.start()
                 threads.append(t)
             traffic.ensure(min(30.0, max(5.0, sched.duration_s - now + 10.0)))
-            for e in self.router.events(since=self._seq):
-                self._seq = max(self._seq, e["seq"])
+            self._collect()
             if now - last_line >= 10.0:
                 last_line = now
                 done = sum(o.reverted_wall is not None or o.not_injected is not None for o in outcomes)
@@ -201,8 +204,16 @@ class SoakUnderLoad:
         idle_after = self.idle_kv()   # the sampler still runs: the drain is in its series
         if self._fatal:
             raise self._fatal[0]
-        return SoakRun(sched, outcomes, records, self.router.events(), traffic.runs, started_wall, load_ended,
+        self._collect()
+        return SoakRun(sched, outcomes, records, list(self._events), traffic.runs, started_wall, load_ended,
                        idle_before, idle_after, sampler.path, stopped)
+
+    def _collect(self) -> None:
+        """The router's events since the last call, kept unless one per request (kv_transfer)."""
+        for e in self.router.events(since=self._seq):
+            self._seq = max(self._seq, e["seq"])
+            if e["type"] != EventKind.KV_TRANSFER:
+                self._events.append(e)
 
     def _claim(self, sf: ScheduledFault) -> AdminWorker | None:
         """Wait until the target is healthy and no other fault holds it; claim it."""
