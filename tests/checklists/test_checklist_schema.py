@@ -55,7 +55,7 @@ def test_check_validates_a_checklist_file_naming_field_and_fix(tmp_path):
     assert "fix: use one of <, <=, >, >=, ==" in proc.stderr
     shipped = harness("--check", "--checklist")
     assert shipped.returncode == 0, shipped.stderr
-    assert "checklists/section6.yaml: ok (checklist, 10 items" in shipped.stdout
+    assert "checklists/section6.yaml: ok (checklist, 13 items" in shipped.stdout
 
 
 def test_check_judges_cluster_overrides_against_the_given_checklist(tmp_path):

@@ -31,7 +31,7 @@ def _collected(proc: subprocess.CompletedProcess) -> list[str]:
 
 def test_the_suites_folder_is_the_package_folder():
     assert (ROOT / "suites").resolve() == suites_dir() == (ROOT / "harness" / "suites")
-    assert len(SUITES) == 8
+    assert len(SUITES) == 9   # the eight Section 6 suites and the soak
 
 
 def test_run_arguments_select_shipped_suites_and_keep_the_checkout_node_ids(tmp_path):
