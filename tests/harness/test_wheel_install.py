@@ -151,7 +151,7 @@ def test_attach_only_user_dry_runs_the_shipped_suites_from_an_empty_folder_conta
     # pytest's own way in collects the same shipped suites
     pyargs = _run([py, "-m", "pytest", "--pyargs", "harness.suites", "--collect-only", "-q", "-p", "no:cacheprovider"],
                   cwd=work, env=env, timeout=300)
-    assert "8 tests collected" in pyargs.stdout, pyargs.stdout[-3000:]
+    assert "9 tests collected" in pyargs.stdout, pyargs.stdout[-3000:]
 
 
 @pytest.fixture
