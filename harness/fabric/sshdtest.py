@@ -74,7 +74,9 @@ class SshdTest:
     """The servers (and optionally the engine) of one ``sshd-test up``; a context manager."""
 
     def __init__(self, state_dir: str | os.PathLike[str] = "state", *, hosts: int = 3, loopback: bool = False,
-                 sabotaged: bool = False, line_rate_bps: float = 1e9, engine: bool = False) -> None:
+                 sabotaged: bool = False, line_rate_bps: float = 1e9, engine: bool = False,
+                 prefix: str = PREFIX, fabric_subnet: str = FABRIC_SUBNET, control_subnet: str = CONTROL_SUBNET) -> None:
+        """``prefix`` and the subnets: another set of hosts beside the default one (a test of its own)."""
         if reason := unavailable_reason():
             raise HarnessError(f"sshd-test: {reason}", fix="install OpenSSH and run as root")
         if loopback and (engine or sabotaged):
@@ -92,8 +94,8 @@ class SshdTest:
             from harness.fabric.builder import Fabric, FabricConfig
             from harness.fabric.shaping import ShapingSpec
 
-            self.fabric = Fabric(FabricConfig(hosts=hosts, prefix=PREFIX, fabric_subnet=FABRIC_SUBNET,
-                                              control_subnet=CONTROL_SUBNET,
+            self.fabric = Fabric(FabricConfig(hosts=hosts, prefix=prefix, fabric_subnet=fabric_subnet,
+                                              control_subnet=control_subnet,
                                               shaping=ShapingSpec(line_rate_bps=line_rate_bps, tcp_in_lossless=sabotaged)))
 
     @property
