@@ -279,6 +279,11 @@ def make_fault_runner(cluster: ClusterHandle, *, dry_run: bool = False, state_di
                 cluster.check_fault_allowed(fault.kind)
             return super().inject(fault)
 
+        def inject_many(self, kind: str, jobs: Any, **kwargs: Any) -> list[Fault]:
+            if not self.dry_run:  # a dry run's inject says it per fault
+                cluster.check_fault_allowed(kind)
+            return super().inject_many(kind, jobs, **kwargs)
+
     class ClusterExecutors(ExecutorPool):
         def __call__(self, host: str | None) -> Any:
             key = host or "localhost"

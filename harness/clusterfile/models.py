@@ -69,6 +69,16 @@ class Host(StrictModel):
                                      "the host's KV fabric NIC (the fabric items over SSH)", default=None)
     dcgm: HostDcgm | None = field_with_fix("write `dcgm: {dcgmi: dcgmi}` on a host running DCGM",
                                  "the host runs DCGM: GPU errors can be injected into its monitoring", default=None)
+    rack: Text | None = field_with_fix("write e.g. `rack: r12`", "a label fault selectors filter on "
+                                       "(`--rack r12`, docs/faults.md \"Faults fanned out\")", default=None)
+
+
+class BlastRadius(StrictModel):
+    """How much of the cluster fanned-out faults may take down at once (checked before anything is touched)."""
+
+    max_role_share_down: float = field_with_fix(
+        "write a share in (0, 1], e.g. `max_role_share_down: 0.25` (a quarter of a role's workers)",
+        "never more than this share of one role's workers faulted at once", gt=0, le=1, allow_inf_nan=False)
 
 
 class Safety(StrictModel):
@@ -77,6 +87,8 @@ class Safety(StrictModel):
     allowed_faults: Literal["all"] | Annotated[tuple[str, ...], Strict(False)] | None = field_with_fix(
         "write e.g. `allowed_faults: [process_kill, process_hang]`", "`all` or a list of fault kinds",
         default=None, validate_default=True)
+    blast_radius: BlastRadius | None = field_with_fix("write `blast_radius: {max_role_share_down: 0.25}`",
+                                                      "limit of fanned-out faults (None: no limit)", default=None)
 
     @field_validator("allowed_faults")
     @classmethod

@@ -17,7 +17,8 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TextIO
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Sequence, TextIO, TypeVar
 
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
@@ -28,6 +29,33 @@ from harness.signals import SignalOwner
 log = logging.getLogger(__name__)
 
 _REVERT_PHASES = ("revert", "verify_reverted")
+# a fan-out job: given inject, it builds its fault, injects it through inject and returns it
+FanOutJob = Callable[[Callable[[Fault], Fault]], Fault]
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _checked_kind(fault: Fault, kind: str) -> Fault:
+    if fault.kind != kind:
+        raise FaultError(f"a {kind} fan-out was handed a {fault.kind} fault ({fault.target})",
+                         fix="fan out one fault kind at a time")
+    return fault
+
+
+def _parallel(fn: Callable[[_T], _R], items: list[_T], max_parallel: int) -> tuple[list[_R], list[BaseException]]:
+    """``fn`` over ``items`` on a bounded pool: (results of those that returned, what the others raised)."""
+    if not items:
+        return [], []
+    results: list[_R] = []
+    errors: list[BaseException] = []
+    with ThreadPoolExecutor(max_workers=min(max_parallel, len(items)), thread_name_prefix="fanout") as pool:
+        for future in [pool.submit(fn, item) for item in items]:
+            exc = future.exception()
+            if exc is None:
+                results.append(future.result())
+            else:
+                errors.append(exc)
+    return results, errors
 
 
 @dataclass
@@ -61,6 +89,7 @@ class FaultRunner:
         self._out = out
         self._stack: list[_Active] = []
         self._lock = threading.RLock()
+        self._emit_lock = threading.Lock()
         self._signals = signals
         self._own_signals: SignalOwner | None = None  # installed by __enter__ when no owner was
         self._unowned = SignalOwner()                  # never installed: its blocks only count
@@ -80,26 +109,85 @@ class FaultRunner:
                 for action in (Action.INJECT, Action.VERIFY):
                     self._emit(FaultRecord.start(fault, action).finish(RecordStatus.DRY_RUN, "dry run"))
                 return fault
-            ex = self.executor_factory(fault.host)
-            prepared = fault.prepare(ex)
-            if prepared:
-                log.info("%s %s: %s", fault.kind, fault.target, prepared)
-            active = _Active(fault, self.ledger.add(fault.to_ledger(), ex.spec(), self.context), ex)
-            self._stack.append(active)
-            try:
-                self._step(fault, Action.INJECT, fault.inject, ex)
-                self.ledger.update(active.entry_id, LedgerStatus.ACTIVE)  # type: ignore[arg-type]
-                self._step(fault, Action.VERIFY, fault.verify, ex)
-            except BaseException as exc:
-                # possibly half-injected: undo now instead of running the test against an unknown state
-                error = self._revert_active(active)
-                if error is not None:
-                    raise RevertError(f"{fault.kind} on {fault.target} failed ({exc}) and its revert failed "
-                                      f"too: {error}", fix=self._revert_fix()) from exc
-                if isinstance(exc, HarnessError) or not isinstance(exc, Exception):
+            return self._inject_unlocked(fault)
+
+    def _inject_unlocked(self, fault: Fault) -> Fault:
+        """inject's work once the caller holds the lock and a critical section (inject_many's
+        threads run it while their caller holds both for them)."""
+        ex = self.executor_factory(fault.host)
+        prepared = fault.prepare(ex)
+        if prepared:
+            log.info("%s %s: %s", fault.kind, fault.target, prepared)
+        active = _Active(fault, self.ledger.add(fault.to_ledger(), ex.spec(), self.context), ex)
+        self._stack.append(active)
+        try:
+            self._step(fault, Action.INJECT, fault.inject, ex)
+            self.ledger.update(active.entry_id, LedgerStatus.ACTIVE)  # type: ignore[arg-type]
+            self._step(fault, Action.VERIFY, fault.verify, ex)
+        except BaseException as exc:
+            # possibly half-injected: undo now instead of running the test against an unknown state
+            error = self._revert_active(active)
+            if error is not None:
+                raise RevertError(f"{fault.kind} on {fault.target} failed ({exc}) and its revert failed "
+                                  f"too: {error}", fix=self._revert_fix()) from exc
+            if isinstance(exc, HarnessError) or not isinstance(exc, Exception):
+                raise
+            raise FaultError(f"{fault.kind} on {fault.target} failed: {exc} (reverted)") from exc
+        return fault
+
+    def inject_many(self, kind: str, jobs: Sequence[Fault | FanOutJob], *, max_parallel: int = 16) -> list[Fault]:
+        """Inject faults of one ``kind`` in parallel, at most ``max_parallel`` at a time (see
+        :mod:`harness.faults.fanout`): each has its own ledger entry and is verified as ``inject``
+        does. All or none: when any fails, no job not yet started starts, the ones injected are
+        reverted (in parallel) and FaultError names every target that failed. A job is a Fault or a
+        callable that builds its fault (finding a pid on its host, say) and hands it to the
+        ``inject`` it is given, so building runs in the pool too."""
+        if max_parallel < 1:
+            raise FaultError(f"max_parallel must be >= 1, got {max_parallel}", fix="pass e.g. max_parallel=16")
+        with self._lock, self._critical():
+            if self.dry_run:  # prints each plan; a dry run contacts no host, so nothing runs in parallel
+                return [self.inject(_checked_kind(job if isinstance(job, Fault) else job(lambda f: f), kind))
+                        for job in jobs]
+            stop = threading.Event()
+
+            def run(job: Fault | FanOutJob) -> Fault | None:
+                if stop.is_set():
+                    return None  # another target failed first: this one is never touched
+                try:
+                    if isinstance(job, Fault):
+                        return self._inject_unlocked(_checked_kind(job, kind))
+                    return job(lambda fault: self._inject_unlocked(_checked_kind(fault, kind)))
+                except BaseException:
+                    stop.set()
                     raise
-                raise FaultError(f"{fault.kind} on {fault.target} failed: {exc} (reverted)") from exc
-            return fault
+
+            injected, errors = _parallel(run, list(jobs), max_parallel)
+            done = [f for f in injected if f is not None]
+            if not errors:
+                return done
+            failed = "; ".join(str(e) for e in errors)
+            undo = self._revert_group(done, max_parallel)
+            if undo:
+                raise RevertError(f"{kind} fan-out: {len(errors)} target(s) failed ({failed}) and {len(undo)} of the "
+                                  f"{len(done)} injected could not be reverted: " + "; ".join(undo),
+                                  fix=self._revert_fix())
+            raise FaultError(f"{kind} fan-out: {len(errors)} of {len(jobs)} target(s) failed: {failed}; the "
+                             f"{len(done)} injected were reverted, {len(jobs) - len(done) - len(errors)} never "
+                             "touched", fix="fix the failing target(s) (each is named above) and run it again")
+
+    def revert_many(self, faults: Sequence[Fault], *, max_parallel: int = 16) -> None:
+        """Revert these active faults in parallel (a fan-out's targets are distinct, so their order
+        does not matter); RevertError once all have been tried."""
+        with self._lock, self._critical():
+            errors = self._revert_group(faults, max_parallel)
+        if errors:
+            raise RevertError(f"{len(errors)} of {len(faults)} revert(s) failed; the cluster may be dirty: "
+                              + "; ".join(errors), fix=self._revert_fix())
+
+    def _revert_group(self, faults: Sequence[Fault], max_parallel: int) -> list[str]:
+        group = [a for a in list(self._stack) if any(a.fault is f for f in faults)]
+        results, crashed = _parallel(self._revert_active, group, max(1, max_parallel))
+        return [e for e in results if e is not None] + [str(e) for e in crashed]
 
     def revert(self, fault: Fault) -> None:
         """Revert one active fault now (idempotent: a fault no longer active is ignored)."""
@@ -281,9 +369,10 @@ class FaultRunner:
         return output
 
     def _emit(self, record: FaultRecord) -> None:
-        self.records.append(record)
-        for listener in self.listeners:
-            listener(record)
+        with self._emit_lock:  # inject_many's threads emit too; listeners need not be thread-safe
+            self.records.append(record)
+            for listener in self.listeners:
+                listener(record)
 
     def _print_plan(self, fault: Fault, phases: Callable[[str], bool]) -> None:
         out = self._out or sys.stdout

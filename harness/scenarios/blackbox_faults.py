@@ -35,7 +35,8 @@ from typing import Any, Callable, Sequence
 
 from harness.errors import FaultError
 from harness.faults import ProcessHang, ProcessKill
-from harness.probes.inventory import InventoryWorker, locate_pid, resolve, wait_healthy
+from harness.faults.fanout import NewProcess, locator
+from harness.probes.inventory import InventoryWorker, resolve, wait_healthy
 from harness.probes.rejoin import Rejoin, RejoinWatch
 from harness.scenarios.records import ClientFault
 
@@ -81,23 +82,15 @@ def describe_plan(workers: Sequence[Any], steps: Sequence[tuple[str, str]], hang
     lines = []
     for kind, role in steps:
         names = [w for w in workers if str(w.role) == role]
-        how = "; ".join(f"{w.name} on {w.host}: {_locator(w)}" for w in names)
+        how = "; ".join(f"{w.name} on {w.host}: {locator(w)}" for w in names)
         if kind == "process_kill":
             back = "; ".join(f"{w.name}: " + (f"run `{w.restart.command}`" if w.restart else "supervised")
                              for w in names if w.restartable)
             lines.append(f"kill -s KILL <pid> of one {role} worker ({how}); hold {observe_s:.0f} s; back: {back}")
         else:
-            how = "; ".join(f"{w.name} on {w.host}: {_locator(w, 'hang_process')}" for w in names)
+            how = "; ".join(f"{w.name} on {w.host}: {locator(w, 'hang_process')}" for w in names)
             lines.append(f"kill -s STOP <pid> of one {role} worker ({how}); hold {hang_s:.0f} s; kill -s CONT <pid>")
     return lines
-
-
-def _locator(w: Any, which: str = "process") -> str:
-    p = (w.hang_process if which == "hang_process" else None) or w.process
-    if p is None:
-        return "no process: entry"
-    return (f"pgrep -f {p.pgrep!r}" if p.pgrep else f"cat {p.pid_file}" if p.pid_file
-            else f"systemctl show -p MainPID --value {p.systemd_unit}")
 
 
 def victims(workers: Sequence[Any], steps: Sequence[tuple[str, str]], seed: int) -> list[Any]:
@@ -130,7 +123,7 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
                                           which="process" if kind == "process_kill" else "hang_process")[0]
         watch = RejoinWatch.for_worker(cluster, spec, limit, nudge=_small_request(cluster) if nudge_traffic else None)
         if kind == "process_kill":
-            restarted = _NewProcess(spec, target, executor_for(target.host))
+            restarted = NewProcess(spec, target, executor_for(target.host))
             fault = ProcessKill.from_worker(target.as_target(), restart_cmd=target.restart_cmd,
                                             supervised=target.supervised, healthy_url=target.health_url,
                                             healthy=restarted.answers, rejoined=watch.hook,
@@ -177,24 +170,6 @@ def _small_request(cluster: Any) -> Callable[[], None]:
         except HarnessError as exc:
             log.info("rejoin probe request: %s", exc)
     return send
-
-
-@dataclass
-class _NewProcess:
-    """ProcessKill's healthy hook for an inventory worker: it runs as a new process (not the killed
-    pid) and its health URL answers 200."""
-
-    spec: Any
-    old: InventoryWorker
-    ex: Any
-
-    def answers(self, worker_id: str) -> bool:
-        del worker_id  # the hook knows its worker
-        try:
-            pid = locate_pid(self.spec, self.ex)
-        except FaultError:
-            return False  # between the old process's exit and the new one's start
-        return pid != self.old.pid and wait_healthy(self.old.health_url, 1.0) is not None
 
 
 __all__ = ["BlackboxRun", "HANG_S", "REJOIN_WATCH_MAX_S", "describe_plan", "plan", "run_faults", "victims",

@@ -173,7 +173,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("checks", ("harness.checks",)),
     ("report", ("harness.report",)),
     ("wiring", ("harness.fixtures", "harness.plugin", "harness.plugin_state", "harness.cli", "harness.cli_hosts",
-                "harness.cli_run", "harness.dry_run", "harness.cluster", "harness.suites", "harness.__main__")),
+                "harness.cli_run", "harness.cli_fault", "harness.dry_run", "harness.cluster", "harness.suites", "harness.__main__")),
 ]
 
 #: (importing module or package, imported module or package) -> who removes the edge: the one
