@@ -78,6 +78,7 @@ class _Run:
     processes: dict[tuple[str, int], _Process] = field(default_factory=dict)
     rows: dict[str, list[list[Any]]] = field(default_factory=dict)   # worker -> [t, rss_mb, fds, threads, kv]
     harness: list[tuple[float, float]] = field(default_factory=list)
+    py_blocks: list[tuple[float, int]] = field(default_factory=list)   # the harness's live Python blocks
 
     def add(self, s: LeakSample) -> None:
         self.n += 1
@@ -85,6 +86,8 @@ class _Run:
         self.t_end = s.t if self.t_end is None else max(self.t_end, s.t)
         if s.harness is not None:
             self.harness.append((s.t, s.harness.rss_mb))
+        if s.harness_py_blocks is not None:
+            self.py_blocks.append((s.t, s.harness_py_blocks))
         for w in s.workers:
             p = w.process
             self.rows.setdefault(w.id, []).append([s.t, None if p is None else p.rss_mb, None if p is None else p.fds,
@@ -237,6 +240,10 @@ def _harness(run: _Run, warmup_s: float) -> dict[str, Any]:
     judged = observed >= MIN_JUDGED_S
     out = {"ref_mb": _round(ref), "max_mb": _round(top), "band": (top - ref) / ref if ref > 0 else 0.0,
            "observed_s": _round(observed), "judged": judged}
+    blocks = [b for t, b in run.py_blocks if t >= start]
+    if blocks:   # evidence beside RSS: Python's own live blocks (harness/probes/selfmem.py)
+        out["py_blocks"] = {"ref": blocks[0], "max": max(blocks), "last": blocks[-1],
+                            "band": (max(blocks) - blocks[0]) / blocks[0] if blocks[0] > 0 else 0.0}
     if not judged:
         out["note"] = f"a run of {observed / 60:.1f} min, under {MIN_JUDGED_S / 60:g}: evidence only"
     return out

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 from harness.engine.admin.models import AdminWorker
 from harness.errors import ProbeError
+from harness.probes import selfmem
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,13 @@ class WorkerLeakReading:
 
 @dataclass(frozen=True)
 class LeakSample:
-    """Everything one tick read: wall time ``t`` (time.time()), the harness's own process, the workers."""
+    """Everything one tick read: wall time ``t`` (time.time()), the harness's own process, the workers,
+    and the harness's live Python memory blocks (harness/probes/selfmem.py; None in older files)."""
 
     t: float
     harness: ProcessReading | None
     workers: tuple[WorkerLeakReading, ...]
+    harness_py_blocks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,8 +106,10 @@ class LeakSample:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeakSample:
         harness = data.get("harness")
+        blocks = data.get("harness_py_blocks")
         return cls(float(data["t"]), None if harness is None else ProcessReading.from_dict(harness),
-                   tuple(WorkerLeakReading.from_dict(w) for w in data.get("workers") or ()))
+                   tuple(WorkerLeakReading.from_dict(w) for w in data.get("workers") or ()),
+                   None if blocks is None else int(blocks))
 
 
 def take_sample(workers: list[AdminWorker], *, local: bool, proc: Path | str = "/proc") -> LeakSample:
@@ -113,7 +118,7 @@ def take_sample(workers: list[AdminWorker], *, local: bool, proc: Path | str = "
         WorkerLeakReading(w.id, w.role, w.pid, w.health, w.kv_blocks_used, w.kv_blocks_total, w.num_running,
                           w.active_requests,
                           read_process(w.pid, proc) if local and w.pid is not None else None)
-        for w in workers))
+        for w in workers), selfmem.python_blocks())
 
 
 def read_samples(path: Path | str) -> Iterator[LeakSample]:
@@ -233,6 +238,7 @@ class LeakSampler:
         except Exception as exc:  # noqa: BLE001 -- a sampler must never take the run down
             self._skip("the worker table could not be read", exc)
             return None
+        selfmem.trim()   # the harness's RSS as what it holds, not what its allocator kept (selfmem.py)
         try:
             sample = take_sample(table, local=self.local, proc=self._proc)
             line = sample.to_json() + "\n"

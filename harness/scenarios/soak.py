@@ -25,6 +25,7 @@ from harness.engine.admin.models import AdminWorker, EngineEvent
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults import EccPoison, Fault, FaultRunner, HbmFill, NicFlap, PfcStorm
 from harness.probes.leaks import LeakSampler
+from harness.probes import selfmem
 from harness.probes.records import RequestRecord
 from harness.probes.rejoin import Rejoin
 from harness.scenarios.fault_marks import FaultMark, injection
@@ -152,6 +153,7 @@ class SoakUnderLoad:
 
     def run(self) -> SoakRun:
         sched = self.schedule
+        selfmem.limit_arenas()   # a thread per fault: no arena per thread (harness/probes/selfmem.py)
         idle_before = self.idle_kv()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         sampler = LeakSampler(self.router.workers, self.out_dir / "leaks.jsonl", interval_s=LEAK_INTERVAL_S,

@@ -147,3 +147,14 @@ def test_sampler_refuses_a_bad_interval_and_a_second_start(tmp_path):
     finally:
         sampler.stop()
     assert ProcessReading(1, 3 << 20, 4, 2).rss_mb == 3.0
+
+
+def test_a_sample_carries_the_harness_python_blocks_and_an_older_line_reads_without_them(tmp_path):
+    held = [object() for _ in range(50_000)]
+    sample = take_sample([], local=True)
+    assert sample.harness_py_blocks is not None and sample.harness_py_blocks >= len(held)
+    again = LeakSample.from_dict(sample.to_dict())
+    assert again == sample
+    old = sample.to_dict()
+    del old["harness_py_blocks"]   # a file written before the field existed
+    assert LeakSample.from_dict(old).harness_py_blocks is None
