@@ -99,6 +99,19 @@ class ClusterHandle:
                               fix="set endpoints.metrics and engine (bundled, vllm, sglang, dynamo) in the cluster file")
         return PrometheusScraper(url, **{"engine": self.spec.metric_profile, "api_key": self.api_key(), **kwargs})
 
+    @property
+    def prometheus_url(self) -> str | None:
+        """``endpoints.prometheus``: the cluster's own Prometheus, which the suites query with PromQL
+        instead of scraping each metrics URL themselves (docs/prometheus.md)."""
+        return self.spec.endpoints.prometheus if self.spec.endpoints is not None else None
+
+    def metrics_source(self, profile: str | None = None) -> Any:
+        """Where the suites read engine metrics: a PrometheusSource of ``prometheus_url`` when set, else a
+        ScrapeSource with this cluster's API key (harness.probes.metrics_source); close it after use."""
+        from harness.probes.metrics_source import metrics_source
+
+        return metrics_source(self, profile)
+
     def capabilities(self) -> Any:
         """What this cluster provides (harness.checks.capabilities.Capabilities)."""
         from harness.checks.capabilities import capabilities_of
@@ -129,6 +142,7 @@ class ClusterHandle:
         """JSON-able description for the report."""
         return {"name": self.name, "kind": self.kind, "path": self.spec.path, "description": self.spec.description,
                 "api_url": self.api_url, "metrics_url": self.metrics_url, "admin_url": self.admin_url,
+                "prometheus_url": self.prometheus_url,
                 "hosts": [{"name": h.name, "address": h.address, "roles": list(h.roles),
                            "ssh": None if h.ssh is None else f"{h.ssh.user}@{h.address}:{h.ssh.port}"}
                           for h in self.hosts],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from typing import Annotated, Any, Literal
+from urllib.parse import urlparse
 
 from pydantic import Strict, StringConstraints, field_serializer, field_validator, model_validator
 
@@ -171,11 +172,24 @@ class Endpoints(StrictModel):
     metrics: Url | None = field_with_fix("write e.g. `metrics: http://10.0.0.5:8000/metrics`", "Prometheus text", default=None)
     admin: Url | None = field_with_fix("write the base URL serving /admin/workers and /admin/events, or null",
                              "the bundled engine's admin API, if the cluster has one", default=None)
+    prometheus: Url | None = field_with_fix(
+        "write the Prometheus server's base URL, e.g. `prometheus: http://10.0.0.9:9090`, or leave it out",
+        "a Prometheus that scrapes endpoints.metrics and every workers[].metrics: the suites then query it "
+        "with PromQL instead of scraping (docs/prometheus.md)", default=None)
 
-    @field_validator("metrics", "admin", mode="before")
+    @field_validator("metrics", "admin", "prometheus", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
+
+    @field_validator("prometheus")
+    @classmethod
+    def _server_base(cls, value: str | None) -> str | None:
+        path = urlparse(value).path if value else ""
+        if path.endswith("/metrics") or "/api/v1" in path or "/graph" in path:
+            raise FieldProblem(f"{value!r} is a page of the server, not its base URL (the harness adds /api/v1/query)",
+                               f"write the base URL, e.g. {value[:len(value) - len(path)]}")
+        return value
 
 
 class Auth(StrictModel):

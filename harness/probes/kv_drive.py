@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from harness.errors import ProbeError
-from harness.probes.prometheus import ENGINE_PROFILES, Sample, parse_metrics
+from harness.probes.metrics_source import MetricsSource, ScrapeSource
+from harness.probes.prometheus import ENGINE_PROFILES
 from harness.probes.records import RecordWriter, RequestRecord
 from harness.probes.streaming import AsyncStreamingClient, CompletionRequest
 from harness.probes.workload import WORDS
@@ -83,11 +82,14 @@ class KvSample:
 
 
 class KvMeter:
-    """Reads the profile's KV-use gauge (and waiting/running/preemptions where it has them) from
-    every metrics URL; ``check()`` drops the URLs that do not expose KV use and raises ProbeError when
-    none does (the item is then inconclusive, naming the family)."""
+    """Reads the profile's KV-use gauge (and waiting/running/preemptions where it has them) of every
+    metrics URL through a :class:`~harness.probes.metrics_source.MetricsSource` (default: scraping each
+    URL; the cluster's Prometheus when its file names one); ``check()`` drops the URLs that do not expose
+    KV use and raises ProbeError when none does (the item is then inconclusive, naming the family).
+    The meter closes its source."""
 
-    def __init__(self, urls: list[str], profile: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, urls: list[str], profile: str, *, api_key: str | None = None, timeout_s: float = 5.0,
+                 source: MetricsSource | None = None) -> None:
         if profile not in ENGINE_PROFILES or "kv_usage" not in ENGINE_PROFILES[profile]:
             raise ProbeError(f"metric profile {profile!r} names no KV-use metric",
                              fix="use an engine whose profile has kv_usage (vllm, sglang, dynamo)")
@@ -95,17 +97,20 @@ class KvMeter:
         self.urls = list(dict.fromkeys(urls))
         self.errors: list[str] = []
         self.dropped: dict[str, str] = {}
-        self._http = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        self.source = source if source is not None else ScrapeSource(profile, api_key=api_key, timeout_s=timeout_s)
 
     def check(self) -> None:
+        try:
+            reading = self.source.read(self.urls, list(self.families)) if self.urls else None
+        except ProbeError as exc:  # the source itself (a Prometheus) cannot be read
+            reading, self.dropped = None, {u: f"not readable: {exc}" for u in self.urls}
+            self.urls = []
         for url in list(self.urls):
-            try:
-                values = self._read_one(url)
-            except (httpx.HTTPError, ProbeError) as exc:
-                self.dropped[url] = f"not readable: {exc}"
+            assert reading is not None
+            if url in reading.errors:
+                self.dropped[url] = f"not readable: {reading.errors[url]}"
                 self.urls.remove(url)
-                continue
-            if "kv_usage" not in values:
+            elif "kv_usage" not in reading.values.get(url, {}):
                 self.dropped[url] = f"exposes no {self.families['kv_usage']}"
                 self.urls.remove(url)
         if not self.urls:
@@ -113,25 +118,19 @@ class KvMeter:
             raise ProbeError(f"no metrics endpoint exposes {self.families['kv_usage']} ({why})",
                              fix="name each worker's metrics URL (workers[].metrics) in the cluster file")
 
-    def _read_one(self, url: str) -> dict[str, float]:
-        resp = self._http.get(url)
-        if resp.status_code != 200:
-            raise ProbeError(f"GET {url} answered HTTP {resp.status_code}", fix="check the metrics URL")
-        out: dict[str, float] = {}
-        for s in parse_metrics(resp.text):
-            for quantity, family in self.families.items():
-                if _is(s, family):
-                    out[quantity] = out.get(quantity, 0.0) + s.value  # summed over the endpoint's label sets
-        return out
-
     def read(self, concurrency: int = 0) -> KvSample:
         t = time.time_ns()
         sample = KvSample(t, None, concurrency)
+        try:
+            reading = self.source.read(self.urls, list(self.families))
+        except ProbeError as exc:  # a Prometheus that does not answer: this sample has no values, as a dead endpoint
+            self.errors.append(f"{time.strftime('%H:%M:%S')} {self.source.label}: {exc}")
+            return sample
+        for url, why in reading.errors.items():
+            self.errors.append(f"{time.strftime('%H:%M:%S')} {url}: {why}")
         for url in self.urls:
-            try:
-                values = self._read_one(url)
-            except (httpx.HTTPError, ProbeError) as exc:
-                self.errors.append(f"{time.strftime('%H:%M:%S')} {url}: {exc}")
+            values = reading.values.get(url)
+            if values is None:
                 continue
             if "kv_usage" in values:
                 sample.per_endpoint[url] = values["kv_usage"]
@@ -143,12 +142,18 @@ class KvMeter:
             sample.kv_use = max(sample.per_endpoint.values())
         return sample
 
+    def per_worker(self, start_wall_ns: int, end_wall_ns: int) -> dict[str, dict[str, Any]]:
+        """KV use of each endpoint over a window, as the source has it (a Prometheus: every sample it
+        scraped; a scrape: the meter's own reads): points, max and when it was reached."""
+        out: dict[str, dict[str, Any]] = {}
+        for url, points in self.source.series(self.urls, "kv_usage", start_wall_ns, end_wall_ns).items():
+            top = max(points, key=lambda p: p[1], default=None)
+            out[url] = {"points": len(points), "max": None if top is None else top[1],
+                        "max_at": None if top is None else round(top[0] / 1e9, 3)}
+        return out
+
     def close(self) -> None:
-        self._http.close()
-
-
-def _is(sample: Sample, family: str) -> bool:
-    return sample.name in (family, family + "_total")
+        self.source.close()
 
 
 @dataclass

@@ -6,7 +6,8 @@ One kill (:func:`kill_under_streams`):
 
 1. ``streams`` streaming requests start at once (threads, one client each); the kill waits until
    every one of them has ``after_tokens`` tokens (each has a steady gap to compare with) or ended;
-2. the engine's migration counter is read (when its profile has one and a metrics URL is known);
+2. the engine's migration counter is read (when its profile has one and a metrics URL is known), from
+   the cluster's Prometheus when its file names one (``endpoints.prometheus``), else scraped;
 3. a worker of the role that decodes (decode, else aggregated) is killed through the fault runner
    (harness/scenarios/blackbox_faults.py: ledger first, restart or supervisor, wait for the new process
    and its health URL), held ``observe_s`` so the engine must move the streams by itself;
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness.errors import ProbeError
-from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
+from harness.probes.metrics_source import MetricsSource, ScrapeSource
+from harness.probes.prometheus import ENGINE_PROFILES
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest
 from harness.scenarios import blackbox_faults as blackbox
@@ -43,22 +45,29 @@ def kill_role(workers: Any) -> str:
                      fix="list the decode workers with `restart:` or `supervised: true`")
 
 
-def migration_count(metrics_url: str | None, profile: str | None, api_key: str | None = None) -> float | None:
-    """Sum of the engine's migration counter over its series, or None when it has none."""
-    family = ENGINE_PROFILES.get(profile or "", {}).get("migrations")
-    if not metrics_url or not family:
+def migration_count(metrics_url: str | None, profile: str | None, api_key: str | None = None, *,
+                    source: MetricsSource | None = None, settled: bool = False,
+                    quantity: str = "migrations") -> float | None:
+    """Sum of the engine's migration counter (``quantity`` of its profile) over its series, or None when it
+    has none or it cannot be read. ``source``: where to read it (default: scrape ``metrics_url``);
+    ``settled``: the value as of now even through a Prometheus that has not scraped since (it waits)."""
+    family = ENGINE_PROFILES.get(profile or "", {}).get(quantity)
+    if not metrics_url or not family or profile is None:
         return None
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    reader = source if source is not None else ScrapeSource(profile, api_key=api_key, timeout_s=10)
     try:
-        resp = httpx.get(metrics_url, timeout=10, headers=headers)
-        resp.raise_for_status()
-    except httpx.HTTPError as exc:
-        log.warning("migration counter not read from %s: %s", metrics_url, exc)
+        reading = reader.read([metrics_url], [quantity], settled=settled)
+    except ProbeError as exc:
+        log.warning("migration counter not read from %s (%s): %s", metrics_url, reader.label, exc)
         return None
-    values = [s.value for s in parse_metrics(resp.text) if s.name in (family, family + "_total")]
-    return sum(values) if values else 0.0
+    finally:
+        if source is None:
+            reader.close()
+    if metrics_url in reading.errors:
+        log.warning("migration counter not read from %s (%s): %s", metrics_url, reader.label,
+                    reading.errors[metrics_url])
+        return None
+    return reading.values.get(metrics_url, {}).get(quantity, 0.0)
 
 
 @dataclass
@@ -91,6 +100,9 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
             s.ready.set()  # ended (or failed) before after_tokens: nothing to wait for
 
     threads = [threading.Thread(target=run, args=(s,), name=f"6.1.2-stream-{s.index}", daemon=True) for s in todo]
+    profile = cluster.spec.metric_profile
+    # the migration counter from the cluster's Prometheus when its file names one, else scraped
+    source = cluster.metrics_source() if cluster.prometheus_url and profile else None
     for t in threads:
         t.start()
     try:
@@ -101,15 +113,22 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
                                  f"after {READY_TIMEOUT_S:.0f} s", fix="check the cluster serves streams")
         if before_kill is not None:
             before_kill()
-        profile = cluster.spec.metric_profile
-        before = migration_count(cluster.metrics_url, profile, api_key)
+        before = migration_count(cluster.metrics_url, profile, api_key, source=source)
         done = blackbox.run_faults(cluster, faults, [("process_kill", kill_role(cluster.workers))],
                                    seed=seed + index, observe_s=observe_s, nudge_traffic=True)
         fault = done.faults[0]
+    except BaseException:
+        if source is not None:
+            source.close()
+        raise
     finally:
         for t in threads:  # the streams end: resumed elsewhere, failed, or the client's own timeout
             t.join()
-    after = migration_count(cluster.metrics_url, profile, api_key)
+    try:  # through a Prometheus: once it has scraped again, so the kill's last migrations count
+        after = migration_count(cluster.metrics_url, profile, api_key, source=source, settled=True)
+    finally:
+        if source is not None:
+            source.close()
     rise = None if before is None or after is None else after - before
     records = [s.record for s in todo if s.record is not None]
     log.info("6.1.2 %s kill %d (%s): %d streams, migration counter %s", phase, index, fault.label, len(records),

@@ -184,6 +184,7 @@ def _on_worker_loss(cluster: ClusterHandle, load: Load, faults: FaultRunner, con
     """6.1.2 from the client on an engine that migrates on worker loss (see the module doc)."""
     from harness.checks.migration_blackbox import DEFINITION, measure as measure_crossings
     from harness.scenarios import blackbox_faults as blackbox
+    from harness.probes.metrics_source import source_label
     from harness.scenarios.migration_on_loss import kill_role, kill_under_streams
 
     checklist = cluster.thresholds
@@ -248,6 +249,7 @@ def _on_worker_loss(cluster: ClusterHandle, load: Load, faults: FaultRunner, con
         # the streams that crossed are the ones with the largest stalls among all of them, not only the harness's
         verdict = migration_verdict(measure_crossings(windows, victims + load_records), checklist=checklist)
         verdict.evidence.update(definition=DEFINITION, links=links, plan=plan, kills=len(windows),
-                                migration_counter=[w.migrations for w in windows], extension=extended)
+                                migration_counter=[w.migrations for w in windows], extension=extended,
+                                metrics_source=source_label(cluster))
     conformance.record(verdict)
     finish_suite(conformance, cluster, victims + load_records, ignore_eos=True, links=links, faults=faults)

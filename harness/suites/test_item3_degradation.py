@@ -199,6 +199,16 @@ def metrics_urls(cluster: ClusterHandle) -> list[str]:
     return list(dict.fromkeys(u for u in [cluster.metrics_url, *(w.metrics for w in cluster.workers)] if u))
 
 
+def _per_worker(meter: KvMeter, result: DriveResult) -> dict[str, object]:
+    """Each endpoint's KV use over the drive, from the meter's source (a Prometheus: every sample it scraped)."""
+    if not result.samples:
+        return {}
+    try:
+        return meter.per_worker(result.samples[0].t_wall_ns, result.samples[-1].t_wall_ns)
+    except ProbeError as exc:  # a Prometheus that fell behind: the verdict stands on the drive's own reads
+        return {"error": str(exc)}
+
+
 def _by_load(cluster: ClusterHandle, conformance: Conformance, harness_options: HarnessOptions, test_name: str) -> None:
     checklist = cluster.thresholds
     levels = cluster.spec.degradation.levels
@@ -219,7 +229,9 @@ def _by_load(cluster: ClusterHandle, conformance: Conformance, harness_options: 
                                         "degradation thresholds overloads it, and it is marked safety.production",
                                         plan=[load_line, *described]))
         return
-    meter = KvMeter(metrics_urls(cluster), cluster.spec.metric_profile, api_key=cluster.api_key())
+    # the cluster's Prometheus when its file names one (endpoints.prometheus), else each URL scraped
+    meter = KvMeter(metrics_urls(cluster), cluster.spec.metric_profile, api_key=cluster.api_key(),
+                    source=cluster.metrics_source() if cluster.prometheus_url else None)
     try:
         meter.check()
     except ProbeError as exc:
@@ -240,11 +252,14 @@ def _by_load(cluster: ClusterHandle, conformance: Conformance, harness_options: 
     except ProbeError as exc:  # the calibration request failed: the cluster does not serve completions
         conformance.record(inconclusive(checklist, ITEM, f"not judged: {exc}", fix=exc.fix))
         return
+    else:
+        per_worker = _per_worker(meter, result)
     finally:
         meter.close()
     verdict = load_degradation_verdict(levels, result, checklist, step_down_timeout_s=DRIVE_STEP_DOWN_TIMEOUT_S)
     links = [f"artifacts/{records_path.parent.name}/{records_path.name}"]
     verdict.evidence.update(links=links, load=load_line, metrics_urls=meter.urls,
-                            metrics_urls_dropped=meter.dropped, scrape_errors=meter.errors[:20])
+                            metrics_urls_dropped=meter.dropped, scrape_errors=meter.errors[:20],
+                            metrics_source=meter.source.label, kv_use_per_worker=per_worker)
     conformance.record(verdict)
     finish_suite(conformance, cluster, result.records, expected=None, links=links)

@@ -1,0 +1,156 @@
+"""Where a suite's engine metrics come from: each endpoint's ``/metrics`` scraped by the harness, or the
+cluster's own Prometheus queried with PromQL (``endpoints.prometheus`` in the cluster file).
+
+Both answer the same two questions, in the harness's quantity names (``kv_usage``, ``migrations``, ...
+of :data:`harness.probes.prometheus.ENGINE_PROFILES`) and keyed by the metrics URL the cluster file
+names, so a suite asks them the same way and never branches on the source:
+
+* :meth:`MetricsSource.read`: each endpoint's current values (summed over its label sets). With
+  ``settled=True`` the values reflect the state at the moment of the call: a scrape is always live,
+  a Prometheus waits (bounded) until it has scraped every endpoint again.
+* :meth:`MetricsSource.series`: each endpoint's values over a past window. A scrape source can only
+  give what it read itself meanwhile (its history of ``read``); a Prometheus gives every sample it
+  scraped, with the scrape's own timestamps.
+
+``label`` (``scrape`` or ``prometheus http://...``) goes into the verdicts' evidence, so a reader of
+the report knows which way the numbers came.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import httpx
+
+from harness.errors import ProbeError
+from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
+
+SCRAPE = "scrape"
+
+Series = dict[str, list[tuple[int, float]]]   # endpoint URL -> (wall ns, value), oldest first
+
+
+@dataclass
+class Reading:
+    """One read of every endpoint: quantity -> value (summed over the endpoint's label sets) per URL, and
+    why an endpoint gave nothing. A quantity an endpoint does not expose is absent from its dict."""
+
+    t_wall_ns: int
+    values: dict[str, dict[str, float]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def total(self, quantity: str) -> float | None:
+        """``quantity`` summed over the endpoints that expose it (None: none does)."""
+        found = [v[quantity] for v in self.values.values() if quantity in v]
+        return sum(found) if found else None
+
+
+class MetricsSource(abc.ABC):
+    """The engine metrics of one cluster, read with one metric profile (see the module doc)."""
+
+    label: str
+
+    def __init__(self, profile: str) -> None:
+        if profile not in ENGINE_PROFILES:
+            raise ProbeError(f"unknown engine profile {profile!r}", fix=f"use one of {', '.join(ENGINE_PROFILES)}")
+        self.profile = profile
+
+    def family(self, quantity: str) -> str:
+        try:
+            return ENGINE_PROFILES[self.profile][quantity]
+        except KeyError:
+            raise ProbeError(f"quantity {quantity!r} has no metric in the {self.profile} profile",
+                             fix=f"use one of {', '.join(sorted(ENGINE_PROFILES[self.profile]))}") from None
+
+    @abc.abstractmethod
+    def read(self, urls: Sequence[str], quantities: Sequence[str], *, settled: bool = False) -> Reading:
+        """The current value of each quantity on each endpoint (see the module doc for ``settled``)."""
+
+    @abc.abstractmethod
+    def series(self, urls: Sequence[str], quantity: str, start_wall_ns: int, end_wall_ns: int) -> Series:
+        """Each endpoint's values of ``quantity`` between two wall times (both included)."""
+
+    def close(self) -> None:
+        """Release the source's connections (idempotent)."""
+
+    def __enter__(self) -> MetricsSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ScrapeSource(MetricsSource):
+    """GET every endpoint's ``/metrics`` (with the cluster's API key, as its API wants) on each read.
+    Keeps what it read, so that ``series`` can answer for the windows it was reading in."""
+
+    label = SCRAPE
+
+    def __init__(self, profile: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> None:
+        super().__init__(profile)
+        self._http = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        self._history: list[Reading] = []
+        self._lock = threading.Lock()
+
+    def _read_one(self, url: str, families: dict[str, str]) -> dict[str, float]:
+        try:
+            resp = self._http.get(url)
+        except httpx.HTTPError as exc:
+            raise ProbeError(f"cannot scrape {url}: {exc}", fix="check the metrics URL and that the server is up") \
+                from exc
+        if resp.status_code != 200:
+            raise ProbeError(f"GET {url} answered HTTP {resp.status_code}", fix="check the metrics URL")
+        out: dict[str, float] = {}
+        for s in parse_metrics(resp.text):
+            for quantity, family in families.items():
+                if s.name in (family, family + "_total"):
+                    out[quantity] = out.get(quantity, 0.0) + s.value
+        return out
+
+    def read(self, urls: Sequence[str], quantities: Sequence[str], *, settled: bool = False) -> Reading:
+        families = {q: self.family(q) for q in quantities}
+        reading = Reading(time.time_ns())
+        for url in urls:
+            try:
+                reading.values[url] = self._read_one(url, families)
+            except ProbeError as exc:
+                reading.errors[url] = str(exc)
+        with self._lock:
+            self._history.append(reading)
+        return reading
+
+    def series(self, urls: Sequence[str], quantity: str, start_wall_ns: int, end_wall_ns: int) -> Series:
+        with self._lock:
+            history = [r for r in self._history if start_wall_ns <= r.t_wall_ns <= end_wall_ns]
+        return {url: [(r.t_wall_ns, r.values[url][quantity]) for r in history
+                      if quantity in r.values.get(url, {})] for url in urls}
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def source_label(cluster: Any) -> str:
+    """What :func:`metrics_source` would read ``cluster`` with, without contacting anything."""
+    url = getattr(cluster, "prometheus_url", None)
+    return f"prometheus {url}" if url else SCRAPE
+
+
+def metrics_source(cluster: Any, profile: str | None = None) -> MetricsSource:
+    """The cluster's Prometheus when its file names one (``endpoints.prometheus``), else direct scraping
+    with the cluster's API key; ``profile`` defaults to the engine's."""
+    profile = profile or cluster.spec.metric_profile
+    if profile is None:
+        raise ProbeError(f"engine {cluster.engine!r} has no metric profile",
+                         fix="set engine: (vllm, sglang, dynamo) in the cluster file")
+    if getattr(cluster, "prometheus_url", None):
+        from harness.probes.promql import PrometheusSource
+
+        return PrometheusSource(cluster.prometheus_url, profile)
+    return ScrapeSource(profile, api_key=cluster.api_key())
+
+
+__all__ = ["MetricsSource", "Reading", "SCRAPE", "ScrapeSource", "Series", "metrics_source", "source_label"]
