@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "rich", "plain", "off")
 _WINDOW_S = 30.0  # TTFT/TPOT p99 over requests that finished in the last 30 s
+MAX_SAMPLES = 4096  # cluster gauges kept for the report: beyond, pairs merge (a 10-hour run stays bounded)
 PLAIN_MAX = 199   # a plain line stays under 200 characters (a CI log line, a terminal's width)
 SETUP = "setup (bringing the cluster up, starting load)"
 
@@ -46,6 +47,23 @@ def _p99(values: list[float]) -> float | None:
 
 def _or_dash(value: float | None, fmt: str) -> str:
     return "—" if value is None else fmt.format(value)
+
+
+def _halved(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive pairs merged into one row at the later time holding each gauge's larger value
+    (the report shows peaks: a KV spike or a degradation level must survive the merge)."""
+    out = []
+    for i in range(0, len(rows) - 1, 2):
+        a, b = rows[i], rows[i + 1]
+        merged: dict[str, Any] = {"t": b["t"]}
+        for key in (a.keys() | b.keys()) - {"t"}:
+            values = [v for v in (a.get(key), b.get(key)) if v is not None]
+            if values:
+                merged[key] = max(values)
+        out.append(merged)
+    if len(rows) % 2:
+        out.append(rows[-1])
+    return out
 
 
 class _RecordTail:
@@ -221,6 +239,8 @@ class LiveStatus:
             self.in_flight = row.get("requests_in_engine")
             if len(row) > 1:
                 self.samples.append(row)
+                if len(self.samples) > MAX_SAMPLES:
+                    self.samples[:] = _halved(self.samples)
 
     # -- output ------------------------------------------------------------------------------------
 

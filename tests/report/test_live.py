@@ -180,3 +180,47 @@ def test_rich_panel_takes_the_terminal_width_of_its_stream():
         live.close()
         stream.close()
         os.close(main)
+
+
+def test_cluster_gauges_stay_bounded_over_a_long_run_and_keep_their_peaks(monkeypatch):
+    """A 10-hour soak samples the gauges 36,000 times: the kept rows halve past MAX_SAMPLES, each
+    merged row holding the larger value, so a one-tick KV spike is still in the report."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import harness.report.live as live
+
+    values = {"kv": 0.1}
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (f"pdengine_kv_cache_usage_ratio {values['kv']}\npdengine_degradation_level 0\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(live, "MAX_SAMPLES", 16)
+    clock = iter(range(1000)).__next__
+    status = LiveStatus(io.StringIO(), mode="off", clock=lambda: float(clock()))
+    try:
+        status.set_cluster(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+        for i in range(100):
+            values["kv"] = 0.93 if i == 57 else 0.1 + i / 1000
+            status.tick()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    rows = status.samples
+    assert 8 <= len(rows) <= 16, len(rows)
+    times = [r["t"] for r in rows]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert max(r["kv_usage"] for r in rows) == 0.93   # the one-tick spike survived every merge
+    assert rows[-1]["kv_usage"] >= 0.19               # the latest figures are the newest reads
