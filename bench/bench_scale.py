@@ -1,0 +1,473 @@
+"""The figures of a many-worker run (issue 28 item 4), at 16, 64 and 128 Dynamo mocker workers.
+
+For each worker count a real NVIDIA Dynamo cluster is started (``python -m clusters.dynamo.launch
+many --workers N --per-process 8``, its own run dir and a cluster file written for it), then:
+
+1. **the harness's own cost**: a real harness run, ``pytest suites/test_item4_reschedule.py
+   --cluster=FILE --kills=1`` (one load run with a kill and an 8 s hang of a mocker process, each
+   back in traffic before the next, 6.1.4 and nothing-lost judged; ``--quick``: ``test_62_slo.py
+   --load-duration=4``, load only), as a child process: its CPU seconds (user + system, its Locust
+   included: ``wait4``), the peak RSS of its process tree (pytest + Locust, sampled from /proc every
+   0.2 s) and pytest's own high-water mark (``VmHWM``);
+2. **records per second ingested**: that run's request records (its ``requests*.jsonl``) read with
+   ``harness.probes.records.iter_records`` again and again for at least a second; bytes per record;
+3. **the report**: ``results.json`` and ``report.html`` sizes, ``render_html`` of the results.json
+   read back, and headless Chromium loading the report (``--dump-dom``; its verdict rows checked);
+4. **faults on 10 % of the workers at once**: a fan-out ``process_kill`` of round(10 % of N / 8)
+   mocker processes (at least 1; each holds 8 workers) in parallel, each verified dead and then back
+   as a new healthy process (``harness.faults.fanout``).
+
+Then the **SSH fan-out** on its own: namespace hosts, each with its own real sshd (``SshdTest``,
+prefix ``pde-``) and a sleeper; ``process_hang`` on ``all`` of the first 4, 16 and 32 hosts (every
+command over SSH, audited; a fresh runner each time, so each host's SSH connection is part of the
+cost), and the 4 hosts again with a pool of 1 (serial) as the baseline of the parallel pool.
+
+Ratios are against the smallest size of the same run; the absolute figures are this machine's.
+
+    .venv/bin/python bench/bench_scale.py            # 16, 64, 128 workers; 4, 16, 32 SSH hosts (root)
+    .venv/bin/python bench/bench_scale.py --quick    # 16, 32 workers; 2, 4 SSH hosts (about 2 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `clusters` (the launcher) is a folder of the checkout, not of the package
+
+from clusters.dynamo.launch import FRONTEND_PORT, registered, worker_layout  # noqa: E402
+from harness.cluster import ClusterHandle  # noqa: E402
+from harness.clusterfile import load_cluster  # noqa: E402
+from harness.clusterfile.load import parse_cluster  # noqa: E402
+from harness.faults.fanout import fan_out, plan_fanout, revert_fanout  # noqa: E402
+from harness.faults.ledger import STATE_DIR_ENV  # noqa: E402
+from harness.faults.selectors import Selector  # noqa: E402
+from harness.fixtures import make_fault_runner  # noqa: E402
+from harness.probes.procfs import descendants  # noqa: E402
+from harness.probes.records import iter_records  # noqa: E402
+from harness.report.html import render_html  # noqa: E402
+from harness.report.jsonout import read_json  # noqa: E402
+
+PER_PROCESS = 8
+FAULT_SHARE = 0.10
+SSH_PREFIX, SSH_FABRIC, SSH_CONTROL = "pde-", "198.18.61.0/24", "198.18.62.0/24"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+SAMPLE_S = 0.2          # /proc sampling interval of the harness run's process tree
+INGEST_MIN_S = 1.0      # read the records again and again for at least this long
+READY_TIMEOUT_S = 600.0
+
+
+class BenchError(Exception):
+    """A figure could not be measured; the message says which and why."""
+
+
+# -- the cluster -----------------------------------------------------------------------------------------
+
+
+def cluster_data(workers: int, run_dir: Path, per_process: int = PER_PROCESS) -> dict:
+    """The cluster file of ``launch many --workers N --per-process P --run-dir RUN_DIR`` (the layout of
+    clusters/dynamo-many.yaml: one inventory entry per mocker process, its pid file in the run dir).
+    The blast radius allows one of two processes: the 16-worker cluster has only two."""
+    port = FRONTEND_PORT["many"]
+    api = f"http://127.0.0.1:{port}"
+    entries = [{"name": name, "role": role, "host": "localhost", "api": api,
+                "health": f"http://127.0.0.1:{sys_port}/health", "metrics": f"http://127.0.0.1:{sys_port}/metrics",
+                "process": {"pid_file": str(run_dir / f"{name}.pid")}, "supervised": True}
+               for name, role, sys_port, _ in worker_layout("many", workers, per_process)]
+    return {"version": 2, "name": f"bench-scale-{workers}", "kind": "external", "engine": "dynamo",
+            "model": "tiny-llama", "endpoints": {"api": api, "metrics": f"{api}/metrics", "admin": None},
+            "workload": {"prompt_tokens": 200, "output_tokens": 64}, "migration": {"on_worker_loss": True},
+            "workers": entries, "hosts": [{"name": "localhost", "address": "127.0.0.1",
+                                           "roles": ["router", "prefill", "decode"]}],
+            "safety": {"production": False, "allowed_faults": "all", "blast_radius": {"max_role_share_down": 0.5}}}
+
+
+def fault_processes(workers: int, per_process: int = PER_PROCESS) -> int:
+    """Mocker processes to kill at once for 10 % of ``workers`` (whole processes, at least one)."""
+    return max(1, round(FAULT_SHARE * workers / per_process))
+
+
+@dataclass
+class DynamoMany:
+    """``launch many`` in the background for the duration of a ``with`` block; stopped and reaped."""
+
+    workers: int
+    scratch: Path
+    venv: Path = field(default_factory=lambda: Path(os.environ.get("HARNESS_DYNAMO_VENV", ROOT / ".venv-dynamo")))
+    proc: subprocess.Popen | None = None
+    ready: dict = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.scratch / f"dynamo-{self.workers}"
+
+    def __enter__(self) -> DynamoMany:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ready_file, log_path = self.scratch / f"ready-{self.workers}.json", self.scratch / f"launch-{self.workers}.log"
+        ready_file.unlink(missing_ok=True)
+        with open(log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "clusters.dynamo.launch", "many", "--workers", str(self.workers),
+                 "--per-process", str(PER_PROCESS), "--venv", str(self.venv), "--run-dir", str(self.run_dir),
+                 "--ready-file", str(ready_file)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise BenchError(f"the {self.workers}-worker Dynamo cluster did not start (exit "
+                                 f"{self.proc.returncode}): {log_path.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.5)
+        self.ready = json.loads(ready_file.read_text())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+
+
+# -- 1. the harness's own cost ---------------------------------------------------------------------------
+
+
+@dataclass
+class HarnessRun:
+    exit_code: int
+    wall_s: float
+    cpu_s: float              # user + system of pytest and every child it reaped (its Locust)
+    tree_rss_peak_mb: float   # sum of RSS over pytest and its descendants, largest sample
+    pytest_hwm_mb: float      # pytest's own VmHWM, last sample before it exited
+    run_dir: Path
+
+
+def _rss_kb(pid: int, key: str = "VmRSS") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bool) -> HarnessRun:
+    """One real harness run as a child process, measured from outside (see the module doc)."""
+    suite = (["suites/test_62_slo.py", "--load-duration=4"] if quick
+             else ["suites/test_item4_reschedule.py", "--kills=1"])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suite, f"--cluster={cluster_file}",
+           f"--report-dir={report_dir}", "--live=off"]
+    env = dict(os.environ, **{STATE_DIR_ENV: str(state_dir)})
+    peak = {"tree": 0, "hwm": 0}
+    log_path = report_dir.parent / f"{report_dir.name}.log"
+    t0 = time.monotonic()
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(SAMPLE_S):
+            tree = sum(_rss_kb(p) for p in [proc.pid, *descendants(proc.pid)])
+            peak["tree"] = max(peak["tree"], tree)
+            peak["hwm"] = max(peak["hwm"], _rss_kb(proc.pid, "VmHWM"))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(proc.pid, 0)  # the child's rusage, with its reaped children's
+    wall = time.monotonic() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    done.set()
+    sampler.join()
+    if proc.returncode not in (0, 1, 2):  # conformant, not, inconclusive: a measured run either way
+        raise BenchError(f"the harness run exited {proc.returncode}: {log_path.read_text(errors='replace')[-3000:]}")
+    return HarnessRun(proc.returncode, wall, usage.ru_utime + usage.ru_stime, peak["tree"] / 1024,
+                      peak["hwm"] / 1024, (report_dir / "latest").resolve())
+
+
+# -- 2. records ingested ---------------------------------------------------------------------------------
+
+
+def ingest(run_dir: Path) -> dict:
+    """Records per second that ``iter_records`` parses from the run's record files, and their size."""
+    files = sorted(run_dir.glob("artifacts/*/requests*.jsonl"))
+    count = sum(1 for f in files for _ in iter_records(f))
+    if not count:
+        raise BenchError(f"the harness run wrote no request records under {run_dir}/artifacts")
+    size = sum(f.stat().st_size for f in files)
+    passes, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < INGEST_MIN_S or passes < 3:
+        for f in files:
+            for _ in iter_records(f):
+                pass
+        passes += 1
+    return {"records": count, "bytes_per_record": size / count, "records_per_s": count * passes / elapsed}
+
+
+# -- 3. the report ---------------------------------------------------------------------------------------
+
+
+def report_figures(run_dir: Path, scratch: Path, repeats: int) -> dict:
+    """Sizes of results.json and report.html, render_html time, Chromium's load time (best of ``repeats``)."""
+    results, html = run_dir / "results.json", run_dir / "report.html"
+    result = read_json(results)
+    t0 = time.perf_counter()
+    rendered = render_html(result)
+    render_s = time.perf_counter() - t0
+    if CHROMIUM is None:
+        raise BenchError("chromium is not installed (apt-get install chromium): the report's render time needs it")
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                              "--disable-component-update", "--disable-sync", "--no-first-run",
+                              "--disable-dev-shm-usage", f"--user-data-dir={scratch / f'chromium-{i}'}", "--dump-dom",
+                              html.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+        times.append(time.perf_counter() - t0)
+        rows = dom.count('class="verdict"')
+        if rows != len(result.verdicts):
+            raise BenchError(f"Chromium rendered {rows} verdict rows of {len(result.verdicts)} from {html}")
+    return {"results_kb": results.stat().st_size / 1024, "html_kb": html.stat().st_size / 1024,
+            "rendered_kb": len(rendered.encode()) / 1024, "render_ms": render_s * 1e3,
+            "chromium_ms": min(times) * 1e3, "verdicts": len(result.verdicts)}
+
+
+# -- 4. 10 % of the workers at once ----------------------------------------------------------------------
+
+
+def fanout_kill(cluster_file: Path, api: str, workers: int, state_dir: Path) -> dict:
+    """Kill round(10 % of the workers) worth of mocker processes in parallel, verified, then back."""
+    spec = load_cluster(cluster_file)
+    cluster = ClusterHandle(spec, spec.checklist(), api, None, None)
+    k = fault_processes(workers)
+    plan = plan_fanout(cluster, "process_kill", Selector.parse(f"fixed:{k}"), seed=workers)
+    cpu0 = _self_cpu()
+    with make_fault_runner(cluster, state_dir=state_dir) as runner:
+        fan = fan_out(runner, cluster, plan, max_parallel=k)
+        revert_fanout(runner, fan)
+    if len(fan.faults) != k:
+        raise BenchError(f"the fan-out injected {len(fan.faults)} faults, {k} planned")
+    return {"processes": k, "workers_down": k * PER_PROCESS, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
+            "bench_cpu_s": _self_cpu() - cpu0}
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def registered_after(api: str, workers: int, timeout_s: float = 60.0) -> int:
+    """Workers the frontend lists, waiting up to ``timeout_s`` for all of them: a killed process's
+    registration expires in about 10 s, and a hang longer than that lease may leave a worker never
+    registered again (docs/dynamo.md): a finding to print, not a reason to stop the bench."""
+    deadline = time.monotonic() + timeout_s
+    while (have := sum(registered(api).values())) != workers and time.monotonic() < deadline:
+        time.sleep(1.0)  # discovery's own pace
+    return have
+
+
+def measure_size(workers: int, scratch: Path, quick: bool) -> dict:
+    with DynamoMany(workers, scratch) as dyn:
+        cluster_file = scratch / f"bench-scale-{workers}.yaml"
+        cluster_file.write_text(yaml.safe_dump(cluster_data(workers, dyn.run_dir), sort_keys=False))
+        run = harness_run(cluster_file, scratch / f"reports-{workers}", scratch / f"state-{workers}", quick)
+        figures = {"workers": workers, "processes": len(dyn.ready["workers"]), "startup_s": dyn.ready["startup_s"],
+                   "run": run, "ingest": ingest(run.run_dir),
+                   "report": report_figures(run.run_dir, scratch, 1 if quick else 2)}
+        figures["registered_after_run"] = registered_after(dyn.ready["api"], workers)
+        figures["fanout"] = fanout_kill(cluster_file, dyn.ready["api"], workers, scratch / f"state-{workers}")
+    return figures
+
+
+# -- 5. SSH fan-out per host count -----------------------------------------------------------------------
+
+
+def ssh_fanout(counts: list[int], scratch: Path) -> list[dict]:
+    """``process_hang`` on all of the first N namespace hosts, each over its own sshd; then N=min serially."""
+    from harness.fabric.builder import leftovers
+    from harness.fabric.sshdtest import SshdTest, unavailable_reason
+
+    if reason := unavailable_reason():
+        raise BenchError(f"SSH fan-out: {reason}")
+    if left := leftovers(prefix=SSH_PREFIX):
+        raise BenchError(f"hosts with prefix {SSH_PREFIX} are already up: {left} (python -m harness fabric down)")
+    rows: list[dict] = []
+    sleepers: list[subprocess.Popen] = []
+    t0 = time.monotonic()
+    with SshdTest(scratch / "sshd", hosts=max(counts), prefix=SSH_PREFIX, fabric_subnet=SSH_FABRIC,
+                  control_subnet=SSH_CONTROL) as hosts:
+        setup_s = time.monotonic() - t0
+        try:
+            for name, _, _ in hosts.endpoints():  # `ip netns exec` execs: the pid is the sleeper's
+                sleepers.append(subprocess.Popen(["ip", "netns", "exec", name, "sleep", "3600"]))
+            for n, pool in [(n, min(n, 32)) for n in counts] + [(min(counts), 1)]:
+                cluster = _ssh_cluster(hosts, sleepers[:n], scratch / f"ssh-{n}-{pool}")
+                plan = plan_fanout(cluster, "process_hang", Selector.parse("all"))
+                cpu0 = _self_cpu()
+                with make_fault_runner(cluster, state_dir=scratch / f"ssh-{n}-{pool}" / "state") as runner:
+                    fan = fan_out(runner, cluster, plan, max_parallel=pool)
+                    stopped = sum(_state(p.pid) == "T" for p in sleepers[:n])
+                    revert_fanout(runner, fan, max_parallel=pool)
+                if stopped != n or any(_state(p.pid) == "T" for p in sleepers[:n]):
+                    raise BenchError(f"{n} hosts: {stopped} sleepers were stopped, or some were not resumed")
+                rows.append({"hosts": n, "pool": pool, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
+                             "bench_cpu_s": _self_cpu() - cpu0, "setup_s": setup_s})
+        finally:
+            for p in sleepers:
+                p.kill()
+                p.wait()
+    if left := leftovers(prefix=SSH_PREFIX):
+        raise BenchError(f"namespace hosts left behind: {left}")
+    return rows
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _ssh_cluster(hosts, sleepers: list[subprocess.Popen], folder: Path) -> ClusterHandle:
+    """A cluster file reaching each host only over SSH; its one worker per host is that host's sleeper."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ssh = {"user": "root", "key_file": str(hosts.key), "known_hosts": str(hosts.known_hosts), "connect_timeout_s": 10}
+    data = {"version": 2, "name": f"bench-ssh-{len(sleepers)}", "kind": "external",
+            "endpoints": {"api": f"http://{SSH_CONTROL.rsplit('.', 1)[0]}.254:19400"},  # never called
+            "hosts": [], "workers": [], "safety": {"allowed_faults": ["process_hang"]}}
+    for i, ((_, address, _), sleeper) in enumerate(zip(hosts.endpoints(), sleepers)):
+        (folder / f"w-{i}.pid").write_text(f"{sleeper.pid}\n")
+        data["hosts"].append({"name": f"h{i}", "address": address, "roles": ["decode"], "ssh": ssh})
+        data["workers"].append({"name": f"w-{i}", "role": "decode", "host": f"h{i}", "api": f"http://{address}:19401",
+                                "process": {"pid_file": str(folder / f"w-{i}.pid")}})
+    spec = parse_cluster(data, source=str(folder / "cluster.yaml"))
+    return ClusterHandle(spec, spec.checklist(), spec.endpoints.api, None, None)
+
+
+# -- output ----------------------------------------------------------------------------------------------
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line y = a + b x (b = 0 with one point)."""
+    if len(set(xs)) < 2:
+        return statistics.fmean(ys), 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def print_sizes(sizes: list[dict], quick: bool) -> None:
+    base = sizes[0]
+    b = base["workers"]
+    suite = "test_62_slo.py --load-duration=4" if quick else "test_item4_reschedule.py --kills=1"
+    print(f"\n1. the harness run (pytest {suite}; CPU and RSS include its Locust), ratios against {b} workers")
+    print(f"{'workers':>7} {'procs':>5} {'up s':>5} {'exit':>4} {'wall s':>6} {'CPU s':>6} {'/' + str(b):>5} "
+          f"{'tree RSS MB':>11} {'/' + str(b):>5} {'pytest HWM MB':>13} {'requests':>8}")
+    for s in sizes:
+        r = s["run"]
+        print(f"{s['workers']:>7} {s['processes']:>5} {s['startup_s']:>5.1f} {r.exit_code:>4} {r.wall_s:>6.1f} "
+              f"{r.cpu_s:>6.1f} {r.cpu_s / base['run'].cpu_s:>5.2f} {r.tree_rss_peak_mb:>11.0f} "
+              f"{r.tree_rss_peak_mb / base['run'].tree_rss_peak_mb:>5.2f} {r.pytest_hwm_mb:>13.0f} "
+              f"{s['ingest']['records']:>8}")
+    print(f"\n2. records ingested (iter_records over the run's records, repeated >= {INGEST_MIN_S:.0f} s)")
+    print(f"{'workers':>7} {'records':>7} {'B/record':>8} {'records/s':>9} {'/' + str(b):>5}")
+    for s in sizes:
+        i = s["ingest"]
+        print(f"{s['workers']:>7} {i['records']:>7} {i['bytes_per_record']:>8.0f} {i['records_per_s']:>9.0f} "
+              f"{i['records_per_s'] / base['ingest']['records_per_s']:>5.2f}")
+    print("\n3. the report (render_html of results.json; headless Chromium --dump-dom, best of its tries)")
+    print(f"{'workers':>7} {'verdicts':>8} {'results KB':>10} {'html KB':>7} {'/' + str(b):>5} {'render ms':>9} "
+          f"{'chromium ms':>11} {'/' + str(b):>5}")
+    for s in sizes:
+        p = s["report"]
+        print(f"{s['workers']:>7} {p['verdicts']:>8} {p['results_kb']:>10.1f} {p['html_kb']:>7.1f} "
+              f"{p['html_kb'] / base['report']['html_kb']:>5.2f} {p['render_ms']:>9.0f} {p['chromium_ms']:>11.0f} "
+              f"{p['chromium_ms'] / base['report']['chromium_ms']:>5.2f}")
+    print(f"\n4. faults on {FAULT_SHARE:.0%} of the workers at once (process_kill fan-out, mocker processes of "
+          f"{PER_PROCESS}; verified dead, back as new healthy processes)")
+    print(f"{'workers':>7} {'registered':>10} {'killed':>6} {'workers down':>12} {'inject s':>8} {'revert s':>8} "
+          f"{'bench CPU s':>11}")
+    for s in sizes:
+        f = s["fanout"]
+        print(f"{s['workers']:>7} {s['registered_after_run']:>10} {f['processes']:>6} {f['workers_down']:>12} "
+              f"{f['inject_s']:>8.2f} {f['revert_s']:>8.2f} {f['bench_cpu_s']:>11.2f}")
+    print("(registered: workers the frontend listed after the harness run, before the fan-out)")
+
+
+def print_ssh(rows: list[dict]) -> None:
+    parallel = [r for r in rows if r["pool"] > 1 or r["hosts"] == 1]
+    base = parallel[0]
+    serial = rows[-1]
+    print(f"\n5. SSH fan-out: process_hang on all hosts, each its own sshd in a namespace (set up {rows[0]['setup_s']:.1f} s "
+          f"for {max(r['hosts'] for r in rows)}); a fresh runner each row (SSH connections included)")
+    print(f"{'hosts':>5} {'pool':>4} {'inject s':>8} {'revert s':>8} {'ms/host':>7} {'inject/' + str(base['hosts']):>9} "
+          f"{'bench CPU s':>11}")
+    for r in rows:
+        print(f"{r['hosts']:>5} {r['pool']:>4} {r['inject_s']:>8.2f} {r['revert_s']:>8.2f} "
+              f"{r['inject_s'] / r['hosts'] * 1e3:>7.0f} {r['inject_s'] / base['inject_s']:>9.2f} {r['bench_cpu_s']:>11.2f}")
+    print(f"serial / parallel at {serial['hosts']} hosts: inject {serial['inject_s'] / base['inject_s']:.2f}, "
+          f"revert {serial['revert_s'] / base['revert_s']:.2f}")
+    if len(parallel) > 1:
+        xs = [r["hosts"] for r in parallel]
+        a, b = fit(xs, [r["inject_s"] for r in parallel])
+        ar, br = fit(xs, [r["revert_s"] for r in parallel])
+        print(f"line fit: inject {a:.2f} s + {b * 1e3:.0f} ms/host, revert {ar:.2f} s + {br * 1e3:.0f} ms/host; "
+              f"at 125 hosts: inject {a + 125 * b:.1f} s, revert {ar + 125 * br:.1f} s (extrapolated)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="16 and 32 workers, 2 and 4 SSH hosts, a 4 s load run (CI)")
+    p.add_argument("--workers", help="comma-separated worker counts (default 16,64,128; --quick 16,32)")
+    p.add_argument("--ssh-hosts", help="comma-separated SSH host counts (default 4,16,32; --quick 2,4; 0: skip)")
+    p.add_argument("--scratch", type=Path, help="scratch folder (default: a fresh temporary one, removed after)")
+    args = p.parse_args(argv)
+    try:
+        workers = [int(w) for w in (args.workers or ("16,32" if args.quick else "16,64,128")).split(",")]
+        hosts = [int(h) for h in (args.ssh_hosts or ("2,4" if args.quick else "4,16,32")).split(",") if h != "0"]
+    except ValueError:
+        p.error("--workers and --ssh-hosts take comma-separated whole numbers, e.g. --workers 16,64,128")
+    for w in workers:
+        if w < 2 * PER_PROCESS or w % PER_PROCESS or w // PER_PROCESS > 16:
+            p.error(f"--workers {w}: each count must be a multiple of {PER_PROCESS} from {2 * PER_PROCESS} to "
+                    f"{16 * PER_PROCESS} (two to sixteen mocker processes: the ports 8601-8616)")
+    if any(h < 1 or h > 200 for h in hosts):
+        p.error("--ssh-hosts: each count must be from 1 to 200 (the /24 subnets of the namespace hosts)")
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    print(f"this machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
+          f"GiB; absolute figures are this machine's, ratios against the smallest size of this run", flush=True)
+    try:
+        sizes = []
+        for w in sorted(workers):
+            sizes.append(measure_size(w, scratch, args.quick))
+            print(f"measured {w} workers", flush=True)
+        print_sizes(sizes, args.quick)
+        if hosts:
+            print_ssh(ssh_fanout(sorted(hosts), scratch))
+    except BenchError as exc:
+        print(f"bench_scale: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.scratch is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

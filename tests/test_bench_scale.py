@@ -1,0 +1,109 @@
+"""bench/bench_scale.py: the cluster file it writes matches what the launcher starts, its fault and fit
+arithmetic, its usage errors; and (slow) ``--quick`` end to end: two real Dynamo clusters, a real harness
+run on each, the report opened in Chromium, a fan-out kill, SSH fan-out over namespace hosts with real
+sshd, every table printed with its ratios, and nothing left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusters.dynamo.launch import build
+from harness.clusterfile.load import parse_cluster
+from harness.fabric.builder import leftovers
+from harness.fabric.sshdtest import unavailable_reason
+from tests.fabric.conftest import missing, require_fabric
+from tests.realengine.conftest import dynamo_venv
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "bench_scale.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench  # its dataclasses look their module up
+_spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("workers", [16, 64, 128])
+def test_the_cluster_file_lists_the_processes_the_launcher_starts(tmp_path, workers):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()  # build() only checks that the interpreter exists
+    instances, frontend, expected = build("many", venv, tmp_path / "model", tmp_path / "run", workers, 8)
+    spec = parse_cluster(bench.cluster_data(workers, tmp_path / "run"), source="bench-scale.yaml")
+    assert [w.name for w in spec.workers] == [i.name for i in instances]
+    assert [w.health for w in spec.workers] == [i.health_url for i in instances]
+    assert [w.process.pid_file for w in spec.workers] == [str(tmp_path / "run" / f"{i.name}.pid") for i in instances]
+    assert expected == {"backend": workers} and str(spec.endpoints.api) in frontend.health_url
+    assert all(w.restartable for w in spec.workers)  # supervised: a fan-out kill has a way back
+
+
+def test_ten_percent_is_whole_processes_and_at_least_one():
+    assert [bench.fault_processes(w) for w in (16, 64, 128, 256)] == [1, 1, 2, 3]
+
+
+def test_the_line_fit_extrapolates_a_straight_line():
+    a, b = bench.fit([4, 16, 32], [1.0 + 0.05 * x for x in (4, 16, 32)])
+    assert (round(a, 6), round(b, 6)) == (1.0, 0.05)
+    assert bench.fit([4], [2.0]) == (2.0, 0.0)
+
+
+@pytest.mark.parametrize("args, message", [(["--workers", "12"], "multiple of 8 from 16 to 128"),
+                                           (["--workers", "136"], "multiple of 8 from 16 to 128"),
+                                           (["--ssh-hosts", "300"], "from 1 to 200"),
+                                           (["--workers", "x"], "comma-separated whole numbers")])
+def test_bad_counts_are_usage_errors(args, message):
+    out = subprocess.run([sys.executable, "bench/bench_scale.py", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and message in out.stderr
+
+
+def _column(lines: list[str], title: str, width: int) -> list[list[str]]:
+    """The rows of the table whose title line starts with ``title`` (cells split on blanks)."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(title)) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.strip() or not line.split()[0].isdigit():
+            break
+        rows.append(line.split())
+    assert rows and all(len(r) == width for r in rows), rows
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_quick_bench_prints_every_figure_with_its_ratios_and_leaves_nothing(tmp_path):
+    require_fabric()
+    if reason := unavailable_reason():
+        missing(reason)
+    if not (dynamo_venv() / "bin" / "python").exists():
+        missing(f"no Dynamo venv at {dynamo_venv()}: make it with clusters/dynamo/setup.sh")
+    if shutil.which("chromium") is None:
+        missing("chromium is not installed (apt-get install chromium)")
+    out = subprocess.run([sys.executable, "bench/bench_scale.py", "--quick", "--scratch", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    run = _column(lines, "1. the harness run", 11)
+    assert [int(r[0]) for r in run] == [16, 32] and [int(r[1]) for r in run] == [2, 4]
+    assert run[0][6] == "1.00" and run[0][8] == "1.00"  # the baseline's own ratios
+    for r in run:
+        assert int(r[3]) in (0, 1, 2) and float(r[5]) > 0 and float(r[7]) > 50 and int(r[10]) > 0
+    ingest = _column(lines, "2. records ingested", 5)
+    assert all(float(r[3]) > 0 for r in ingest) and ingest[0][4] == "1.00"
+    report = _column(lines, "3. the report", 8)
+    assert all(int(r[1]) >= 1 and float(r[3]) > 1 and float(r[6]) > 0 for r in report)
+    fan = _column(lines, "4. faults on 10%", 7)
+    assert [(int(r[2]), int(r[3])) for r in fan] == [(1, 8), (1, 8)]  # one process of 8 workers each
+    ssh = _column(lines, "5. SSH fan-out", 7)
+    assert [(int(r[0]), int(r[1])) for r in ssh] == [(2, 2), (4, 4), (2, 1)]  # the serial baseline last
+    assert any(line.startswith("serial / parallel at 2 hosts") for line in lines)
+    assert any("at 125 hosts" in line for line in lines)
+    assert leftovers(prefix=bench.SSH_PREFIX) == []
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of the bench remain: {left}"
+    pids = [int(f.read_text()) for f in tmp_path.glob("dynamo-*/*.pid")]  # each process's last incarnation
+    assert len(pids) == 2 + 1 + 4 + 1 and not [p for p in pids if Path(f"/proc/{p}").exists()], pids
