@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -323,12 +324,17 @@ def ssh_fanout(counts: list[int], scratch: Path) -> list[dict]:
                 plan = plan_fanout(cluster, "process_hang", Selector.parse("all"))
                 cpu0 = _self_cpu()
                 with make_fault_runner(cluster, state_dir=scratch / f"ssh-{n}-{pool}" / "state") as runner:
+                    t1 = time.monotonic()  # each host's SSH connection and one command, on the same pool
+                    with ThreadPoolExecutor(pool) as ex:
+                        list(ex.map(lambda h: runner.executor_factory(h.name).run(["true"], timeout=60),
+                                    cluster.spec.hosts))
+                    connect_s = time.monotonic() - t1
                     fan = fan_out(runner, cluster, plan, max_parallel=pool)
                     stopped = sum(_state(p.pid) == "T" for p in sleepers[:n])
                     revert_fanout(runner, fan, max_parallel=pool)
                 if stopped != n or any(_state(p.pid) == "T" for p in sleepers[:n]):
                     raise BenchError(f"{n} hosts: {stopped} sleepers were stopped, or some were not resumed")
-                rows.append({"hosts": n, "pool": pool, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
+                rows.append({"hosts": n, "pool": pool, "connect_s": connect_s, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
                              "bench_cpu_s": _self_cpu() - cpu0, "setup_s": setup_s})
         finally:
             for p in sleepers:
@@ -410,24 +416,26 @@ def print_sizes(sizes: list[dict], quick: bool) -> None:
 
 
 def print_ssh(rows: list[dict]) -> None:
-    parallel = [r for r in rows if r["pool"] > 1 or r["hosts"] == 1]
+    parallel, serial = rows[:-1], rows[-1]  # ssh_fanout's last row: the smallest count with a pool of 1
     base = parallel[0]
-    serial = rows[-1]
-    print(f"\n5. SSH fan-out: process_hang on all hosts, each its own sshd in a namespace (set up {rows[0]['setup_s']:.1f} s "
-          f"for {max(r['hosts'] for r in rows)}); a fresh runner each row (SSH connections included)")
-    print(f"{'hosts':>5} {'pool':>4} {'inject s':>8} {'revert s':>8} {'ms/host':>7} {'inject/' + str(base['hosts']):>9} "
-          f"{'bench CPU s':>11}")
+    print(f"\n5. SSH fan-out: each host its own sshd in a namespace (set up {rows[0]['setup_s']:.1f} s for "
+          f"{max(r['hosts'] for r in rows)}); a fresh runner each row: connect + `true` on every host, then "
+          "process_hang on all (over those connections), then the parallel revert")
+    print(f"{'hosts':>5} {'pool':>4} {'connect s':>9} {'inject s':>8} {'revert s':>8} {'ms/host':>7} "
+          f"{'inject/' + str(base['hosts']):>9} {'bench CPU s':>11}")
     for r in rows:
-        print(f"{r['hosts']:>5} {r['pool']:>4} {r['inject_s']:>8.2f} {r['revert_s']:>8.2f} "
+        print(f"{r['hosts']:>5} {r['pool']:>4} {r['connect_s']:>9.2f} {r['inject_s']:>8.2f} {r['revert_s']:>8.2f} "
               f"{r['inject_s'] / r['hosts'] * 1e3:>7.0f} {r['inject_s'] / base['inject_s']:>9.2f} {r['bench_cpu_s']:>11.2f}")
-    print(f"serial / parallel at {serial['hosts']} hosts: inject {serial['inject_s'] / base['inject_s']:.2f}, "
-          f"revert {serial['revert_s'] / base['revert_s']:.2f}")
+    print(f"serial / parallel at {serial['hosts']} hosts: connect {serial['connect_s'] / base['connect_s']:.2f}, "
+          f"inject {serial['inject_s'] / base['inject_s']:.2f}, revert {serial['revert_s'] / base['revert_s']:.2f}")
     if len(parallel) > 1:
         xs = [r["hosts"] for r in parallel]
-        a, b = fit(xs, [r["inject_s"] for r in parallel])
-        ar, br = fit(xs, [r["revert_s"] for r in parallel])
-        print(f"line fit: inject {a:.2f} s + {b * 1e3:.0f} ms/host, revert {ar:.2f} s + {br * 1e3:.0f} ms/host; "
-              f"at 125 hosts: inject {a + 125 * b:.1f} s, revert {ar + 125 * br:.1f} s (extrapolated)")
+        line = []
+        for key in ("connect_s", "inject_s", "revert_s"):
+            a, b = fit(xs, [r[key] for r in parallel])
+            line.append((key[:-2], a, b))
+        print("line fit: " + ", ".join(f"{k} {a:.2f} s + {b * 1e3:.0f} ms/host" for k, a, b in line)
+              + "; at 125 hosts: " + ", ".join(f"{k} {a + 125 * b:.1f} s" for k, a, b in line) + " (extrapolated)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         if w < 2 * PER_PROCESS or w % PER_PROCESS or w // PER_PROCESS > 16:
             p.error(f"--workers {w}: each count must be a multiple of {PER_PROCESS} from {2 * PER_PROCESS} to "
                     f"{16 * PER_PROCESS} (two to sixteen mocker processes: the ports 8601-8616)")
-    if any(h < 1 or h > 200 for h in hosts):
-        p.error("--ssh-hosts: each count must be from 1 to 200 (the /24 subnets of the namespace hosts)")
+    if any(h < 1 or h > 64 for h in hosts):
+        p.error("--ssh-hosts: each count must be from 1 to 64 (the emulated fabric's largest: FabricConfig.hosts)")
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     scratch.mkdir(parents=True, exist_ok=True)
     print(f"this machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
