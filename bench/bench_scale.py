@@ -10,7 +10,9 @@ many --workers N --per-process 8``, its own run dir and a cluster file written f
    included: ``wait4``), the peak RSS of its process tree (pytest + Locust, sampled from /proc every
    0.2 s) and pytest's own high-water mark (``VmHWM``);
 2. **records per second ingested**: that run's request records (its ``requests*.jsonl``) read with
-   ``harness.probes.records.iter_records`` again and again for at least a second; bytes per record;
+   ``harness.probes.records.iter_records`` again and again for at least a second, then summarized
+   (``harness.probes.analysis.summarize``: the percentiles every suite computes) repeated to 20 000
+   records; bytes per record;
 3. **the report**: ``results.json`` and ``report.html`` sizes, ``render_html`` of the results.json
    read back, and headless Chromium loading the report (``--dump-dom``; its verdict rows checked);
 4. **faults on 10 % of the workers at once**: a fan-out ``process_kill`` of round(10 % of N / 8)
@@ -59,7 +61,8 @@ from harness.faults.fanout import fan_out, plan_fanout, revert_fanout  # noqa: E
 from harness.faults.ledger import STATE_DIR_ENV  # noqa: E402
 from harness.faults.selectors import Selector  # noqa: E402
 from harness.fixtures import make_fault_runner  # noqa: E402
-from harness.probes.procfs import descendants  # noqa: E402
+from harness.probes.analysis import summarize  # noqa: E402
+from harness.probes.procfs import cmdline, cpu_and_start_seconds, descendants  # noqa: E402
 from harness.probes.records import iter_records  # noqa: E402
 from harness.report.html import render_html  # noqa: E402
 from harness.report.jsonout import read_json  # noqa: E402
@@ -70,6 +73,7 @@ SSH_PREFIX, SSH_FABRIC, SSH_CONTROL = "pde-", "198.18.61.0/24", "198.18.62.0/24"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 SAMPLE_S = 0.2          # /proc sampling interval of the harness run's process tree
 INGEST_MIN_S = 1.0      # read the records again and again for at least this long
+SUMMARIZE_RECORDS = 20_000  # the run's records repeated to at least this many for analysis.summarize
 READY_TIMEOUT_S = 600.0
 
 
@@ -156,6 +160,7 @@ class HarnessRun:
     exit_code: int
     wall_s: float
     cpu_s: float              # user + system of pytest and every child it reaped (its Locust)
+    locust_cpu_s: float       # of that, the Locust processes' (sampled: up to SAMPLE_S short at their end)
     tree_rss_peak_mb: float   # sum of RSS over pytest and its descendants, largest sample
     pytest_hwm_mb: float      # pytest's own VmHWM, last sample before it exited
     run_dir: Path
@@ -185,11 +190,16 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     done = threading.Event()
 
+    locust_cpu: dict[int, float] = {}  # pid -> its last CPU seconds seen (Locust, and its workers if any)
+
     def sample() -> None:
         while not done.wait(SAMPLE_S):
-            tree = sum(_rss_kb(p) for p in [proc.pid, *descendants(proc.pid)])
-            peak["tree"] = max(peak["tree"], tree)
+            kids = descendants(proc.pid)
+            peak["tree"] = max(peak["tree"], sum(_rss_kb(p) for p in [proc.pid, *kids]))
             peak["hwm"] = max(peak["hwm"], _rss_kb(proc.pid, "VmHWM"))
+            for pid in kids:
+                if (cpu := cpu_and_start_seconds(pid)) is not None and any("locust" in a for a in cmdline(pid)):
+                    locust_cpu[pid] = cpu[0]
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -200,8 +210,8 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
     sampler.join()
     if proc.returncode not in (0, 1, 2):  # conformant, not, inconclusive: a measured run either way
         raise BenchError(f"the harness run exited {proc.returncode}: {log_path.read_text(errors='replace')[-3000:]}")
-    return HarnessRun(proc.returncode, wall, usage.ru_utime + usage.ru_stime, peak["tree"] / 1024,
-                      peak["hwm"] / 1024, (report_dir / "latest").resolve())
+    return HarnessRun(proc.returncode, wall, usage.ru_utime + usage.ru_stime, sum(locust_cpu.values()),
+                      peak["tree"] / 1024, peak["hwm"] / 1024, (report_dir / "latest").resolve())
 
 
 # -- 2. records ingested ---------------------------------------------------------------------------------
@@ -220,7 +230,12 @@ def ingest(run_dir: Path) -> dict:
             for _ in iter_records(f):
                 pass
         passes += 1
-    return {"records": count, "bytes_per_record": size / count, "records_per_s": count * passes / elapsed}
+    records = [r for f in files for r in iter_records(f)]
+    many = records * -(-SUMMARIZE_RECORDS // len(records))  # the same records, enough of them to time
+    t0 = time.perf_counter()
+    summarize(many)
+    return {"records": count, "bytes_per_record": size / count, "records_per_s": count * passes / elapsed,
+            "summarized": len(many), "summarize_per_s": len(many) / (time.perf_counter() - t0)}
 
 
 # -- 3. the report ---------------------------------------------------------------------------------------
@@ -383,19 +398,24 @@ def print_sizes(sizes: list[dict], quick: bool) -> None:
     suite = "test_62_slo.py --load-duration=4" if quick else "test_item4_reschedule.py --kills=1"
     print(f"\n1. the harness run (pytest {suite}; CPU and RSS include its Locust), ratios against {b} workers")
     print(f"{'workers':>7} {'procs':>5} {'up s':>5} {'exit':>4} {'wall s':>6} {'CPU s':>6} {'/' + str(b):>5} "
-          f"{'tree RSS MB':>11} {'/' + str(b):>5} {'pytest HWM MB':>13} {'requests':>8}")
+          f"{'Locust s':>8} {'ms/req':>6} {'tree RSS MB':>11} {'/' + str(b):>5} {'pytest HWM MB':>13} {'requests':>8}")
     for s in sizes:
-        r = s["run"]
+        r, n = s["run"], s["ingest"]["records"]
         print(f"{s['workers']:>7} {s['processes']:>5} {s['startup_s']:>5.1f} {r.exit_code:>4} {r.wall_s:>6.1f} "
-              f"{r.cpu_s:>6.1f} {r.cpu_s / base['run'].cpu_s:>5.2f} {r.tree_rss_peak_mb:>11.0f} "
-              f"{r.tree_rss_peak_mb / base['run'].tree_rss_peak_mb:>5.2f} {r.pytest_hwm_mb:>13.0f} "
-              f"{s['ingest']['records']:>8}")
-    print(f"\n2. records ingested (iter_records over the run's records, repeated >= {INGEST_MIN_S:.0f} s)")
-    print(f"{'workers':>7} {'records':>7} {'B/record':>8} {'records/s':>9} {'/' + str(b):>5}")
+              f"{r.cpu_s:>6.1f} {r.cpu_s / base['run'].cpu_s:>5.2f} {r.locust_cpu_s:>8.1f} "
+              f"{r.locust_cpu_s / n * 1e3:>6.1f} {r.tree_rss_peak_mb:>11.0f} "
+              f"{r.tree_rss_peak_mb / base['run'].tree_rss_peak_mb:>5.2f} {r.pytest_hwm_mb:>13.0f} {n:>8}")
+    print("(CPU s: pytest with its Locust, from wait4; Locust s: the Locust processes' share, sampled; ms/req: "
+          "Locust CPU per request sent)")
+    print(f"\n2. records ingested: iter_records over the run's record files (again and again for >= "
+          f"{INGEST_MIN_S:.0f} s), then analysis.summarize over them repeated to {SUMMARIZE_RECORDS}")
+    print(f"{'workers':>7} {'records':>7} {'B/record':>8} {'records/s':>9} {'/' + str(b):>5} {'summarized/s':>12} "
+          f"{'/' + str(b):>5}")
     for s in sizes:
         i = s["ingest"]
         print(f"{s['workers']:>7} {i['records']:>7} {i['bytes_per_record']:>8.0f} {i['records_per_s']:>9.0f} "
-              f"{i['records_per_s'] / base['ingest']['records_per_s']:>5.2f}")
+              f"{i['records_per_s'] / base['ingest']['records_per_s']:>5.2f} {i['summarize_per_s']:>12.0f} "
+              f"{i['summarize_per_s'] / base['ingest']['summarize_per_s']:>5.2f}")
     print("\n3. the report (render_html of results.json; headless Chromium --dump-dom, best of its tries)")
     print(f"{'workers':>7} {'verdicts':>8} {'results KB':>10} {'html KB':>7} {'/' + str(b):>5} {'render ms':>9} "
           f"{'chromium ms':>11} {'/' + str(b):>5}")
