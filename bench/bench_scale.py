@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,7 +182,7 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
     suite = (["suites/test_62_slo.py", "--load-duration=4"] if quick
              else ["suites/test_item4_reschedule.py", "--kills=1"])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suite, f"--cluster={cluster_file}",
-           f"--report-dir={report_dir}", "--live=off"]
+           f"--report-dir={report_dir}"]
     env = dict(os.environ, **{STATE_DIR_ENV: str(state_dir)})
     peak = {"tree": 0, "hwm": 0}
     log_path = report_dir.parent / f"{report_dir.name}.log"
@@ -230,11 +231,15 @@ def ingest(run_dir: Path) -> dict:
             for _ in iter_records(f):
                 pass
         passes += 1
+    tracemalloc.start()  # what the records cost held in memory, as a suite holds a run's records
     records = [r for f in files for r in iter_records(f)]
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
     many = records * -(-SUMMARIZE_RECORDS // len(records))  # the same records, enough of them to time
     t0 = time.perf_counter()
     summarize(many)
-    return {"records": count, "bytes_per_record": size / count, "records_per_s": count * passes / elapsed,
+    return {"records": count, "bytes_per_record": size / count, "held_per_record": held / count,
+            "records_per_s": count * passes / elapsed,
             "summarized": len(many), "summarize_per_s": len(many) / (time.perf_counter() - t0)}
 
 
@@ -409,13 +414,15 @@ def print_sizes(sizes: list[dict], quick: bool) -> None:
           "Locust CPU per request sent)")
     print(f"\n2. records ingested: iter_records over the run's record files (again and again for >= "
           f"{INGEST_MIN_S:.0f} s), then analysis.summarize over them repeated to {SUMMARIZE_RECORDS}")
-    print(f"{'workers':>7} {'records':>7} {'B/record':>8} {'records/s':>9} {'/' + str(b):>5} {'summarized/s':>12} "
-          f"{'/' + str(b):>5}")
+    print(f"{'workers':>7} {'records':>7} {'B/record':>8} {'held B':>6} {'records/s':>9} {'/' + str(b):>5} "
+          f"{'summarized/s':>12} {'/' + str(b):>5}")
     for s in sizes:
         i = s["ingest"]
-        print(f"{s['workers']:>7} {i['records']:>7} {i['bytes_per_record']:>8.0f} {i['records_per_s']:>9.0f} "
+        print(f"{s['workers']:>7} {i['records']:>7} {i['bytes_per_record']:>8.0f} {i['held_per_record']:>6.0f} "
+              f"{i['records_per_s']:>9.0f} "
               f"{i['records_per_s'] / base['ingest']['records_per_s']:>5.2f} {i['summarize_per_s']:>12.0f} "
               f"{i['summarize_per_s'] / base['ingest']['summarize_per_s']:>5.2f}")
+    print("(B/record: in the JSONL file; held B: Python memory per record read back, tracemalloc)")
     print("\n3. the report (render_html of results.json; headless Chromium --dump-dom, best of its tries)")
     print(f"{'workers':>7} {'verdicts':>8} {'results KB':>10} {'html KB':>7} {'/' + str(b):>5} {'render ms':>9} "
           f"{'chromium ms':>11} {'/' + str(b):>5}")

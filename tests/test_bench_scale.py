@@ -92,8 +92,9 @@ def test_quick_bench_prints_every_figure_with_its_ratios_and_leaves_nothing(tmp_
     assert run[0][6] == "1.00" and run[0][10] == "1.00"  # the baseline's own ratios
     for r in run:  # a measured run (0, 1 or 2), CPU spent, Locust's share seen, a Python process's RSS, records
         assert int(r[3]) in (0, 1, 2) and float(r[5]) >= float(r[7]) > 0 and float(r[9]) > 50 and int(r[12]) > 0
-    ingest = _column(lines, "2. records ingested", 7)
-    assert all(float(r[3]) > 0 and float(r[5]) > 0 for r in ingest) and ingest[0][4] == ingest[0][6] == "1.00"
+    ingest = _column(lines, "2. records ingested", 8)
+    assert all(float(r[2]) > 100 and float(r[3]) > 100 and float(r[4]) > 0 and float(r[6]) > 0 for r in ingest)
+    assert ingest[0][5] == ingest[0][7] == "1.00"
     report = _column(lines, "3. the report", 8)
     assert all(int(r[1]) >= 1 and float(r[3]) > 1 and float(r[6]) > 0 for r in report)
     fan = _column(lines, "4. faults on 10%", 7)
