@@ -3,12 +3,14 @@
 For each worker count a real NVIDIA Dynamo cluster is started (``python -m clusters.dynamo.launch
 many --workers N --per-process 8``, its own run dir and a cluster file written for it), then:
 
-1. **the harness's own cost**: a real harness run, ``pytest suites/test_item4_reschedule.py
-   --cluster=FILE --kills=1`` (one load run with a kill and an 8 s hang of a mocker process, each
-   back in traffic before the next, 6.1.4 and nothing-lost judged; ``--quick``: ``test_62_slo.py
-   --load-duration=4``, load only), as a child process: its CPU seconds (user + system, its Locust
-   included: ``wait4``), the peak RSS of its process tree (pytest + Locust, sampled from /proc every
-   0.2 s) and pytest's own high-water mark (``VmHWM``);
+1. **the harness's own cost**: a real harness run, ``pytest suites/test_62_slo.py
+   suites/test_item4_reschedule.py --cluster=FILE --kills=1`` (6.2 under 15 s of load; then one load
+   run with a kill and an 8 s hang of a mocker process, each back in traffic before the next; 6.2,
+   6.1.4 and nothing-lost judged; ``--quick``: ``test_62_slo.py --load-duration=4`` only), as a child
+   process: its CPU seconds (user + system, its Locust included: ``wait4``), Locust's share (sampled),
+   the peak RSS of its process tree (pytest + Locust, sampled from /proc every 0.2 s) and pytest's
+   own high-water mark (``VmHWM``). The load is the suites' default at every size (4 users), so the
+   ratios show what the worker count itself costs the harness;
 2. **records per second ingested**: that run's request records (its ``requests*.jsonl``) read with
    ``harness.probes.records.iter_records`` again and again for at least a second, then summarized
    (``harness.probes.analysis.summarize``: the percentiles every suite computes) repeated to 20 000
@@ -180,7 +182,7 @@ def _rss_kb(pid: int, key: str = "VmRSS") -> int:
 def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bool) -> HarnessRun:
     """One real harness run as a child process, measured from outside (see the module doc)."""
     suite = (["suites/test_62_slo.py", "--load-duration=4"] if quick
-             else ["suites/test_item4_reschedule.py", "--kills=1"])
+             else ["suites/test_62_slo.py", "suites/test_item4_reschedule.py", "--kills=1"])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suite, f"--cluster={cluster_file}",
            f"--report-dir={report_dir}"]
     env = dict(os.environ, **{STATE_DIR_ENV: str(state_dir)})
@@ -400,7 +402,7 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def print_sizes(sizes: list[dict], quick: bool) -> None:
     base = sizes[0]
     b = base["workers"]
-    suite = "test_62_slo.py --load-duration=4" if quick else "test_item4_reschedule.py --kills=1"
+    suite = "test_62_slo.py --load-duration=4" if quick else "test_62_slo.py test_item4_reschedule.py --kills=1"
     print(f"\n1. the harness run (pytest {suite}; CPU and RSS include its Locust), ratios against {b} workers")
     print(f"{'workers':>7} {'procs':>5} {'up s':>5} {'exit':>4} {'wall s':>6} {'CPU s':>6} {'/' + str(b):>5} "
           f"{'Locust s':>8} {'ms/req':>6} {'tree RSS MB':>11} {'/' + str(b):>5} {'pytest HWM MB':>13} {'requests':>8}")
