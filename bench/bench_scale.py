@@ -206,11 +206,17 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    _, status, usage = os.wait4(proc.pid, 0)  # the child's rusage, with its reaped children's
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)  # the child's rusage, with its reaped children's
+    except BaseException:  # Ctrl-C: the harness run reverts its faults on SIGTERM; never leave it unreaped
+        proc.terminate()
+        proc.wait()
+        raise
+    finally:
+        done.set()
+        sampler.join()
     wall = time.monotonic() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    done.set()
-    sampler.join()
     if proc.returncode not in (0, 1, 2):  # conformant, not, inconclusive: a measured run either way
         raise BenchError(f"the harness run exited {proc.returncode}: {log_path.read_text(errors='replace')[-3000:]}")
     return HarnessRun(proc.returncode, wall, usage.ru_utime + usage.ru_stime, sum(locust_cpu.values()),
