@@ -331,7 +331,10 @@ def load(cluster: ClusterHandle, harness_options: HarnessOptions, conformance: C
          request: pytest.FixtureRequest) -> Iterator[Load]:
     """``load(**profile_overrides)`` starts a Locust run against the cluster (LoadProfile from the
     options); every run is stopped and reaped when the test ends."""
+    from harness.faults.ledger import state_dir
+    from harness.hosts import AuditLog
     from harness.probes.load import LoadRunner
+    from harness.probes.load_distributed import runner_for
     from harness.probes.workload import LoadProfile, workload_profile
 
     runs: list[LoadRunner] = []
@@ -344,8 +347,10 @@ def load(cluster: ClusterHandle, harness_options: HarnessOptions, conformance: C
             base.update(mode="poisson", rate=o.load_rate)
         base.update(workload_profile(getattr(cluster, "workload", None), overrides))
         profile = LoadProfile(**{**base, **overrides})
-        runner = LoadRunner(cluster.api_url, profile, api_key=cluster.api_key(),
-                            output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"))
+        # the cluster file's load_hosts: a Locust worker on each over SSH (else Locust here)
+        runner = runner_for(cluster.spec, cluster.api_url, profile, api_key=cluster.api_key(),
+                            output_dir=conformance.artifact_dir(f"{request.node.name}-load{len(runs)}"),
+                            audit=AuditLog(state_dir() / "audit.jsonl"))
         runs.append(runner)
         conformance.load_runs.append(runner)
         runner.start()

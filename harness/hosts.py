@@ -284,6 +284,13 @@ class SSHExecutor(Executor):
                                 fix="check the SSH link; the command may or may not have run") from exc
         return CommandResult(rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - t0)
 
+    def sftp(self) -> Any:
+        """An SFTP session over this host's connection (paramiko.SFTPClient; the caller closes it):
+        files are read back through it in pieces, never whole into memory as a command's output is."""
+        if self.dry_run:
+            raise ExecutorError(f"a dry run opens no SFTP session to {self.host}", fix="read files only in a real run")
+        return self._connect().open_sftp()
+
     def spec(self) -> dict[str, Any]:
         t = self.target
         return {"kind": "ssh", "host": t.host, "port": t.port, "user": t.user,

@@ -26,6 +26,7 @@ from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, FAULT_KINDS, KIN
 from harness.clusterfile.behaviour import (Degradation, DegradationLevel, DegradationLoad,  # noqa: F401
                                            GpuBinding, HostDcgm, LevelExpectation, MigrationSettings, Rejection)
 from harness.clusterfile.engine_settings import EngineSettings, RouterSettings, check_engine
+from harness.clusterfile.load_hosts import LoadHost, LoadMaster, check_load_hosts
 from harness.errors import FaultError
 
 
@@ -36,6 +37,9 @@ class SSHSettings(StrictModel):
     known_hosts: Text = field_with_fix("add `known_hosts: PATH` (the file holding the host's key)",
                              "the only host keys accepted for this host (never learned blindly)")
     connect_timeout_s: float = field_with_fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)
+
+
+LoadHost.model_rebuild(_types_namespace={"SSHSettings": SSHSettings})  # a load host's own `ssh:` (load_hosts.py)
 
 
 class HostFabric(StrictModel):
@@ -299,6 +303,13 @@ class ClusterFile(StrictModel):
     fabric: FabricSettings = field_with_fix("write `fabric: {enabled: true}`", default_factory=FabricSettings)
     degradation: Degradation | None = field_with_fix("write `degradation: {levels: [{level: 2, kv_use_above: 0.8, "
                                            "expect: {queue: true}}]}`", "6.1.3 on a foreign engine", default=None)
+    load_hosts: tuple[LoadHost, ...] = field_with_fix("write `load_hosts: [gen-0, gen-1]` (hosts under `hosts:`) or "
+                                                      "entries with name, address and ssh", "machines that each run a "
+                                                      "Locust worker of the load (none: load from this machine)",
+                                                      default=(), strict=False)
+    load_master: LoadMaster = field_with_fix("write `load_master: {bind: 10.0.0.5, port: 5557}`",
+                                             "where the load hosts reach this machine's Locust master",
+                                             default_factory=LoadMaster)
 
     @field_validator("bundled", "safety", "fabric", "thresholds", "hosts", "workers", mode="before")
     @classmethod
@@ -352,6 +363,7 @@ class ClusterFile(StrictModel):
                 raise FieldProblem(f"duplicate host name {h.name!r}", "give each host its own name",
                                    field=f"hosts[{i}].name")
             seen.add(h.name)
+        check_load_hosts(self.load_hosts, self.hosts)
         names: set[str] = set()
         for i, w in enumerate(self.workers):
             if w.name in names:

@@ -4,12 +4,15 @@ with Locust, write the request records (JSONL) and print the latency summary.
     python -m harness load http://127.0.0.1:8000 --mode poisson --rate 4 --duration 30 --output out/
     python -m harness load http://127.0.0.1:8000 --prompt-tokens 512 --output-tokens 64 --requests 200 \
         --concurrency 8            # 200 requests of 512 prompt tokens, 8 in flight, then stop
+    python -m harness load http://10.0.0.5:8000 --cluster lab.yaml --requests 600 --rate 20 --users 12
+                                   # from the cluster file's load_hosts: a Locust worker on each over SSH
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 import logging
 import math
 
@@ -72,11 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo-ttft-ms", type=_positive_float, help="TTFT target for goodput")
     parser.add_argument("--slo-tpot-ms", type=_positive_float, help="TPOT target for goodput")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--cluster", help="cluster file (name or path) whose load_hosts each run a Locust worker "
+                                          "over SSH, the master here (default: all load from this machine)")
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.probes.analysis import SLO, summarize
-    from harness.probes.load import LoadRunner
+    from harness.probes.load_distributed import runner_for
 
     mode = args.mode or ("poisson" if args.rate is not None else "closed")
     duration = args.duration or (REQUESTS_CAP_S if args.requests else DEFAULT_DURATION_S)
@@ -86,10 +91,21 @@ def run(args: argparse.Namespace) -> int:
                           engine=args.engine,
                           num_prompts=max(64, min(args.requests or 64, 4096)))
     slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms) if (args.slo_ttft_ms or args.slo_tpot_ms) else None
-    runner = LoadRunner(args.url, profile, output_dir=args.output)
+    spec = None
+    if args.cluster:
+        from harness.clusterfile import check_cluster
+        from harness.faults.ledger import state_dir
+        from harness.hosts import AuditLog
+
+        spec = check_cluster(args.cluster)
+    runner = runner_for(spec, args.url, profile, output_dir=args.output, api_key=spec.api_key() if spec else None,
+                        audit=AuditLog(state_dir() / "audit.jsonl") if spec else None)
     records = runner.run()
     summary = summarize(records, slo=slo, basis="scheduled" if profile.open_loop else "sent")
     summary["records"] = str(runner.records_path)
+    by_host = Counter(r.load_host for r in records if r.load_host)
+    if by_host:
+        summary["records_by_load_host"] = dict(sorted(by_host.items()))
     counted = sorted(r.prompt_tokens for r in records if r.prompt_tokens)
     summary["prompt_tokens_server"] = ({"min": counted[0], "p50": counted[len(counted) // 2], "max": counted[-1]}
                                        if counted else None)
@@ -128,3 +144,5 @@ def _print_table(summary: dict, profile: LoadProfile) -> None:
         pt = summary["prompt_tokens_server"]
         console.print(f"prompt tokens (the server's count): min {pt['min']}, p50 {pt['p50']}, max {pt['max']}")
     console.print(f"records: {summary['records']}")
+    if summary.get("records_by_load_host"):
+        console.print("per load host: " + ", ".join(f"{h} {n}" for h, n in summary["records_by_load_host"].items()))

@@ -74,11 +74,16 @@ class LoadRunner:
             env[API_KEY_ENV] = self._api_key
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env.update(self._extra_env())
         self._log_fh = open(self.log_path, "wb")
         log.info("starting Locust: %s (log %s)", " ".join(self.command()), self.log_path)
         # own process group: a multi-process run's forked workers can be killed with the master
         self._proc = subprocess.Popen(self.command(), env=env, stdout=self._log_fh, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _extra_env(self) -> dict[str, str]:
+        """More environment for the Locust process (a subclass's; the distributed runner's master)."""
+        return {}
 
     @property
     def running(self) -> bool:

@@ -14,7 +14,7 @@ from locust.env import Environment
 
 from harness.errors import ConfigError
 from harness.probes.locust_user import LLMUser, LoadController
-from harness.probes.workload import LoadProfile
+from harness.probes.workload import JOINED_ENV, JOINED_MESSAGE, LOAD_HOST_ENV, LoadProfile
 
 try:
     _profile = LoadProfile.from_json(os.environ["HARNESS_LOAD_PROFILE"])
@@ -36,6 +36,16 @@ class LLMLoadUser(LLMUser):
 PARENT_ENV = "HARNESS_LOAD_PARENT_PID"  # set by LoadRunner: the harness process that started this Locust
 
 
+def _joined(environment: Environment, msg: object, **_kwargs: object) -> None:
+    """The master heard a worker name its load host: note it for the harness (distributed load)."""
+    import json
+
+    data = dict(getattr(msg, "data", None) or {})
+    with open(os.environ[JOINED_ENV], "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"host": data.get("host"), "index": data.get("index"),
+                             "client_id": getattr(msg, "node_id", None)}) + "\n")
+
+
 def _watch_parent(parent: int) -> None:
     """A harness that dies (SIGKILL) cannot stop its Locust: stop sending to its dead cluster at once."""
     import gevent
@@ -48,6 +58,14 @@ def _watch_parent(parent: int) -> None:
 @events.init.add_listener
 def _on_init(environment: Environment, **_kwargs: object) -> None:
     _controller.attach(environment)
+    from locust.runners import MasterRunner, WorkerRunner
+
+    if isinstance(environment.runner, MasterRunner) and os.environ.get(JOINED_ENV):
+        environment.runner.register_message(JOINED_MESSAGE, _joined)
+    elif isinstance(environment.runner, WorkerRunner) and os.environ.get(LOAD_HOST_ENV):
+        # connected already (the runner waits for the master's ack), so its index is known
+        environment.runner.send_message(JOINED_MESSAGE, {"host": os.environ[LOAD_HOST_ENV],
+                                                         "index": environment.runner.worker_index})
     parent = int(os.environ.get(PARENT_ENV) or 0)
     if parent and os.getppid() == parent:  # the master only: forked workers have the master as parent
         import gevent

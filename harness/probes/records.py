@@ -99,6 +99,7 @@ class RequestRecord:
     anchor_wall_ns: int = 0
     anchor_mono_ns: int = 0
     anchor_perf_ns: int = 0
+    load_host: str | None = None  # the load host whose Locust worker sent it (distributed load; None: this machine)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -207,6 +207,13 @@ def arrival_offsets(mode: str, rate: float, duration_s: float, seed: int) -> lis
     raise ConfigError(f"arrival mode {mode!r} is not open loop", fix="use 'constant' or 'poisson'")
 
 
+# distributed load (harness.probes.load_distributed): a worker names its load host (LOAD_HOST_ENV) to
+# the master in a JOINED_MESSAGE, which appends it to the file named by JOINED_ENV
+LOAD_HOST_ENV = "HARNESS_LOAD_HOST"
+JOINED_ENV = "HARNESS_LOAD_JOINED"
+JOINED_MESSAGE = "harness_load_host"
+
+
 def worker_records_path(output_path: str | os.PathLike, index: int) -> Path:
     """Where Locust worker ``index`` of a multi-process run writes its records."""
     path = Path(output_path)
