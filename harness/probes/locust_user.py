@@ -57,6 +57,7 @@ class LoadController:
         self._starting = False
         self._taken = 0  # arrivals (open loop) or requests (closed loop) this process handed out
         self.finish_requested = False  # LoadRunner.finish(): send nothing more, let in-flight requests end
+        self.finish_requested_ns = 0   # when (perf_counter): arrivals due after it were never offered
         self._user_ids = itertools.count()
 
     def attach(self, environment: Environment) -> None:
@@ -104,6 +105,7 @@ class LoadController:
         duration were over, except that arrivals not yet taken are dropped, not sent late: no
         new request starts, the ones in flight finish. Only sets a flag (safe in a handler)."""
         self.finish_requested = True
+        self.finish_requested_ns = self.finish_requested_ns or time.perf_counter_ns()
 
     def _sleep_run(self, runner: Runner) -> None:
         """Sleep out ``duration_s``, or until a finish is requested, or (``requests`` given) until
@@ -215,7 +217,8 @@ class LoadController:
         on_master = self.environment is not None and isinstance(self.environment.runner, MasterRunner)
         if self.started.is_set() and not on_master:  # a master sends nothing: its workers account
             self.sending = False
-            now = time.perf_counter_ns()
+            # finished early: the schedule ended then (a distributed worker quits seconds after the finish)
+            now = self.finish_requested_ns or time.perf_counter_ns()
             while self.arrivals_left():  # only arrivals already due: a run stopped early offered no more
                 i = self._arrival(self._taken)
                 scheduled_ns = self.t0_ns + int(self.offsets_s[i] * 1e9)
