@@ -169,14 +169,18 @@ class Conformance:
         if self._state.live is not None:
             self._state.live.set_phase(name)
 
-    def add_latency(self, records: list[Any], *, window_s: float = 2.0) -> None:
-        """Percentiles over time of TTFT and TPOT (ok requests only) for the report's charts."""
-        from harness.probes.analysis import windowed
+    def add_latency(self, records: list[Any], *, window_s: float = 2.0, frame: Any = None) -> None:
+        """Percentiles over time of TTFT and TPOT (ok requests only) for the report's charts; from
+        ``frame`` (``start_wall_ns``, ``ok`` and the metrics' columns) instead of records when given."""
+        from harness.probes.analysis import requests_frame, windowed_frame
 
         t0_ns = int(self._state.result.started * 1e9)
+        df = requests_frame(records) if frame is None else frame.copy()
+        if len(df):
+            df["t_s"] = (df["start_wall_ns"] - t0_ns) / 1e9
         for metric in ("ttft_ms", "tpot_ms"):
-            frame = windowed(records, window_s=window_s, metric=metric, t0_wall_ns=t0_ns)
-            for row in frame.to_dict("records"):
+            frame_ = windowed_frame(df, window_s=window_s, metric=metric)
+            for row in frame_.to_dict("records"):
                 self._state.result.latency.append(
                     {"t": self._state.result.started + row["window_start_s"], "metric": metric,
                      **{k: (None if v != v else float(v)) for k, v in row.items() if k.startswith("p")},

@@ -26,6 +26,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from harness.stats.intervals import Interval, across, measured_within, share_statement
 from harness.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checklists import Checklist, ChecklistItem, Threshold
@@ -92,21 +94,49 @@ class RescheduleSample:
 def measure(faults: Sequence[FaultMark], events: Iterable[dict[str, Any]],
             records: Iterable[RequestRecord]) -> list[RescheduleSample]:
     """One sample per fault, from router events and request records (see the module doc)."""
+    return measure_with(faults, events, FirstSuccess(_sent_and_first_token_wall(r) for r in records if succeeded(r)))
+
+
+def measure_with(faults: Sequence[FaultMark], events: Iterable[dict[str, Any]],
+                 first_success: FirstSuccess) -> list[RescheduleSample]:
+    """:func:`measure` given the successes already gathered (a soak gathers them while it streams
+    its records from disk rather than holding every record)."""
     events = sorted(events, key=lambda e: e["wall_time"])
-    successes = [_sent_and_first_token_wall(r) for r in records
-                 if r.ok and r.finish_reason != "error" and r.first_token_ns is not None]
     ordered = sorted(faults, key=lambda f: f.wall)
     samples = []
     for i, fault in enumerate(ordered):
         # events of the next fault on the same worker belong to that fault, not this one
         until = next((f.wall for f in ordered[i + 1:] if f.worker == fault.worker), math.inf)
         samples.append(_measure_one(fault, [e for e in events if fault.wall <= e["wall_time"] < until],
-                                    successes))
+                                    first_success))
     return samples
 
 
-def _measure_one(fault: FaultMark, events: list[dict[str, Any]],
-                 successes: list[tuple[float, float]]) -> RescheduleSample:
+def succeeded(rec: RequestRecord) -> bool:
+    """A request that completed with a first token: what proves the cluster serves again."""
+    return rec.ok and rec.finish_reason != "error" and rec.first_token_ns is not None
+
+
+class FirstSuccess:
+    """The earliest first token of a request sent at or after a given wall time, over (sent wall,
+    first-token wall) pairs: sorted once, a suffix minimum and a binary search per question, in
+    two float arrays (16 bytes a request however long the run)."""
+
+    def __init__(self, pairs: Iterable[tuple[float, float]]) -> None:
+        data = np.fromiter((x for pair in pairs for x in pair), dtype=np.float64).reshape(-1, 2)
+        data = data[np.argsort(data[:, 0], kind="stable")]
+        self._sent = data[:, 0]
+        self._suffix_min = np.minimum.accumulate(data[::-1, 1])[::-1] if len(data) else data[:, 1]
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def after(self, wall: float) -> float | None:
+        i = int(np.searchsorted(self._sent, wall, side="left"))
+        return None if i >= len(self._sent) else float(self._suffix_min[i])
+
+
+def _measure_one(fault: FaultMark, events: list[dict[str, Any]], first_success: FirstSuccess) -> RescheduleSample:
     s = RescheduleSample(fault)
     down = next((e for e in events if e["type"] == EventKind.WORKER_DOWN and e.get("worker") == fault.worker), None)
     if down is None:
@@ -122,7 +152,7 @@ def _measure_one(fault: FaultMark, events: list[dict[str, Any]],
             s.replaced_s[rid] = e["wall_time"] - fault.wall
         elif e["type"] == EventKind.RESCHEDULE_FAILED and rid not in s.replaced_s and rid not in s.failed:
             s.failed.append(rid)
-    first_new = min((first for sent, first in successes if sent >= fault.wall), default=None)
+    first_new = first_success.after(fault.wall)
     s.first_success_s = None if first_new is None else first_new - fault.wall
     missing = [r for r in s.affected if r not in s.replaced_s and r not in s.failed]
     if s.failed or missing:

@@ -195,7 +195,17 @@ def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
     """The 6.2.ttft and 6.2.tpot verdicts from the client records; ``server`` maps "ttft" and
     "tpot" to the engine's histogram deltas (evidence only), ``server_families`` to the metric
     each came from, ``server_note`` says why there are none."""
-    requests, ttft_ms, tpot_ms = client_samples(records)
+    return slo_verdicts_of(*client_samples(records), checklist, server=server, server_families=server_families,
+                           server_note=server_note)
+
+
+def slo_verdicts_of(requests: int, ttft_ms: Sequence[float], tpot_ms: Sequence[float], checklist: Checklist, *,
+                    server: dict[str, HistogramDelta | None] | None = None,
+                    server_families: dict[str, str] | None = None,
+                    server_note: str | None = None) -> tuple[Verdict, Verdict]:
+    """:func:`slo_verdicts` from the client samples already taken (requests sent, TTFT ms of each ok
+    request, TPOT ms of each ok request with >= 2 tokens): a soak takes them while it streams."""
+    ttft_ms, tpot_ms = list(ttft_ms), list(tpot_ms)
     c = _summary(requests, ttft_ms, tpot_ms)
     verdicts = []
     for item_id, key, values in ((TTFT_ITEM, "ttft", ttft_ms), (TPOT_ITEM, "tpot", tpot_ms)):

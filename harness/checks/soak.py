@@ -15,13 +15,15 @@ Pure: records and thresholds in, verdicts out.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
-from harness.checks.slo import slo_verdicts
+from harness.checks.slo import slo_verdicts_of
 from harness.checks.verdict import Measurement, Status, Verdict
+from harness.probes.record_digest import RecordDigest
 from harness.probes.records import RequestRecord
 from harness.scenarios.soak import SoakOutcome
 
@@ -145,38 +147,35 @@ def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], sample
     return verdict, judged
 
 
-def windows_of(records: Sequence[RequestRecord], start_wall: float, end_wall: float,
-               window_s: float) -> list[tuple[float, float, list[RequestRecord]]]:
-    """Records by the window their request was sent in: [start + k*window_s, + window_s); the last
-    window may be shorter (at least half a window, else merged into the one before)."""
+def window_edges(start_wall: float, end_wall: float, window_s: float) -> list[tuple[float, float]]:
+    """The windows of a run: [start + k*window_s, + window_s); the last may be shorter (at least
+    half a window, else merged into the one before) and takes every request sent after the end."""
     edges = [start_wall]
     while edges[-1] + window_s < end_wall:
         edges.append(edges[-1] + window_s)
     if len(edges) > 1 and end_wall - edges[-1] < window_s / 2:
         edges.pop()
     edges.append(max(end_wall, edges[-1]))
-    out: list[tuple[float, float, list[RequestRecord]]] = [(a, b, []) for a, b in zip(edges, edges[1:])]
-    for r in records:
-        t = r.start_wall_ns() / 1e9
-        for a, b, bucket in out:
-            if a <= t < b or (b == edges[-1] and t >= b):
-                bucket.append(r)
-                break
-    return out
+    return list(zip(edges, edges[1:]))
 
 
-def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord], start_wall: float, end_wall: float,
-                        window_s: float) -> Verdict:
+def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] | RecordDigest, start_wall: float,
+                        end_wall: float, window_s: float) -> Verdict:
     """``soak.slo``: 6.2's TTFT and TPOT targets in every window and over the whole run; a window
-    fails on a percentile whose whole interval misses its target."""
+    fails on a percentile whose whole interval misses its target. ``records``: the run's records,
+    or the digest a soak kept of them while it streamed them from disk."""
     item = checklist.item(SLO_ITEM)
+    digest = records if isinstance(records, RecordDigest) else RecordDigest().add(records)
     rows: list[dict[str, Any]] = []
-    spans = windows_of(records, start_wall, end_wall, window_s) + [(start_wall, end_wall, list(records))]
-    for k, (a, b, recs) in enumerate(spans):
+    spans = window_edges(start_wall, end_wall, window_s)
+    spans = [(a, b if k < len(spans) - 1 else math.inf) for k, (a, b) in enumerate(spans)] + [(-math.inf, math.inf)]
+    for k, (a, b) in enumerate(spans):
         whole = k == len(spans) - 1
-        ttft, tpot = slo_verdicts(recs, checklist)
-        row = {"window": "whole run" if whole else k + 1, "start_s": round(a - start_wall, 1),
-               "end_s": round(b - start_wall, 1), "requests": len(recs)}
+        requests, ttft_ms, tpot_ms = digest.client_samples(a, b)
+        ttft, tpot = slo_verdicts_of(requests, ttft_ms, tpot_ms, checklist)
+        shown_a, shown_b = (start_wall, end_wall) if whole else (a, min(b, end_wall))
+        row = {"window": "whole run" if whole else k + 1, "start_s": round(shown_a - start_wall, 1),
+               "end_s": round(shown_b - start_wall, 1), "requests": requests}
         for name, v in (("ttft", ttft), ("tpot", tpot)):
             row[name] = {"status": v.status.value, "reason": v.reason,
                          "p50_ms": next((m["value"] for m in v.evidence["measurements"] if m["key"].endswith("p50_ms")), None),

@@ -157,10 +157,18 @@ def windowed(records: Sequence[RequestRecord], *, window_s: float = 1.0, metric:
              basis: str = "sent", t0_wall_ns: int | None = None) -> pd.DataFrame:
     """Latency over time: requests bucketed by scheduled send into windows of ``window_s``;
     per window the counts of ok and failed requests and percentiles of ``metric`` over ok ones."""
+    return windowed_frame(requests_frame(records, t0_wall_ns=t0_wall_ns), window_s=window_s, metric=metric,
+                          basis=basis)
+
+
+def windowed_frame(df: pd.DataFrame, *, window_s: float = 1.0, metric: str = "ttft_ms",
+                   basis: str = "sent") -> pd.DataFrame:
+    """:func:`windowed` over a frame with ``t_s``, ``ok`` and the metric's column (a
+    :func:`requests_frame`, or the few columns a soak keeps while it streams its records)."""
     if window_s <= 0:
         raise ProbeError(f"window_s must be > 0, got {window_s!r}", fix="give a window length in seconds")
     col = _column(metric, basis)
-    df = requests_frame(records, t0_wall_ns=t0_wall_ns)
+    df = df.copy()
     cols = ["window_start_s", "ok", "failed"] + [f"p{q}" for q in PERCENTILES]
     if not len(df):
         return pd.DataFrame(columns=cols)

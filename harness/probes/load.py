@@ -20,9 +20,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from harness.errors import ProbeError
-from harness.probes.records import RequestRecord, read_records
+from harness.probes.records import RequestRecord, iter_records
 from harness.urls import http_url
 from harness.probes.workload import LoadProfile, worker_records_path
 
@@ -92,8 +93,9 @@ class LoadRunner:
     def expected_duration_s(self) -> float:
         return self.profile.duration_s + self.profile.stop_timeout_s + _STARTUP_ALLOWANCE_S
 
-    def wait(self, timeout_s: float | None = None) -> list[RequestRecord]:
-        """Wait for the run to end by itself (duration_s plus draining); then the records."""
+    def wait(self, timeout_s: float | None = None, *, read: bool = True) -> list[RequestRecord]:
+        """Wait for the run to end by itself (duration_s plus draining); then the records (none
+        when not ``read``: a long run's caller streams them with :meth:`iter_records`)."""
         proc = self._require_started()
         timeout_s = self.expected_duration_s() if timeout_s is None else timeout_s
         try:
@@ -103,9 +105,9 @@ class LoadRunner:
             raise ProbeError(f"Locust did not finish within {timeout_s:.0f} s; stopped it (log: {self.log_path})",
                              fix="check the server answers, or raise timeout_s / stop_timeout_s") from None
         self._reaped()
-        return self.records()
+        return self.records() if read else []
 
-    def finish(self, timeout_s: float | None = None) -> list[RequestRecord]:
+    def finish(self, timeout_s: float | None = None, *, read: bool = True) -> list[RequestRecord]:
         """End the run early but cleanly: no new request is sent, the ones in flight finish (within
         the profile's ``stop_timeout_s``), then the records. For a suite whose faults are done
         before the planned duration: nothing in flight is cut, so nothing-lost stays meaningful."""
@@ -117,7 +119,7 @@ class LoadRunner:
             except ProcessLookupError:
                 pass
         timeout_s = self.profile.stop_timeout_s + _STARTUP_ALLOWANCE_S if timeout_s is None else timeout_s
-        return self.wait(timeout_s)
+        return self.wait(timeout_s, read=read)
 
     def stop(self, grace_s: float = 15.0) -> list[RequestRecord]:
         """End the run now: SIGTERM (Locust stops users, flushes records), SIGKILL after
@@ -152,14 +154,17 @@ class LoadRunner:
 
     def records(self) -> list[RequestRecord]:
         """Every request of the run (of all Locust worker processes), in scheduled-send order."""
+        return sorted(self.iter_records(), key=lambda r: r.start_wall_ns())
+
+    def iter_records(self) -> Iterator[RequestRecord]:
+        """Every request of the run, one at a time from its files (file by file, not in send order):
+        what a run of hours reads instead of :meth:`records`."""
         files = self._record_files()
-        if not files and self.returncode == -signal.SIGUSR1 and self._finish_sent:
-            return []  # finished while still starting (_reaped): no user ever ran
-        if not files:
+        if not files and not (self.returncode == -signal.SIGUSR1 and self._finish_sent):
             raise ProbeError(f"the load run wrote no records ({self.records_path}); log tail:\n{self.log_tail()}",
                              fix="see the Locust log for why no request was sent")
-        records = [r for f in files for r in read_records(f)]
-        return sorted(records, key=lambda r: r.start_wall_ns())
+        for f in files:
+            yield from iter_records(f)
 
     def log_tail(self, n_chars: int = 3000) -> str:
         try:

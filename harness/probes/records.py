@@ -183,20 +183,26 @@ def iter_records(path: str | os.PathLike) -> Iterator[RequestRecord]:
     if not path.exists():
         raise ProbeError(f"request record file {path} does not exist",
                          fix="check the load run's output path and that the load generator started")
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines) and not line.endswith("\n"):
-                log.warning("skipping truncated last line %s of %s", lineno, path)
+    with open(path, encoding="utf-8") as fh:   # line by line: a 10-hour run's file never sits in memory
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
                 continue
-            raise ProbeError(f"{path}:{lineno} is not valid JSON: {exc}",
-                             fix="the file must hold one JSON request record per line") from exc
-        yield RequestRecord.from_dict(data)
+            record = _parse_line(path, lineno, line)
+            if record is not None:
+                yield record
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> RequestRecord | None:
+    """One line's record; None for a truncated last line (only the last line lacks its newline)."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        if not line.endswith("\n"):
+            log.warning("skipping truncated last line %s of %s", lineno, path)
+            return None
+        raise ProbeError(f"{path}:{lineno} is not valid JSON: {exc}",
+                         fix="the file must hold one JSON request record per line") from exc
+    return RequestRecord.from_dict(data)
 
 
 def read_records(path: str | os.PathLike) -> list[RequestRecord]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from harness.engine.pd.topology import Topology
 from harness.errors import ProbeError
@@ -131,6 +131,16 @@ class ContinuousLoad:
         # than wait out the rest of its duration
         records = [r for run in self.runs for r in run.finish()]
         return sorted(records, key=lambda r: r.start_wall_ns())
+
+    def finish(self) -> None:
+        """Finish every run (as :meth:`records` does) without reading a record back."""
+        for run in self.runs:
+            run.finish(read=False)
+
+    def iter_records(self) -> Iterator[RequestRecord]:
+        """Every record of the finished runs, one at a time (run by run, not in send order)."""
+        for run in self.runs:
+            yield from run.iter_records()
 
     def wait_success_after(self, wall: float) -> None:
         """Until a request sent after ``wall`` completed ok (or SETTLE_TIMEOUT_S passed: the

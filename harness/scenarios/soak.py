@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from harness.engine.admin.models import AdminWorker, EngineEvent
 from harness.errors import FaultError, HarnessError, RevertError
@@ -85,7 +85,6 @@ class SoakRun:
 
     schedule: SoakSchedule
     outcomes: list[SoakOutcome]
-    records: list[RequestRecord]
     events: list[EngineEvent]
     load_runs: list[Any]
     started_wall: float
@@ -95,6 +94,12 @@ class SoakRun:
     leak_samples_path: Path
     stopped: str | None = None        # why the schedule ended early
     notes: list[str] = field(default_factory=list)
+
+    def iter_records(self) -> Iterator[RequestRecord]:
+        """Every request of the run, one at a time from the load runs' files (never all in memory:
+        judge them with harness/probes/record_digest.py)."""
+        for run in self.load_runs:
+            yield from run.iter_records()
 
 
 @dataclass
@@ -201,13 +206,13 @@ class SoakUnderLoad:
             time.sleep(0.2)
         for t in threads:
             t.join(timeout=SLOT_WAIT_S + self.rejoin_limit_s * 2)
-        records = traffic.records()
+        traffic.finish()   # the records stay on disk: the suite streams them (SoakRun.iter_records)
         load_ended = time.time()
         idle_after = self.idle_kv()   # the sampler still runs: the drain is in its series
         if self._fatal:
             raise self._fatal[0]
         self._collect()
-        return SoakRun(sched, outcomes, records, list(self._events), traffic.runs, started_wall, load_ended,
+        return SoakRun(sched, outcomes, list(self._events), traffic.runs, started_wall, load_ended,
                        idle_before, idle_after, sampler.path, stopped)
 
     def _collect(self) -> None:

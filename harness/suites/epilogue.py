@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
-from harness.checks.invariants import Expected, check_history, nothing_lost_verdict, oracle_expectation
+from harness.checks.invariants import Expected, HistoryCheck, check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.verdict import Verdict
+from harness.probes.record_digest import RecordDigest
 from harness.probes.records import RequestRecord
 from harness.probes.timeline import merge_timeline
 
@@ -69,17 +70,35 @@ def finish_suite(conformance: Conformance, cluster: ClusterHandle, records: Sequ
     records go on the timeline); ``events`` the engine's events, kept where ``event_filter`` says.
     Returns the nothing-lost verdict (already recorded)."""
     want = expectation(cluster, ignore_eos=ignore_eos) if expected is _ORACLE else expected
-    lost = nothing_lost_verdict(check_history(records, want), cluster.thresholds)  # type: ignore[arg-type]
+    return _finish(conformance, check_history(records, want), cluster, lambda: conformance.add_latency(list(records)),
+                   records, links=links, faults=faults, events=events, event_filter=event_filter)
+
+
+def finish_streamed(conformance: Conformance, cluster: ClusterHandle, history: HistoryCheck, digest: RecordDigest, *,
+                    links: Iterable[str] = (), faults: FaultRunner | None = None,
+                    events: Iterable[Mapping[str, object]] = ()) -> Verdict:
+    """:func:`finish_suite` for a run judged from disk in one pass (a soak of hours): ``history``
+    checked every record as ``digest`` (harness/probes/record_digest.py) kept their timing figures;
+    the latency charts come from the digest, the timeline's failed requests from those it kept."""
+    return _finish(conformance, history, cluster, lambda: conformance.add_latency([], frame=digest.frame()),
+                   digest.failed, links=links, faults=faults, events=events)
+
+
+def _finish(conformance: Conformance, history: HistoryCheck, cluster: ClusterHandle, add_latency: Callable[[], None],
+            failed: Iterable[RequestRecord], *, links: Iterable[str], faults: FaultRunner | None,
+            events: Iterable[Mapping[str, object]],
+            event_filter: Callable[[Mapping[str, object]], bool] | None = None) -> Verdict:
+    lost = nothing_lost_verdict(history, cluster.thresholds)  # type: ignore[arg-type]
     links = list(links)
     if links:
         lost.evidence["links"] = links
     conformance.record(lost)
-    conformance.add_latency(list(records))
+    add_latency()
     kept = [e for e in events if event_filter is None or event_filter(e)]
     conformance.add_timeline(merge_timeline(faults=faults.records if faults is not None else (), events=kept,
-                                            records=records, failed_requests_only=True,
+                                            records=failed, failed_requests_only=True,
                                             seen_events=getattr(conformance, "seen_events", None)))
     return lost
 
 
-__all__ = ["expectation", "finish_suite", "run_links"]
+__all__ = ["expectation", "finish_streamed", "finish_suite", "run_links"]

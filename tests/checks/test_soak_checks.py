@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
-from harness.checks.soak import faults_verdict, judge_fault, slo_windows_verdict, windows_of
+from harness.checks.soak import faults_verdict, judge_fault, slo_windows_verdict, window_edges
+from harness.probes.record_digest import RecordDigest
 from harness.checks.verdict import Status
 from harness.probes.rejoin import Rejoin
 from harness.scenarios.fault_marks import FaultMark
@@ -80,8 +81,8 @@ def test_windows_split_requests_by_send_time_and_a_slow_window_fails_soak_slo():
     records = fast + slow
     t0 = min(r.start_wall_ns() for r in records) / 1e9
     t1 = max(r.start_wall_ns() for r in records) / 1e9 + 1
-    wins = windows_of(records, t0, t1, 400)
-    assert [len(w[2]) for w in wins] == [400, 400, 400]
+    digest = RecordDigest().add(records)
+    assert [digest.client_samples(a, b)[0] for a, b in window_edges(t0, t1, 400)] == [400, 400, 400]
     v = slo_windows_verdict(CHECKLIST, records, t0, t1, 400)
     assert v.status == Status.FAIL and "window 3 (+800-1200 s)" in v.reason and "TTFT" in v.reason, v.reason
     assert [w["status"] for w in v.evidence["windows"]][:2] == ["pass", "pass"]
