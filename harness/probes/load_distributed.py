@@ -401,12 +401,12 @@ class DistributedLoadRunner(LoadRunner):
                         f"{self.master_port} (firewall; load_master.bind) and see locust.<host>.log in {self.output_dir}")
             time.sleep(0.2)
 
-    def finish(self, timeout_s: float | None = None) -> list[RequestRecord]:
+    def finish(self, timeout_s: float | None = None, *, read: bool = True) -> list[RequestRecord]:
         """As :meth:`LoadRunner.finish`, the workers told too: no new request, in-flight ones end."""
         self._require_started()
         self._fan_out(lambda w: self._signal(w, "USR1"), what="tell the load hosts to finish",
                       workers=[w for w in self._workers if w.thread is not None and w.thread.is_alive()])
-        return super().finish(timeout_s)
+        return super().finish(timeout_s, read=read)
 
     def _signal(self, w: _Worker, sig: str) -> str:
         """Signal the run's worker on its host; TERM: until it is gone. ``gone``, ``stopped`` or ``killed``."""
