@@ -29,6 +29,14 @@ log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 EOF_GRACE_S = 2.0  # how long an SSH command's output may still come after its exit status
+STATE_DIR_ENV = "HARNESS_STATE_DIR"
+
+
+def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The state dir: ``explicit`` (``--state-dir``), else ``$HARNESS_STATE_DIR``, else ``state/`` in the
+    cwd. The audit log (``audit.jsonl``) lives there beside the fault ledgers (harness.faults.ledger);
+    here, in a leaf, so a probe that runs commands on hosts finds it without the fault package."""
+    return Path(explicit or os.environ.get(STATE_DIR_ENV) or "state")
 
 
 @dataclass(frozen=True)

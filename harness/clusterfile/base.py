@@ -1,4 +1,5 @@
-"""Building blocks of the cluster file's models: names, the fix-carrying field, the strict base model.
+"""Building blocks of the cluster file's models: names, the fix-carrying field, the strict base model,
+the SSH settings that hosts and load hosts share.
 
 Every model of the cluster file (models.py, behaviour.py) is a :class:`StrictModel` whose fields are made
 with :func:`field_with_fix`, so a wrong value's error names the fix; cross-field checks raise
@@ -40,3 +41,15 @@ def _http_url(value: str) -> str:
 
 Url = Annotated[Text, AfterValidator(_http_url)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+
+
+# how the harness reaches a machine over SSH: a host under `hosts:` (models.py) or a load host of its
+# own (load_hosts.py); here, below both, so neither imports the other for it (a comment, not a
+# docstring: the cluster file's JSON Schema stays as it was)
+class SSHSettings(StrictModel):
+    user: Text = field_with_fix("write `user: ops`", "SSH login", default="root")
+    port: int = field_with_fix("use 1..65535", "SSH port", default=22, ge=1, le=65535)
+    key_file: Text = field_with_fix("add `key_file: PATH` (the private key)", "private key file")
+    known_hosts: Text = field_with_fix("add `known_hosts: PATH` (the file holding the host's key)",
+                             "the only host keys accepted for this host (never learned blindly)")
+    connect_timeout_s: float = field_with_fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)

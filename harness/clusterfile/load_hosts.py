@@ -16,14 +16,11 @@ target it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from pydantic import model_validator
 
-from harness.clusterfile.base import FieldProblem, Name, StrictModel, Text, field_with_fix
-
-if TYPE_CHECKING:
-    from harness.clusterfile.models import SSHSettings
+from harness.clusterfile.base import FieldProblem, Name, SSHSettings, StrictModel, Text, field_with_fix
 
 DEFAULT_MASTER_PORT = 5557  # Locust's own default
 
@@ -36,9 +33,9 @@ class LoadHost(StrictModel):
     address: Text | None = field_with_fix("write e.g. `address: 10.0.0.20`",
                                           "default: the address of the host of this name under `hosts:`",
                                           default=None)
-    # resolved by models.py (LoadHost.model_rebuild), where SSHSettings lives: that module imports this one
-    ssh: "SSHSettings | None" = field_with_fix("write `ssh: {user: ops, key_file: PATH, known_hosts: PATH}`",
-                              "default: the SSH settings of the host of this name under `hosts:`", default=None)
+    ssh: SSHSettings | None = field_with_fix("write `ssh: {user: ops, key_file: PATH, known_hosts: PATH}`",
+                                             "default: the SSH settings of the host of this name under `hosts:`",
+                                             default=None)
     python: Text = field_with_fix("write e.g. `python: /opt/harness/venv/bin/python`",
                                   "the interpreter on the load host that has the harness and Locust installed",
                                   default="python3")

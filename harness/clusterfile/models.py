@@ -21,25 +21,13 @@ from pydantic import Strict, StringConstraints, field_serializer, field_validato
 from harness.checklists import Checklist, default_checklist
 # base names are re-exported: callers import them from here
 from harness.clusterfile.base import (ENGINES, ENV_VAR_PATTERN, FAULT_KINDS, KINDS, METRIC_PROFILES, NAME_PATTERN,  # noqa: F401
-                                      MAX_BUNDLED_WORKERS, ROLES, WORKER_ROLES, FieldProblem, Name, Text, Url, field_with_fix,
-                                      StrictModel)
+                                      MAX_BUNDLED_WORKERS, ROLES, WORKER_ROLES, FieldProblem, Name, SSHSettings, Text, Url,
+                                      field_with_fix, StrictModel)
 from harness.clusterfile.behaviour import (Degradation, DegradationLevel, DegradationLoad,  # noqa: F401
                                            GpuBinding, HostDcgm, LevelExpectation, MigrationSettings, Rejection)
 from harness.clusterfile.engine_settings import EngineSettings, RouterSettings, check_engine
 from harness.clusterfile.load_hosts import LoadHost, LoadMaster, check_load_hosts
 from harness.errors import FaultError
-
-
-class SSHSettings(StrictModel):
-    user: Text = field_with_fix("write `user: ops`", "SSH login", default="root")
-    port: int = field_with_fix("use 1..65535", "SSH port", default=22, ge=1, le=65535)
-    key_file: Text = field_with_fix("add `key_file: PATH` (the private key)", "private key file")
-    known_hosts: Text = field_with_fix("add `known_hosts: PATH` (the file holding the host's key)",
-                             "the only host keys accepted for this host (never learned blindly)")
-    connect_timeout_s: float = field_with_fix("write a plain number such as 10", default=10.0, gt=0, allow_inf_nan=False)
-
-
-LoadHost.model_rebuild(_types_namespace={"SSHSettings": SSHSettings})  # a load host's own `ssh:` (load_hosts.py)
 
 
 class HostFabric(StrictModel):

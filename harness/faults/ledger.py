@@ -22,10 +22,11 @@ from typing import Any, Iterator
 
 from harness.errors import ConfigError, FaultError
 from harness.faults.procstat import read_local
+# the state dir is shared with the audit log (harness.hosts); re-exported: callers import it from here too
+from harness.hosts import STATE_DIR_ENV, state_dir  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-STATE_DIR_ENV = "HARNESS_STATE_DIR"
 LEDGER_VERSION = 1
 KEEP_REVERTED = 500  # history kept for reports; older reverted entries are dropped on add
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -41,10 +42,6 @@ class LedgerStatus(str, enum.Enum):
 
 OUTSTANDING = frozenset({LedgerStatus.PENDING, LedgerStatus.ACTIVE, LedgerStatus.REVERT_FAILED})
 _CLOSED = frozenset({LedgerStatus.REVERTED.value, LedgerStatus.TARGET_GONE.value})
-
-
-def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    return Path(explicit or os.environ.get(STATE_DIR_ENV) or "state")
 
 
 class Ledger:

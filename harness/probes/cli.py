@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     spec = None
     if args.cluster:
         from harness.clusterfile import check_cluster
-        from harness.faults.ledger import state_dir
-        from harness.hosts import AuditLog
+        from harness.hosts import AuditLog, state_dir
 
         spec = check_cluster(args.cluster)
     runner = runner_for(spec, args.url, profile, output_dir=args.output, api_key=spec.api_key() if spec else None,

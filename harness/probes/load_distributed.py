@@ -23,6 +23,9 @@ next to it (``locust.<host>.log``) and the host's run folder is removed.
 Stopping is verified on every exit path: the master's quit ends the workers; one that is still
 running after that is sent SIGTERM, then SIGKILL, through the pid file its SSH session wrote, and the
 host is asked again until no process of the run is left (an error names a host where one is).
+
+What concerns one load host alone (how it is reached, the scripts run there, its worker's signals, log
+and folder, its record stream) is in harness.probes.load_hosts; this module runs them together.
 """
 
 from __future__ import annotations
@@ -33,20 +36,20 @@ import json
 import logging
 import math
 import os
-import shutil
 import socket
 import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from harness.errors import ConfigError, ExecutorError, ProbeError
-from harness.hosts import AuditLog, CommandResult, SSHExecutor, SSHTarget
+from harness.hosts import AuditLog, SSHExecutor
 from harness.probes.load import LOCUSTFILE, LoadRunner
+from harness.probes.load_hosts import (KILL_GRACE_S, PREFLIGHT, WORKER_SCRIPT, LoadHostTarget, LoadWorker,
+                                       RecordStream, load_host_targets, master_bind_address)
 from harness.probes.records import RecordWriter, RequestRecord
 from harness.probes.workload import JOINED_ENV, LOAD_HOST_ENV, LoadProfile
 
@@ -58,67 +61,10 @@ PULL_INTERVAL_S = 1.0
 # quit (Locust 2.x); its users are stopped and its records written, so it is ended as Locust ends the
 # forked workers of --processes (after 3 s), gracefully (SIGTERM: Locust's own shutdown) then SIGKILL
 WORKER_EXIT_GRACE_S = 3.0
-KILL_GRACE_S = 10            # SIGTERM to SIGKILL on a load host
 PREFLIGHT_TIMEOUT_S = 60.0   # importing Locust on a busy host
 FANOUT = 16                  # hosts served at once by the preflight and the stop
-CHUNK = 1 << 20              # bytes read over SFTP at a time
-
-# run on the load host with its python: the folder of this run (never reused), and where the
-# harness's locustfile is (the harness must be installed for that python)
-PREFLIGHT = ("import importlib.util, json, os, sys\n"
-             "import locust\n"
-             "spec = importlib.util.find_spec('harness.probes.locustfile')\n"
-             "os.makedirs(sys.argv[1], mode=0o700)\n"
-             "print(json.dumps({'locustfile': spec.origin, 'locust': locust.__version__}))\n")
-# the worker's SSH session: note its pid (to stop it), read the API key from a 0600 file (never in
-# argv, so never in the audit log or ps), then become the worker itself
-WORKER_SCRIPT = ('d=$1; shift\n'
-                 'if [ -f "$d/api_key" ]; then HARNESS_LOAD_API_KEY=$(cat "$d/api_key"); '
-                 'export HARNESS_LOAD_API_KEY; rm -f "$d/api_key"; fi\n'
-                 'echo $$ > "$d/worker.pid"\n'
-                 # the SSH session's process: when it goes (connection lost), the worker stops itself
-                 'HARNESS_LOAD_PARENT_PID=$PPID; export HARNESS_LOAD_PARENT_PID\n'
-                 'exec "$@"\n')
-# signal the run's worker (the pid file's process, only while its command line names this run's log);
-# TERM waits and escalates to KILL; exits 1 only when the process is still there at the end
-SIGNAL_SCRIPT = ('d=$1; sig=$2; grace=$3\n'
-                 'p=$(cat "$d/worker.pid" 2>/dev/null) || exit 0\n'
-                 'alive() { tr "\\0" "\\n" < "/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "$d/locust.log"; }\n'
-                 'alive || { echo gone; exit 0; }\n'
-                 'kill -s "$sig" "$p" 2>/dev/null\n'
-                 '[ "$sig" = TERM ] || exit 0\n'
-                 'n=0; while alive && [ $n -lt $((grace * 10)) ]; do sleep 0.1; n=$((n + 1)); done\n'
-                 'alive || { echo stopped; exit 0; }\n'
-                 'kill -s KILL "$p" 2>/dev/null\n'
-                 'n=0; while alive && [ $n -lt 50 ]; do sleep 0.1; n=$((n + 1)); done\n'
-                 'alive && { echo "pid $p is still running after SIGKILL" >&2; exit 1; }\n'
-                 'echo killed\n')
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class LoadHostTarget:
-    """A load host as the runner reaches it: its name (records carry it), SSH, interpreter, folder."""
-
-    name: str
-    ssh: SSHTarget
-    python: str = "python3"
-    work_dir: str = "/tmp/harness-load"
-
-
-def load_host_targets(spec: Any, *, dry_run: bool = False) -> list[LoadHostTarget]:
-    """The cluster file's ``load_hosts:`` resolved (a bare name takes its host's address and SSH)."""
-    from harness.clusterfile.load_hosts import resolved
-
-    out = []
-    for lh in spec.load_hosts:
-        address, ssh = resolved(lh, spec.hosts)
-        out.append(LoadHostTarget(lh.name, SSHTarget(
-            host=address, user=ssh.user, key_filename=str(Path(ssh.key_file).expanduser()),
-            known_hosts_file=str(Path(ssh.known_hosts).expanduser()), port=ssh.port,
-            connect_timeout_s=ssh.connect_timeout_s, require_files=not dry_run), lh.python, lh.work_dir))
-    return out
 
 
 def runner_for(spec: Any, api_url: str, profile: LoadProfile, **kwargs: Any) -> LoadRunner:
@@ -130,103 +76,6 @@ def runner_for(spec: Any, api_url: str, profile: LoadProfile, **kwargs: Any) -> 
     m = spec.load_master
     return DistributedLoadRunner(api_url, profile, load_host_targets(spec), master_bind=m.bind, master_port=m.port,
                                  join_timeout_s=m.join_timeout_s, audit=audit, **kwargs)
-
-
-def master_bind_address(hosts: Sequence[LoadHostTarget]) -> str:
-    """This machine's source address on the route to every load host (no packet is sent); the
-    master listens there only. Hosts routed from different addresses need ``load_master.bind``."""
-    sources: dict[str, str] = {}
-    for h in hosts:
-        try:
-            family, _, _, _, addr = socket.getaddrinfo(h.ssh.host, h.ssh.port, type=socket.SOCK_DGRAM)[0]
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect(addr)
-                sources[h.name] = s.getsockname()[0]
-        except OSError as exc:
-            raise ConfigError(f"no route from this machine to load host {h.name} ({h.ssh.host}): {exc}",
-                              fix="check the load host's address, or set load_master.bind") from exc
-    if len(set(sources.values())) != 1:
-        raise ConfigError(f"the load hosts are reached from different addresses of this machine: {sources}",
-                          fix="set load_master.bind to an address of this machine that every load host reaches")
-    return next(iter(sources.values()))
-
-
-class RecordStream:
-    """Appends the complete lines that one load host's record files gained since the last pull to
-    the run's records (``writer``), each naming that host. A line is taken only once it ends with a
-    newline: the worker may be writing it right now."""
-
-    def __init__(self, host: str, writer: RecordWriter) -> None:
-        self.host = host
-        self.writer = writer
-        self.offsets: dict[str, int] = {}
-        self.count = 0
-
-    def pull(self, names: Iterable[str], open_file: Callable[[str], IO[bytes]], *, final: bool = False) -> int:
-        """Read every file in ``names`` from where the last pull stopped; returns the records added.
-        ``final``: the worker has exited, so a last line without its newline is a torn write (skipped)."""
-        added = 0
-        for name in sorted(names):
-            start = self.offsets.get(name, 0)
-            with open_file(name) as fh:
-                fh.seek(start)
-                pending = b""
-                while True:
-                    chunk = fh.read(CHUNK)
-                    if not chunk:
-                        break
-                    pending += chunk
-                    cut = pending.rfind(b"\n") + 1
-                    for line in pending[:cut].splitlines():
-                        added += self._add(name, line)
-                    start += cut
-                    pending = pending[cut:]
-            self.offsets[name] = start
-            if final and pending.strip():
-                log.warning("load host %s: skipping the torn last line of %s", self.host, name)
-        self.count += added
-        return added
-
-    def _add(self, name: str, line: bytes) -> int:
-        if not line.strip():
-            return 0
-        try:
-            record = RequestRecord.from_dict(json.loads(line))
-        except (ValueError, TypeError, ProbeError) as exc:
-            raise ProbeError(f"load host {self.host}: {name} holds a line that is not a request record: {exc}",
-                             fix="the load host must run the same harness version as this machine") from exc
-        self.writer.write(dataclasses.replace(record, load_host=self.host))
-        return 1
-
-
-@dataclass
-class _Worker:
-    """One load host's part of the run."""
-
-    target: LoadHostTarget
-    remote_dir: str
-    control: SSHExecutor                 # preflight, signals, SFTP, clean-up
-    session: SSHExecutor                 # holds the worker process for the run (its own connection)
-    locustfile: str = ""
-    thread: threading.Thread | None = None
-    result: CommandResult | None = None
-    error: str | None = None
-    signalled: bool = False              # the harness sent it SIGTERM/SIGKILL (its exit code is ours)
-    made: bool = False                   # its run folder exists on the host
-    sftp: Any = None
-    stream: RecordStream | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.target.name
-
-    def tail(self, n: int = 800) -> str:
-        if self.error:
-            return self.error[-n:]
-        if self.result is None:
-            return ""
-        return (self.result.stderr or self.result.stdout).strip()[-n:]
 
 
 class DistributedLoadRunner(LoadRunner):
@@ -264,7 +113,7 @@ class DistributedLoadRunner(LoadRunner):
         self.audit = audit
         self.joined_path = self.output_dir / "joined.jsonl"
         self.run_tag = f"{self.output_dir.name}-{uuid.uuid4().hex[:8]}"
-        self._workers: list[_Worker] = []
+        self._workers: list[LoadWorker] = []
         self._writer: RecordWriter | None = None
         self._pull_stop = threading.Event()
         self._pull_thread: threading.Thread | None = None
@@ -290,7 +139,7 @@ class DistributedLoadRunner(LoadRunner):
 
     # -- the workers -----------------------------------------------------------------------------
 
-    def worker_command(self, w: _Worker) -> list[str]:
+    def worker_command(self, w: LoadWorker) -> list[str]:
         """The argv run over SSH on ``w``'s host (no secret in it: it is audited)."""
         d = w.remote_dir
         return ["sh", "-c", WORKER_SCRIPT, "sh", d,
@@ -319,11 +168,11 @@ class DistributedLoadRunner(LoadRunner):
             self.stop()
             raise
 
-    def _new_worker(self, h: LoadHostTarget) -> _Worker:
-        return _Worker(h, remote_dir=f"{h.work_dir.rstrip('/')}/{self.run_tag}-{h.name}",
+    def _new_worker(self, h: LoadHostTarget) -> LoadWorker:
+        return LoadWorker(h, remote_dir=f"{h.work_dir.rstrip('/')}/{self.run_tag}-{h.name}",
                        control=SSHExecutor(h.ssh, audit=self.audit), session=SSHExecutor(h.ssh, audit=self.audit))
 
-    def _preflight(self, w: _Worker) -> None:
+    def _preflight(self, w: LoadWorker) -> None:
         """The host runs the harness's locustfile with a Locust like ours; its run folder is made."""
         try:
             out = w.control.run([w.target.python, "-c", PREFLIGHT, w.remote_dir], timeout=PREFLIGHT_TIMEOUT_S)
@@ -368,7 +217,7 @@ class DistributedLoadRunner(LoadRunner):
                                      fix="check load_master.bind is an address of this machine") from None
                 time.sleep(0.1)  # Locust is still importing
 
-    def _hold_worker(self, w: _Worker) -> None:
+    def _hold_worker(self, w: LoadWorker) -> None:
         """The worker's SSH session, for as long as the worker runs (a thread per host)."""
         try:
             w.result = w.session.run(self.worker_command(w), timeout=self.expected_duration_s() + KILL_GRACE_S * 3,
@@ -404,20 +253,9 @@ class DistributedLoadRunner(LoadRunner):
     def finish(self, timeout_s: float | None = None, *, read: bool = True) -> list[RequestRecord]:
         """As :meth:`LoadRunner.finish`, the workers told too: no new request, in-flight ones end."""
         self._require_started()
-        self._fan_out(lambda w: self._signal(w, "USR1"), what="tell the load hosts to finish",
+        self._fan_out(lambda w: w.signal("USR1"), what="tell the load hosts to finish",
                       workers=[w for w in self._workers if w.thread is not None and w.thread.is_alive()])
         return super().finish(timeout_s, read=read)
-
-    def _signal(self, w: _Worker, sig: str) -> str:
-        """Signal the run's worker on its host; TERM: until it is gone. ``gone``, ``stopped`` or ``killed``."""
-        res = w.control.run(["sh", "-c", SIGNAL_SCRIPT, "sh", w.remote_dir, sig, str(KILL_GRACE_S)],
-                            timeout=KILL_GRACE_S + 20, check=False)
-        w.signalled |= res.stdout.strip() in ("stopped", "killed")  # then its exit code is ours, not a failure
-        if res.rc != 0:
-            raise ProbeError(f"load host {w.name}: the run's Locust worker is still running: "
-                             f"{(res.stderr or res.stdout).strip()}",
-                             fix=f"end it by hand on {w.name} (its pid is in {w.remote_dir}/worker.pid)")
-        return res.stdout.strip()
 
     # -- records -----------------------------------------------------------------------------------
 
@@ -429,7 +267,7 @@ class DistributedLoadRunner(LoadRunner):
                 except Exception as exc:  # retried next time; the last pull, after the run, raises
                     log.debug("pulling the records of load host %s failed: %s", w.name, exc)
 
-    def _pull(self, w: _Worker, final: bool = False) -> int:
+    def _pull(self, w: LoadWorker, final: bool = False) -> int:
         if w.sftp is None:
             return 0
         if self._writer is None:
@@ -483,7 +321,7 @@ class DistributedLoadRunner(LoadRunner):
                 self._pull(w, final=True)
             except Exception as exc:
                 problems.append(f"{w.name}: its records could not be read: {exc}")
-            self._copy_log(w)
+            w.copy_log(self.output_dir / f"locust.{w.name}.log")
         if self._writer is not None:
             self._writer.close()
         for w in started:
@@ -491,7 +329,7 @@ class DistributedLoadRunner(LoadRunner):
                 problems.append(f"{w.name}: {w.error}")
             elif w.result is not None and w.result.rc not in (0, 1) and not w.signalled:
                 problems.append(f"{w.name}: its worker exited with code {w.result.rc}: {w.tail()}")
-        problems += self._fan_out(self._remove_folder, what="remove the run folders", workers=self._workers,
+        problems += self._fan_out(LoadWorker.remove_folder, what="remove the run folders", workers=self._workers,
                                   collect=True)
         for w in self._workers:
             if w.sftp is not None:
@@ -503,12 +341,12 @@ class DistributedLoadRunner(LoadRunner):
         return ProbeError("distributed load: " + "; ".join(problems),
                           fix=f"see locust.<host>.log in {self.output_dir} and the audit log")
 
-    def _stop_worker(self, w: _Worker) -> None:
+    def _stop_worker(self, w: LoadWorker) -> None:
         """Nothing of this run left on the host: asked even when its session ended by itself."""
         if not w.locustfile:
             return  # preflight never finished: no worker was started there
         alive = w.thread is not None and w.thread.is_alive()
-        outcome = self._signal(w, "TERM")
+        outcome = w.signal("TERM")
         if alive:
             log.info("load host %s: the worker outlived the master by %.0f s; it was %s", w.name,
                      WORKER_EXIT_GRACE_S, outcome)
@@ -519,25 +357,7 @@ class DistributedLoadRunner(LoadRunner):
                 w.session.close()
                 w.thread.join(5)
 
-    def _copy_log(self, w: _Worker) -> None:
-        local = self.output_dir / f"locust.{w.name}.log"
-        with open(local, "wb") as out:
-            if w.sftp is not None:
-                try:
-                    with w.sftp.open(f"{w.remote_dir}/locust.log", "rb") as fh:
-                        shutil.copyfileobj(fh, out)
-                except OSError:
-                    pass  # the worker never started logging: its session output below says why
-            tail = "\n".join(p for p in (w.error, w.result and w.result.stdout, w.result and w.result.stderr,
-                                         *w.notes) if p)
-            if tail:
-                out.write(f"\n--- SSH session ---\n{tail}\n".encode())
-
-    def _remove_folder(self, w: _Worker) -> None:
-        if w.made:
-            w.control.run(["rm", "-rf", "--", w.remote_dir], timeout=30)
-
-    def _fan_out(self, action: Callable[[_Worker], T], *, what: str, workers: Sequence[_Worker] | None = None,
+    def _fan_out(self, action: Callable[[LoadWorker], T], *, what: str, workers: Sequence[LoadWorker] | None = None,
                  collect: bool = False) -> list[str]:
         """``action`` on every worker's host, at most FANOUT at once. Errors name their host: raised
         together as one ProbeError, or returned (``collect``) by a clean-up that must go on."""

@@ -18,8 +18,8 @@ from harness.clusterfile import parse_cluster
 from harness.errors import ConfigError, HarnessError, ProbeError
 from harness.hosts import AuditLog, SSHTarget
 from harness.probes.load import LoadRunner
-from harness.probes.load_distributed import (DistributedLoadRunner, LoadHostTarget, RecordStream,
-                                             load_host_targets, master_bind_address, runner_for)
+from harness.probes.load_distributed import DistributedLoadRunner, runner_for
+from harness.probes.load_hosts import LoadHostTarget, RecordStream, load_host_targets, master_bind_address
 from harness.probes.records import RecordWriter, RequestRecord, read_records
 from harness.probes.workload import LoadProfile
 
