@@ -1,6 +1,6 @@
 """The soak suite as users run it, without a cluster: skipped unless --soak is given, and the
 same seed prints and stores the same schedule (dry runs; a real subprocess of pytest each).
-The 3-minute real soaks (honest and planted-leak) are not in CI yet: docs/soak.md.
+The 3-minute real soaks (honest and planted-leak) are tests/harness/test_soak_e2e.py.
 """
 
 from __future__ import annotations
