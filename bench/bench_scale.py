@@ -22,9 +22,11 @@ many --workers N --per-process 8``, its own run dir and a cluster file written f
    as a new healthy process (``harness.faults.fanout``).
 
 Then the **SSH fan-out** on its own: namespace hosts, each with its own real sshd (``SshdTest``,
-prefix ``pde-``) and a sleeper; ``process_hang`` on ``all`` of the first 4, 16 and 32 hosts (every
-command over SSH, audited; a fresh runner each time, so each host's SSH connection is part of the
-cost), and the 4 hosts again with a pool of 1 (serial) as the baseline of the parallel pool.
+prefix ``pde-``) and a sleeper; on the first 4, 16 and 32 hosts, with the fan-out's own pool (16 at
+once; ``--ssh-pool``), each host's SSH connection and a ``true``, then ``process_hang`` on ``all`` of
+them and the parallel revert (every command over SSH, audited; a fresh runner each time), and the 4
+hosts again with a pool of 1 (serial) as the baseline of the parallel pool. A fan-out that fails
+(a command timed out) is printed as a measured outcome and the bench exits 1.
 
 Ratios are against the smallest size of the same run; the absolute figures are this machine's.
 
@@ -60,7 +62,8 @@ from clusters.dynamo.launch import FRONTEND_PORT, registered, worker_layout  # n
 from harness.cluster import ClusterHandle  # noqa: E402
 from harness.clusterfile import load_cluster  # noqa: E402
 from harness.clusterfile.load import parse_cluster  # noqa: E402
-from harness.faults.fanout import fan_out, plan_fanout, revert_fanout  # noqa: E402
+from harness.errors import HarnessError  # noqa: E402
+from harness.faults.fanout import MAX_PARALLEL, fan_out, plan_fanout, revert_fanout  # noqa: E402
 from harness.faults.ledger import STATE_DIR_ENV  # noqa: E402
 from harness.faults.selectors import Selector  # noqa: E402
 from harness.fixtures import make_fault_runner  # noqa: E402
@@ -340,7 +343,7 @@ def measure_size(workers: int, scratch: Path, quick: bool) -> dict:
 # -- 5. SSH fan-out per host count -----------------------------------------------------------------------
 
 
-def ssh_fanout(counts: list[int], scratch: Path) -> list[dict]:
+def ssh_fanout(counts: list[int], scratch: Path, max_pool: int = MAX_PARALLEL) -> list[dict]:
     """``process_hang`` on all of the first N namespace hosts, each over its own sshd; then N=min serially."""
     from harness.fabric.builder import leftovers
     from harness.fabric.sshdtest import SshdTest, unavailable_reason
@@ -358,23 +361,11 @@ def ssh_fanout(counts: list[int], scratch: Path) -> list[dict]:
         try:
             for name, _, _ in hosts.endpoints():  # `ip netns exec` execs: the pid is the sleeper's
                 sleepers.append(subprocess.Popen(["ip", "netns", "exec", name, "sleep", "3600"]))
-            for n, pool in [(n, min(n, 32)) for n in counts] + [(min(counts), 1)]:
-                cluster = _ssh_cluster(hosts, sleepers[:n], scratch / f"ssh-{n}-{pool}")
-                plan = plan_fanout(cluster, "process_hang", Selector.parse("all"))
-                cpu0 = _self_cpu()
-                with make_fault_runner(cluster, state_dir=scratch / f"ssh-{n}-{pool}" / "state") as runner:
-                    t1 = time.monotonic()  # each host's SSH connection and one command, on the same pool
-                    with ThreadPoolExecutor(pool) as ex:
-                        list(ex.map(lambda h: runner.executor_factory(h.name).run(["true"], timeout=60),
-                                    cluster.spec.hosts))
-                    connect_s = time.monotonic() - t1
-                    fan = fan_out(runner, cluster, plan, max_parallel=pool)
-                    stopped = sum(_state(p.pid) == "T" for p in sleepers[:n])
-                    revert_fanout(runner, fan, max_parallel=pool)
-                if stopped != n or any(_state(p.pid) == "T" for p in sleepers[:n]):
-                    raise BenchError(f"{n} hosts: {stopped} sleepers were stopped, or some were not resumed")
-                rows.append({"hosts": n, "pool": pool, "connect_s": connect_s, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
-                             "bench_cpu_s": _self_cpu() - cpu0, "setup_s": setup_s})
+            for n, pool in [(n, min(n, max_pool)) for n in counts] + [(min(counts), 1)]:
+                rows.append(_ssh_row(hosts, sleepers[:n], pool, scratch / f"ssh-{n}-{pool}") | {"setup_s": setup_s})
+                if "error" in rows[-1]:  # a revert that failed left its sleeper stopped: the next row starts clean
+                    for p in sleepers:
+                        os.kill(p.pid, signal.SIGCONT)
         finally:
             for p in sleepers:
                 p.kill()
@@ -382,6 +373,30 @@ def ssh_fanout(counts: list[int], scratch: Path) -> list[dict]:
     if left := leftovers(prefix=SSH_PREFIX):
         raise BenchError(f"namespace hosts left behind: {left}")
     return rows
+
+
+def _ssh_row(hosts, sleepers: list[subprocess.Popen], pool: int, folder: Path) -> dict:
+    """One row: connect + `true` on every host, the hang fan-out, its revert; a fan-out that fails
+    (a host's command timed out, say) is a measured outcome with its error, not the bench's end."""
+    n = len(sleepers)
+    cluster = _ssh_cluster(hosts, sleepers, folder)
+    plan = plan_fanout(cluster, "process_hang", Selector.parse("all"))
+    row: dict = {"hosts": n, "pool": pool}
+    cpu0 = _self_cpu()
+    try:
+        with make_fault_runner(cluster, state_dir=folder / "state") as runner:
+            t1 = time.monotonic()  # each host's SSH connection and one command, on the same pool
+            with ThreadPoolExecutor(pool) as ex:
+                list(ex.map(lambda h: runner.executor_factory(h.name).run(["true"], timeout=60), cluster.spec.hosts))
+            row["connect_s"] = time.monotonic() - t1
+            fan = fan_out(runner, cluster, plan, max_parallel=pool)
+            stopped = sum(_state(p.pid) == "T" for p in sleepers)
+            revert_fanout(runner, fan, max_parallel=pool)
+    except HarnessError as exc:
+        return row | {"error": str(exc), "bench_cpu_s": _self_cpu() - cpu0}
+    if stopped != n or any(_state(p.pid) == "T" for p in sleepers):
+        raise BenchError(f"{n} hosts: {stopped} sleepers were stopped, or some were not resumed")
+    return row | {"inject_s": fan.inject_s, "revert_s": fan.revert_s, "bench_cpu_s": _self_cpu() - cpu0}
 
 
 def _state(pid: int) -> str:
@@ -462,18 +477,24 @@ def print_sizes(sizes: list[dict], quick: bool) -> None:
 
 
 def print_ssh(rows: list[dict]) -> None:
-    parallel, serial = rows[:-1], rows[-1]  # ssh_fanout's last row: the smallest count with a pool of 1
-    base = parallel[0]
+    serial = rows[-1]  # ssh_fanout's last row: the smallest count with a pool of 1
+    parallel = [r for r in rows[:-1] if "error" not in r]
     print(f"\n5. SSH fan-out: each host its own sshd in a namespace (set up {rows[0]['setup_s']:.1f} s for "
           f"{max(r['hosts'] for r in rows)}); a fresh runner each row: connect + `true` on every host, then "
           "process_hang on all (over those connections), then the parallel revert")
     print(f"{'hosts':>5} {'pool':>4} {'connect s':>9} {'inject s':>8} {'revert s':>8} {'ms/host':>7} "
-          f"{'inject/' + str(base['hosts']):>9} {'bench CPU s':>11}")
+          f"{'inject/' + str(rows[0]['hosts']):>9} {'bench CPU s':>11}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['hosts']:>5} {r['pool']:>4} FAILED: {r['error'][:600]}")
+            continue
+        ratio = f"{r['inject_s'] / rows[0]['inject_s']:.2f}" if "error" not in rows[0] else "-"
         print(f"{r['hosts']:>5} {r['pool']:>4} {r['connect_s']:>9.2f} {r['inject_s']:>8.2f} {r['revert_s']:>8.2f} "
-              f"{r['inject_s'] / r['hosts'] * 1e3:>7.0f} {r['inject_s'] / base['inject_s']:>9.2f} {r['bench_cpu_s']:>11.2f}")
-    print(f"serial / parallel at {serial['hosts']} hosts: connect {serial['connect_s'] / base['connect_s']:.2f}, "
-          f"inject {serial['inject_s'] / base['inject_s']:.2f}, revert {serial['revert_s'] / base['revert_s']:.2f}")
+              f"{r['inject_s'] / r['hosts'] * 1e3:>7.0f} {ratio:>9} {r['bench_cpu_s']:>11.2f}")
+    base = rows[0]
+    if "error" not in serial and "error" not in base:
+        print(f"serial / parallel at {serial['hosts']} hosts: connect {serial['connect_s'] / base['connect_s']:.2f}, "
+              f"inject {serial['inject_s'] / base['inject_s']:.2f}, revert {serial['revert_s'] / base['revert_s']:.2f}")
     if len(parallel) > 1:
         xs = [r["hosts"] for r in parallel]
         line = []
@@ -487,12 +508,14 @@ def print_ssh(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="16 and 32 workers, 2 and 4 SSH hosts, a 4 s load run (CI)")
-    p.add_argument("--workers", help="comma-separated worker counts (default 16,64,128; --quick 16,32)")
+    p.add_argument("--workers", help="comma-separated worker counts (default 16,64,128; --quick 16,32; 0: skip)")
+    p.add_argument("--ssh-pool", type=int, default=MAX_PARALLEL,
+                   help=f"largest parallel pool of the SSH fan-out (default {MAX_PARALLEL}, the fan-out's own)")
     p.add_argument("--ssh-hosts", help="comma-separated SSH host counts (default 4,16,32; --quick 2,4; 0: skip)")
     p.add_argument("--scratch", type=Path, help="scratch folder (default: a fresh temporary one, removed after)")
     args = p.parse_args(argv)
     try:
-        workers = [int(w) for w in (args.workers or ("16,32" if args.quick else "16,64,128")).split(",")]
+        workers = [int(w) for w in (args.workers or ("16,32" if args.quick else "16,64,128")).split(",") if w != "0"]
         hosts = [int(h) for h in (args.ssh_hosts or ("2,4" if args.quick else "4,16,32")).split(",") if h != "0"]
     except ValueError:
         p.error("--workers and --ssh-hosts take comma-separated whole numbers, e.g. --workers 16,64,128")
@@ -500,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         if w < 2 * PER_PROCESS or w % PER_PROCESS or w // PER_PROCESS > 16:
             p.error(f"--workers {w}: each count must be a multiple of {PER_PROCESS} from {2 * PER_PROCESS} to "
                     f"{16 * PER_PROCESS} (two to sixteen mocker processes: the ports 8601-8616)")
+    if args.ssh_pool < 1:
+        p.error(f"--ssh-pool {args.ssh_pool}: must be at least 1")
     if any(h < 1 or h > 64 for h in hosts):
         p.error("--ssh-hosts: each count must be from 1 to 64 (the emulated fabric's largest: FabricConfig.hosts)")
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-scale-"))
@@ -512,9 +537,14 @@ def main(argv: list[str] | None = None) -> int:
         for w in sorted(workers):
             sizes.append(measure_size(w, scratch, args.quick))
             print(f"measured {w} workers", flush=True)
-        print_sizes(sizes, args.quick)
+        if sizes:
+            print_sizes(sizes, args.quick)
         if hosts:
-            print_ssh(ssh_fanout(sorted(hosts), scratch))
+            rows = ssh_fanout(sorted(hosts), scratch, args.ssh_pool)
+            print_ssh(rows)
+            if failed := [r for r in rows if "error" in r]:
+                raise BenchError(f"{len(failed)} SSH fan-out row(s) failed (above); what a failed revert left is in "
+                                 f"the ledger under {scratch}/ssh-*/state (the bench's sleepers are ended)")
     except BenchError as exc:
         print(f"bench_scale: {exc}", file=sys.stderr)
         return 1
