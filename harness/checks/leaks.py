@@ -167,16 +167,22 @@ def _kv(thresholds: dict[str, Threshold], idle_before: dict[str, int], idle_afte
 
 
 def leak_verdict(checklist: Checklist, samples: Iterable[LeakSample], *, idle_before: dict[str, int],
-                 idle_after: dict[str, int], warmup_s: float = 60.0) -> Verdict:
+                 idle_after: dict[str, int], warmup_s: float = 60.0, kv_unmeasured: str | None = None) -> Verdict:
     """soak.leaks from the run's leak ``samples`` (streamed once) and the KV blocks each worker held
     idle before the run (``idle_before``) and after the load drained (``idle_after``; a worker
-    missing there could not be read). See the module docstring for the rules."""
+    missing there could not be read). ``kv_unmeasured``: why the cluster's KV blocks cannot be read
+    at all (an external engine without the metric), said instead of the generic reason. See the
+    module docstring for the rules."""
     item = checklist.item(ITEM)
     th = dict(item.thresholds)
     run = _Run()
     for s in samples:
         run.add(s)
     kv, kv_evidence, kv_because = _kv(th, idle_before, idle_after, run.rows)
+    if kv_unmeasured:
+        kv_evidence["unmeasured"] = kv_unmeasured
+        if kv.value is None:
+            kv_because = f"KV blocks not measured: {kv_unmeasured}"
     measurements = [kv]
     processes, short = [], []
     for proc in sorted(run.processes.values(), key=lambda p: (p.worker, p.t[0])):
@@ -221,7 +227,8 @@ def leak_verdict(checklist: Checklist, samples: Iterable[LeakSample], *, idle_be
         "harness_rss_mb": _downsample([[_round(t - run.t0), _round(mb)] for t, mb in run.harness]),
     }
     if not run.processes and run.n:
-        evidence["growth_note"] = "no process readings (not a local cluster, or no worker pid): growth not measured"
+        evidence["growth_note"] = ("no process readings (not a local cluster, no worker pid, or /proc not readable "
+                                   "on the workers' hosts): growth not measured")
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=because or None)
     return _with_context(verdict, processes, short, bool(run.processes), run.n)
 

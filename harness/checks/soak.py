@@ -6,7 +6,10 @@ Rules per fault (harness/scenarios/soak.py records what happened):
   through it) within ``rejoin_limit_s`` of its being healthy; a worker never back is not recovered;
 - ``process_kill`` / ``process_hang``: besides, 6.1.4's rescheduling (worker declared down, every
   affected request re-placed, a new request served) within ``reschedule_p100_s``, judged on the
-  interval its clocks give (harness/checks/reschedule.py);
+  interval its clocks give (harness/checks/reschedule.py); on a cluster without router events, 6.1.4's
+  client-view measurement instead (the streams on the victim ended, a new request served, from the
+  client's records alone: harness/checks/soak_client_view.py);
+- a worker whose way back cannot be observed (no metrics of it, no router view) is undecided, never passed;
 - a fault the harness could not inject (its target never healthy and free, the engine refused an
   ECC poisoning with nothing in use) is not judged and is named: too few judged faults is inconclusive.
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
@@ -59,14 +62,18 @@ def judge_fault(o: SoakOutcome, sample: RescheduleSample | None, limit_s: float,
     if sample is not None:
         resched = sample.total_s
         iv = sample.interval
-        if resched is None:
-            return FaultJudgement(o, "not recovered", f"rescheduling never completed: {sample.breakdown}")
+        if resched is None:   # a client-view sample names its problem (a stream cut, nothing served after)
+            problem = getattr(sample, "problem", None)
+            return FaultJudgement(o, "not recovered", "rescheduling never completed: "
+                                  + (f"{problem} ({sample.breakdown})" if problem else sample.breakdown))
         if iv is not None and iv.lo is not None and iv.lo > limit_s:
             return FaultJudgement(o, "not recovered", f"rescheduled in {resched:.2f} s > {limit_s:g} s "
                                   f"({sample.breakdown})", resched, cause="reschedule_p100_s")
         if iv is not None and (iv.hi is None or iv.hi > limit_s):
             undecided = f"rescheduled in {resched:.2f} s {iv.brackets()} straddles {limit_s:g} s"
     r = o.rejoin
+    if r is not None and not r.observable:   # no metrics of the worker nor a router view of it: unknown, not failed
+        return FaultJudgement(o, "undecided", r.sentence(), resched)
     if r is None or not r.back:
         watched = "" if r is None else f" (watched {r.watched_s:.0f} s)"
         return FaultJudgement(o, "not recovered", f"{f.target} never carried traffic again{watched}", resched)
@@ -83,12 +90,16 @@ def judge_fault(o: SoakOutcome, sample: RescheduleSample | None, limit_s: float,
 
 
 def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], samples: Sequence[RescheduleSample], *,
-                   stopped: str | None = None, schedule: dict[str, Any] | None = None) -> tuple[Verdict, list[FaultJudgement]]:
-    """``soak.faults``: ``samples`` are 6.1.4's measurements of the kill and hang faults (by fault id)."""
+                   stopped: str | None = None, schedule: dict[str, Any] | None = None,
+                   by_fault_id: Mapping[str, Any] | None = None,
+                   judged_by: str = "router events") -> tuple[Verdict, list[FaultJudgement]]:
+    """``soak.faults``: ``samples`` are 6.1.4's measurements of the kill and hang faults from the
+    router's events (their marks carry the fault id); ``by_fault_id``: fault id -> the client-view
+    measurement instead (harness/checks/soak_client_view.py, a cluster without router events)."""
     item = checklist.item(FAULTS_ITEM)
     t = item.thresholds
     limit_s, rejoin_s = t["reschedule_p100_s"].value, t["rejoin_limit_s"].value
-    by_id = {s.fault.fault_id: s for s in samples}
+    by_id = {s.fault.fault_id: s for s in samples} | dict(by_fault_id or {})
     judged = [judge_fault(o, by_id.get(o.fault_id or ""), limit_s, rejoin_s) for o in outcomes]
     by_kind: dict[str, dict[str, int]] = {}
     for j in judged:
@@ -139,7 +150,7 @@ def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], sample
             m["holds"] = None   # one straddles the limit on its interval: undecided, not missed
         measurements.append(m)
     evidence = {"measurements": measurements, "by_kind": by_kind, "faults": [j.to_dict() for j in judged],
-                "schedule": schedule or {},
+                "schedule": schedule or {}, "kill_and_hang_judged_by": judged_by,
                 "rules": {"reschedule_p100_s": limit_s, "rejoin_limit_s": rejoin_s}}
     verdict = Verdict(item=FAULTS_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
                       measured=float(len(failed)), threshold=t["faults_not_recovered"].value,

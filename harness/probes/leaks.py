@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from harness.engine.admin.models import AdminWorker
 from harness.errors import ProbeError
@@ -66,25 +66,30 @@ def read_process(pid: int, proc: Path | str = "/proc") -> ProcessReading | None:
 
 @dataclass(frozen=True)
 class WorkerLeakReading:
-    """One worker at one sample: its admin API row's figures, and its process's reading when the
-    cluster is local and the process could be read (else None)."""
+    """One worker at one sample: its admin API row's figures (an external cluster's: its engine's
+    metrics, None where the engine exports no such figure), and its process's reading when the process
+    could be read (else None)."""
 
     id: str
     role: str
     pid: int | None
     health: str
-    kv_blocks_used: int
-    kv_blocks_total: int
-    num_running: int
-    active_requests: int
+    kv_blocks_used: int | None
+    kv_blocks_total: int | None
+    num_running: int | None
+    active_requests: int | None
     process: ProcessReading | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerLeakReading:
         proc = data.get("process")
+
+        def count(key: str) -> int | None:
+            return None if data.get(key) is None else int(data[key])
+
         return cls(str(data["id"]), str(data["role"]), data.get("pid"), str(data["health"]),
-                   int(data["kv_blocks_used"]), int(data["kv_blocks_total"]), int(data["num_running"]),
-                   int(data["active_requests"]), None if proc is None else ProcessReading.from_dict(proc))
+                   count("kv_blocks_used"), count("kv_blocks_total"), count("num_running"),
+                   count("active_requests"), None if proc is None else ProcessReading.from_dict(proc))
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,12 @@ class LeakSample:
                    None if blocks is None else int(blocks))
 
 
-def take_sample(workers: list[AdminWorker], *, local: bool, proc: Path | str = "/proc") -> LeakSample:
-    """One sample of ``workers`` (the admin API's table) now; /proc is read only when ``local``."""
+def take_sample(workers: Sequence[AdminWorker | WorkerLeakReading], *, local: bool,
+                proc: Path | str = "/proc") -> LeakSample:
+    """One sample of ``workers`` now: rows of the admin API's table (/proc is read only when ``local``),
+    or readings an external cluster's reader already took (harness/probes/external_leaks.py), kept as they are."""
     return LeakSample(time.time(), read_process(os.getpid(), proc), tuple(
+        w if isinstance(w, WorkerLeakReading) else
         WorkerLeakReading(w.id, w.role, w.pid, w.health, w.kv_blocks_used, w.kv_blocks_total, w.num_running,
                           w.active_requests,
                           read_process(w.pid, proc) if local and w.pid is not None else None)
@@ -153,12 +161,13 @@ def _parse(path: Path, number: int, line: str) -> LeakSample:
 
 class LeakSampler:
     """Every ``interval_s`` in a thread until :meth:`stop` (always joined): calls ``workers`` (the
-    admin API's worker table), reads /proc for each worker pid when ``local``, and appends one JSON
+    admin API's worker table, whose pids it reads in /proc when ``local``; or an external cluster's
+    readings, harness/probes/external_leaks.py), and appends one JSON
     line per sample to ``path``. A tick whose ``workers`` call raises is logged and skipped (the
     router may be restarting); the sampler never takes the run down. Memory: the summary only."""
 
-    def __init__(self, workers: Callable[[], list[AdminWorker]], path: Path | str, *, interval_s: float = 2.0,
-                 local: bool = True, proc: Path | str = "/proc") -> None:
+    def __init__(self, workers: Callable[[], Sequence[AdminWorker | WorkerLeakReading]], path: Path | str, *,
+                 interval_s: float = 2.0, local: bool = True, proc: Path | str = "/proc") -> None:
         if not 0.01 <= interval_s <= 3600:
             raise ProbeError(f"leak sampling interval {interval_s!r} s is out of range",
                              fix="use 0.01 to 3600 s (2 s by default)")

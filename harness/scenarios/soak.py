@@ -1,9 +1,10 @@
 """A soak run: load for the whole duration while a seeded fault schedule (harness/scenarios/soak_schedule.py)
-fires faults, overlapping within the blast radius, each held, reverted and watched until the router
+fires faults, overlapping within the blast radius, each held, reverted and watched until the cluster
 serves through its worker again; the engine's processes sampled for leaks all along.
 
 :class:`SoakUnderLoad` executes one :class:`~harness.scenarios.soak_schedule.SoakSchedule` on a
-cluster with router events (the bundled engine's admin API) and returns a :class:`SoakRun` for
+cluster seen through a :class:`~harness.scenarios.soak_view.SoakClusterView` (the bundled engine's
+admin API and router events, or an external cluster's file, metrics and pid files) and returns a :class:`SoakRun` for
 harness/checks/soak.py and harness/checks/leaks.py. Each scheduled fault runs in its own thread (its
 inject, hold, revert and rejoin); the fault runner serialises injects and reverts, so a fault whose
 slot comes while another is being reverted begins when that revert is done (its actual offset is
@@ -14,33 +15,27 @@ fault runner's ledger holds it, and the plugin reports the cluster as possibly d
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
-from harness.engine.admin.models import AdminWorker, EngineEvent
+from harness.engine.admin.models import EngineEvent
 from harness.errors import FaultError, HarnessError, RevertError
-from harness.faults import EccPoison, Fault, FaultRunner, HbmFill, NicFlap, PfcStorm
+from harness.faults import FaultRunner
 from harness.probes.leaks import LeakSampler
 from harness.probes import selfmem
 from harness.probes.records import RequestRecord
 from harness.probes.rejoin import Rejoin
 from harness.scenarios.fault_marks import FaultMark, injection
-from harness.scenarios.reschedule import ContinuousLoad, RouterView, StartLoad, make_fault, wait_served_through
+from harness.scenarios.reschedule import ContinuousLoad, StartLoad
 from harness.scenarios.soak_schedule import ScheduledFault, SoakSchedule
-from harness.states import EventKind, WorkerHealth
-from harness.waiting import wait_until
+from harness.scenarios.soak_view import ROUTER_EVENTS, SoakClusterView
 
 log = logging.getLogger(__name__)
 
-HBM_SHARE = 0.8           # share of a decode worker's KV pool an hbm_fill reserves
-ECC_BLOCKS = 2            # blocks one ecc_poison poisons
-BUSY_WAIT_S = 3.0         # an ecc_poison waits this long for its worker to decode something
 SLOT_WAIT_S = 120.0       # a fault waits at most this long for its target to be healthy and out of other faults
-IDLE_TIMEOUT_S = 60.0     # after the load: until nothing is in flight, to read what each worker holds idle
 LEAK_INTERVAL_S = 2.0
 
 
@@ -94,6 +89,8 @@ class SoakRun:
     leak_samples_path: Path
     stopped: str | None = None        # why the schedule ended early
     notes: list[str] = field(default_factory=list)
+    judged_by: str = ROUTER_EVENTS    # how kills and hangs are judged (harness/scenarios/soak_view.py)
+    kv_unmeasured: str | None = None  # why KV blocks in use could not be read, where they could not
 
     def iter_records(self) -> Iterator[RequestRecord]:
         """Every request of the run, one at a time from the load runs' files (never all in memory:
@@ -104,13 +101,13 @@ class SoakRun:
 
 @dataclass
 class SoakUnderLoad:
+    """The schedule run on ``view``'s cluster (harness/scenarios/soak_view.py: the bundled engine's admin
+    API, or an external cluster's file, metrics and pid files) while ``start_load`` keeps load flowing."""
+
     faults: FaultRunner
-    router: RouterView
+    view: SoakClusterView
     start_load: StartLoad
     schedule: SoakSchedule
-    admin_url: str
-    topology: Any = None                      # restarts killed workers (bundled)
-    fabric_hosts: Mapping[str, Any] = field(default_factory=dict)   # worker id -> FabricHost
     rejoin_limit_s: float = 60.0
     out_dir: Path = Path(".")
     progress: Callable[[str], None] = lambda line: None
@@ -118,54 +115,19 @@ class SoakUnderLoad:
     _faulted: dict[str, int] = field(default_factory=dict, init=False, repr=False)   # worker id -> fault index
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _fatal: list[BaseException] = field(default_factory=list, init=False, repr=False)
-    _seq: int = field(default=0, init=False, repr=False)
-    # the router's events as the run goes, per-request kv_transfer ones left out: its log keeps the
-    # last 10000 (router max_events), and a 15-minute soak made 22668 requests, so a log read once at
-    # the end had lost the early worker_down events (7 faults judged "never declared down")
-    _events: list[EngineEvent] = field(default_factory=list, init=False, repr=False)
-    _threads: list[threading.Thread] = field(default_factory=list, init=False, repr=False)   # the router's newest event, polled by the main loop
-
-    def make(self, sf: ScheduledFault, worker: AdminWorker) -> Fault:
-        """The fault object of ``sf`` against the live ``worker``."""
-        if sf.kind in ("process_kill", "process_hang"):
-            return make_fault(sf.kind, worker, self.topology)
-        if sf.kind == "hbm_fill":
-            return HbmFill(admin_url=self.admin_url, worker_id=worker.id, share=HBM_SHARE)
-        if sf.kind == "ecc_poison":
-            return EccPoison(admin_url=self.admin_url, worker_id=worker.id, count=ECC_BLOCKS)
-        host = self.fabric_hosts.get(worker.id)
-        if host is None:
-            raise FaultError(f"{sf.kind}: {worker.id} has no fabric host", fix="run the soak on a cluster with "
-                             "the emulated fabric (fabric: {enabled: true}) or leave the fabric kinds out")
-        if sf.kind == "nic_flap":
-            return NicFlap.on_fabric_host(host, period_s=1.0, duty=0.5, count=max(1, math.ceil(sf.hold_s)))
-        if sf.kind == "pfc_storm":
-            return PfcStorm.on_fabric_hosts([host], pause_ms=300.0, resume_ms=100.0,
-                                            bursts=max(1, int(sf.hold_s / 0.4)))
-        raise FaultError(f"unknown soak fault kind {sf.kind}", fix="see harness/scenarios/soak_schedule.py KINDS")
-
-    def idle_kv(self) -> dict[str, int]:
-        """Each worker's KV blocks in use once nothing is in flight (waits up to IDLE_TIMEOUT_S)."""
-        def idle() -> list[AdminWorker] | None:
-            ws = self.router.workers()
-            return ws if all(not w.busy for w in ws) else None
-
-        workers = wait_until(idle, IDLE_TIMEOUT_S, 0.5, what="no request in flight on any worker",
-                             on_timeout="return")
-        if not workers:
-            return {}
-        return {w.id: w.kv_blocks_used for w in workers if w.health == WorkerHealth.HEALTHY}
+    _events: list[EngineEvent] = field(default_factory=list, init=False, repr=False)   # view.new_events(), kept
+    _threads: list[threading.Thread] = field(default_factory=list, init=False, repr=False)
 
     def run(self) -> SoakRun:
         sched = self.schedule
         selfmem.limit_arenas()   # a thread per fault: no arena per thread (harness/probes/selfmem.py)
-        idle_before = self.idle_kv()
+        idle_before = self.view.idle_kv()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        sampler = LeakSampler(self.router.workers, self.out_dir / "leaks.jsonl", interval_s=LEAK_INTERVAL_S,
-                              local=True)
+        sampler = LeakSampler(self.view.leak_rows, self.out_dir / "leaks.jsonl", interval_s=LEAK_INTERVAL_S,
+                              local=self.view.leak_local)
         traffic = ContinuousLoad(self.start_load, sched.duration_s + 60.0)
         outcomes = [SoakOutcome(sf) for sf in sched.faults]
-        self._seq = max([0] + [e["seq"] for e in self.router.events()])
+        self.view.begin()
         with sampler:
             try:
                 return self._drive(sched, traffic, outcomes, sampler, idle_before)
@@ -208,28 +170,26 @@ class SoakUnderLoad:
             t.join(timeout=SLOT_WAIT_S + self.rejoin_limit_s * 2)
         traffic.finish()   # the records stay on disk: the suite streams them (SoakRun.iter_records)
         load_ended = time.time()
-        idle_after = self.idle_kv()   # the sampler still runs: the drain is in its series
+        idle_after = self.view.idle_kv()   # the sampler still runs: the drain is in its series
         if self._fatal:
             raise self._fatal[0]
         self._collect()
         return SoakRun(sched, outcomes, list(self._events), traffic.runs, started_wall, load_ended,
-                       idle_before, idle_after, sampler.path, stopped)
+                       idle_before, idle_after, sampler.path, stopped, judged_by=self.view.judged_by,
+                       kv_unmeasured=self.view.kv_unmeasured())
 
     def _collect(self) -> None:
         """The router's events since the last call, kept unless one per request (kv_transfer)."""
-        for e in self.router.events(since=self._seq):
-            self._seq = max(self._seq, e["seq"])
-            if e["type"] != EventKind.KV_TRANSFER:
-                self._events.append(e)
+        self._events.extend(self.view.new_events())
 
-    def _claim(self, sf: ScheduledFault) -> AdminWorker | None:
+    def _claim(self, sf: ScheduledFault) -> Any | None:
         """Wait until the target is healthy and no other fault holds it; claim it."""
         deadline = time.monotonic() + SLOT_WAIT_S
         while not self._stop.is_set() and time.monotonic() < deadline:
             with self._lock:
                 if sf.target not in self._faulted:
-                    w = next((w for w in self.router.workers() if w.id == sf.target), None)
-                    if w is not None and w.healthy:
+                    w = self.view.claim(sf.target)
+                    if w is not None:
                         self._faulted[sf.target] = sf.index
                         return w
             time.sleep(0.2)
@@ -242,12 +202,9 @@ class SoakUnderLoad:
             o.not_injected = f"{sf.target} was not healthy and free within {SLOT_WAIT_S:.0f} s"
             return
         try:
-            if sf.kind == "ecc_poison":   # poisoning needs blocks in use: wait a little for a decode
-                wait_until(lambda: any(w.id == sf.target and w.busy for w in self.router.workers()), BUSY_WAIT_S,
-                           0.05, what=f"requests on {sf.target}", on_timeout="return")
-            fault = self.make(sf, worker)
+            fault = self.view.make(sf, worker)
             o.started_offset_s = round(time.monotonic() - t0, 2)
-            seq = self._seq
+            seq = self.view.mark()
             if self._stop.is_set():
                 o.not_injected = "the run stopped before its turn"
                 return
@@ -270,10 +227,7 @@ class SoakUnderLoad:
                 self._fatal.append(exc)
                 return
             o.reverted_wall = time.time()
-            # traffic through the worker counts from here: a fault that kept it in rotation (an HBM
-            # fill, an ECC poisoning) had KV moved through it during its hold, which proves nothing
-            seq = max([seq] + [e["seq"] for e in self.router.events(since=seq)])
-            o.rejoin = wait_served_through(self.router, sf.target, seq, self.rejoin_limit_s)
+            o.rejoin = self.view.rejoin(sf, seq, self.rejoin_limit_s)
         except HarnessError as exc:
             o.error = o.error or f"{type(exc).__name__}: {exc}"
             log.warning("soak fault #%d (%s %s): %s", sf.index + 1, sf.kind, sf.target, exc)

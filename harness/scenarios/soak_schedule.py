@@ -32,15 +32,20 @@ class KindSpec:
     hold_s: tuple[float, float]
     recovery_s: float
     fabric: bool = False
+    admin: bool = False   # needs the engine's admin API (fault hooks); the process kinds need only a pid
+
+
+KILLABLE = (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.AGGREGATED)
 
 
 KINDS: dict[str, KindSpec] = {
     # a killed worker restarts and registers again: 27-65 s seen on a loaded 2-core machine
-    "process_kill": KindSpec((WorkerRole.PREFILL, WorkerRole.DECODE), (2.0, 6.0), 45.0),
-    # held past the router's hang detection (1-2 s), resumed by SIGCONT
-    "process_hang": KindSpec((WorkerRole.PREFILL, WorkerRole.DECODE), (3.0, 6.0), 8.0),
-    "hbm_fill": KindSpec((WorkerRole.DECODE,), (6.0, 12.0), 8.0),
-    "ecc_poison": KindSpec((WorkerRole.DECODE,), (4.0, 8.0), 8.0),
+    "process_kill": KindSpec(KILLABLE, (2.0, 6.0), 45.0),
+    # held past the router's hang detection (1-2 s), resumed by SIGCONT; under Dynamo's file-discovery
+    # lease (about 10 s), past which a stopped worker never registers again (docs/dynamo.md)
+    "process_hang": KindSpec(KILLABLE, (3.0, 6.0), 8.0),
+    "hbm_fill": KindSpec((WorkerRole.DECODE,), (6.0, 12.0), 8.0, admin=True),
+    "ecc_poison": KindSpec((WorkerRole.DECODE,), (4.0, 8.0), 8.0, admin=True),
     "nic_flap": KindSpec((WorkerRole.PREFILL, WorkerRole.DECODE), (3.0, 6.0), 10.0, fabric=True),
     "pfc_storm": KindSpec((WorkerRole.PREFILL, WorkerRole.DECODE), (3.2, 6.4), 8.0, fabric=True),
 }
@@ -101,13 +106,25 @@ def role_cap(count: int, share: float) -> int:
     return max(1, math.floor(count * share + 1e-9)) if count >= 2 else 0
 
 
-def eligible_kinds(allowed: Sequence[str] | None, *, fabric: bool) -> tuple[str, ...]:
-    """The schedulable kinds the cluster allows (``None``: all), in KINDS order; fabric kinds only on a fabric."""
+def eligible_kinds(allowed: Sequence[str] | None, *, fabric: bool, admin: bool = True) -> tuple[str, ...]:
+    """The schedulable kinds the cluster allows (``None``: all), in KINDS order; fabric kinds only on a
+    fabric, admin kinds (HBM fill, ECC poisoning) only with the engine's admin API."""
     unknown = sorted(set(allowed or ()) - set(KINDS))
     if unknown:
         raise ConfigError(f"--soak-kinds names unknown fault kinds {unknown}", fix=f"use some of {sorted(KINDS)}")
     return tuple(k for k, spec in KINDS.items()
-                 if (allowed is None or k in allowed) and (fabric or not spec.fabric))
+                 if (allowed is None or k in allowed) and not left_out_because(k, fabric=fabric, admin=admin))
+
+
+def left_out_because(kind: str, *, fabric: bool, admin: bool) -> str | None:
+    """Why ``kind`` cannot be injected on this cluster (None: it can): what it needs and the cluster lacks."""
+    spec = KINDS[kind]
+    if spec.fabric and not fabric:
+        return "needs the emulated fabric (a NIC and a switch queue the harness controls); this cluster has none"
+    if spec.admin and not admin:
+        return ("needs the engine's admin API (its fault hooks reserve or poison KV blocks); this cluster has none, "
+                "and a black-box fault can only signal a process")
+    return None
 
 
 def generate(seed: int, inventory: Sequence[tuple[str, str]], duration_s: float, kinds: Sequence[str], *,
