@@ -131,13 +131,13 @@ class ExternalLeakReader:
                         self._pids[str(w.name)] = locate_pid(w, ex)
                     except HarnessError as exc:   # between a kill and the restart: no pid file yet
                         log.debug("leak reader: %s: %s", w.name, exc)
-            pids = {self._pids[str(w.name)]: str(w.name) for w in ws if str(w.name) in self._pids}
-            try:
-                read = read_processes(ex, list(pids))
+            mine = {str(w.name): self._pids[str(w.name)] for w in ws if str(w.name) in self._pids}
+            try:   # one command for the host (two entries may name one process: read once)
+                read = read_processes(ex, sorted(set(mine.values())))
             except HarnessError as exc:
                 log.warning("leak reader: %s", exc)
                 read = {}
-            for pid, name in pids.items():
+            for name, pid in mine.items():
                 if pid in read:
                     processes[name] = read[pid]
                 else:   # gone (killed): find its new process at the next tick
