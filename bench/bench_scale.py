@@ -123,6 +123,7 @@ class DynamoMany:
     venv: Path = field(default_factory=lambda: Path(os.environ.get("HARNESS_DYNAMO_VENV", ROOT / ".venv-dynamo")))
     proc: subprocess.Popen | None = None
     ready: dict = field(default_factory=dict)
+    left: list[int] = field(default_factory=list)  # processes of the cluster still there after the stop
 
     @property
     def run_dir(self) -> Path:
@@ -149,6 +150,8 @@ class DynamoMany:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # the launcher removes its pid files when it stops: read who runs now, to check they are gone after
+        running = [int(f.read_text()) for f in self.run_dir.glob("*.pid") if f.read_text().strip().isdigit()]
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -157,6 +160,7 @@ class DynamoMany:
                 self.proc.kill()
         if self.proc is not None:
             self.proc.wait()
+        self.left = [pid for pid in running if Path(f"/proc/{pid}").exists()]
 
 
 # -- 1. the harness's own cost ---------------------------------------------------------------------------
@@ -337,6 +341,8 @@ def measure_size(workers: int, scratch: Path, quick: bool) -> dict:
                    "report": report_figures(run.run_dir, scratch, 1 if quick else 2)}
         figures["registered_after_run"] = registered_after(dyn.ready["api"], workers)
         figures["fanout"] = fanout_kill(cluster_file, dyn.ready["api"], workers, scratch / f"state-{workers}")
+    if dyn.left:
+        raise BenchError(f"the {workers}-worker cluster's processes {dyn.left} remain after its launcher stopped")
     return figures
 
 
