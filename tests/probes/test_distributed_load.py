@@ -177,11 +177,15 @@ def _nothing_left(st, state: Path) -> None:
     assert left == "", left
 
 
+MEDIAN_MARGIN_MS = 20.0   # see the test below
+
+
 @pytest.mark.slow
 @pytest.mark.root
 def test_three_load_hosts_send_what_the_server_counts_with_the_latency_of_one(hosts, tmp_path):
     from harness.fabric.sshdtest import ENGINE_PORT
     from harness.probes.analysis import requests_frame
+    from harness.stats import nearest_rank
     from harness.stats.intervals import percentile_interval
 
     st, state = hosts
@@ -223,7 +227,12 @@ def test_three_load_hosts_send_what_the_server_counts_with_the_latency_of_one(ho
     figures = {k: f"median {sorted(v)[len(v) // 2]:.1f} ms, 95 % {iv[k].describe('ms')}" for k, v in ttft.items()}
     print(f"TTFT from the scheduled send: {figures}; records per host {by_host}; server counted {counted:.0f}")
     assert iv["three"].bounded and iv["one"].bounded
-    assert iv["three"].lo <= iv["one"].hi and iv["one"].lo <= iv["three"].hi, figures  # the intervals overlap
+    # The same latency within a stated margin, not interval overlap: the two runs are sequential on a
+    # shared 2-core machine, where identical runs' medians moved 2x (15 -> 35 ms) with the load
+    # average at 4-5. What distributing could break (a wrong clock anchor, a host's records timed
+    # from its own start, coordinated omission) moves the median by seconds, far past the margin.
+    median = {k: nearest_rank(v, 50) for k, v in ttft.items()}
+    assert abs(median["three"] - median["one"]) <= max(MEDIAN_MARGIN_MS, median["one"]), figures
 
 
 @pytest.mark.slow
