@@ -54,7 +54,7 @@ def test_a_2_minute_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo
         assert runner[(f["fault_id"], "inject")]["status"] == "succeeded", f
         assert runner[(f["fault_id"], "verify_reverted")]["status"] == "succeeded", f
     entries = Ledger.for_cluster("dynamo-agg", state).entries()
-    assert len(entries) == len(injected) and {e["status"] for e in entries} == {"reverted"}, entries
+    assert len(entries) >= len(injected) and {e["status"] for e in entries} == {"reverted"}, entries
 
     lost = v["nothing-lost"]
     assert lost["status"] in ("pass", "fail") and lost["evidence"]["completed"] > 100, lost["reason"]
@@ -64,7 +64,10 @@ def test_a_2_minute_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo
     leaks = v["soak.leaks"]
     procs = leaks["evidence"]["processes"]
     assert {p["worker"] for p in procs} == {"dynamo-0", "dynamo-1"}, leaks["evidence"]
-    assert all(p["pid"] > 1 and p["readings"] > 10 and p["rss_mb_first"] > 10 for p in procs), procs
+    # every 2 s (a process restarted near the end has a few); measured here: 58 readings of dynamo-1 over 122 s
+    assert all(p["pid"] > 1 and p["readings"] >= 2 and p["rss_mb_first"] > 10 and p["threads_first"] > 1
+               for p in procs), procs
+    assert max(p["readings"] for p in procs) > 30, procs
     killed = {f["target"] for f in injected if f["kind"] == "process_kill"}
     assert all(sum(p["worker"] == w for p in procs) >= 2 for w in killed), procs   # a new process after a kill
     audit = (state / "audit.jsonl").read_text()
