@@ -19,7 +19,8 @@ many --workers N --per-process 8``, its own run dir and a cluster file written f
    read back, and headless Chromium loading the report (``--dump-dom``; its verdict rows checked);
 4. **faults on 10 % of the workers at once**: a fan-out ``process_kill`` of round(10 % of N / 8)
    mocker processes (at least 1; each holds 8 workers) in parallel, each verified dead and then back
-   as a new healthy process (``harness.faults.fanout``).
+   as a new healthy process (``harness.faults.fanout``), under 8 closed-loop streams: how many of
+   their requests completed, and the frontend's migration counter over it.
 
 Then the **SSH fan-out** on its own: namespace hosts, each with its own real sshd (``SshdTest``,
 prefix ``pde-``) and a sleeper; on the first 4, 16 and 32 hosts, with the fan-out's own pool (16 at
@@ -68,10 +69,14 @@ from harness.faults.ledger import STATE_DIR_ENV  # noqa: E402
 from harness.faults.selectors import Selector  # noqa: E402
 from harness.fixtures import make_fault_runner  # noqa: E402
 from harness.probes.analysis import summarize  # noqa: E402
+from harness.probes.load import LoadRunner  # noqa: E402
 from harness.probes.procfs import cmdline, cpu_and_start_seconds, descendants  # noqa: E402
 from harness.probes.records import iter_records  # noqa: E402
 from harness.report.html import render_html  # noqa: E402
+from harness.probes.workload import LoadProfile  # noqa: E402
 from harness.report.jsonout import read_json  # noqa: E402
+from harness.scenarios.migration_on_loss import migration_count  # noqa: E402
+from harness.scenarios.reschedule import wait_serving  # noqa: E402
 
 PER_PROCESS = 8
 FAULT_SHARE = 0.10
@@ -81,6 +86,9 @@ SAMPLE_S = 0.2          # /proc sampling interval of the harness run's process t
 INGEST_MIN_S = 1.0      # read the records again and again for at least this long
 SUMMARIZE_RECORDS = 20_000  # the run's records repeated to at least this many for analysis.summarize
 READY_TIMEOUT_S = 600.0
+FANOUT_USERS = 8        # closed-loop streams while 10 % of the workers are killed
+FANOUT_LOAD_S = 12.0    # the load's length (--quick: 4 s): the kill comes FANOUT_SETTLE_S after its first answer
+FANOUT_SETTLE_S = 2.0
 QUICK_USERS = 16        # --quick: 6.2 gets the requests it needs to decide in a few seconds of load
 
 
@@ -300,20 +308,31 @@ def chromium(profile: Path, url: str) -> str:
 # -- 4. 10 % of the workers at once ----------------------------------------------------------------------
 
 
-def fanout_kill(cluster_file: Path, api: str, workers: int, state_dir: Path) -> dict:
-    """Kill round(10 % of the workers) worth of mocker processes in parallel, verified, then back."""
+def fanout_kill(cluster_file: Path, api: str, workers: int, state_dir: Path, load_s: float = FANOUT_LOAD_S) -> dict:
+    """Kill round(10 % of the workers) worth of mocker processes in parallel under load (8 closed-loop
+    streams), verified, then back; what the load's requests saw and how many the frontend migrated."""
     spec = load_cluster(cluster_file)
     cluster = ClusterHandle(spec, spec.checklist(), api, None, None)
     k = fault_processes(workers)
     plan = plan_fanout(cluster, "process_kill", Selector.parse(f"fixed:{k}"), seed=workers)
-    cpu0 = _self_cpu()
-    with make_fault_runner(cluster, state_dir=state_dir) as runner:
-        fan = fan_out(runner, cluster, plan, max_parallel=k)
-        revert_fanout(runner, fan)
+    profile = LoadProfile(mode="closed", users=FANOUT_USERS, duration_s=load_s, max_tokens=64,
+                          engine="dynamo", model=spec.model, seed=workers)
+    migrated0 = migration_count(f"{api}/metrics", "dynamo")
+    with LoadRunner(api, profile, output_dir=state_dir.parent / f"fanout-load-{workers}") as load:
+        wait_serving(load, "the fan-out's load")
+        time.sleep(FANOUT_SETTLE_S)  # streams in flight on every process, the victims' included
+        cpu0 = _self_cpu()
+        with make_fault_runner(cluster, state_dir=state_dir) as runner:
+            fan = fan_out(runner, cluster, plan, max_parallel=k)
+            revert_fanout(runner, fan)
+        cpu = _self_cpu() - cpu0
+        records = load.wait()
     if len(fan.faults) != k:
         raise BenchError(f"the fan-out injected {len(fan.faults)} faults, {k} planned")
+    migrated1 = migration_count(f"{api}/metrics", "dynamo")
     return {"processes": k, "workers_down": k * PER_PROCESS, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
-            "bench_cpu_s": _self_cpu() - cpu0}
+            "bench_cpu_s": cpu, "requests": len(records), "ok": sum(r.status == "ok" for r in records),
+            "migrated": None if migrated0 is None or migrated1 is None else migrated1 - migrated0}
 
 
 def _self_cpu() -> float:
@@ -340,7 +359,8 @@ def measure_size(workers: int, scratch: Path, quick: bool) -> dict:
                    "run": run, "ingest": ingest(run.run_dir),
                    "report": report_figures(run.run_dir, scratch, 1 if quick else 2)}
         figures["registered_after_run"] = registered_after(dyn.ready["api"], workers)
-        figures["fanout"] = fanout_kill(cluster_file, dyn.ready["api"], workers, scratch / f"state-{workers}")
+        figures["fanout"] = fanout_kill(cluster_file, dyn.ready["api"], workers, scratch / f"state-{workers}",
+                                        FANOUT_LOAD_S / 3 if quick else FANOUT_LOAD_S)
     if dyn.left:
         raise BenchError(f"the {workers}-worker cluster's processes {dyn.left} remain after its launcher stopped")
     return figures
@@ -474,12 +494,17 @@ def print_sizes(sizes: list[dict], quick: bool) -> None:
     print(f"\n4. faults on {FAULT_SHARE:.0%} of the workers at once (process_kill fan-out, mocker processes of "
           f"{PER_PROCESS}; verified dead, back as new healthy processes)")
     print(f"{'workers':>7} {'registered':>10} {'killed':>6} {'workers down':>12} {'inject s':>8} {'revert s':>8} "
-          f"{'bench CPU s':>11}")
+          f"{'bench CPU s':>11} {'requests':>8} {'ok':>5} {'migrated':>8}")
     for s in sizes:
         f = s["fanout"]
+        migrated = "-" if f["migrated"] is None else f"{f['migrated']:.0f}"
         print(f"{s['workers']:>7} {s['registered_after_run']:>10} {f['processes']:>6} {f['workers_down']:>12} "
-              f"{f['inject_s']:>8.2f} {f['revert_s']:>8.2f} {f['bench_cpu_s']:>11.2f}")
-    print("(registered: workers the frontend listed after the harness run, before the fan-out)")
+              f"{f['inject_s']:>8.2f} {f['revert_s']:>8.2f} {f['bench_cpu_s']:>11.2f} {f['requests']:>8} "
+              f"{f['ok']:>5} {migrated:>8}")
+    print(f"(registered: workers the frontend listed after the harness run, before the fan-out; requests: "
+          f"{FANOUT_USERS} closed-loop streams of 64 tokens for {FANOUT_LOAD_S / 3 if quick else FANOUT_LOAD_S:.0f} s "
+          "around the fan-out, ok of "
+          "them, and the frontend's migrations over it)")
 
 
 def print_ssh(rows: list[dict]) -> None:

@@ -98,8 +98,9 @@ def test_quick_bench_prints_every_figure_with_its_ratios_and_leaves_nothing(tmp_
     assert ingest[0][5] == ingest[0][7] == "1.00"
     report = _column(lines, "3. the report", 8)
     assert all(int(r[1]) >= 1 and float(r[3]) > 1 and float(r[6]) > 0 for r in report)
-    fan = _column(lines, "4. faults on 10%", 7)
+    fan = _column(lines, "4. faults on 10%", 10)
     assert [(int(r[2]), int(r[3])) for r in fan] == [(1, 8), (1, 8)]  # one process of 8 workers each
+    assert all(int(r[7]) > 0 and int(r[8]) >= 0 for r in fan)  # the load ran through it (its outcome is printed)
     ssh = _column(lines, "5. SSH fan-out", 8)
     assert [(int(r[0]), int(r[1])) for r in ssh] == [(2, 2), (4, 4), (2, 1)]  # the serial baseline last
     assert any(line.startswith("serial / parallel at 2 hosts") for line in lines)
