@@ -16,6 +16,7 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence, TextIO, TypeVar
@@ -29,6 +30,7 @@ from harness.signals import SignalOwner
 log = logging.getLogger(__name__)
 
 _REVERT_PHASES = ("revert", "verify_reverted")
+REVERT_RETRY_PAUSES_S = (1.0, 3.0)   # a failed revert is tried again after these pauses
 # a fan-out job: given inject, it builds its fault, injects it through inject and returns it
 FanOutJob = Callable[[Callable[[Fault], Fault]], Fault]
 _T = TypeVar("_T")
@@ -341,8 +343,7 @@ class FaultRunner:
                 self._emit(FaultRecord.start(fault, action).finish(RecordStatus.DRY_RUN, "dry run"))
             return None
         try:
-            self._step(fault, Action.REVERT, fault.revert, active.executor)
-            self._step(fault, Action.VERIFY_REVERTED, fault.verify_reverted, active.executor)
+            self._revert_steps(fault, active.executor)
         except Exception as exc:  # any failure is reported; the next revert still runs
             # the step's own fix goes first in the run's one fix line (RevertError), not twice
             own = getattr(exc, "message", None) if isinstance(exc, HarnessError) else None
@@ -356,6 +357,23 @@ class FaultRunner:
         if active.entry_id is not None:
             self.ledger.update(active.entry_id, LedgerStatus.REVERTED)
         return None
+
+    def _revert_steps(self, fault: Fault, ex: Executor) -> None:
+        """Revert and verify, again after a pause when a step fails (a command that timed out on a
+        host busy with a fan-out, a process slow to resume): a revert is idempotent (recovery
+        replays it from the ledger), and one left undone is a dirty cluster. Every attempt is
+        recorded; the last one's error is what the caller reports."""
+        for attempt, pause in enumerate((*REVERT_RETRY_PAUSES_S, None), 1):
+            try:
+                self._step(fault, Action.REVERT, fault.revert, ex)
+                self._step(fault, Action.VERIFY_REVERTED, fault.verify_reverted, ex)
+                return
+            except Exception as exc:
+                if pause is None:
+                    raise
+                log.warning("revert of %s on %s failed (attempt %d of %d), again in %.0f s: %s", fault.kind,
+                            fault.target, attempt, len(REVERT_RETRY_PAUSES_S) + 1, pause, exc)
+                time.sleep(pause)
 
     def _step(self, fault: Fault, action: Action, fn: Callable[[Executor], str], ex: Executor) -> str:
         record = FaultRecord.start(fault, action)

@@ -159,6 +159,27 @@ def test_a_failed_revert_does_not_stop_the_others_and_is_retried_by_recovery(tmp
     assert runner.ledger.outstanding(include_live_owners=True) == []
 
 
+def test_a_revert_that_fails_once_is_tried_again_and_the_cluster_ends_clean(tmp_path, files):
+    """A revert command that fails (a host busy with a fan-out timed it out) is retried after a
+    pause: the first attempt is recorded failed, the second reverts, the ledger says reverted."""
+    blocker = tmp_path / "blocker"
+    blocker.touch()
+    runner = runner_for(tmp_path)
+
+    def unblock_after_a_failed_revert(record):
+        if record.action.value == "revert" and record.status.value == "failed":
+            blocker.unlink(missing_ok=True)   # what a host does once it has caught up
+
+    runner.listeners.append(unblock_after_a_failed_revert)
+    with runner:
+        runner.inject(files("a", blocker=str(blocker)))
+    assert order(tmp_path) == ["a"] and not (tmp_path / "a").exists()
+    reverts = [(r.action.value, r.status.value) for r in runner.records if r.action.value != "inject"
+               and r.action.value != "verify"]
+    assert reverts == [("revert", "failed"), ("revert", "succeeded"), ("verify_reverted", "succeeded")], reverts
+    assert [e["status"] for e in runner.ledger.entries()] == ["reverted"]
+
+
 def test_dry_run_prints_plans_in_lifo_order_and_changes_nothing(tmp_path, files, capsys):
     with runner_for(tmp_path, dry_run=True) as runner:
         a, b = runner.inject(files("a")), runner.inject(files("b"))
