@@ -24,8 +24,10 @@ only what its engine profile allows.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +42,7 @@ MIGRATION_LIMIT = 3
 # Fixed ports: the frontend's HTTP port (OpenAI API, /health, /metrics) and each worker process's
 # system port (DYN_SYSTEM_PORT: /health, /metrics with its kvstats).
 FRONTEND_PORT = {"agg": 8400, "disagg": 8500, "many": 8600}
+FRONTEND_HOST = "127.0.0.1"  # --frontend-host: e.g. a bridge's address, for load hosts in network namespaces
 ROLES = {"agg": [("dynamo-0", "aggregated"), ("dynamo-1", "aggregated")],
          "disagg": [("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode")]}
 # what the frontend's /health lists each role's workers under (component of the `generate` endpoint)
@@ -72,8 +75,10 @@ def worker_layout(mode: str, workers: int, per_process: int) -> list[tuple[str, 
 
 
 def build(mode: str, venv: Path, model_dir: Path, run_dir: Path, workers: int = 128,
-          per_process: int = 8) -> tuple[list[Instance], Instance, dict[str, int]]:
-    """The worker instances, the frontend and the registered workers expected per component."""
+          per_process: int = 8, frontend_host: str = FRONTEND_HOST) -> tuple[list[Instance], Instance, dict[str, int]]:
+    """The worker instances, the frontend and the registered workers expected per component.
+    ``frontend_host``: the one address the frontend's HTTP server listens on (its API, /health and
+    /metrics); the workers and the planes between them stay on 127.0.0.1."""
     python = venv / "bin" / "python"
     if not python.exists():
         raise LaunchError(f"{python} is missing: make the Dynamo venv first with clusters/dynamo/setup.sh {venv}")
@@ -88,10 +93,10 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path, workers: int = 
                                   f"http://127.0.0.1:{port}/health", run_dir))
         expected[COMPONENT[role]] = expected.get(COMPONENT[role], 0) + count
     port = FRONTEND_PORT[mode]
-    frontend = Instance("frontend", [str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+    frontend = Instance("frontend", [str(python), "-m", "dynamo.frontend", "--http-host", frontend_host,
                                      "--http-port", str(port), "--migration-limit", str(MIGRATION_LIMIT),
                                      "--router-mode", "round-robin"],
-                        env, run_dir / "frontend.log", f"http://127.0.0.1:{port}/health", run_dir)
+                        env, run_dir / "frontend.log", f"http://{frontend_host}:{port}/health", run_dir)
     return instances, frontend, expected
 
 
@@ -145,6 +150,24 @@ def wait_registered(supervisor: Supervisor, api: str, expected: dict[str, int], 
                       f"{supervisor.router.log_path.parent}")
 
 
+def check_frontend_host(host: str, port: int) -> None:
+    """Fail before anything starts when the frontend could not listen on ``host``: not an IP address,
+    or no interface of this machine has it (a namespace bridge not up yet), or its port is taken there."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise LaunchError(f"--frontend-host {host!r} is not an IP address: give one of this machine's addresses, "
+                          f"e.g. 127.0.0.1 (the default) or a bridge's gateway address") from None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise LaunchError(f"the frontend cannot listen on {host}:{port} ({exc.strerror}): is that address on "
+                              f"an interface of this machine (ip -brief addr) and the port free (ss -ltnp "
+                              f"'sport = :{port}')?") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusters.dynamo.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-process", type=int, default=8,
                         help="many: workers per mocker process (--num-workers; default 8): a kill or hang of one "
                              "process hits that many workers at once")
+    parser.add_argument("--frontend-host", default=FRONTEND_HOST,
+                        help=f"the address the frontend listens on (default {FRONTEND_HOST}); e.g. a bridge's "
+                             "gateway address so that load hosts in network namespaces reach it")
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds per start (default 300)")
     parser.add_argument("--ready-file", type=Path, help="written (JSON with URLs and pids) once all are ready")
     args = parser.parse_args(argv)
@@ -170,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def bring_up(register) -> dict:
-        instances, frontend, expected = build(args.mode, venv, model_dir, run_dir, args.workers, args.per_process)
+        instances, frontend, expected = build(args.mode, venv, model_dir, run_dir, args.workers, args.per_process,
+                                              args.frontend_host)
         check_ports_free({i.name: int(i.health_url.rsplit(":", 1)[1].split("/")[0]) for i in [*instances, frontend]})
+        check_frontend_host(args.frontend_host, FRONTEND_PORT[args.mode])
         if not (model_dir / "made-by.json").exists():
             log(f"making the model directory {model_dir}")
             subprocess.run([str(venv / "bin" / "python"), "-m", "clusters.dynamo.make_model", str(model_dir)],

@@ -46,3 +46,27 @@ def test_without_the_dynamo_venv_the_launcher_says_how_to_make_it(tmp_path):
                           "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 3, out.stdout + out.stderr
     assert f"{tmp_path / 'none'}/bin/python is missing" in out.stdout and "clusters/dynamo/setup.sh" in out.stdout
+
+
+def test_the_frontend_listens_where_it_is_told_and_an_address_not_here_is_refused(tmp_path):
+    """--frontend-host: load hosts in namespaces reach the frontend on a bridge's address (bench_scale)."""
+    from clusters.dynamo.launch import check_frontend_host
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    instances, frontend, _ = build("many", venv, tmp_path / "model", tmp_path / "run", 16, 8, "198.18.72.254")
+    argv = frontend.argv
+    assert argv[argv.index("--http-host") + 1] == "198.18.72.254"
+    assert frontend.health_url == "http://198.18.72.254:8600/health"
+    assert all(i.health_url.startswith("http://127.0.0.1:") for i in instances)  # the workers stay on loopback
+    _, default, _ = build("many", venv, tmp_path / "model", tmp_path / "run", 16, 8)
+    assert default.argv[default.argv.index("--http-host") + 1] == "127.0.0.1"
+    with pytest.raises(LaunchError, match="'frontend' is not an IP address"):
+        check_frontend_host("frontend", 8600)
+    with pytest.raises(LaunchError, match="cannot listen on 192.0.2.1:8600"):  # TEST-NET-1: on no interface here
+        check_frontend_host("192.0.2.1", 8600)
+    check_frontend_host("127.0.0.1", 0)
+    out = subprocess.run([sys.executable, "-m", "clusters.dynamo.launch", "many", "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert "--frontend-host" in out.stdout
