@@ -50,7 +50,9 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +71,8 @@ from harness.faults.ledger import STATE_DIR_ENV  # noqa: E402
 from harness.faults.selectors import Selector  # noqa: E402
 from harness.fixtures import make_fault_runner  # noqa: E402
 from harness.probes.analysis import summarize  # noqa: E402
-from harness.probes.load import LoadRunner  # noqa: E402
+from harness.probes.load_distributed import runner_for  # noqa: E402
+from harness.probes.prometheus import PrometheusScraper  # noqa: E402
 from harness.probes.procfs import cmdline, cpu_and_start_seconds, descendants  # noqa: E402
 from harness.probes.records import iter_records  # noqa: E402
 from harness.report.html import render_html  # noqa: E402
@@ -81,6 +84,8 @@ from harness.scenarios.reschedule import wait_serving  # noqa: E402
 PER_PROCESS = 8
 FAULT_SHARE = 0.10
 SSH_PREFIX, SSH_FABRIC, SSH_CONTROL = "pde-", "198.18.61.0/24", "198.18.62.0/24"
+LOAD_PREFIX, LOAD_FABRIC, LOAD_CONTROL = "pdg-", "198.18.71.0/24", "198.18.72.0/24"  # --load-hosts
+LOAD_MASTER_PORT = 19500  # the Locust master of a distributed run (its workers dial it on the gateway)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 SAMPLE_S = 0.2          # /proc sampling interval of the harness run's process tree
 INGEST_MIN_S = 1.0      # read the records again and again for at least this long
@@ -99,12 +104,15 @@ class BenchError(Exception):
 # -- the cluster -----------------------------------------------------------------------------------------
 
 
-def cluster_data(workers: int, run_dir: Path, per_process: int = PER_PROCESS) -> dict:
+def cluster_data(workers: int, run_dir: Path, per_process: int = PER_PROCESS, frontend_host: str = "127.0.0.1",
+                 load_hosts: list[dict] | None = None) -> dict:
     """The cluster file of ``launch many --workers N --per-process P --run-dir RUN_DIR`` (the layout of
     clusters/dynamo-many.yaml: one inventory entry per mocker process, its pid file in the run dir).
-    The blast radius allows one of two processes: the 16-worker cluster has only two."""
+    The blast radius allows one of two processes: the 16-worker cluster has only two. ``frontend_host``:
+    the launcher's ``--frontend-host``; ``load_hosts``: the file's ``load_hosts:`` entries, the Locust
+    master then listening on the frontend's address (the namespace hosts' gateway)."""
     port = FRONTEND_PORT["many"]
-    api = f"http://127.0.0.1:{port}"
+    api = f"http://{frontend_host}:{port}"
     entries = [{"name": name, "role": role, "host": "localhost", "api": api,
                 "health": f"http://127.0.0.1:{sys_port}/health", "metrics": f"http://127.0.0.1:{sys_port}/metrics",
                 "process": {"pid_file": str(run_dir / f"{name}.pid")}, "supervised": True}
@@ -114,7 +122,9 @@ def cluster_data(workers: int, run_dir: Path, per_process: int = PER_PROCESS) ->
             "workload": {"prompt_tokens": 200, "output_tokens": 64}, "migration": {"on_worker_loss": True},
             "workers": entries, "hosts": [{"name": "localhost", "address": "127.0.0.1",
                                            "roles": ["router", "prefill", "decode"]}],
-            "safety": {"production": False, "allowed_faults": "all", "blast_radius": {"max_role_share_down": 0.5}}}
+            "safety": {"production": False, "allowed_faults": "all", "blast_radius": {"max_role_share_down": 0.5}},
+            **({"load_hosts": load_hosts, "load_master": {"bind": frontend_host, "port": LOAD_MASTER_PORT}}
+               if load_hosts else {})}
 
 
 def fault_processes(workers: int, per_process: int = PER_PROCESS) -> int:
@@ -128,6 +138,7 @@ class DynamoMany:
 
     workers: int
     scratch: Path
+    frontend_host: str = "127.0.0.1"
     venv: Path = field(default_factory=lambda: Path(os.environ.get("HARNESS_DYNAMO_VENV", ROOT / ".venv-dynamo")))
     proc: subprocess.Popen | None = None
     ready: dict = field(default_factory=dict)
@@ -145,7 +156,7 @@ class DynamoMany:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "clusters.dynamo.launch", "many", "--workers", str(self.workers),
                  "--per-process", str(PER_PROCESS), "--venv", str(self.venv), "--run-dir", str(self.run_dir),
-                 "--ready-file", str(ready_file)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                 "--ready-file", str(ready_file), "--frontend-host", self.frontend_host], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready_file.exists():
@@ -171,6 +182,54 @@ class DynamoMany:
         self.left = [pid for pid in running if Path(f"/proc/{pid}").exists()]
 
 
+@dataclass
+class LoadHosts:
+    """``count`` namespace load hosts, each with its own real sshd (``SshdTest``, prefix ``pdg-``), for
+    the duration of a ``with`` block; gone afterwards (checked). The frontend listens on their
+    gateway (``--frontend-host``) and so does the Locust master their workers dial."""
+
+    count: int
+    scratch: Path
+    sshd: object | None = None  # the SshdTest
+
+    def __enter__(self) -> LoadHosts:
+        from harness.fabric.builder import leftovers
+        from harness.fabric.sshdtest import SshdTest, unavailable_reason
+
+        if reason := unavailable_reason():
+            raise BenchError(f"load hosts: {reason}")
+        if left := leftovers(prefix=LOAD_PREFIX):
+            raise BenchError(f"hosts with prefix {LOAD_PREFIX} are already up: {left} (python -m harness fabric down)")
+        sshd = SshdTest(self.scratch / "load-sshd", hosts=self.count, prefix=LOAD_PREFIX, fabric_subnet=LOAD_FABRIC,
+                        control_subnet=LOAD_CONTROL)
+        self.sshd = sshd.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from harness.fabric.builder import leftovers
+
+        if self.sshd is not None:
+            self.sshd.__exit__(*exc)
+        if left := leftovers(prefix=LOAD_PREFIX):
+            raise BenchError(f"load hosts left behind: {left}")
+
+    @property
+    def gateway(self) -> str:
+        return self.sshd.fabric.control_gateway_ip
+
+    def entries(self) -> list[dict]:
+        """The cluster file's ``load_hosts:``: each host by its own address and strict-host-key SSH."""
+        ssh = {"user": "root", "key_file": str(self.sshd.key), "known_hosts": str(self.sshd.known_hosts),
+               "connect_timeout_s": 10}
+        return [{"name": name, "address": address, "ssh": ssh, "python": sys.executable,
+                 "work_dir": str(self.scratch / "load-work")} for name, address, _ in self.sshd.endpoints()]
+
+    def locust_pids(self) -> list[int]:
+        """The Locust workers running on the hosts now (each a descendant of its host's sshd)."""
+        return [pid for proc in self.sshd.sshds for pid in descendants(proc.pid)
+                if any("locust" in a for a in cmdline(pid))]
+
+
 # -- 1. the harness's own cost ---------------------------------------------------------------------------
 
 
@@ -183,6 +242,8 @@ class HarnessRun:
     tree_rss_peak_mb: float   # sum of RSS over pytest and its descendants, largest sample
     pytest_hwm_mb: float      # pytest's own VmHWM, last sample before it exited
     run_dir: Path
+    hosts_locust_cpu_s: float = 0.0   # --load-hosts: the Locust workers on the load hosts (sampled)
+    hosts_rss_peak_mb: float = 0.0    # their summed RSS, largest sample
 
 
 def _rss_kb(pid: int, key: str = "VmRSS") -> int:
@@ -195,14 +256,16 @@ def _rss_kb(pid: int, key: str = "VmRSS") -> int:
     return 0
 
 
-def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bool) -> HarnessRun:
-    """One real harness run as a child process, measured from outside (see the module doc)."""
+def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bool,
+                load_hosts: LoadHosts | None = None) -> HarnessRun:
+    """One real harness run as a child process, measured from outside (see the module doc); with
+    ``load_hosts`` (the cluster file names them) their Locust workers are sampled too."""
     suite = (["suites/test_62_slo.py", "--load-duration=4", f"--load-users={QUICK_USERS}"] if quick
              else ["suites/test_62_slo.py", "suites/test_item4_reschedule.py", "--kills=1"])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suite, f"--cluster={cluster_file}",
            f"--report-dir={report_dir}"]
     env = dict(os.environ, **{STATE_DIR_ENV: str(state_dir)})
-    peak = {"tree": 0, "hwm": 0}
+    peak = {"tree": 0, "hwm": 0, "hosts": 0}
     log_path = report_dir.parent / f"{report_dir.name}.log"
     t0 = time.monotonic()
     with open(log_path, "wb") as out:
@@ -210,6 +273,7 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
     done = threading.Event()
 
     locust_cpu: dict[int, float] = {}  # pid -> its last CPU seconds seen (Locust, and its workers if any)
+    hosts_cpu: dict[int, float] = {}   # the same for the load hosts' Locust workers
 
     def sample() -> None:
         while not done.wait(SAMPLE_S):
@@ -219,6 +283,12 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
             for pid in kids:
                 if (cpu := cpu_and_start_seconds(pid)) is not None and any("locust" in a for a in cmdline(pid)):
                     locust_cpu[pid] = cpu[0]
+            if load_hosts is not None:
+                remote = load_hosts.locust_pids()
+                peak["hosts"] = max(peak["hosts"], sum(_rss_kb(p) for p in remote))
+                for pid in remote:
+                    if (cpu := cpu_and_start_seconds(pid)) is not None:
+                        hosts_cpu[pid] = cpu[0]
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -236,7 +306,8 @@ def harness_run(cluster_file: Path, report_dir: Path, state_dir: Path, quick: bo
     if proc.returncode not in (0, 1, 2):  # conformant, not, inconclusive: a measured run either way
         raise BenchError(f"the harness run exited {proc.returncode}: {log_path.read_text(errors='replace')[-3000:]}")
     return HarnessRun(proc.returncode, wall, usage.ru_utime + usage.ru_stime, sum(locust_cpu.values()),
-                      peak["tree"] / 1024, peak["hwm"] / 1024, (report_dir / "latest").resolve())
+                      peak["tree"] / 1024, peak["hwm"] / 1024, (report_dir / "latest").resolve(),
+                      sum(hosts_cpu.values()), peak["hosts"] / 1024)
 
 
 # -- 2. records ingested ---------------------------------------------------------------------------------
@@ -318,7 +389,9 @@ def fanout_kill(cluster_file: Path, api: str, workers: int, state_dir: Path, loa
     profile = LoadProfile(mode="closed", users=FANOUT_USERS, duration_s=load_s, max_tokens=64,
                           engine="dynamo", model=spec.model, seed=workers)
     migrated0 = migration_count(f"{api}/metrics", "dynamo")
-    with LoadRunner(api, profile, output_dir=state_dir.parent / f"fanout-load-{workers}") as load:
+    counted0 = frontend_requests(api)
+    # the cluster file's load hosts when it names them (--load-hosts), else one Locust process here
+    with runner_for(spec, api, profile, output_dir=state_dir.parent / f"fanout-load-{workers}") as load:
         wait_serving(load, "the fan-out's load")
         time.sleep(FANOUT_SETTLE_S)  # streams in flight on every process, the victims' included
         cpu0 = _self_cpu()
@@ -332,7 +405,29 @@ def fanout_kill(cluster_file: Path, api: str, workers: int, state_dir: Path, loa
     migrated1 = migration_count(f"{api}/metrics", "dynamo")
     return {"processes": k, "workers_down": k * PER_PROCESS, "inject_s": fan.inject_s, "revert_s": fan.revert_s,
             "bench_cpu_s": cpu, "requests": len(records), "ok": sum(r.status == "ok" for r in records),
-            "migrated": None if migrated0 is None or migrated1 is None else migrated1 - migrated0}
+            "migrated": None if migrated0 is None or migrated1 is None else migrated1 - migrated0,
+            "by_host": dict(sorted(Counter(r.load_host or "here" for r in records).items())),
+            "counted": frontend_requests(api) - counted0}
+
+
+def frontend_requests(api: str) -> float:
+    """Requests the Dynamo frontend counted (``dynamo_frontend_requests_total``, every series)."""
+    scraper = PrometheusScraper(f"{api}/metrics")
+    try:
+        return sum(s.value for s in scraper.scrape_once() if s.name == "dynamo_frontend_requests_total")
+    finally:
+        scraper.stop()
+
+
+def verdicts(run_dir: Path) -> str:
+    """The run's verdicts, one word each: ``6.2 pass, 6.1.4 fail, ...`` (the main items judged)."""
+    return ", ".join(f"{v.item} {v.status.value}" for v in read_json(run_dir / "results.json").verdicts)
+
+
+def records_by_host(run_dir: Path) -> dict[str, int]:
+    """A harness run's request records per load host (``here``: sent from this machine)."""
+    return dict(sorted(Counter(r.load_host or "here" for f in sorted(run_dir.glob("artifacts/*/requests*.jsonl"))
+                               for r in iter_records(f)).items()))
 
 
 def _self_cpu() -> float:
@@ -350,16 +445,33 @@ def registered_after(api: str, workers: int, timeout_s: float = 60.0) -> int:
     return have
 
 
-def measure_size(workers: int, scratch: Path, quick: bool) -> dict:
-    with DynamoMany(workers, scratch) as dyn:
+def measure_size(workers: int, scratch: Path, quick: bool, load_hosts: LoadHosts | None = None) -> dict:
+    """Items 1-4 at one size. With ``load_hosts``: the frontend on their gateway, the harness run once
+    from here and once more from the load hosts (the cluster file naming them), and the fan-out's load
+    from the load hosts."""
+    host = load_hosts.gateway if load_hosts else "127.0.0.1"
+    with DynamoMany(workers, scratch, frontend_host=host) as dyn:
+        api = dyn.ready["api"]
         cluster_file = scratch / f"bench-scale-{workers}.yaml"
-        cluster_file.write_text(yaml.safe_dump(cluster_data(workers, dyn.run_dir), sort_keys=False))
+        cluster_file.write_text(yaml.safe_dump(cluster_data(workers, dyn.run_dir, frontend_host=host), sort_keys=False))
+        counted0 = frontend_requests(api)
         run = harness_run(cluster_file, scratch / f"reports-{workers}", scratch / f"state-{workers}", quick)
         figures = {"workers": workers, "processes": len(dyn.ready["workers"]), "startup_s": dyn.ready["startup_s"],
-                   "run": run, "ingest": ingest(run.run_dir),
-                   "report": report_figures(run.run_dir, scratch, 1 if quick else 2)}
-        figures["registered_after_run"] = registered_after(dyn.ready["api"], workers)
-        figures["fanout"] = fanout_kill(cluster_file, dyn.ready["api"], workers, scratch / f"state-{workers}",
+                   "run": run, "counted": frontend_requests(api) - counted0, "by_host": records_by_host(run.run_dir),
+                   "ingest": ingest(run.run_dir), "report": report_figures(run.run_dir, scratch, 1 if quick else 2)}
+        if load_hosts is not None:
+            figures["registered_before_dist"] = registered_after(api, workers)
+            cluster_file = scratch / f"bench-scale-{workers}-load-hosts.yaml"
+            cluster_file.write_text(yaml.safe_dump(cluster_data(workers, dyn.run_dir, frontend_host=host,
+                                                                load_hosts=load_hosts.entries()), sort_keys=False))
+            counted0 = frontend_requests(api)
+            dist = harness_run(cluster_file, scratch / f"reports-{workers}-load-hosts",
+                               scratch / f"state-{workers}-load-hosts", quick, load_hosts)
+            figures["dist"] = {"run": dist, "counted": frontend_requests(api) - counted0,
+                               "by_host": records_by_host(dist.run_dir), "verdicts": verdicts(dist.run_dir)}
+        figures["verdicts"] = verdicts(run.run_dir)
+        figures["registered_after_run"] = registered_after(api, workers)
+        figures["fanout"] = fanout_kill(cluster_file, api, workers, scratch / f"state-{workers}",
                                         FANOUT_LOAD_S / 3 if quick else FANOUT_LOAD_S)
     if dyn.left:
         raise BenchError(f"the {workers}-worker cluster's processes {dyn.left} remain after its launcher stopped")
@@ -507,6 +619,40 @@ def print_sizes(sizes: list[dict], quick: bool) -> None:
           "them, and the frontend's migrations over it)")
 
 
+def _hosts(by_host: dict[str, int]) -> str:
+    return " ".join(f"{h}={n}" for h, n in by_host.items())
+
+
+def print_load_hosts(sizes: list[dict], count: int, quick: bool) -> None:
+    """Table 6: the harness run from here and from the load hosts at each size, and the fan-out's load."""
+    print(f"\n6. distributed load: the same harness run from here and from {count} namespace load hosts (own sshd "
+          f"each, a Locust worker per host over SSH, the master here); ratios: load hosts / here at the same size")
+    print(f"{'workers':>7} {'load':>5} {'exit':>4} {'wall s':>6} {'CPU s':>6} {'/here':>5} {'tree RSS MB':>11} "
+          f"{'/here':>5} {'hosts CPU s':>11} {'hosts RSS MB':>12} {'records':>7} {'counted':>7}  per host")
+    for s in sizes:
+        here, d = s["run"], s["dist"]["run"]
+        for label, r, counted, by_host in (("here", here, s["counted"], s["by_host"]),
+                                           ("hosts", d, s["dist"]["counted"], s["dist"]["by_host"])):
+            print(f"{s['workers']:>7} {label:>5} {r.exit_code:>4} {r.wall_s:>6.1f} {r.cpu_s:>6.1f} "
+                  f"{r.cpu_s / here.cpu_s:>5.2f} {r.tree_rss_peak_mb:>11.0f} "
+                  f"{r.tree_rss_peak_mb / here.tree_rss_peak_mb:>5.2f} {r.hosts_locust_cpu_s:>11.1f} "
+                  f"{r.hosts_rss_peak_mb:>12.0f} {sum(by_host.values()):>7} {counted:>7.0f}  {_hosts(by_host)}")
+    print("(CPU s, tree RSS: pytest and what it started here, the Locust master included; hosts: the Locust "
+          "workers on the load hosts, sampled; records: the run's request records; counted: requests the "
+          "frontend counted over the run, the harness's own probes and calibration included)")
+    for s in sizes:
+        print(f"{s['workers']:>7} verdicts here: {s['verdicts']}; from the load hosts: {s['dist']['verdicts']}")
+    print(f"\n   the fan-out of table 4 under {FANOUT_USERS} closed-loop streams from the load hosts")
+    print(f"{'workers':>7} {'killed':>6} {'workers down':>12} {'merged':>6} {'counted':>7} {'ok':>5} {'migrated':>8}"
+          "  per host")
+    for s in sizes:
+        f = s["fanout"]
+        migrated = "-" if f["migrated"] is None else f"{f['migrated']:.0f}"
+        print(f"{s['workers']:>7} {f['processes']:>6} {f['workers_down']:>12} {f['requests']:>6} {f['counted']:>7.0f} "
+              f"{f['ok']:>5} {migrated:>8}  {_hosts(f['by_host'])}")
+    print("(merged: the records of every host merged; counted: dynamo_frontend_requests_total's rise over the load)")
+
+
 def print_ssh(rows: list[dict]) -> None:
     serial = rows[-1]  # ssh_fanout's last row: the smallest count with a pool of 1
     parallel = [r for r in rows[:-1] if "error" not in r]
@@ -543,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ssh-pool", type=int, default=MAX_PARALLEL,
                    help=f"largest parallel pool of the SSH fan-out (default {MAX_PARALLEL}, the fan-out's own)")
     p.add_argument("--ssh-hosts", help="comma-separated SSH host counts (default 4,16,32; --quick 2,4; 0: skip)")
+    p.add_argument("--load-hosts", type=int, default=0,
+                   help="load from this many namespace load hosts (own sshd each, prefix pdg-): each size's "
+                        "harness run again from them, and the fan-out's load from them (root; default 0: none)")
     p.add_argument("--scratch", type=Path, help="scratch folder (default: a fresh temporary one, removed after)")
     args = p.parse_args(argv)
     try:
@@ -554,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         if w < 2 * PER_PROCESS or w % PER_PROCESS or w // PER_PROCESS > 16:
             p.error(f"--workers {w}: each count must be a multiple of {PER_PROCESS} from {2 * PER_PROCESS} to "
                     f"{16 * PER_PROCESS} (two to sixteen mocker processes: the ports 8601-8616)")
+    if not 0 <= args.load_hosts <= 16:
+        p.error(f"--load-hosts {args.load_hosts}: must be from 0 (none) to 16")
     if args.ssh_pool < 1:
         p.error(f"--ssh-pool {args.ssh_pool}: must be at least 1")
     if any(h < 1 or h > 64 for h in hosts):
@@ -565,11 +716,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chromium(scratch / "chromium-warm-up", "about:blank")  # the first start reads its files from disk
         sizes = []
-        for w in sorted(workers):
-            sizes.append(measure_size(w, scratch, args.quick))
-            print(f"measured {w} workers", flush=True)
+        with LoadHosts(args.load_hosts, scratch) if args.load_hosts else nullcontext() as load_hosts:
+            for w in sorted(workers):
+                sizes.append(measure_size(w, scratch, args.quick, load_hosts))
+                print(f"measured {w} workers", flush=True)
         if sizes:
             print_sizes(sizes, args.quick)
+        if sizes and args.load_hosts:
+            print_load_hosts(sizes, args.load_hosts, args.quick)
         if hosts:
             rows = ssh_fanout(sorted(hosts), scratch, args.ssh_pool)
             print_ssh(rows)

@@ -42,6 +42,23 @@ def test_the_cluster_file_lists_the_processes_the_launcher_starts(tmp_path, work
     assert all(w.restartable for w in spec.workers)  # supervised: a fan-out kill has a way back
 
 
+def test_with_load_hosts_the_cluster_file_names_them_and_the_master_listens_on_the_frontend_s_address(tmp_path):
+    """--load-hosts: the frontend on the namespaces' gateway, the load hosts under load_hosts:, the master there."""
+    from harness.probes.load_hosts import load_host_targets
+
+    ssh = {"user": "root", "key_file": str(tmp_path / "key"), "known_hosts": str(tmp_path / "kh")}
+    hosts = [{"name": f"pdg-h{i}", "address": f"198.18.72.{i + 1}", "ssh": ssh, "python": sys.executable,
+              "work_dir": str(tmp_path / "work")} for i in range(3)]
+    spec = parse_cluster(bench.cluster_data(16, tmp_path / "run", frontend_host="198.18.72.254", load_hosts=hosts),
+                         source="bench-scale.yaml")
+    assert str(spec.endpoints.api).rstrip("/") == "http://198.18.72.254:8600"
+    assert (spec.load_master.bind, spec.load_master.port) == ("198.18.72.254", bench.LOAD_MASTER_PORT)
+    targets = load_host_targets(spec, dry_run=True)
+    assert [(t.name, t.ssh.host) for t in targets] == [(h["name"], h["address"]) for h in hosts]
+    assert all(w.health.startswith("http://127.0.0.1:") for w in spec.workers)  # the workers stay on loopback
+    assert parse_cluster(bench.cluster_data(16, tmp_path / "run"), source="x.yaml").load_hosts == ()
+
+
 def test_ten_percent_is_whole_processes_and_at_least_one():
     assert [bench.fault_processes(w) for w in (16, 64, 128, 256)] == [1, 1, 2, 3]
 
@@ -55,7 +72,8 @@ def test_the_line_fit_extrapolates_a_straight_line():
 @pytest.mark.parametrize("args, message", [(["--workers", "12"], "multiple of 8 from 16 to 128"),
                                            (["--workers", "136"], "multiple of 8 from 16 to 128"),
                                            (["--ssh-hosts", "65"], "from 1 to 64"),
-                                           (["--workers", "x"], "comma-separated whole numbers")])
+                                           (["--workers", "x"], "comma-separated whole numbers"),
+                                           (["--load-hosts", "17"], "from 0 (none) to 16")])
 def test_bad_counts_are_usage_errors(args, message):
     out = subprocess.run([sys.executable, "bench/bench_scale.py", *args], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
