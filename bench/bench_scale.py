@@ -29,10 +29,22 @@ them and the parallel revert (every command over SSH, audited; a fresh runner ea
 hosts again with a pool of 1 (serial) as the baseline of the parallel pool. A fan-out that fails
 (a command timed out) is printed as a measured outcome and the bench exits 1.
 
+With ``--load-hosts N`` (root) the load comes from N namespace load hosts as well (issue 28 items 1
+and 4): each with its own real sshd (``SshdTest``, prefix ``pdg-``, 198.18.71.0/24 + 198.18.72.0/24),
+the Dynamo frontend listening on their gateway (the launcher's ``--frontend-host``), the cluster file
+naming them under ``load_hosts:`` with the Locust master on that gateway (port 19500). At each size
+the harness run of item 1 runs from here and then again from the load hosts (Locust's master here, a
+worker per host over SSH, records streamed back over SFTP), and the fan-out's load of item 4 comes
+from the load hosts: records per host, the merged count against the requests the frontend counted
+(``dynamo_frontend_requests_total``), the harness's CPU and RSS here and the workers' on the hosts,
+and the ratio to the run from here at the same size (table 6). Every namespace, sshd, Locust worker
+and Dynamo process is checked gone at the end.
+
 Ratios are against the smallest size of the same run; the absolute figures are this machine's.
 
     .venv/bin/python bench/bench_scale.py            # 16, 64, 128 workers; 4, 16, 32 SSH hosts (root)
     .venv/bin/python bench/bench_scale.py --quick    # 16, 32 workers; 2, 4 SSH hosts (about 2 minutes)
+    .venv/bin/python bench/bench_scale.py --workers 16,128 --ssh-hosts 0 --load-hosts 3   # + load from 3 hosts
 """
 
 from __future__ import annotations
@@ -208,10 +220,13 @@ class LoadHosts:
     def __exit__(self, *exc: object) -> None:
         from harness.fabric.builder import leftovers
 
+        workers = self.locust_pids() if self.sshd is not None else []  # each run ends its own: none expected
         if self.sshd is not None:
             self.sshd.__exit__(*exc)
         if left := leftovers(prefix=LOAD_PREFIX):
             raise BenchError(f"load hosts left behind: {left}")
+        if workers:
+            raise BenchError(f"Locust workers {workers} were still running on the load hosts after the last run")
 
     @property
     def gateway(self) -> str:
@@ -628,17 +643,17 @@ def print_load_hosts(sizes: list[dict], count: int, quick: bool) -> None:
     print(f"\n6. distributed load: the same harness run from here and from {count} namespace load hosts (own sshd "
           f"each, a Locust worker per host over SSH, the master here); ratios: load hosts / here at the same size")
     print(f"{'workers':>7} {'load':>5} {'exit':>4} {'wall s':>6} {'CPU s':>6} {'/here':>5} {'tree RSS MB':>11} "
-          f"{'/here':>5} {'hosts CPU s':>11} {'hosts RSS MB':>12} {'records':>7} {'counted':>7}  per host")
+          f"{'/here':>5} {'Locust s':>8} {'hosts CPU s':>11} {'hosts RSS MB':>12} {'records':>7} {'counted':>7}  per host")
     for s in sizes:
         here, d = s["run"], s["dist"]["run"]
         for label, r, counted, by_host in (("here", here, s["counted"], s["by_host"]),
                                            ("hosts", d, s["dist"]["counted"], s["dist"]["by_host"])):
             print(f"{s['workers']:>7} {label:>5} {r.exit_code:>4} {r.wall_s:>6.1f} {r.cpu_s:>6.1f} "
                   f"{r.cpu_s / here.cpu_s:>5.2f} {r.tree_rss_peak_mb:>11.0f} "
-                  f"{r.tree_rss_peak_mb / here.tree_rss_peak_mb:>5.2f} {r.hosts_locust_cpu_s:>11.1f} "
+                  f"{r.tree_rss_peak_mb / here.tree_rss_peak_mb:>5.2f} {r.locust_cpu_s:>8.1f} {r.hosts_locust_cpu_s:>11.1f} "
                   f"{r.hosts_rss_peak_mb:>12.0f} {sum(by_host.values()):>7} {counted:>7.0f}  {_hosts(by_host)}")
-    print("(CPU s, tree RSS: pytest and what it started here, the Locust master included; hosts: the Locust "
-          "workers on the load hosts, sampled; records: the run's request records; counted: requests the "
+    print("(CPU s, tree RSS: pytest and what it started here, the Locust master included; Locust s: of that CPU, "
+          "the Locust process here (the master with load hosts), sampled; hosts: the Locust workers on the load hosts, sampled; records: the run's request records; counted: requests the "
           "frontend counted over the run, the harness's own probes and calibration included)")
     for s in sizes:
         print(f"{s['workers']:>7} verdicts here: {s['verdicts']}; from the load hosts: {s['dist']['verdicts']}")
