@@ -558,16 +558,8 @@ def _state(pid: int) -> str:
 
 def _ssh_cluster(hosts, sleepers: list[subprocess.Popen], folder: Path) -> ClusterHandle:
     """A cluster file reaching each host only over SSH; its one worker per host is that host's sleeper."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ssh = {"user": "root", "key_file": str(hosts.key), "known_hosts": str(hosts.known_hosts), "connect_timeout_s": 10}
-    data = {"version": 2, "name": f"bench-ssh-{len(sleepers)}", "kind": "external",
-            "endpoints": {"api": f"http://{SSH_CONTROL.rsplit('.', 1)[0]}.254:19400"},  # never called
-            "hosts": [], "workers": [], "safety": {"allowed_faults": ["process_hang"]}}
-    for i, ((_, address, _), sleeper) in enumerate(zip(hosts.endpoints(), sleepers)):
-        (folder / f"w-{i}.pid").write_text(f"{sleeper.pid}\n")
-        data["hosts"].append({"name": f"h{i}", "address": address, "roles": ["decode"], "ssh": ssh})
-        data["workers"].append({"name": f"w-{i}", "role": "decode", "host": f"h{i}", "api": f"http://{address}:19401",
-                                "process": {"pid_file": str(folder / f"w-{i}.pid")}})
+    data = hosts.pid_cluster_data(f"bench-ssh-{len(sleepers)}", [p.pid for p in sleepers], folder,
+                                  api=f"http://{SSH_CONTROL.rsplit('.', 1)[0]}.254:19400", worker_port=19401)
     spec = parse_cluster(data, source=str(folder / "cluster.yaml"))
     return ClusterHandle(spec, spec.checklist(), spec.endpoints.api, None, None)
 

@@ -91,6 +91,7 @@ class SshdTest:
         self.fabric: Any = None
         self.topology: Any = None
         self._logs: list[Any] = []
+        self._before: set[int] = set()   # children of this process before start: never ours to end
         if not loopback:
             from harness.fabric.builder import Fabric, FabricConfig
             from harness.fabric.shaping import ShapingSpec
@@ -108,6 +109,25 @@ class SshdTest:
         if self.loopback:
             return [("localhost", "127.0.0.1", LOOPBACK_PORT)]
         return [(h.netns, h.control_ip, 22) for h in self.fabric.hosts]
+
+    def pid_cluster_data(self, name: str, pids: list[int], folder: Path, *, api: str, worker_port: int,
+                         allowed_faults: tuple[str, ...] = ("process_hang",),
+                         connect_timeout_s: float = 10) -> dict[str, Any]:
+        """A cluster file (as data) reaching each host only over SSH, one worker per host whose
+        process is ``pids[i]`` (pid files written under ``folder``): for faults fanned out over
+        these hosts. ``api`` and the workers' ``worker_port`` are never called."""
+        ssh = {"user": "root", "key_file": str(self.key), "known_hosts": str(self.known_hosts),
+               "connect_timeout_s": connect_timeout_s}
+        data: dict[str, Any] = {"version": 2, "name": name, "kind": "external", "endpoints": {"api": api},
+                                "hosts": [], "workers": [], "safety": {"allowed_faults": list(allowed_faults)}}
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, ((_, address, _), pid) in enumerate(zip(self.endpoints(), pids)):
+            (folder / f"w-{i}.pid").write_text(f"{pid}\n")
+            data["hosts"].append({"name": f"h{i}", "address": address, "roles": ["decode"], "ssh": ssh})
+            data["workers"].append({"name": f"w-{i}", "role": "decode", "host": f"h{i}",
+                                    "api": f"http://{address}:{worker_port}",
+                                    "process": {"pid_file": str(folder / f"w-{i}.pid")}})
+        return data
 
     def __enter__(self) -> SshdTest:
         try:
@@ -127,6 +147,7 @@ class SshdTest:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True, mode=0o700)
         self.pid_file.write_text(str(os.getpid()))
+        self._before = _children()
         user_pub = keygen(self.key)
         (self.dir / "authorized_keys").write_text(user_pub + "\n")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
@@ -189,7 +210,7 @@ class SshdTest:
 
     def reap_adopted(self) -> None:
         """Reap the zombies of adopted orphans (never our own Popen children: they reap themselves)."""
-        for pid in _children() - self._own_pids():
+        for pid in _children() - self._own_pids() - self._before:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
@@ -217,7 +238,9 @@ class SshdTest:
         for out in self._logs:
             out.close()
         self._logs.clear()
-        for pid in _children():  # adopted orphans: safety timers, probe ends of a dropped session
+        # adopted orphans (safety timers, probe ends of a dropped session); a child this process had
+        # before start (a test session's own sshd, say) is someone else's and is left alone
+        for pid in _children() - self._before:
             _kill_and_reap(pid)
         if self.fabric is not None:
             try:

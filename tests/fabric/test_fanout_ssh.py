@@ -30,15 +30,8 @@ PREFIX, FABRIC_SUBNET, CONTROL_SUBNET = "pdb-", "198.18.41.0/24", "198.18.42.0/2
 
 
 def _cluster(hosts: SshdTest, tmp, victims: list[subprocess.Popen]) -> ClusterHandle:
-    ssh = {"user": "root", "key_file": str(hosts.key), "known_hosts": str(hosts.known_hosts), "connect_timeout_s": 5}
-    data = {"version": 2, "name": "fanout-ssh", "kind": "external",
-            "endpoints": {"api": "http://198.18.42.254:19210"},  # never called: only faults run here
-            "hosts": [], "workers": [], "safety": {"allowed_faults": ["process_hang"]}}
-    for i, ((_, address, _), victim) in enumerate(zip(hosts.endpoints(), victims)):
-        (tmp / f"w-{i}.pid").write_text(f"{victim.pid}\n")
-        data["hosts"].append({"name": f"h{i}", "address": address, "roles": ["decode"], "ssh": ssh})
-        data["workers"].append({"name": f"w-{i}", "role": "decode", "host": f"h{i}", "api": f"http://{address}:19211",
-                                "process": {"pid_file": str(tmp / f"w-{i}.pid")}})
+    data = hosts.pid_cluster_data("fanout-ssh", [v.pid for v in victims], tmp, api="http://198.18.42.254:19210",
+                                  worker_port=19211, connect_timeout_s=5)
     spec = parse_cluster(data, source=str(tmp / "fanout-ssh.yaml"))
     return ClusterHandle(spec, spec.checklist(), spec.endpoints.api, None, None)
 

@@ -77,13 +77,16 @@ def _live(pid: int) -> bool:
 @pytest.fixture
 def adopt():
     """Make this test process the reaper of the fillers the executor's shell leaves behind
-    (this machine's pid 1 reaps nothing), and end and reap any that remain."""
+    (this machine's pid 1 reaps nothing), and end and reap any that remain. Only children that
+    appeared during the test: a session fixture's process (the loopback sshd of conftest.py) is
+    a child of this process too, and ending it broke every SSH test after this file."""
     libc = ctypes.CDLL(None, use_errno=True)
+    before = _children()
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     try:
         yield
     finally:
-        for pid in _children():
+        for pid in _children() - before:
             if pid not in _ours():
                 _kill_and_reap(pid)
         libc.prctl(36, 0, 0, 0, 0)
