@@ -75,14 +75,15 @@ def test_a_router_that_keeps_a_restarted_worker_out_fails_6_1_4_with_the_finding
     cluster = short_cluster(tmp_path, "local")
     data = yaml.safe_load(cluster.read_text())
     data["bundled"]["router"]["readmit_delay_s"] = 600.0
+    data["thresholds"]["6.1.4"]["rejoin_limit_s"] = 20.0   # the checklist's 60 s, shortened: 40 s less CI
     cluster.write_text(yaml.safe_dump(data))
     proc = run_suites(tmp_path, f"--cluster={cluster}", "--kills=1")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     v = verdicts(tmp_path)["6.1.4"]
-    assert v["status"] == "fail" and "the router kept prefill-" in v["reason"] and "required <= 60 s" in v["reason"]
+    assert v["status"] == "fail" and "the router kept prefill-" in v["reason"] and "required <= 20 s" in v["reason"]
     assert v["evidence"]["stopped"].startswith("the plan stopped after 1 of 4 faults")
     rejoin = v["evidence"]["rejoin"][0]
-    assert rejoin["back"] is False and rejoin["kept_out_s"] > 60
+    assert rejoin["back"] is False and rejoin["kept_out_s"] > 20
     assert verdicts(tmp_path)["nothing-lost"]["status"] == "pass"
 
 

@@ -1,6 +1,6 @@
 """The soak suite as users run it, without a cluster: skipped unless --soak is given, and the
 same seed prints and stores the same schedule (dry runs; a real subprocess of pytest each).
-The 3-minute real soaks (honest and planted-leak) are tests/harness/test_soak_e2e.py.
+The real 2-minute soaks (honest and planted-leak) are tests/harness/test_soak_e2e.py.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,12 @@ def test_without_soak_the_suite_is_not_run(tmp_path):
 
 @pytest.mark.slow
 def test_two_dry_runs_of_one_seed_print_and_store_the_same_schedule(tmp_path):
-    (p1, d1), (p2, d2) = (run(tmp_path, f"dry{i}", "--dry-run", *SOAK) for i in (1, 2))
+    runs = [("dry1", *SOAK), ("dry2", *SOAK), ("dry3", "--soak=3m", "--soak-seed=12")]
+    with ThreadPoolExecutor(len(runs)) as pool:   # three processes at once: each mostly imports
+        (p1, d1), (p2, d2), (_, d3) = pool.map(lambda r: run(tmp_path, r[0], "--dry-run", *r[1:]), runs)
     assert p1.returncode == p2.returncode == 2, p1.stdout[-3000:]
     s1, s2 = d1["soak"]["schedule"], d2["soak"]["schedule"]
     assert s1 == s2 and s1["seed"] == 11 and len(s1["faults"]) >= 6
     assert "[soak] soak schedule (seed 11)" in p1.stdout
     assert all(v["status"] == "inconclusive" and "none injected" in v["reason"] for v in d1["verdicts"])
-    _, d3 = run(tmp_path, "dry3", "--dry-run", "--soak=3m", "--soak-seed=12")
     assert d3["soak"]["schedule"]["faults"] != s1["faults"]

@@ -1,6 +1,9 @@
 """The soak as users run it (issue 27 acceptance, the CI-sized version): a real subprocess of
-`pytest suites/test_soak.py --soak=3m` on the real bundled cluster, honest and with a planted KV
-leak; the same seed replays the same schedule (dry runs and real runs).
+`pytest suites/test_soak.py --soak=2m --soak-faults-per-min=4 --soak-seed=24` on the real bundled
+cluster, honest and with a planted KV leak; the same seed replays the same schedule (dry runs and
+real runs). Seed 24 at 4 faults a minute puts all six kinds in two minutes, the kill first (its
+restart has the most to do) and four of them overlapping; 3m at 2 a minute held five kinds and cost
+CI two more minutes.
 
 Overrides, stated: on this shared 2-core CI box rescheduling has taken up to 7 s with other test
 runs competing for the cores (tests/harness/test_acceptance.py), so the fault rule's 3 s is
@@ -14,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.harness.test_soak_dry_run import ROOT, SOAK, run
+from tests.harness.test_soak_dry_run import ROOT, run
 
 RELAXED = {"soak.faults": {"reschedule_p100_s": 10.0}}
+SOAK = ["--soak=2m", "--soak-faults-per-min=4", "--soak-seed=24", "--live=plain"]
 
 
 def cluster_file(tmp_path: Path, base: str) -> Path:
@@ -35,7 +39,7 @@ def by_item(data: dict) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.timeout(2000)
-def test_a_3_minute_soak_passes_the_honest_cluster_catches_a_planted_leak_and_replays_its_schedule(tmp_path):
+def test_a_2_minute_soak_passes_the_honest_cluster_catches_a_planted_leak_and_replays_its_schedule(tmp_path):
     honest_proc, honest = run(tmp_path, "honest", f"--cluster={cluster_file(tmp_path, 'local')}", *SOAK)
     v = by_item(honest)
     assert not honest["harness_errors"] and not honest["revert_failures"], honest["harness_errors"]
@@ -44,7 +48,7 @@ def test_a_3_minute_soak_passes_the_honest_cluster_catches_a_planted_leak_and_re
     assert v["nothing-lost"]["status"] == "pass", v["nothing-lost"]["reason"]
     assert v["soak.slo"]["status"] in ("pass", "fail", "inconclusive") and v["soak.slo"]["evidence"]["windows"]
     kinds = {o["kind"] for o in honest["soak"]["outcomes"] if o["status"] == "recovered"}
-    assert len(kinds) >= 4, honest["soak"]["by_kind"]
+    assert len(kinds) >= 5, honest["soak"]["by_kind"]
 
     leaky_proc, leaky = run(tmp_path, "leaky", f"--cluster={cluster_file(tmp_path, 'local-leaky')}", *SOAK)
     lv = by_item(leaky)
