@@ -6,6 +6,7 @@ ended through the executor exactly as `python -m harness gpu-fill` would be on a
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 import json
 import os
 import subprocess
@@ -74,11 +75,11 @@ def _live(pid: int) -> bool:
         return False
 
 
-@pytest.fixture
-def adopt():
+@contextmanager
+def adopted():
     """Make this test process the reaper of the fillers the executor's shell leaves behind
     (this machine's pid 1 reaps nothing), and end and reap any that remain. Only children that
-    appeared during the test: a session fixture's process (the loopback sshd of conftest.py) is
+    appeared during the block: a session fixture's process (the loopback sshd of conftest.py) is
     a child of this process too, and ending it broke every SSH test after this file."""
     libc = ctypes.CDLL(None, use_errno=True)
     before = _children()
@@ -90,6 +91,23 @@ def adopt():
             if pid not in _ours():
                 _kill_and_reap(pid)
         libc.prctl(36, 0, 0, 0, 0)
+
+
+@pytest.fixture
+def adopt():
+    with adopted():
+        yield
+
+
+def test_the_reaper_ends_what_the_block_left_and_spares_the_session_sshd(sshd):
+    import socket
+    with adopted():
+        orphan = subprocess.Popen(["sleep", "300"])
+        pid = orphan.pid
+        orphan.returncode = 0   # forget it as a Popen: it stands for a filler the shell left behind
+        subprocess._active = [p for p in getattr(subprocess, "_active", []) if p.pid != pid]
+    assert not _live(pid)
+    socket.create_connection(("127.0.0.1", sshd.port), timeout=2).close()   # the session's sshd still listens
 
 
 def _ours() -> set[int]:
