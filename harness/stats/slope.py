@@ -23,6 +23,7 @@ from harness.errors import ConfigError
 from harness.stats.intervals import LEVEL, Interval
 
 THEIL_SEN = "Theil-Sen slope, Kendall rank bounds"
+SEGMENTED = "Theil-Sen slope within segments (seasonal Kendall), Kendall rank bounds"
 MAX_POINTS = 3000   # 4.5 M pairwise slopes: beyond, a caller bins its readings first
 
 
@@ -84,19 +85,54 @@ def theil_sen(x: Sequence[float], y: Sequence[float], level: float = LEVEL, *, n
         raise ConfigError(f"confidence level {level!r} is not in (0, 1)", fix="pass e.g. 0.95")
     if len(x) != len(y):
         raise ConfigError(f"theil_sen got {len(x)} x values and {len(y)} y values", fix="pass one y per x")
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    keep = ~(np.isnan(xs) | np.isnan(ys))
-    xs, ys = xs[keep], ys[keep]
+    xs, ys = _clean(x, y)
     n = len(xs)
     if n > MAX_POINTS:
         raise ConfigError(f"theil_sen of {n} points ({n * (n - 1) // 2} pairwise slopes)",
                           fix=f"bin the readings to at most {MAX_POINTS} points (medians per time bin)")
-    need = needs_points(level)
     slopes = _pairwise(xs, ys) if n >= 2 else np.empty(0)
+    return _fit(slopes, _kendall_var(ys) if n else 0.0, n, level, noun, THEIL_SEN)
+
+
+def segmented_theil_sen(segments: Sequence[tuple[Sequence[float], Sequence[float]]], level: float = LEVEL, *,
+                        noun: str = "points") -> Slope:
+    """One slope common to several series that each have an intercept of their own, e.g. the
+    processes of one role, a restarted one starting again from its baseline: the median of every
+    pairwise slope *within* a segment (no pair spans two segments, so a restart's drop is no
+    slope), with the bounds of :func:`theil_sen` from the pooled slopes and the sum of the
+    segments' Kendall variances (the seasonal Kendall slope: Hirsch, Slack & Smith 1982; Gilbert
+    1987 section 17.6). A segment of one point adds nothing. Extrapolates as :func:`theil_sen`."""
+    if not 0 < level < 1:
+        raise ConfigError(f"confidence level {level!r} is not in (0, 1)", fix="pass e.g. 0.95")
+    parts, var_s, n = [], 0.0, 0
+    for x, y in segments:
+        xs, ys = _clean(x, y)
+        n += len(xs)
+        if len(xs) >= 2:
+            parts.append(_pairwise(xs, ys))
+            var_s += _kendall_var(ys)
+    if n > MAX_POINTS:
+        raise ConfigError(f"segmented_theil_sen of {n} points", fix=f"bin the readings to at most {MAX_POINTS} points")
+    slopes = np.sort(np.concatenate(parts)) if parts else np.empty(0)
+    return _fit(slopes, var_s, n, level, noun, SEGMENTED)
+
+
+def _clean(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """x and y as float arrays without the pairs holding a NaN."""
+    if len(x) != len(y):
+        raise ConfigError(f"theil_sen got {len(x)} x values and {len(y)} y values", fix="pass one y per x")
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = ~(np.isnan(xs) | np.isnan(ys))
+    return xs[keep], ys[keep]
+
+
+def _fit(slopes: np.ndarray, var_s: float, n: int, level: float, noun: str, method: str) -> Slope:
+    """The median of sorted ``slopes`` and its rank bounds given Kendall's ``var_s``."""
+    need = needs_points(level)
     if not len(slopes):
-        return Slope(None, Interval(None, None, level, THEIL_SEN, n, noun=noun, needs_n=need))
+        return Slope(None, Interval(None, None, level, method, n, noun=noun, needs_n=need))
     estimate = float(np.median(slopes))
-    lo_rank, hi_rank = _bound_ranks(len(slopes), _kendall_var(ys), level)
+    lo_rank, hi_rank = _bound_ranks(len(slopes), var_s, level)
     lo = None if lo_rank is None else float(slopes[lo_rank - 1])
     hi = None if hi_rank is None else float(slopes[hi_rank - 1])
     bounded = lo is not None and hi is not None
@@ -107,7 +143,7 @@ def theil_sen(x: Sequence[float], y: Sequence[float], level: float = LEVEL, *, n
                         None if hi is None else estimate + (hi - estimate) * shrink, level, "extrapolated",
                         math.ceil(n * k), noun=noun)
 
-    return Slope(estimate, Interval(lo, hi, level, THEIL_SEN, n, noun=noun, needs_n=None if bounded else need,
+    return Slope(estimate, Interval(lo, hi, level, method, n, noun=noun, needs_n=None if bounded else need,
                                     extrapolate=extrapolate if bounded else None))
 
 
@@ -128,4 +164,5 @@ def binned_medians(t: Sequence[float], y: Sequence[float], bin_s: float) -> tupl
     return ([float(np.median(a)) for a in np.split(ts, cuts)], [float(np.median(a)) for a in np.split(ys, cuts)])
 
 
-__all__ = ["MAX_POINTS", "Slope", "THEIL_SEN", "binned_medians", "needs_points", "theil_sen"]
+__all__ = ["MAX_POINTS", "SEGMENTED", "Slope", "THEIL_SEN", "binned_medians", "needs_points", "segmented_theil_sen",
+           "theil_sen"]
