@@ -14,6 +14,9 @@ import os
 import re
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from harness.errors import ConfigError
 
@@ -71,11 +74,61 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(args: list[str]) -> int:
-    """Become ``python -m pytest ...`` (exec: the same process takes Ctrl-C and SIGTERM, and pytest
-    imports the harness plugin itself, so its assertion rewriting applies)."""
+    """Become ``python -m harness.cli_run ...``, pytest with :class:`UsageErrorsExit3` (exec: the same
+    process takes Ctrl-C and SIGTERM, and pytest imports the harness plugin itself, so its assertion
+    rewriting applies)."""
     import sys
 
-    argv = [sys.executable, "-m", "pytest", *pytest_args(args)]
+    argv = [sys.executable, "-m", "harness.cli_run", *pytest_args(args)]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)
+
+
+def report_usage_error(messages: tuple[object, ...]) -> int:
+    """Print a pytest usage error (``pytest.UsageError.args``) as pytest does, and the harness's
+    line: the code is 3, "harness error". pytest's own code for it, 4, is this harness's "a revert
+    failed" (docs/exit-codes.md)."""
+    import sys
+
+    for message in messages:
+        sys.stderr.write(f"ERROR: {message}\n")
+    sys.stderr.write("harness: exit 3 (pytest usage error; fix: check the paths and options on the command line, "
+                     "see --help)\n")
+    sys.stderr.flush()
+    return 3
+
+
+class UsageErrorsExit3:
+    """``harness run``'s pytest plugin, registered before pytest reads its command line, so every
+    usage error found while reading it exits 3: a typo'd option (``--clustr=x``), a bad value of
+    pytest's own options (``--maxfail=x``), ``-p nosuchplugin``, a missing ``--rootdir``. (Plain
+    ``pytest`` loads the harness plugin later; harness/plugin.py covers what it can from there.)"""
+
+    def pytest_addoption(self, parser: object) -> None:
+        parser.prog = "harness run"  # type: ignore[attr-defined]  # "usage: harness run [options] ..."
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_cmdline_parse(self, pluginmanager: object, args: list[str]) -> Iterator[pytest.Config]:
+        try:
+            return (yield)
+        except pytest.UsageError as exc:
+            raise SystemExit(report_usage_error(exc.args)) from None
+
+
+def _run_pytest(args: list[str]) -> int:
+    import sys
+
+    try:
+        code = int(pytest.main(args, plugins=[UsageErrorsExit3()]))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `harness run --help | head`: as pytest's own console script does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":  # python -m harness.cli_run PYTEST_ARGS: what `harness run` execs
+    import sys
+
+    raise SystemExit(_run_pytest(sys.argv[1:]))

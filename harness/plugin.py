@@ -89,21 +89,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
+                                  args: list[str]) -> Iterator[None]:
+    """The command line read in full (a trial parse, on a copy of the options) as soon as every
+    option is known, so its usage errors -- an option typo such as ``--clustr=x``, "unrecognized
+    arguments" -- exit 3 with pytest's message: pytest's own code for them, 4, is this harness's "a
+    revert failed". A conftest that cannot be imported (pytest: 4) exits 3 too. Errors pytest finds
+    before it loads any plugin stay 4 under plain ``pytest`` (docs/exit-codes.md); ``harness run``
+    catches those as well (harness/cli_run.py)."""
+    import copy
+
+    from _pytest.config import ConftestImportFailure
+    from _pytest.config.exceptions import PrintHelp
+
+    from harness.cli_run import report_usage_error
+
+    try:
+        yield
+    except ConftestImportFailure as exc:
+        import traceback
+
+        cause = "".join(traceback.format_exception_only(type(exc.cause), exc.cause)).strip()
+        raise SystemExit(report_usage_error((f"ImportError while loading conftest '{exc.path}': {cause}",))) from None
+    try:
+        parser.parse(args, namespace=copy.copy(early_config.option))
+    except PrintHelp:
+        pass  # --help: pytest prints it
+    except pytest.UsageError as exc:
+        raise SystemExit(report_usage_error(exc.args)) from None
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config) -> Iterator[None]:
-    """pytest's own usage errors ("file or directory not found: suites/", a bad -m expression) exit
-    3 with their message: pytest would exit 4, which is this harness's "a revert failed". (Errors in
-    the command line's options are found before any plugin runs; pytest exits 4 for them and prints
-    "usage:", see docs/exit-codes.md.)"""
+    """pytest's own usage errors found once the run has started ("file or directory not found:
+    suites/", a bad -m expression) exit 3 with their message, as those of the command line do
+    (:func:`pytest_load_initial_conftests`)."""
+    from harness.cli_run import report_usage_error
+
     try:
         return (yield)
     except pytest.UsageError as exc:
-        import sys
-
-        for message in exc.args:
-            sys.stderr.write(f"ERROR: {message}\n")
-        sys.stderr.write(f"harness: exit {int(ExitCode.HARNESS_ERROR)} (pytest usage error; "
-                         "fix: check the paths and options on the command line)\n")
-        return int(ExitCode.HARNESS_ERROR)  # type: ignore[return-value]
+        return report_usage_error(exc.args)  # type: ignore[return-value]
 
 
 def _soak_duration(text: str) -> Any:

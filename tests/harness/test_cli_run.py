@@ -101,6 +101,22 @@ def test_a_run_stops_on_the_missing_key_file_saying_so_once(tmp_path):
     assert "harness: exit 3 (the cluster file error above)" in out
 
 
+@pytest.mark.slow  # pytest subprocesses
+def test_harness_run_usage_errors_exit_3_with_their_message(tmp_path):
+    """pytest exits 4, this harness's "a revert failed", on a usage error. Planted defect: `harness
+    run` exec'ing plain `python -m pytest` (no UsageErrorsExit3) exits 4 on ``--maxfail=x``, found
+    before any plugin loads (checked); without harness/plugin.py's trial parse ``--clustr=x`` does."""
+    cases = {"--clustr=x": "harness run: error: unrecognized arguments: --clustr=x",
+             "--maxfail=x": "harness run: error: argument --maxfail: invalid int value: 'x'",
+             "--rootdir=/no/such/dir": "Directory '/no/such/dir' not found"}
+    for arg, message in cases.items():
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", "--collect-only", arg], cwd=tmp_path,
+                              env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 3, (arg, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert message in proc.stderr and "harness: exit 3 (pytest usage error" in proc.stderr, proc.stderr
+    assert not (tmp_path / "reports").exists()
+
+
 @pytest.mark.slow  # a pytest subprocess
 def test_dry_run_of_an_ssh_fabric_cluster_plans_over_ssh_without_its_key_files(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "--cluster=ssh-fabric", "--dry-run", "--live=off",

@@ -112,11 +112,23 @@ def test_a_crashed_suite_still_gives_its_items_an_error_row(tmp_path):
 
 
 def test_pytest_usage_errors_exit_3_not_4(tmp_path):
-    """pytest's own usage error (4) would read as the harness's "a revert failed"."""
+    """pytest's own usage error (4) would read as the harness's "a revert failed". Planted defect:
+    without harness/plugin.py's trial parse (pytest_load_initial_conftests) an option typo exits 4
+    (checked); without its pytest_cmdline_main wrapper a missing path does."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "nosuchdir/", "-p", "no:cacheprovider"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "file or directory not found: nosuchdir/" in proc.stderr
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_suite.py").write_text(HEADER + "\ndef test_ok(conformance):\n    conformance.record(verdict(1.0))\n")
+    for typo in ("--clustr=x", "--dry-rn"):  # an option pytest cannot parse: found while reading the command line
+        proc = subprocess.run([sys.executable, "-m", "pytest", "suites/", "-p", "no:cacheprovider", typo], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert f"error: unrecognized arguments: {typo}" in proc.stderr
+        assert "harness: exit 3 (pytest usage error" in proc.stderr
+        assert not (tmp_path / "reports").exists()  # refused before anything ran
 
 
 def test_a_conformance_test_that_records_no_verdict_exits_3_naming_it(tmp_path):
