@@ -174,6 +174,9 @@ class KVBlockPool:
         self.storage[block] = float("nan")
         self.drop_views([block])
         self.poisoned.add(block)
+        # an earlier poisoning's revert may still wait for this block's holder: that replaced page
+        # is bad again, so its release must not restore it (it erased this poisoning, issue 33)
+        self.restore_on_free.discard(block)
         if quarantine:
             self.quarantine(block)
 

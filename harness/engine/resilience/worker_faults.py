@@ -120,5 +120,11 @@ class WorkerFaults:
 
     def ecc_clear(self, fault_id: str, msg: EccClearCommand) -> dict:
         blocks = self.poisons.pop(fault_id, [])
-        restored = self.core.restore_quarantined_blocks(blocks) if blocks else 0
+        # a block another active poisoning also hit stays bad until that one is cleared too
+        still = {b for other in self.poisons.values() for b in other}
+        mine = [b for b in blocks if b not in still]
+        if len(mine) < len(blocks):
+            log.warning("ECC clear %s: blocks %s stay poisoned under another active poisoning", fault_id,
+                        sorted(set(blocks) & still))
+        restored = self.core.restore_quarantined_blocks(mine) if mine else 0
         return {"active": False, "blocks": blocks, "restored": restored}
