@@ -149,6 +149,10 @@ class EngineConfig:
     # tokens: re-placed after its worker was lost, or live-migrated in) takes this many more KV
     # blocks and never frees them, as an engine that leaks a little per fault does. 0 = no leak.
     leak_kv_blocks_per_recovery: int = 0
+    # Sabotage knob (soak.leaks must fail, docs/soak.md): a PD decode worker keeps this many KiB of
+    # memory and one open file descriptor per request it finishes, never freed, as an engine leaking
+    # per request does (clusters/local-leaky-process.yaml: 200). 0 = no leak.
+    leak_kib_per_request: int = 0
 
     def __post_init__(self) -> None:
         model = ModelConfig.from_name(self.preset)  # raises on an unknown preset
@@ -180,6 +184,10 @@ class EngineConfig:
             raise ConfigError(f"leak_kv_blocks_per_recovery must be an integer >= 0, got {leak!r}",
                               fix="set leak_kv_blocks_per_recovery: 0 (above 0 only to prove the soak leak "
                                   "check can fail)")
+        kib = self.leak_kib_per_request
+        if not isinstance(kib, int) or isinstance(kib, bool) or kib < 0:
+            raise ConfigError(f"leak_kib_per_request must be an integer >= 0, got {kib!r}",
+                              fix="set leak_kib_per_request: 0 (above 0 only to prove the soak leak check can fail)")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer or None, got {self.num_threads!r}",
                               fix="set num_threads=1 per engine process on a small machine")

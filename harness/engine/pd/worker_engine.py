@@ -12,6 +12,7 @@ Live migration (worker_migration.py) talks to this half through the ``MigrationH
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -59,6 +60,8 @@ class WorkerEngine:
         self._senders: dict[str, KVSender] = {}       # prefill: transfers in flight
         self._corrupt_frames = 0                      # fault hook (admin API)
         self.leaked_blocks: list[int] = []            # sabotage: leak_kv_blocks_per_recovery
+        self.leaked_memory: list[bytearray] = []      # sabotage: leak_kib_per_request ...
+        self.leaked_fds: list[int] = []               # ... and one fd per finished request
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
         self.faults = WorkerFaults(self.core)
         self.landing = ImportLanding(self.core, self._cmds.put)  # KV frames land in the import's blocks
@@ -116,6 +119,9 @@ class WorkerEngine:
         self._finisher.shutdown(wait=True, cancel_futures=True)
         if self.receiver:
             self.receiver.close()
+        for fd in self.leaked_fds:   # the planted leak lasts while the worker runs, not past it
+            os.close(fd)
+        self.leaked_fds.clear()
 
     # -- MigrationHost (worker_migration.py)
     def run_on_engine(self, fn: Callable[[], None]) -> None:
@@ -197,6 +203,8 @@ class WorkerEngine:
                     self.publish(Tokens(ev.request_id, list(ev.token_ids), ev.text, ev.finished,
                                         ev.finish_reason.value if ev.finish_reason else None,
                                         ev.num_output_tokens, ev.error))
+                    if ev.finished:
+                        self._leak_on_finish(ev.request_id)
             if time.monotonic() - self._stats_at >= STATS_REFRESH_S:
                 self._stats_cache, self._stats_at = self._stats(), time.monotonic()
 
@@ -280,6 +288,24 @@ class WorkerEngine:
         self.leaked_blocks += blocks
         log.warning("sabotage: leaking %d KV blocks (leak_kv_blocks_per_recovery) on recovered request %s; "
                     "%d leaked so far", len(blocks), rid, len(self.leaked_blocks))
+
+    def _leak_on_finish(self, rid: str) -> None:
+        """Sabotage knob ``leak_kib_per_request``: a decode worker keeps that many KiB (written, so
+        resident) and one open file descriptor per finished request, never freed while it runs, so
+        soak.leaks has a process leak (RSS and fds growing with the requests served) it must fail.
+        At the process's fd limit it keeps the memory only: the leak never fails a request."""
+        kib = self.core.config.leak_kib_per_request
+        if kib <= 0 or self.role != WorkerRole.DECODE:
+            return
+        self.leaked_memory.append(bytearray(b"\x5a") * (kib * 1024))
+        try:
+            self.leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:   # EMFILE: out of fds
+            log.debug("sabotage: no fd leaked for %s: %s", rid, exc)
+        n = len(self.leaked_memory)
+        if n == 1 or n % 1000 == 0:
+            log.warning("sabotage: leaking %d KiB and an fd per finished request (leak_kib_per_request); "
+                        "%d requests, %d fds so far", kib, n, len(self.leaked_fds))
 
     def _write(self, rid: str, layer_start: int, kv, release) -> None:
         try:
