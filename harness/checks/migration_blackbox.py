@@ -16,14 +16,21 @@ The excess is the "TTFT delta" of a stream whose next token had to come from a n
 the bundled suite's live migration (a planned move of a healthy stream), it also holds the time the
 engine took to notice the loss: that is what a user of such an engine gets.
 
-Which streams crossed a migration, in this order of evidence:
+A sample comes only from a stream that moved. Which streams moved, in this order of evidence:
 
 1. the engine names its worker in each chunk (``served_by``, the bundled engine does): the streams
-   that were on the victim;
-2. the engine counts migrations (its metric profile's ``migrations``, e.g.
-   ``dynamo_frontend_model_migration_total``): the N streams in flight at the kill with the largest
-   stall, N being how much the counter rose over the kill's window;
+   whose chunks named the victim and then another worker (the stream's own change of worker); a
+   stream that named only the victim and completed is unmeasured (no change seen);
+2. the engine counts migrations of streams that had begun (its metric profile's
+   ``migrations_ongoing``: Dynamo's ``dynamo_frontend_model_migration_total{migration_type=
+   "ongoing_request"}``; never ``new_request``, a request re-sent before its first token, which moved
+   no stream), else every migration (``migrations``, an engine that does not tell them apart): the engine
+   cannot say which streams moved, so they are taken to be the k streams decoding at the kill with the
+   largest stall, k being how much that counter rose over the kill's window (each sample says so in its
+   ``migration`` field: the counter, k and how many streams were decoding);
 3. neither: the kill is *unmeasured*, with that reason (never counted against the engine).
+
+So the samples counted against the checklist's ``min_migrations_*`` are moved streams only.
 
 A stream in flight on the victim that failed instead of resuming is a failed migration. Samples are
 :class:`harness.checks.migration.MigrationSample` so the item's one verdict function judges them.
@@ -41,7 +48,10 @@ MIN_GAPS_BEFORE = 3   # inter-chunk gaps a stream needs before the kill for a ty
 
 DEFINITION = ("per stream that crossed a migration after its worker was killed, as the client saw it: its "
               "longest inter-chunk gap at or after the kill (the switch to the new worker), minus the mean of "
-              "its gaps before the kill (includes the engine's time to notice the loss)")
+              "its gaps before the kill (includes the engine's time to notice the loss); the streams that moved: "
+              "those whose chunks named the victim then another worker, else (an engine that names no worker) "
+              "the k streams decoding at the kill with the largest stall, k = the rise of the engine's counter of "
+              "moved streams (Dynamo: migration_type=\"ongoing_request\" only)")
 
 
 def _wall(rec: RequestRecord, perf_ns: int | None) -> float | None:
@@ -75,6 +85,12 @@ def _label(window: KillWindow, rec: RequestRecord) -> str:
     return f"{window.phase} {rec.request_id} ({window.fault.label})"
 
 
+def _changed(rec: RequestRecord, victim: str) -> bool:
+    """Did the stream's chunks name another worker after the victim (its own change of worker)?"""
+    last = max(i for i, x in enumerate(rec.served_by) if x == victim)
+    return any(x != victim for x in rec.served_by[last + 1:])
+
+
 def measure(windows: Sequence[KillWindow], records: Iterable[RequestRecord]) -> Assessment:
     """Sort the streams in flight at each kill into measured crossings, failed migrations and
     unmeasured ones (see the module doc)."""
@@ -88,12 +104,20 @@ def measure(windows: Sequence[KillWindow], records: Iterable[RequestRecord]) -> 
                                   "(longer streams would be)")
             continue
         named = sorted({x for r in decoding for x in r.served_by})
+        how: dict[str, object] | None = None
         if named:
-            crossed = [r for r in decoding if victim in r.served_by]
+            on_victim = [r for r in decoding if victim in r.served_by]
+            crossed = [r for r in on_victim if not r.ok or _changed(r, victim)]
+            out.unmeasured.extend(f"{_label(w, rec)}: its chunks named only {victim} and it completed: no change of "
+                                  "worker seen" for rec in on_victim if rec not in crossed)
         elif w.migrations is not None:
             stalls = [(c[0], r) for r in decoding if r.ok
                       and not isinstance(c := crossing(r, w.fault.wall, w.window_s), str)]
-            crossed = [r for _, r in sorted(stalls, key=lambda x: -x[0])[:int(round(w.migrations))]]
+            k = int(round(w.migrations))
+            crossed = [r for _, r in sorted(stalls, key=lambda x: -x[0])[:k]]
+            how = {"identified_by": f"one of the {k} largest stalls among {len(stalls)} stream(s) decoding at the kill "
+                                    f"(the engine names no worker per chunk; k = the rise of {w.counter or 'its migration counter'})",
+                   "counter": w.counter, "k": k, "decoding": len(decoding)}
             crossed += [r for r in decoding if not r.ok]  # failed while in flight at the kill: a failed migration
         else:
             out.unmeasured.append(f"{w.phase} {w.fault.label}: cannot tell which streams crossed a migration: the "
@@ -108,7 +132,7 @@ def measure(windows: Sequence[KillWindow], records: Iterable[RequestRecord]) -> 
             continue
         for rec in crossed:
             target = next((x for x in reversed(rec.served_by) if x != victim), "?")
-            s = MigrationSample(w.phase, rec.request_id, victim, target)
+            s = MigrationSample(w.phase, rec.request_id, victim, target, migration=how)
             if not rec.ok:
                 out.failures.append(f"{_label(w, rec)}: the stream ended {rec.status} instead of resuming elsewhere: "
                                     f"{rec.error_class}: {rec.error_message}")

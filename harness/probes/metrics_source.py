@@ -5,7 +5,9 @@ Both answer the same two questions, in the harness's quantity names (``kv_usage`
 of :data:`harness.probes.prometheus.ENGINE_PROFILES`) and keyed by the metrics URL the cluster file
 names, so a suite asks them the same way and never branches on the source:
 
-* :meth:`MetricsSource.read`: each endpoint's current values (summed over its label sets). With
+* :meth:`MetricsSource.read`: each endpoint's current values (summed over its label sets; a quantity
+  the profile restricts to some label values, :data:`harness.probes.prometheus.QUANTITY_LABELS`,
+  over those series only). With
   ``settled=True`` the values reflect the state at the moment of the call: a scrape is always live,
   a Prometheus waits (bounded) until it has scraped every endpoint again.
 * :meth:`MetricsSource.series`: each endpoint's values over a past window. A scrape source can only
@@ -27,7 +29,7 @@ from typing import Any, Sequence
 import httpx
 
 from harness.errors import ProbeError
-from harness.probes.prometheus import ENGINE_PROFILES, parse_metrics
+from harness.probes.prometheus import ENGINE_PROFILES, counts_for, parse_metrics, quantity_labels
 
 SCRAPE = "scrape"
 
@@ -65,6 +67,11 @@ class MetricsSource(abc.ABC):
         except KeyError:
             raise ProbeError(f"quantity {quantity!r} has no metric in the {self.profile} profile",
                              fix=f"use one of {', '.join(sorted(ENGINE_PROFILES[self.profile]))}") from None
+
+    def labels(self, quantity: str) -> dict[str, str]:
+        """The labels a series must carry to count for ``quantity`` ({}: every series of its family;
+        e.g. Dynamo's ``migrations_ongoing``: migration_type="ongoing_request")."""
+        return quantity_labels(self.profile, quantity)
 
     @abc.abstractmethod
     def read(self, urls: Sequence[str], quantities: Sequence[str], *, settled: bool = False) -> Reading:
@@ -107,7 +114,7 @@ class ScrapeSource(MetricsSource):
         out: dict[str, float] = {}
         for s in parse_metrics(resp.text):
             for quantity, family in families.items():
-                if s.name in (family, family + "_total"):
+                if counts_for(s, family, self.labels(quantity)):
                     out[quantity] = out.get(quantity, 0.0) + s.value
         return out
 

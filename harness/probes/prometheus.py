@@ -106,7 +106,10 @@ ENGINE_PROFILES: dict[str, dict[str, str]] = {
         "e2e_seconds": "dynamo_frontend_request_duration_seconds",
         "requests_waiting": "dynamo_frontend_queued_requests",
         "requests_finished": "dynamo_frontend_requests",
-        "migrations": "dynamo_frontend_model_migration",
+        "migrations": "dynamo_frontend_model_migration",        # every migration_type (QUANTITY_LABELS)
+        # only streams moved after their first token: migration_type="ongoing_request" (a request sent
+        # to a dead worker before its first token is "new_request": no stream crossed anything)
+        "migrations_ongoing": "dynamo_frontend_model_migration",
         "rejections": "dynamo_frontend_model_rejection",   # _total: requests refused as overloaded (HTTP 529/503)
         # worker kvstats (each worker's system port, DYN_SYSTEM_PORT): KV use 0..1 and blocks
         "kv_usage": "dynamo_component_kvstats_gpu_cache_usage_percent",
@@ -116,6 +119,26 @@ ENGINE_PROFILES: dict[str, dict[str, str]] = {
         "worker_requests": "dynamo_component_requests",
     },
 }
+
+# profile -> quantity -> the label values its samples must carry (a quantity not listed: every series of
+# its family, summed). Two quantities may read one family with different labels.
+QUANTITY_LABELS: dict[str, dict[str, dict[str, str]]] = {
+    "dynamo": {"migrations_ongoing": {"migration_type": "ongoing_request"}},
+}
+
+
+def quantity_labels(profile: str | None, quantity: str) -> dict[str, str]:
+    """The labels a sample of ``quantity`` must carry in ``profile`` ({}: any)."""
+    return QUANTITY_LABELS.get(profile or "", {}).get(quantity, {})
+
+
+def counts_for(sample: Sample, family: str, labels: dict[str, str]) -> bool:
+    """Is ``sample`` one of the series of ``family`` (with or without ``_total``) carrying ``labels``?"""
+    if sample.name not in (family, family + "_total"):
+        return False
+    have = dict(sample.labels)
+    return all(have.get(k) == v for k, v in labels.items())
+
 
 # the cluster file's ``engine:`` -> metric profile; None: the engine exposes no Prometheus metrics
 ENGINE_PROFILE_OF = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo", "openai": None}

@@ -5,7 +5,8 @@ Three things make a Prometheus answer differ from a scrape, and :class:`Promethe
 
 * **Names.** A counter is stored with its ``_total`` sample name; quantities are looked up through
   the same engine profiles as :class:`harness.probes.prometheus.PrometheusScraper`, matching the family
-  name with or without ``_total``, summed per endpoint over its other labels as a scrape is.
+  name with or without ``_total``, summed per endpoint over its other labels as a scrape is (a quantity
+  the profile restricts to some label values, e.g. Dynamo's ``migrations_ongoing``, over those only).
 * **Who is who.** Prometheus names each target by its ``instance`` label, ``host:port`` of the address it
   scrapes. A series belongs to the cluster file's endpoint (``endpoints.metrics``, ``workers[].metrics``)
   whose URL has that ``host:port``; a Prometheus that scrapes other clusters too is asked only for these
@@ -156,12 +157,14 @@ class PrometheusSource(MetricsSource):
             out[inst] = url
         return out
 
-    def _selector(self, families: Sequence[str], instances: Sequence[str]) -> str:
+    def _selector(self, families: Sequence[str], instances: Sequence[str],
+                  labels: dict[str, str] | None = None) -> str:
         for f in families:
             if not _METRIC_NAME.match(f):
                 raise ProbeError(f"{f!r} is not a Prometheus metric name", fix="fix the engine profile")
         names = sorted({n for f in families for n in (f, f + "_total")})
-        return f"{{__name__=~{_regex(names)}, instance=~{_regex(instances)}}}"
+        extra = "".join(f", {k}=~{_regex([v])}" for k, v in sorted((labels or {}).items()))
+        return f"{{__name__=~{_regex(names)}, instance=~{_regex(instances)}{extra}}}"
 
     # -- lag ---------------------------------------------------------------------------------------
 
@@ -209,14 +212,18 @@ class PrometheusSource(MetricsSource):
         if settled:
             self.wait_scraped(urls, t_ns)
         reading = Reading(t_ns, errors=self._health(by_inst))
-        of = self._quantity_of(quantities)
-        query = f"sum by (instance, __name__) ({self._selector([self.family(q) for q in quantities], list(by_inst))})"
-        for s in self.client.instant(query):
-            url, quantity = by_inst.get(s.labels.get("instance", "")), of.get(s.labels.get("__name__", ""))
-            if url is None or quantity is None or url in reading.errors or math.isnan(s.points[0][1]):
-                continue
-            values = reading.values.setdefault(url, {})
-            values[quantity] = values.get(quantity, 0.0) + s.points[0][1]
+        groups: dict[tuple[tuple[str, str], ...], list[str]] = {}   # one query per label restriction
+        for q in quantities:
+            groups.setdefault(tuple(sorted(self.labels(q).items())), []).append(q)
+        for labels, qs in groups.items():
+            of = self._quantity_of(qs)
+            selector = self._selector([self.family(q) for q in qs], list(by_inst), dict(labels))
+            for s in self.client.instant(f"sum by (instance, __name__) ({selector})"):
+                url, quantity = by_inst.get(s.labels.get("instance", "")), of.get(s.labels.get("__name__", ""))
+                if url is None or quantity is None or url in reading.errors or math.isnan(s.points[0][1]):
+                    continue
+                values = reading.values.setdefault(url, {})
+                values[quantity] = values.get(quantity, 0.0) + s.points[0][1]
         for url in by_inst.values():
             if url not in reading.errors:
                 reading.values.setdefault(url, {})
@@ -243,7 +250,8 @@ class PrometheusSource(MetricsSource):
         start_s, end_s = start_wall_ns / 1e9, end_wall_ns / 1e9
         span = max(1, math.ceil(end_s - start_s) + 1)
         summed: dict[str, dict[float, float]] = defaultdict(dict)
-        for s in self.client.instant(f"{self._selector([self.family(quantity)], list(by_inst))}[{span}s]", at_s=end_s):
+        for s in self.client.instant(f"{self._selector([self.family(quantity)], list(by_inst), self.labels(quantity))}"
+                                     f"[{span}s]", at_s=end_s):
             url = by_inst.get(s.labels.get("instance", ""))
             if url is None:
                 continue

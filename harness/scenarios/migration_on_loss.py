@@ -7,7 +7,10 @@ One kill (:func:`kill_under_streams`):
 1. ``streams`` streaming requests start at once (threads, one client each); the kill waits until
    every one of them has ``after_tokens`` tokens (each has a steady gap to compare with) or ended;
 2. the engine's migration counter is read (when its profile has one and a metrics URL is known), from
-   the cluster's Prometheus when its file names one (``endpoints.prometheus``), else scraped;
+   the cluster's Prometheus when its file names one (``endpoints.prometheus``), else scraped: only the
+   migrations of streams that had begun (``migrations_ongoing``: Dynamo's
+   ``migration_type="ongoing_request"``) where the profile tells them apart, never requests re-sent
+   before their first token (``new_request``: no stream crossed anything);
 3. a worker of the role that decodes (decode, else aggregated) is killed through the fault runner
    (harness/scenarios/blackbox_faults.py: ledger first, restart or supervisor, wait for the new process
    and its health URL), held ``observe_s`` so the engine must move the streams by itself;
@@ -24,7 +27,7 @@ from typing import Any, Callable
 
 from harness.errors import ProbeError
 from harness.probes.metrics_source import MetricsSource, ScrapeSource
-from harness.probes.prometheus import ENGINE_PROFILES
+from harness.probes.prometheus import ENGINE_PROFILES, quantity_labels
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest
 from harness.scenarios import blackbox_faults as blackbox
@@ -43,6 +46,21 @@ def kill_role(workers: Any) -> str:
             return role
     raise ProbeError("no restartable decode or aggregated worker in the cluster file's `workers:`",
                      fix="list the decode workers with `restart:` or `supervised: true`")
+
+
+def migration_quantity(profile: str | None) -> str:
+    """The profile's counter of moved streams: ``migrations_ongoing`` (streams that had begun, e.g.
+    Dynamo's ``migration_type="ongoing_request"``) where it has one, else ``migrations``."""
+    return "migrations_ongoing" if "migrations_ongoing" in ENGINE_PROFILES.get(profile or "", {}) else "migrations"
+
+
+def counter_name(profile: str | None, quantity: str) -> str | None:
+    """``family{label="value"}`` as the evidence names the counter read (None: the profile has none)."""
+    family = ENGINE_PROFILES.get(profile or "", {}).get(quantity)
+    if family is None:
+        return None
+    labels = ",".join(f'{k}="{v}"' for k, v in sorted(quantity_labels(profile, quantity).items()))
+    return f"{family}{{{labels}}}" if labels else f"{family} (every series)"
 
 
 def migration_count(metrics_url: str | None, profile: str | None, api_key: str | None = None, *,
@@ -113,7 +131,8 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
                                  f"after {READY_TIMEOUT_S:.0f} s", fix="check the cluster serves streams")
         if before_kill is not None:
             before_kill()
-        before = migration_count(cluster.metrics_url, profile, api_key, source=source)
+        quantity = migration_quantity(profile)
+        before = migration_count(cluster.metrics_url, profile, api_key, source=source, quantity=quantity)
         done = blackbox.run_faults(cluster, faults, [("process_kill", kill_role(cluster.workers))],
                                    seed=seed + index, observe_s=observe_s, nudge_traffic=True)
         fault = done.faults[0]
@@ -125,7 +144,8 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
         for t in threads:  # the streams end: resumed elsewhere, failed, or the client's own timeout
             t.join()
     try:  # through a Prometheus: once it has scraped again, so the kill's last migrations count
-        after = migration_count(cluster.metrics_url, profile, api_key, source=source, settled=True)
+        after = migration_count(cluster.metrics_url, profile, api_key, source=source, settled=True,
+                                quantity=quantity)
     finally:
         if source is not None:
             source.close()
@@ -133,7 +153,7 @@ def kill_under_streams(cluster: Any, faults: Any, *, phase: str, index: int, see
     records = [s.record for s in todo if s.record is not None]
     log.info("6.1.2 %s kill %d (%s): %d streams, migration counter %s", phase, index, fault.label, len(records),
              "n/a" if rise is None else f"+{rise:g}")
-    return KillWindow(phase, fault, rise, window_s=observe_s), records
+    return KillWindow(phase, fault, rise, window_s=observe_s, counter=counter_name(profile, quantity)), records
 
 
-__all__ = ["kill_role", "kill_under_streams", "migration_count"]
+__all__ = ["counter_name", "kill_role", "kill_under_streams", "migration_count", "migration_quantity"]

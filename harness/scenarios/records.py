@@ -26,6 +26,7 @@ class KillWindow:
     fault: ClientFault
     migrations: float | None = None
     window_s: float = 5.0        # how long after the kill a stream's switch is looked for
+    counter: str | None = None   # what ``migrations`` counted, e.g. 'dynamo_frontend_model_migration{migration_type="ongoing_request"}'
 
 
 __all__ = ["ClientFault", "KillWindow"]
