@@ -2,7 +2,10 @@
 pages are quarantined and never served.
 
 Per poisoning, while the fault is active the worker must keep every poisoned block out of service
-(``kv_blocks_quarantined`` never below the count poisoned, polled through the admin API; the
+(``kv_blocks_quarantined`` never below the count poisoned: the worker's reply to the poisoning,
+then heartbeats polled through the admin API; a worker refreshes what its heartbeats say before it
+replies, and the suite waits for the previous poisoning's revert to show before the next one, so
+no reading predates the fault it is taken for; the
 fault's own verify reads ``kv_blocks_poisoned``, which says the memory went bad, not that the
 engine did anything about it), and every
 request whose KV was on those blocks must still complete token-exactly (it was recomputed) or end
@@ -29,6 +32,8 @@ class Poisoning:
     blocks: list[int]
     affected: list[str]                       # attempt ids (``<request id>#<n>``) the worker recomputed
     min_quarantined: int | None = None        # lowest kv_blocks_quarantined seen while active
+    quarantined_at_injection: int | None = None  # the worker's own count in its reply to the poisoning
+    revert_seen: bool | None = None           # a heartbeat after the revert reached the table before the next
     outcomes: dict[str, str] = field(default_factory=dict)  # request id -> how it ended
 
     def to_dict(self) -> dict[str, Any]:

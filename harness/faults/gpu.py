@@ -42,6 +42,7 @@ class AdminFault(Fault):
     timeout_s: float = 10.0
     fault_id: str = field(default_factory=new_fault_id)
     reply: dict = field(default_factory=dict)   # the worker's fault_state after inject
+    revert_reply: dict = field(default_factory=dict)  # and after the revert
 
     endpoint: ClassVar[str]
 
@@ -106,6 +107,7 @@ class AdminFault(Fault):
         reply = self._call("DELETE", f"/faults/{self.endpoint}/{self.fault_id}", ok_404=True)
         if reply is None:
             return f"the router knows no fault {self.fault_id} (restarted?): nothing held any more"
+        self.revert_reply = dict(reply) if isinstance(reply, dict) else {}
         return f"released: {json.dumps(_strip(reply))}"
 
     def verify_reverted(self, ex: Executor) -> str:
@@ -189,6 +191,21 @@ class EccPoison(AdminFault):
         w = self._wait(f"kv_blocks_poisoned >= {n}", lambda w: int(w.get("kv_blocks_poisoned", 0)) >= n)
         return (f"{self.worker_id} reports {w['kv_blocks_poisoned']} poisoned block(s) (>= {n}), "
                 f"{w.get('kv_blocks_quarantined', '?')} quarantined")
+
+    def revert_seen(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the router's table shows the revert: a heartbeat sent
+        after the worker's clear (``kv_blocks_poisoned`` down to its reply's count). Until then the
+        table still shows this poisoning, and a next one's ``verify`` would pass on it, reading this
+        one's blocks as its own (issue 33). False if not seen, or nothing to wait for."""
+        want = self.revert_reply.get("kv_blocks_poisoned")
+        if want is None:
+            return False
+        try:
+            wait_until(self.worker, timeout_s, POLL_S, what=f"the revert of {self.fault_id} on {self.worker_id}",
+                       accept=lambda w: int(w.get("kv_blocks_poisoned", 0)) <= int(want))
+        except (WaitTimeoutError, FaultError):
+            return False
+        return True
 
     def plan(self) -> list[str]:
         return self._plan({"worker": self.worker_id, "count": self.count, "fault_id": self.fault_id},

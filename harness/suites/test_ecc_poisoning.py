@@ -6,7 +6,8 @@ checklist's ``min_poisonings`` hit a running request (a poisoning lands on free 
 worker's requests all ended since its last heartbeat; it is kept as evidence and another is tried,
 up to three tries a hit). Each fault is verified (the
 worker reports the blocks' memory poisoned), held while the worker keeps serving and its
-``kv_blocks_quarantined`` is polled, then reverted (the "replaced page" returns, zeroed). Judged
+``kv_blocks_quarantined`` is polled, then reverted (the "replaced page" returns, zeroed) and the
+next poisoning waits until the router's table shows the revert. Judged
 by harness/checks/ecc.py: poisoned blocks stay out of service while poisoned, every request on
 them completes token-exactly; and the run's nothing-lost invariant. An engine that ignores the
 page-retirement signal (clusters/local-no-ecc.yaml) fails both.
@@ -56,6 +57,7 @@ HOLD_S = 2.0     # the worker keeps serving this long with the blocks poisoned
 CYCLE_S = 6.0    # load budget per poisoning
 MAX_TRIES_PER_BITE = 3  # poisonings tried per one that must hit a running request, at most
 POLL_S = 0.1
+REVERT_SEEN_S = 5.0  # a heartbeat after the revert reaches the router's table (they go every second)
 
 
 def _healthy_decodes(timeline: Timeline) -> list[AdminWorker]:
@@ -112,7 +114,9 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
         except FaultError as exc:  # e.g. its requests finished in between; the runner reverted it
             log.warning("poisoning %d did not take: %s", i, exc)
             continue
-        p = Poisoning(target.id, list(fault.reply["blocks"]), list(fault.reply.get("affected") or []))
+        p = Poisoning(target.id, list(fault.reply["blocks"]), list(fault.reply.get("affected") or []),
+                      quarantined_at_injection=fault.reply.get("kv_blocks_quarantined"))
+        p.min_quarantined = p.quarantined_at_injection  # the worker's own count, as it poisoned
         held_until = time.monotonic() + HOLD_S
         while time.monotonic() < held_until:
             w = next((w for w in timeline.workers() if w.id == target.id), None)
@@ -120,6 +124,9 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
             p.min_quarantined = seen if p.min_quarantined is None else min(p.min_quarantined, seen)
             time.sleep(POLL_S)
         faults.revert(fault)
+        # until a heartbeat after the revert reaches the router's table, the table shows this
+        # poisoning: the next one's verify would pass on it and its poll read this one's state
+        p.revert_seen = fault.revert_seen(REVERT_SEEN_S)
         poisonings.append(p)
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     expected = expectation(cluster, ignore_eos=run.profile.ignore_eos)
