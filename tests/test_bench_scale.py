@@ -6,6 +6,7 @@ sshd, every table printed with its ratios, and nothing left behind."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -92,9 +93,65 @@ def _column(lines: list[str], title: str, width: int) -> list[list[str]]:
     return rows
 
 
+def _ratio_of(ratio: str, figure: str, base: str) -> bool:
+    """A printed ratio (2 decimals) is the quotient of the printed figures beside it, within what
+    their own rounding allows (each printed figure is off by at most half its last digit)."""
+    def half_digit(text: str) -> float:
+        return 0.5 * 10 ** -(len(text.split(".")[1]) if "." in text else 0)
+
+    f, b = float(figure), float(base)
+    slack = f / b * (half_digit(figure) / f + half_digit(base) / b) + 0.005
+    return abs(float(ratio) - f / b) <= slack + 1e-9
+
+
+def _starved(verdict: dict) -> bool:
+    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
+
+
+def check_quick_figures(lines: list[str], scratch: Path) -> None:
+    """What ``--quick`` can honestly guarantee, table by table. The harness run (6.2 under 16 users
+    on a healthy mocker cluster) deserves pass, so exit 0 (2 only with every undecided verdict naming
+    the starved test machine); doubling the workers must not double the harness's CPU or memory (the
+    scaling claim the bench exists for: documented ratios 1.06-1.25); each ratio is the quotient of the
+    figures beside it; the fan-out kill takes 8 workers down while the load still completes requests;
+    the SSH fan-out ran every row."""
+    run = _column(lines, "1. the harness run", 13)
+    assert [int(r[0]) for r in run] == [16, 32] and [int(r[1]) for r in run] == [2, 4]
+    base = run[0]
+    assert base[6] == "1.00" and base[10] == "1.00"  # the baseline's own ratios
+    for r in run:
+        data = json.loads((scratch / f"reports-{r[0]}" / "latest" / "results.json").read_text())
+        verdicts = data["verdicts"]
+        assert verdicts and all(v["status"] == "pass" or _starved(v) for v in verdicts), verdicts
+        assert int(r[3]) == data["exit_code"] == (0 if all(v["status"] == "pass" for v in verdicts) else 2), r
+        assert int(r[12]) > 0 and float(r[5]) >= float(r[7]) > 0 and float(r[9]) > 50
+        assert _ratio_of(r[6], r[5], base[5]) and _ratio_of(r[10], r[9], base[9]), (r, base)
+        assert float(r[6]) < 2.0 and float(r[10]) < 2.0, f"the harness's cost grew with the workers: {r}"
+    ingest = _column(lines, "2. records ingested", 8)
+    assert all(float(r[2]) > 100 and float(r[3]) > 100 and float(r[4]) > 0 and float(r[6]) > 0 for r in ingest)
+    assert ingest[0][5] == ingest[0][7] == "1.00"
+    assert all(_ratio_of(r[5], r[4], ingest[0][4]) and _ratio_of(r[7], r[6], ingest[0][6]) for r in ingest), ingest
+    report = _column(lines, "3. the report", 8)
+    assert all(int(r[1]) >= 1 and float(r[3]) > 1 and float(r[6]) > 0 for r in report)
+    fan = _column(lines, "4. faults on 10%", 10)
+    assert [(int(r[1]), int(r[2]), int(r[3])) for r in fan] == [(16, 1, 8), (32, 1, 8)]  # all registered; 8 down
+    assert all(int(r[7]) >= int(r[8]) > 0 for r in fan), fan  # the load completed requests through the kill
+    ssh = _column(lines, "5. SSH fan-out", 8)
+    assert [(int(r[0]), int(r[1])) for r in ssh] == [(2, 2), (4, 4), (2, 1)]  # the serial baseline last
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0 for r in ssh)
+    assert ssh[0][6] == "1.00" and _ratio_of(ssh[1][6], ssh[1][3], ssh[0][3]), ssh
+    assert any(line.startswith("serial / parallel at 2 hosts") for line in lines)
+    assert any("at 125 hosts" in line for line in lines)
+
+
 @pytest.mark.slow
 @pytest.mark.root
 def test_quick_bench_prints_every_figure_with_its_ratios_and_leaves_nothing(tmp_path):
+    """Planted defects it catches (checked on a real --quick run's output with the defect planted in
+    it): a harness run that does not pass the healthy cluster (exit 1 or 3, or an undecided verdict
+    not naming the machine), a ratio that is not the quotient of its figures (a ratio against the
+    wrong base), a harness cost that doubles with the workers, a fan-out that takes no worker down
+    or stops the load, a failed SSH row. The old test accepted any exit of the harness run."""
     require_fabric()
     if reason := unavailable_reason():
         missing(reason)
@@ -104,25 +161,9 @@ def test_quick_bench_prints_every_figure_with_its_ratios_and_leaves_nothing(tmp_
         missing("chromium is not installed (apt-get install chromium)")
     out = subprocess.run([sys.executable, "bench/bench_scale.py", "--quick", "--scratch", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
+    (tmp_path / "bench-stdout.txt").write_text(out.stdout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = out.stdout.splitlines()
-    run = _column(lines, "1. the harness run", 13)
-    assert [int(r[0]) for r in run] == [16, 32] and [int(r[1]) for r in run] == [2, 4]
-    assert run[0][6] == "1.00" and run[0][10] == "1.00"  # the baseline's own ratios
-    for r in run:  # a measured run (0, 1 or 2), CPU spent, Locust's share seen, a Python process's RSS, records
-        assert int(r[3]) in (0, 1, 2) and float(r[5]) >= float(r[7]) > 0 and float(r[9]) > 50 and int(r[12]) > 0
-    ingest = _column(lines, "2. records ingested", 8)
-    assert all(float(r[2]) > 100 and float(r[3]) > 100 and float(r[4]) > 0 and float(r[6]) > 0 for r in ingest)
-    assert ingest[0][5] == ingest[0][7] == "1.00"
-    report = _column(lines, "3. the report", 8)
-    assert all(int(r[1]) >= 1 and float(r[3]) > 1 and float(r[6]) > 0 for r in report)
-    fan = _column(lines, "4. faults on 10%", 10)
-    assert [(int(r[2]), int(r[3])) for r in fan] == [(1, 8), (1, 8)]  # one process of 8 workers each
-    assert all(int(r[7]) > 0 and int(r[8]) >= 0 for r in fan)  # the load ran through it (its outcome is printed)
-    ssh = _column(lines, "5. SSH fan-out", 8)
-    assert [(int(r[0]), int(r[1])) for r in ssh] == [(2, 2), (4, 4), (2, 1)]  # the serial baseline last
-    assert any(line.startswith("serial / parallel at 2 hosts") for line in lines)
-    assert any("at 125 hosts" in line for line in lines)
+    check_quick_figures(out.stdout.splitlines(), tmp_path)
     assert leftovers(prefix=bench.SSH_PREFIX) == []
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes of the bench remain: {left}"

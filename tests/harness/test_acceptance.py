@@ -2,12 +2,12 @@
 exit 0 when the cluster conforms, 1 when rescheduling is sabotaged through a cluster setting (and
 the report says why), 3 for a malformed cluster file.
 
-The clusters used are the shipped files with stated overrides, so the test proves the exit-code
-path without flaking on a shared, loaded 2-core CI box: one kill per role accepted as a
-distribution (`min_faults_per_kind: 1`, with `--kills=1`; the default run uses 3), a 10 s
-rescheduling threshold instead of the article's 3 s (on this box, with six test runs competing
-for two cores, real rescheduling has taken up to 7 s), and for the sabotaged run a 15 s delay so
-it misses even that. The shipped files keep 3 s; see docs/exit-codes.md."""
+The conforming run uses the shipped rule as shipped: clusters/local.yaml and the checklist's 3 s
+and three faults a kind, no override (a test machine too starved to time rescheduling may make
+6.1.4 inconclusive, naming the machine: the one other outcome allowed). The other runs use the
+shipped files with stated overrides, to keep CI short: one kill per role accepted as a distribution
+(`min_faults_per_kind: 1`, with `--kills=1`), a 10 s rescheduling threshold, and for the sabotaged
+run a 15 s delay so it misses even that (docs/exit-codes.md)."""
 
 import json
 import subprocess
@@ -47,13 +47,31 @@ def verdicts(tmp_path: Path) -> dict[str, dict]:
     return {v["item"]: v for v in data["verdicts"]}
 
 
-def test_conforming_bundled_cluster_exits_0(tmp_path):
-    proc = run_suites(tmp_path, f"--cluster={short_cluster(tmp_path, 'local')}", "--kills=1")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    v = verdicts(tmp_path)
-    assert v["6.1.4"]["status"] == "pass" and v["6.1.4"]["measured"] <= RELAXED["reschedule_p100_s"]
-    assert len(v["6.1.4"]["evidence"]["samples"]) == 4  # 1 kill + 1 hang per role
-    assert v["nothing-lost"]["status"] == "pass" and v["nothing-lost"]["evidence"]["token_exact"] > 0
+def starved_machine(verdict: dict) -> bool:
+    """Inconclusive because the test machine was CPU-starved while it was measured (the machine
+    gate, harness/checks/machine.py): the one outcome besides the deserved one a loaded box may give."""
+    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
+
+
+def check_shipped_rule_run(returncode: int, v: dict[str, dict], out: str) -> None:
+    """What the bundled default deserves under the shipped 6.1.4 rule: pass within 3 s on three kills
+    and three hangs per role (or inconclusive naming the starved machine), nothing lost, exit 0 (2)."""
+    r = v["6.1.4"]
+    assert r["status"] == "pass" or starved_machine(r), r["reason"]
+    assert v["nothing-lost"]["status"] == "pass", v["nothing-lost"]["reason"]
+    assert returncode == (0 if r["status"] == "pass" else 2), out
+    assert len(r["evidence"]["samples"]) == 12, r["evidence"]["samples"]  # 3 kills + 3 hangs per role
+    if r["status"] == "pass":
+        assert r["measured"] <= 3.0, r["reason"]
+    assert v["nothing-lost"]["evidence"]["token_exact"] > 0
+
+
+def test_conforming_bundled_cluster_exits_0_under_the_shipped_3_s_rule(tmp_path):
+    """The shipped 6.1.4 rule end to end on clusters/local.yaml, no override. Planted defect it
+    catches: rescheduling delayed by 4 s (clusters/local-sabotaged.yaml, `reschedule_delay_s: 4`),
+    which passed the old 10 s override; run on it, this test fails (checked)."""
+    proc = run_suites(tmp_path, "--cluster=local", timeout=900)
+    check_shipped_rule_run(proc.returncode, verdicts(tmp_path), proc.stdout[-4000:] + proc.stderr[-2000:])
     assert (tmp_path / "reports" / "latest" / "report.html").is_file()
 
 

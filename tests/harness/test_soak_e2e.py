@@ -5,52 +5,58 @@ real runs). Seed 24 at 4 faults a minute puts all six kinds in two minutes, the 
 restart has the most to do) and four of them overlapping; 3m at 2 a minute held five kinds and cost
 CI two more minutes.
 
-Overrides, stated: on this shared 2-core CI box rescheduling has taken up to 7 s with other test
-runs competing for the cores (tests/harness/test_acceptance.py), so the fault rule's 3 s is
-relaxed to 10 s here; the shipped checklist keeps 3 s. The leaky cluster is clusters/local-leaky.yaml
-with the same overrides."""
+No override: the honest run is clusters/local.yaml under the shipped checklist (the fault rule's
+3 s, soak.slo's window rule as shipped), the leaky one clusters/local-leaky.yaml. The honest cluster
+deserves pass on soak.faults, soak.slo, soak.leaks and nothing-lost; the only other outcome allowed
+is soak.faults or soak.slo inconclusive naming the starved test machine (the machine gate,
+harness/checks/machine.py), never fail and never an undecided window rule.
+
+Planted defects it catches: rescheduling delayed by 4 s (the honest run on
+clusters/local-sabotaged.yaml, `reschedule_delay_s: 4`), which the old 10 s override let pass
+(checked: soak.faults fails); a soak.slo that fails an honest cluster (the old any-status check
+accepted it); a leak the leak check misses (the leaky run must exit 1)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
-from tests.harness.test_soak_dry_run import ROOT, run
+from tests.harness.test_soak_dry_run import run
 
-RELAXED = {"soak.faults": {"reschedule_p100_s": 10.0}}
 SOAK = ["--soak=2m", "--soak-faults-per-min=4", "--soak-seed=24", "--live=plain"]
-
-
-def cluster_file(tmp_path: Path, base: str) -> Path:
-    data = yaml.safe_load((ROOT / "clusters" / f"{base}.yaml").read_text())
-    data["name"] = f"{base}-soak"
-    data.setdefault("thresholds", {}).update(RELAXED)
-    path = tmp_path / f"{base}-soak.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+HONEST = "local"
 
 
 def by_item(data: dict) -> dict[str, dict]:
     return {v["item"]: v for v in data["verdicts"]}
 
 
+def starved_machine(verdict: dict) -> bool:
+    """Inconclusive because the test machine was CPU-starved while it was measured."""
+    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
+
+
+def check_honest(returncode: int, data: dict, out: str) -> None:
+    """The verdicts the honest bundled cluster deserves (module docstring) and the exit code they make."""
+    v = by_item(data)
+    assert not data["harness_errors"] and not data["revert_failures"], data["harness_errors"]
+    for item in ("soak.faults", "soak.slo"):
+        assert v[item]["status"] == "pass" or starved_machine(v[item]), (item, v[item]["reason"])
+    assert v["soak.leaks"]["status"] == "pass", v["soak.leaks"]["reason"]
+    assert v["nothing-lost"]["status"] == "pass", v["nothing-lost"]["reason"]
+    assert v["soak.slo"]["evidence"]["windows"]
+    assert returncode == (0 if all(x["status"] == "pass" for x in v.values()) else 2), out
+
+
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.timeout(2000)
 def test_a_2_minute_soak_passes_the_honest_cluster_catches_a_planted_leak_and_replays_its_schedule(tmp_path):
-    honest_proc, honest = run(tmp_path, "honest", f"--cluster={cluster_file(tmp_path, 'local')}", *SOAK)
-    v = by_item(honest)
-    assert not honest["harness_errors"] and not honest["revert_failures"], honest["harness_errors"]
-    assert v["soak.faults"]["status"] == "pass", v["soak.faults"]["reason"]
-    assert v["soak.leaks"]["status"] == "pass", v["soak.leaks"]["reason"]
-    assert v["nothing-lost"]["status"] == "pass", v["nothing-lost"]["reason"]
-    assert v["soak.slo"]["status"] in ("pass", "fail", "inconclusive") and v["soak.slo"]["evidence"]["windows"]
+    honest_proc, honest = run(tmp_path, "honest", f"--cluster={HONEST}", *SOAK)
+    check_honest(honest_proc.returncode, honest, honest_proc.stdout[-4000:])
     kinds = {o["kind"] for o in honest["soak"]["outcomes"] if o["status"] == "recovered"}
     assert len(kinds) >= 5, honest["soak"]["by_kind"]
 
-    leaky_proc, leaky = run(tmp_path, "leaky", f"--cluster={cluster_file(tmp_path, 'local-leaky')}", *SOAK)
+    leaky_proc, leaky = run(tmp_path, "leaky", "--cluster=local-leaky", *SOAK)
     lv = by_item(leaky)
     assert leaky_proc.returncode == 1, leaky_proc.stdout[-4000:]
     assert lv["soak.leaks"]["status"] == "fail" and "decode-" in lv["soak.leaks"]["reason"], lv["soak.leaks"]["reason"]
