@@ -110,3 +110,38 @@ def test_a_heartbeat_sent_after_a_fault_reply_shows_the_fault(worker):
         reply, stats = worker.send(EccClearCommand(fault_id=fault_id))
         assert not reply.active and reply.kv_blocks_quarantined == 0
         assert stats["kv_blocks_poisoned"] == stats["kv_blocks_quarantined"] == 0, stats
+
+
+def test_poisoning_a_block_two_running_requests_share_recomputes_both_token_exact():
+    """The engine shares no blocks today (``KVBlockPool.share`` has no caller outside tests); a
+    prefix cache would. Planted defect: ``poison_kv_block`` preempts only the first request found on
+    the block (the unfixed engine_core.py), so the second keeps decoding over NaN KV it still holds."""
+    from harness.engine.core.oracle import greedy_reference
+    from harness.engine.core.scheduler import RequestStatus
+    from harness.engine.core.tokenizer import ByteTokenizer
+    from harness.engine.core.types import GenerateRequest, SamplingParams
+
+    tok = ByteTokenizer()
+    prompt = tok.encode("the same prefix " * 3)
+    core = EngineCore(EngineConfig(preset="tiny", kv_budget_bytes=40 * 16 * 2048))
+    for rid in ("a", "b"):
+        core.add_request(GenerateRequest(rid, prompt, SamplingParams(max_tokens=20, ignore_eos=True)))
+    out: dict[str, list[int]] = {"a": [], "b": []}
+    for _ in range(3):
+        for ev in core.step():
+            out[ev.request_id] += ev.token_ids
+    a, b = core.requests["a"], core.requests["b"]
+    shared = a.block_table[0]  # identical prompts: b's first block holds the same KV, as a prefix cache would share
+    core.pool.share([shared])
+    core.pool.free([b.block_table[0]])
+    b.block_table[0] = shared
+    report = core.poison_kv_blocks(blocks=[shared])
+    assert report["request_ids"] == ["a", "b"]
+    assert a.status is RequestStatus.WAITING and b.status is RequestStatus.WAITING  # both recompute
+    assert shared in core.pool.quarantined and shared not in core.pool.free_blocks
+    for events in core.run_to_completion().values():
+        for ev in events:
+            out[ev.request_id] += ev.token_ids
+    want = greedy_reference("tiny", prompt, 20, ignore_eos=True)
+    assert out == {"a": want, "b": want}
+    core.pool.check_invariants()

@@ -314,8 +314,8 @@ class EngineCore(RequestMigration):
         the block is quarantined and the request whose KV it held is preempted and recomputed from
         its tokens, so that request's output stays exact; without it the block stays in service
         and its request keeps decoding from the bad KV (its output goes wrong). ``block=None``
-        picks the first block of the oldest running request. Returns {"block", "request_id"}
-        (request_id: the request whose KV was on it, None if unused)."""
+        picks the first block of the oldest running request. Returns {"block", "request_id",
+        "request_ids"} (the requests whose KV was on it; request_id the first, None if unused)."""
         if block is None:
             owners = [s for s in self.scheduler.running if s.block_table]
             if not owners:
@@ -324,17 +324,20 @@ class EngineCore(RequestMigration):
             block = owners[0].block_table[0]
         handling = self.config.ecc_handling
         self.pool.poison(block, quarantine=handling)
-        owner = next((s for s in self.requests.values() if block in s.block_table), None)
-        if owner is not None and not handling:
-            logger.warning("KV block %d is poisoned and ECC handling is off: request %s keeps reading it",
-                           block, owner.req.request_id)
-        elif owner is not None and owner.status is RequestStatus.RUNNING:
-            logger.warning("KV block %d is poisoned: recomputing request %s", block, owner.req.request_id)
-            if owner.pending_token is not None:  # an imported first token: stream it first
-                self._events.append(self._emit_pending(owner))
-            if owner.status is RequestStatus.RUNNING:
-                self.scheduler.preempt(owner)
-        return {"block": block, "request_id": owner.req.request_id if owner else None}
+        # every request on the block (a shared block has several; each must recompute)
+        owners = [s for s in self.requests.values() if block in s.block_table]
+        for owner in owners:
+            if not handling:
+                logger.warning("KV block %d is poisoned and ECC handling is off: request %s keeps reading it",
+                               block, owner.req.request_id)
+            elif owner.status is RequestStatus.RUNNING:
+                logger.warning("KV block %d is poisoned: recomputing request %s", block, owner.req.request_id)
+                if owner.pending_token is not None:  # an imported first token: stream it first
+                    self._events.append(self._emit_pending(owner))
+                if owner.status is RequestStatus.RUNNING:
+                    self.scheduler.preempt(owner)
+        ids = [s.req.request_id for s in owners]
+        return {"block": block, "request_id": ids[0] if ids else None, "request_ids": ids}
 
     def poison_kv_blocks(self, count: int = 0, blocks: list[int] | None = None) -> dict:
         """Poison ``blocks``, or ``count`` blocks chosen among the running requests' KV first
@@ -348,7 +351,7 @@ class EngineCore(RequestMigration):
                 raise KVCapacityError(f"cannot poison {count} KV blocks: {len(candidates)} are in service",
                                       fix="poison fewer blocks or clear earlier poisoning")
             blocks = candidates[:count]
-        affected = [self.poison_kv_block(b)["request_id"] for b in blocks]
+        affected = [rid for b in blocks for rid in self.poison_kv_block(b)["request_ids"]]
         return {"blocks": list(blocks), "request_ids": sorted({r for r in affected if r is not None})}
 
     def restore_quarantined_blocks(self, blocks: list[int] | None = None) -> int:
