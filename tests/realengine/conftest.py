@@ -1,5 +1,6 @@
 """Fixtures of the real-engine tests: a real vLLM cluster started by clusters/vllm/launch.py, a real NVIDIA
-Dynamo cluster started by clusters/dynamo/launch.py.
+Dynamo cluster started by clusters/dynamo/launch.py, each shared by the modules in a row that ask for the
+same one (tests/realengine/pool.py says how, each module's docstring whether it shares and why).
 
 The virtualenvs are made by ``clusters/vllm/setup.sh`` and ``clusters/dynamo/setup.sh`` (``.ci/run`` does
 both); ``HARNESS_VLLM_VENV`` / ``HARNESS_DYNAMO_VENV`` point elsewhere. Without one, its tests skip, except
@@ -11,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -20,14 +19,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from harness.scenarios.migration_on_loss import migration_count
 from harness.probes.request_shape import request_shape
 from harness.probes.streaming import CompletionRequest, StreamingClient
-
-REPO = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 900  # two vLLM starts on a busy 2-core machine took 50-80 s each; leave a wide margin
+# REPO, healthy and pgrep are also imported from here by the test modules
+from tests.realengine.pool import (FIXTURES, REPO, ClusterPool, cluster_key, healthy, next_user_key,  # noqa: F401
+                                   order_by_cluster, pgrep)
 
 
 def vllm_venv() -> Path:
@@ -60,103 +58,40 @@ def require_dynamo() -> Path:
     return _require(venv, [venv / "bin" / "python", site / "dynamo" / "mocker"], "clusters/dynamo/setup.sh")
 
 
-@dataclass
-class VllmCluster:
-    mode: str
-    ready: dict
-    spec: dict  # the matching clusters/vllm-MODE.yaml, as plain YAML (the v2 loader is not used here)
-    launcher: subprocess.Popen
-    log_path: Path
-
-    @property
-    def api(self) -> str:
-        return self.ready["api"]
-
-    def worker(self, name: str) -> dict:
-        return next(w for w in self.spec["workers"] if w["name"] == name)
-
-    def launcher_log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+@pytest.fixture(scope="session")
+def cluster_pool():
+    """The started clusters the modules share (tests/realengine/pool.py); whatever it holds at the end is stopped."""
+    pool = ClusterPool()
+    try:
+        yield pool
+    finally:
+        for engine in list(pool.held):
+            pool.release(engine)
 
 
-def _start(mode: str, venv: Path, tmp: Path, model_preset: str = "tiny",
-           kv_cache_tokens: int | None = None, engine: str = "vllm") -> VllmCluster:
-    """Start ``clusters/ENGINE/launch.py MODE`` and wait for its ready file (vLLM: the model preset and
-    KV pool options; Dynamo: neither)."""
-    ready_file, log_path = tmp / "ready.json", tmp / "launcher.log"
-    options = [] if engine != "vllm" else ["--model-preset", model_preset]
-    options += ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
-    with open(log_path, "wb") as out:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", f"clusters.{engine}.launch", mode, "--venv", str(venv), "--ready-file",
-             str(ready_file), *options],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not ready_file.exists():
-        if launcher.poll() is not None:
-            pytest.fail(f"the {mode} launcher exited with {launcher.returncode} before it was ready:\n"
-                        + log_path.read_text(errors="replace")[-4000:])
-        if time.monotonic() > deadline:
-            _stop(launcher)
-            pytest.fail(f"the {mode} cluster was not ready after {STARTUP_TIMEOUT_S} s:\n"
-                        + log_path.read_text(errors="replace")[-4000:])
-        time.sleep(1.0)
-    spec = yaml.safe_load((REPO / "clusters" / f"{engine}-{mode}.yaml").read_text())
-    return VllmCluster(mode, json.loads(ready_file.read_text()), spec, launcher, log_path)
-
-
-def _stop(launcher: subprocess.Popen) -> None:
-    if launcher.poll() is None:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-    launcher.wait()
+def _shared(request, pool: ClusterPool, fixture: str, venv: Path, tmp_path_factory):
+    key = cluster_key(request.module, FIXTURES[fixture])
+    cluster = pool.get(key, venv, tmp_path_factory.mktemp(key[0]))
+    yield cluster
+    if next_user_key(request, fixture) != key:   # the next module to run asks for another one (or none does)
+        pool.release(key[0])
 
 
 @pytest.fixture(scope="module")
-def vllm_cluster(request, require_vllm, tmp_path_factory):
-    """Module-scoped: the mode comes from the module's ``VLLM_MODE`` (and ``VLLM_MODEL_PRESET``, default tiny;
-    ``VLLM_KV_CACHE_TOKENS``, default vLLM's own pool)."""
-    cluster = _start(request.module.VLLM_MODE, require_vllm, tmp_path_factory.mktemp("vllm"),
-                     getattr(request.module, "VLLM_MODEL_PRESET", "tiny"),
-                     getattr(request.module, "VLLM_KV_CACHE_TOKENS", None))
-    try:
-        yield cluster
-    finally:
-        _stop(cluster.launcher)
-        assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
-        left = [pid for name in cluster.ready["instances"] for pid in pgrep(f"^{name}::")]
-        left += pgrep(f"vllm-router --host 127.0.0.1 --port {cluster.api.rsplit(':', 1)[1]}")
-        assert not left, f"the launcher left processes behind after SIGTERM: {left}"
+def vllm_cluster(request, require_vllm, tmp_path_factory, cluster_pool):
+    """The module's ``VLLM_MODE`` (``VLLM_MODEL_PRESET``, default tiny; ``VLLM_KV_CACHE_TOKENS``, default vLLM's
+    own pool), started once for every module in a row that asks for the same (tests/realengine/pool.py)."""
+    yield from _shared(request, cluster_pool, "vllm_cluster", require_vllm, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def dynamo_cluster(request, require_dynamo, tmp_path_factory):
-    """Module-scoped: the mode comes from the module's ``DYNAMO_MODE`` (agg, disagg)."""
-    cluster = _start(request.module.DYNAMO_MODE, require_dynamo, tmp_path_factory.mktemp("dynamo"), engine="dynamo")
-    try:
-        yield cluster
-    finally:
-        pids = [int(f.read_text()) for f in Path(cluster.ready["run_dir"]).glob("*.pid")]  # current incarnations
-        _stop(cluster.launcher)
-        assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
-        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-        assert len(pids) == len(cluster.ready["workers"]) + 1 and not left, \
-            f"the launcher left processes behind after SIGTERM: {left} of {pids}"
+def dynamo_cluster(request, require_dynamo, tmp_path_factory, cluster_pool):
+    """The module's ``DYNAMO_MODE`` (agg, disagg, many), shared like ``vllm_cluster``."""
+    yield from _shared(request, cluster_pool, "dynamo_cluster", require_dynamo, tmp_path_factory)
 
 
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def pgrep(pattern: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+def pytest_collection_modifyitems(items):
+    order_by_cluster(items)   # modules that share a cluster run one after another
 
 
 def scrape(url: str) -> dict[str, float]:

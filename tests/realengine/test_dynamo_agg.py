@@ -1,11 +1,18 @@
 """A real NVIDIA Dynamo 1.6.1 frontend with two aggregated mocker workers, supervised (clusters/dynamo-agg.yaml):
 the launcher's READY, the request shape Dynamo accepts, token counting without text, the 6.2 suite as a
-user runs it, and a SIGKILL under load that Dynamo's request migration absorbs. One cluster for the module
-(it starts in about 5 s)."""
+user runs it, and a SIGKILL under load that Dynamo's request migration absorbs.
+
+One started cluster for this module and test_dynamo_soak.py, which runs right after it
+(tests/realengine/pool.py): the pool hands it over only whole (both workers answering /health and
+registered with the frontend), else starts a fresh one; a hang past Dynamo's discovery lease can leave
+a worker unregistered (docs/dynamo.md). Each test reads the launcher's current state (its log from the
+test's own start, the pid file of the current incarnation). test_dynamo_disagg.py and
+test_dynamo_fanout.py cannot share it: other modes (one prefill and two decode workers; 128 workers)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +35,12 @@ def test_ready_means_every_worker_registered_and_serving(dynamo_cluster):
     assert ready["registered"] == {"backend": 2} and set(ready["workers"]) == {"dynamo-0", "dynamo-1"}
     health = httpx.get(f"{dynamo_cluster.api}/health", timeout=10).json()
     assert sum(i["endpoint"] == "generate" for i in health["instances"]) == 2
+    log = dynamo_cluster.launcher_log()
     for name, worker in ready["workers"].items():
         assert healthy(worker["health"]), name
-        assert int(Path(worker["pid_file"]).read_text()) == worker["pid"]
+        started = re.findall(rf"started {name} pid (\d+) ", log)  # READY's is the first; the pid file names the last
+        assert started and int(started[0]) == worker["pid"], (name, started, worker)
+        assert int(Path(worker["pid_file"]).read_text()) == int(started[-1]), (name, started)
         spec = dynamo_cluster.worker(name)
         assert spec["process"]["pid_file"] == worker["pid_file"] and spec["health"] == worker["health"]
 
@@ -52,17 +62,27 @@ def test_streams_carry_the_tokens_usage_says_although_their_text_is_empty(dynamo
     assert not "".join(r.text for r in records)  # the mocker's tokens detokenize to nothing
 
 
+def starved(verdict: dict) -> bool:
+    """Inconclusive because the 2-core test machine was CPU-starved (harness/checks/machine.py names it)."""
+    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
+
+
 def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster, tmp_path):
+    """The mocker's TTFT (about 53 ms p50) and TPOT (about 6 ms p50) are within 6.2's targets: a true pass,
+    inconclusive only where the gate names the starved machine. Catches a harness that fails (or cannot
+    decide) what the cluster meets, e.g. TTFT taken at the wrong token or judged against the wrong limit
+    (planted: a 1 ms ``ttft_p50_ms`` in a copy of the cluster file: 6.2.ttft fails and so does this)."""
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider",
                            "--cluster=dynamo-agg", f"--report-dir={reports}", "--load-duration=5", "--load-users=8",
                            "--live=plain"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
+    out = proc.stdout[-4000:] + proc.stderr[-2000:]
     verdicts = {v["item"]: v for v in json.loads((reports / "latest" / "results.json").read_text())["verdicts"]}
     for item in ("6.2.ttft", "6.2.tpot"):
-        assert verdicts[item]["status"] in ("pass", "fail"), verdicts[item]["reason"]
+        assert verdicts[item]["status"] == "pass" or starved(verdicts[item]), (item, verdicts[item]["reason"])
         assert verdicts[item]["evidence"]["server"]["observations"] > 0  # the frontend's own histogram beside
+    assert proc.returncode == (2 if any(starved(verdicts[i]) for i in ("6.2.ttft", "6.2.tpot")) else 0), out
     lost = verdicts["nothing-lost"]
     assert lost["status"] == "pass" and lost["evidence"]["tokens_counted_by"] == {"usage": lost["evidence"]["completed"]}
 
@@ -77,13 +97,15 @@ def _excess_ms(arrivals: list[float], kill: float) -> float | None:
 
 
 def test_a_killed_worker_s_streams_migrate_nothing_is_lost_and_the_harness_sees_what_a_client_sees(dynamo_cluster):
+    mark = dynamo_cluster.log_mark()
     out = kill_under_streams(dynamo_cluster, "dynamo-0", n=6, independent=6)
     for rec in out.records:  # every stream completed with every token: none was cut, none failed
         assert rec is not None and rec.ok and sum(rec.chunk_tokens) == rec.completion_tokens == 400, rec
     assert all(len(a) == 400 for a in out.independent), [len(a) for a in out.independent]
     # round robin put about half of the 12 streams on the victim: each one it held migrated
     assert 1 <= out.migrated <= 12, out.migrated
-    assert "dynamo-0 (pid" in dynamo_cluster.launcher_log() and "exited with code -9" in dynamo_cluster.launcher_log()
+    log = dynamo_cluster.launcher_log(mark)
+    assert "dynamo-0 (pid" in log and "exited with code -9" in log, log
     # acceptance (issue 24): the harness's 6.1.2 excess stall within 2x of what an independent client sees
     # (measured here: largest excess 41-57 ms from the harness, 43-65 ms from the independent client)
     harness = [c[0] - c[1] for r in out.records

@@ -4,7 +4,15 @@ with two supervised mocker workers (clusters/dynamo-agg.yaml), which has no admi
 holds only the kinds a black box allows (kills and hangs of the workers' processes, found by their pid
 files), each injected through the fault runner, judged from the client's records, and reverted (the
 ledger closed: seed 3 plans a kill, then a hang of the other worker); nothing-lost is judged over every request; the leak samples carry each worker's pid
-and its /proc figures, read through the host's executor (in the audit log)."""
+and its /proc figures, read through the host's executor (in the audit log).
+
+The verdicts are the ones this cluster deserves: the hang is a true fail (the mocker does not notice a
+stopped worker: its streams stall for the whole stop, past 6.1.4's 3 s), the kill is not (Dynamo migrates
+its streams in well under 3 s), nothing is lost, and the mocker's TTFT and TPOT are within 6.2 (the
+whole run passes; a 30 s window too short to bound its p99 is inconclusive, saying so, never a fail).
+
+Shares the started cluster of test_dynamo_agg.py, which runs just before it (tests/realengine/pool.py):
+the pool hands it over only whole (both workers healthy and registered), else starts a fresh one."""
 
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ def test_a_90_s_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo_clu
                           cwd=REPO, capture_output=True, text=True, timeout=480,
                           env={**os.environ, "HARNESS_STATE_DIR": str(state)})
     out = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.returncode in (0, 1), out   # judged: conformant or not; never a harness error or a dirty cluster
+    assert proc.returncode == 1, out   # not conformant: the hang; never a harness error or a dirty cluster
     data = json.loads((reports / "latest" / "results.json").read_text())
     assert not data["harness_errors"] and not data["revert_failures"], data["harness_errors"]
     v = {x["item"]: x for x in data["verdicts"]}
@@ -46,7 +54,7 @@ def test_a_90_s_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo_clu
         assert f["status"] in ("recovered", "not recovered", "undecided"), f
         assert f["reschedule_s"] is not None or "rescheduling never completed" in f["why"], f
     assert len(faults["evidence"]["client_view"]["samples"]) == len(injected)
-    assert faults["status"] in ("pass", "fail", "inconclusive"), faults["reason"]
+    _faults_judged_as_deserved(faults)
 
     # every fault through the fault runner: injected, verified, reverted; the ledger closed
     runner = {(r["fault_id"], r["action"]): r for r in data["faults"]}
@@ -56,9 +64,9 @@ def test_a_90_s_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo_clu
     entries = Ledger.for_cluster("dynamo-agg", state).entries()
     assert len(entries) >= len(injected) and {e["status"] for e in entries} == {"reverted"}, entries
 
-    lost = v["nothing-lost"]
-    assert lost["status"] in ("pass", "fail") and lost["evidence"]["completed"] > 100, lost["reason"]
-    assert v["soak.slo"]["evidence"]["windows"], v["soak.slo"]["reason"]
+    lost = v["nothing-lost"]   # Dynamo migrates a killed worker's streams; a hung one's complete late
+    assert lost["status"] == "pass" and lost["evidence"]["completed"] > 100, lost["reason"]
+    _slo_judged_as_deserved(v["soak.slo"])
 
     # leak samples with each worker's pid from its pid file and its /proc figures, read through the executor
     leaks = v["soak.leaks"]
@@ -75,3 +83,39 @@ def test_a_90_s_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo_clu
     assert leaks["status"] in ("pass", "fail", "inconclusive"), leaks["reason"]
     if leaks["status"] == "inconclusive":   # only for what could not be measured, said so
         assert "KV blocks" in leaks["reason"], leaks["reason"]
+
+
+def _faults_judged_as_deserved(faults: dict) -> None:
+    """soak.faults fails naming the hang, and only the hang. Catches a harness that lets the hang pass or
+    go undecided (e.g. its stall read from streams that never stalled, or judged against a relaxed limit;
+    planted: ``"soak.faults": {reschedule_p100_s: 10}`` in a copy of the cluster file, the hang's 4.7 s
+    then within it) and one that fails the kill Dynamo absorbs."""
+    by_kind: dict[str, list[dict]] = {}
+    for f in faults["evidence"]["faults"]:
+        by_kind.setdefault(f["kind"], []).append(f)
+    assert set(by_kind) == {"process_kill", "process_hang"}, by_kind   # seed 3: a kill, then a hang
+    for hang in by_kind["process_hang"]:   # stalled for the whole stop: well past 3 s
+        assert hang["status"] == "not recovered" and hang["reschedule_s"] > 3.0, hang
+    for kill in by_kind["process_kill"]:   # migrated within 3 s (whether it serves again: maybe unobservable)
+        assert kill["status"] in ("recovered", "undecided") and kill["reschedule_s"] <= 3.0, kill
+    assert faults["status"] == "fail" and "process_hang dynamo-" in faults["reason"], faults["reason"]
+    assert "> 3 s" in faults["reason"].split(";")[0], faults["reason"]
+
+
+def _slo_judged_as_deserved(slo: dict) -> None:
+    """The mocker's TTFT and TPOT (about 48 ms and 6 ms p50, 60 ms and 6.5 ms p99) are within 6.2: the whole
+    run passes, and soak.slo passes or is inconclusive only because a window is too short to bound its
+    p99, saying so. Catches a harness that fails the soak's TTFT against the wrong figures (planted:
+    ``"6.2.ttft": {ttft_p50_ms: 1}`` in a copy of the cluster file: the whole run and soak.slo fail)."""
+    rows = {w["window"]: w for w in slo["evidence"]["windows"]}
+    whole = rows.pop("whole run")
+    assert rows and all(whole[m]["status"] == "pass" or _starved(whole[m]) for m in ("ttft", "tpot")), whole
+    assert slo["status"] in ("pass", "inconclusive"), slo["reason"]
+    if slo["status"] == "inconclusive":   # an interval that straddles a target (undecided), or a starved machine
+        assert ("straddles" in slo["reason"] and "decide" in slo["reason"]) or _starved(slo), slo["reason"]
+        assert all(w[m]["status"] != "fail" for w in rows.values() for m in ("ttft", "tpot")), rows
+
+
+def _starved(verdict: dict) -> bool:
+    """Inconclusive because the 2-core test machine was CPU-starved (harness/checks/machine.py names it)."""
+    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]

@@ -1,5 +1,13 @@
 """Two aggregated vLLM instances behind vllm-router, supervised (clusters/vllm-agg.yaml): the proof target
-of the black-box 6.2 and 6.1.4 suites. Slow: each vLLM start takes about a minute on 2 cores."""
+of the black-box 6.2 and 6.1.4 suites. Slow: each vLLM start takes about a minute on 2 cores.
+
+Shares its started cluster (slow model, a 4096-token KV pool per instance) with test_suites_on_vllm.py,
+which runs first on it (tests/realengine/pool.py): none of these tests needs a fresh one. Each reads the
+launcher's current state, not READY's first one (the EngineCore the launcher found for the current
+incarnation, the launcher's log from the test's own start), and the pool hands the cluster over only
+whole (every instance and the router answering /health). The pool of 4096 tokens holds every stream
+here (at most 300 tokens). test_degradation_on_vllm.py cannot share it (the tiny model: the slow one
+fills the pool too slowly to reach its levels), nor test_vllm_pd.py (another mode)."""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from tests.realengine.conftest import healthy, pgrep, scrape, stream_chat, strea
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # vLLM start-up and restarts take minutes under load
 VLLM_MODE = "agg"
 VLLM_MODEL_PRESET = "slow"  # ~30 ms per token: a stream is still in flight when its engine is killed
+VLLM_KV_CACHE_TOKENS = 4096  # test_suites_on_vllm.py's cluster: shared
 
 
 def test_router_streams_completions(vllm_cluster):
@@ -36,7 +45,7 @@ def test_each_worker_exports_vllm_metrics_and_the_router_its_own(vllm_cluster):
 def test_each_process_pattern_names_exactly_one_engine_core(vllm_cluster):
     for worker in vllm_cluster.spec["workers"]:
         pids = pgrep(worker["hang_process"]["pgrep"])
-        assert pids == [vllm_cluster.ready["instances"][worker["name"]]["engine_pid"]], (worker, pids)
+        assert pids == [vllm_cluster.engine_pid(worker["name"])], (worker, pids)
 
 
 def test_no_instance_is_pinned_to_one_core(vllm_cluster):
@@ -79,6 +88,7 @@ def _running(metrics_url: str) -> float:
 def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vllm_cluster):
     worker = vllm_cluster.worker("vllm-0")
     [engine] = pgrep(worker["hang_process"]["pgrep"])
+    mark = vllm_cluster.log_mark()  # the cluster is shared: what the launcher says from here on
     in_flight: list = []
 
     def stream() -> None:
@@ -109,7 +119,8 @@ def test_supervisor_restarts_a_killed_instance_and_the_router_serves_it_again(vl
     while not (pgrep(worker["hang_process"]["pgrep"]) not in ([], [engine]) and healthy(worker["health"])):
         assert time.monotonic() < deadline, "vllm-0 did not come back:\n" + vllm_cluster.launcher_log()[-3000:]
         time.sleep(2)
-    assert "vllm-0 (pid" in vllm_cluster.launcher_log() and "exited with code 0" in vllm_cluster.launcher_log()
+    log = vllm_cluster.launcher_log(mark)
+    assert "vllm-0 (pid" in log and "exited with code 0" in log, log
     before = _successes(worker["metrics"])
     for _ in range(4):  # round robin: the restarted instance gets its share again
         stream_chat(vllm_cluster.api, vllm_cluster.spec["model"], "after the restart", 4)
