@@ -6,7 +6,11 @@ does instead: no errors above 80 % KV use, requests queued or preempted (and sti
 Long-prompt streams drive vllm:kv_cache_usage_perc (read from each instance's /metrics) over both
 thresholds; the verdict is a pass or a fail with the KV use reached per level and the requests judged
 at each. Measured here: about 1.5 min (vLLM start-up ~1 min, the suite ~25 s); seen: pass, KV use 0.98,
-requests waiting and preempted, every request completed."""
+requests waiting and preempted, every request completed.
+
+Its own cluster (tests/realengine/pool.py): the tiny model, which fills the 4096-token pool in seconds;
+the slow model of test_suites_on_vllm.py and test_vllm_agg.py fills it too slowly to reach both levels
+(their cluster is not shared with this one)."""
 
 from __future__ import annotations
 

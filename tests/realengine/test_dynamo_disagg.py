@@ -1,6 +1,8 @@
 """A real NVIDIA Dynamo 1.6.1 frontend with one prefill and two decode mocker workers, supervised
 (clusters/dynamo-disagg.yaml): READY lists every role, a decode worker's SIGKILL under load is absorbed by
-request migration, and the only prefill worker's loss is a clear HTTP 503, not a hang or a silent cut."""
+request migration, and the only prefill worker's loss is a clear HTTP 503, not a hang or a silent cut.
+
+Its own cluster (tests/realengine/pool.py): the only module in disagg mode (one prefill, two decode)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,9 @@ mocker processes of 8 workers, supervised by the launcher): ``percent:25`` of th
 exactly 4, all 4 are SIGKILLed in parallel (each builder waits for the other three at a barrier, so
 they cannot have run one after another), each verified dead, each with its own ledger entry; the
 revert waits until each is a new process answering its /health, and the frontend lists 128 workers
-again. The other 12 processes are never touched, the ledger is clean."""
+again. The other 12 processes are never touched, the ledger is clean.
+
+Its own cluster (tests/realengine/pool.py): the only module on the 128-worker cluster."""
 
 from __future__ import annotations
 

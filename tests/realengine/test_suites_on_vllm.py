@@ -20,7 +20,11 @@ meanwhile is measured, not decided by a few closed-loop users all waiting on the
 cores starves the test machine by itself: a timing verdict may be inconclusive naming the machine,
 except where the same run's baseline shows the machine does not explain it (the hang's stall). (Seen
 here: restart 237 s, vllm-router kept vllm-1 out 109 s after it was healthy: breaker open, half_open at
-+108.7 s, closed at +109.4 s; the hang 0.7 s later; stall 10.1 s.)"""
++108.7 s, closed at +109.4 s; the hang 0.7 s later; stall 10.1 s.)
+
+Its started cluster (slow model, 4096-token pools) is shared with test_vllm_agg.py, which runs after it
+(tests/realengine/pool.py); this test runs first on it, so its kill is the cluster's first restart.
+test_degradation_on_vllm.py cannot share it (the tiny model), nor test_vllm_pd.py (another mode)."""
 
 from __future__ import annotations
 

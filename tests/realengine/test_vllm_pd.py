@@ -1,6 +1,8 @@
 """One prefill + one decode vLLM with vLLM's file-based example KV connector behind vllm-router's PD mode
 (clusters/vllm-pd.yaml). The proof that KV moved is vLLM's own counter on the decode instance:
-``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``. Slow: two vLLM starts."""
+``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``. Slow: two vLLM starts.
+
+Its own cluster (tests/realengine/pool.py): the only module in PD mode."""
 
 from __future__ import annotations
 
