@@ -1,26 +1,37 @@
-"""When is a restarted (or resumed) worker of a foreign cluster back? When the cluster serves
-through it again, not when its own health URL answers: a router whose circuit breaker still holds
-the worker out leaves the cluster short of that worker however healthy it is (measured here:
-vllm-router kept a restarted vLLM instance out for over 100 s after its ``/health`` answered 200).
+"""When is a restarted (or resumed) worker of a foreign cluster back? **When it serves**: a request
+SENT AFTER the revert gets tokens from it, and the cluster sends it its traffic again; never its
+health URL alone (a router whose circuit breaker still holds the worker out leaves the cluster short
+of it however healthy it is: vllm-router kept a restarted vLLM instance out for over 100 s after its
+``/health`` answered 200), and never a counter that work queued during the fault can move (behind a
+plain reverse proxy, a resumed vLLM's prompt-token counter rose 4.6 s after it was healthy while
+requests sent to it after the resume still got no token for 2.6 s more: the counter was the
+requests queued during the hang draining).
 
-From the moment the worker is healthy, while load flows, the watch polls (every ``POLL_S``):
+From the moment the worker is healthy again (``start``, after the revert), polled every ``POLL_S``:
 
-1. **the worker's own metrics** (its ``metrics:`` URL, read with the engine's profile,
-   harness/probes/prometheus.py): the first counter of new work on it that it exports rises above
-   its value at the first read: prompt tokens (a request admitted and prefilled there), else
-   finished requests, else generated tokens. Prompt tokens come first because a request that was
-   already on the worker (stalled by a hang, then resumed) adds none: only new traffic does;
-2. **the router's own view** of that worker, where the router on ``endpoints.metrics`` exports one
-   (``ROUTER_VIEWS``): its count of requests sent to the worker (label ``worker`` = the worker's
-   ``api`` URL) rises.
+1. **served** (``Rejoin.served_wall``): a request sent after the revert got a token from the worker.
+   * A worker with an API of its own (its ``api`` is neither the cluster's nor another worker's):
+     the watch's own probe, one short completion at a time sent straight to it, from ``start`` on.
+     Work queued there during a hang is admitted first (first come, first served), so the probe's
+     first token comes only once the worker takes new work.
+   * Else a **restarted** worker (a kill's revert, ``restarted=True``): a new process counts only
+     requests it got since it started, all sent after the revert: the first rise of a counter of its
+     own metrics (prompt tokens, else finished requests, else generated tokens, else requests taken).
+   * Else (a **resumed** worker with no API of its own, e.g. a Dynamo mocker behind its frontend):
+     nothing tells its new requests from work queued during the hang; not observable: back by health
+     alone, a weaker check the sentence names with why.
+2. **taken back** (``Rejoin.serving_wall``, judged against 6.1.4's ``rejoin_limit_s``): served, and
+   the cluster's traffic reaches it: a counter rises over its value read once the worker was served
+   (the probe's own request already counted), on the worker's own metrics (prompt tokens or requests
+   taken; a restarted worker also finished requests or generated tokens, which a resumed worker's
+   queued streams move as they finish) or in the router's view of it (``ROUTER_VIEWS``: its requests
+   sent to the worker, label ``worker`` = its ``api`` URL); and, where the router exports its circuit
+   breaker for the worker, that breaker closed (a half-open breaker lets trial requests through
+   while the router sends the rest elsewhere). Served by the probe with no counter to read: taken
+   back when served, and the sentence says that only a request sent straight to it was seen.
 
-The worker is taken back at the first poll (at most one poll and one scrape late) where either
-source has risen and, when the router exports its circuit breaker for the worker, that breaker is
-closed: a half-open breaker lets a few trial requests through while the router still sends the
-rest elsewhere (measured here: vllm-router's trial requests reached a restarted instance while the
-other one, hung, got the load). The breaker's states are kept as evidence, each with its time. A worker with neither source cannot be observed: it counts as back when healthy,
-and the result says so, naming that weaker check. Scrape failures are kept, never raised: a
-metrics URL that does not answer is itself evidence.
+Scrape failures and failed probes are kept (the last few), never raised: a metrics URL that does not
+answer is itself evidence. The breaker's states are kept as evidence, each with its time.
 """
 
 from __future__ import annotations
@@ -34,17 +45,18 @@ import httpx
 
 from harness.errors import ProbeError
 from harness.probes.prometheus import ENGINE_PROFILES, Sample, parse_metrics
+from harness.probes.rejoin_probe import Probe, ProbeLoop, own_api, straight_probe
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
-# preference order; worker_requests: an engine whose worker pages count only requests taken (Dynamo's
-# system port), read last because a request that waited in a hung worker's socket counts when it resumes
+# preference order of a restarted worker's own counters (a new process: every one counts only its new requests)
 SERVED_QUANTITIES = ("prompt_tokens", "requests_finished", "generation_tokens", "worker_requests")
+# a resumed worker's: counted when a request is admitted, which a request queued before the probe was
+# already (finished requests and generated tokens rise as the streams it held finish)
+ADMITTED_QUANTITIES = ("prompt_tokens", "worker_requests")
 BREAKER_STATES = {0: "closed", 1: "open", 2: "half_open"}
 _KEPT_PROBLEMS = 5
-
-
 @dataclass(frozen=True)
 class RouterView:
     """What a router exports about each worker: requests it sent there, its circuit breaker."""
@@ -63,24 +75,29 @@ ROUTER_VIEWS = {
 
 @dataclass
 class Rejoin:
-    """One worker's way back: healthy at ``healthy_wall``, first traffic at ``traffic_wall``, in the
-    cluster's rotation (traffic, and the router's breaker closed where it exports one) at ``serving_wall``."""
+    """One worker's way back: healthy at ``healthy_wall``; a request sent after the revert served at
+    ``served_wall``; the cluster's traffic on it (after that) at ``traffic_wall``; in the cluster's
+    rotation (traffic, and the router's breaker closed where it exports one) at ``serving_wall``."""
 
     worker: str
     limit_s: float
     healthy_wall: float
-    watched: list[str]                  # sources read, e.g. "vllm:prompt_tokens on http://...:8102/metrics"
+    watched: list[str]                  # what was read, e.g. "vllm:prompt_tokens on http://...:8102/metrics"
     kept_out_by: str = "the cluster"    # the router's name when its view was found
     serving_wall: float | None = None
-    traffic_wall: float | None = None   # the first rise (with a half-open breaker: a trial request)
+    traffic_wall: float | None = None   # the first rise after served (with a half-open breaker: a trial request)
     seen_by: str | None = None          # which of ``watched`` rose first
     watched_s: float = 0.0              # how long it was watched after it was healthy
     breaker: list[tuple[float, str]] = field(default_factory=list)  # (s after healthy, state) at each change
-    problems: list[str] = field(default_factory=list)               # scrapes that failed (the last few)
+    problems: list[str] = field(default_factory=list)               # scrapes and probes that failed (the last few)
+    served_wall: float | None = None    # the first token of a request sent after the revert
+    served_how: str | None = None       # how that was seen
+    probes: int = 0                     # requests the watch sent straight to the worker
+    unobservable: str | None = None     # why whether it serves cannot be seen (then back by health alone)
 
     @property
     def observable(self) -> bool:
-        return bool(self.watched)
+        return bool(self.watched) and self.unobservable is None
 
     @property
     def back(self) -> bool:
@@ -89,6 +106,10 @@ class Rejoin:
     @property
     def after_healthy_s(self) -> float | None:
         return None if self.serving_wall is None else max(0.0, self.serving_wall - self.healthy_wall)
+
+    @property
+    def served_after_healthy_s(self) -> float | None:
+        return None if self.served_wall is None else max(0.0, self.served_wall - self.healthy_wall)
 
     @property
     def kept_out_s(self) -> float | None:
@@ -101,22 +122,31 @@ class Rejoin:
     def sentence(self) -> str:
         """The one line the report shows for this worker's way back."""
         if not self.observable:
-            why = (f"its metrics could not be read: {self.problems[-1]}" if self.problems
-                   else "no metrics URL on the worker and no router view of it")
-            return (f"{self.worker} answers its health URL; whether the cluster sends it traffic cannot be observed "
-                    f"({why}): back by health alone, a weaker check")
-        took = self.after_healthy_s
+            why = self.unobservable or (f"its metrics could not be read: {self.problems[-1]}" if self.problems
+                                        else "no metrics URL on the worker and no router view of it")
+            return (f"{self.worker} answers its health URL; whether it serves requests sent after the revert cannot "
+                    f"be observed ({why}): back by health alone, a weaker check")
+        took, served = self.after_healthy_s, self.served_after_healthy_s
+        if served is None and self.probes:   # its own requests, sent straight to it, got no token
+            return (f"{self.worker} served no request sent after the revert for {self.watched_s:.0f}+ s after it "
+                    "was healthy")
         if took is not None and took > self.limit_s:
             return f"{self.kept_out_by} kept {self.worker} out for {took:.0f} s after it was healthy"
         if took is not None:
-            return f"{self.kept_out_by} took {self.worker} back {took:.1f} s after it was healthy"
-        breaker = f" (its circuit breaker: {self.breaker[-1][1]})" if self.breaker else ""
-        return f"{self.kept_out_by} kept {self.worker} out for {self.watched_s:.0f}+ s after it was healthy{breaker}"
+            only = "; only a request sent straight to it was seen" if self.seen_by == self.served_how else ""
+            how = f" (a request sent after the revert served +{served:.1f} s{only})" if self.probes else ""
+            return f"{self.kept_out_by} took {self.worker} back {took:.1f} s after it was healthy{how}"
+        breaker = f"its circuit breaker: {self.breaker[-1][1]}" if self.breaker else ""
+        clause = "; ".join(([f"it served a request sent after the revert +{served:.1f} s"] if served is not None else [])
+                           + ([breaker] if breaker else []))
+        return (f"{self.kept_out_by} kept {self.worker} out for {self.watched_s:.0f}+ s after it was healthy"
+                + (f" ({clause})" if clause else ""))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(observable=self.observable, back=self.back, kept_out_s=_round(self.kept_out_s),
-                 after_healthy_s=_round(self.after_healthy_s), sentence=self.sentence())
+                 after_healthy_s=_round(self.after_healthy_s), served_after_healthy_s=_round(self.served_after_healthy_s),
+                 sentence=self.sentence())
         return d
 
 
@@ -158,40 +188,56 @@ def _any(_labels: tuple[tuple[str, str], ...]) -> bool:
 
 
 class RejoinWatch:
-    """Watch one worker from the moment it is healthy (``start``) until traffic runs through it
-    (``wait``, resumable: wait up to a limit, then longer to learn when)."""
+    """Watch one worker from the moment it is healthy after its revert (``start``) until it serves
+    and the cluster's traffic runs through it (``wait``, resumable: wait up to a limit, then longer
+    to learn when); ``close`` ends its probe."""
 
     def __init__(self, worker: str, *, worker_api: str, worker_metrics: str | None, profile: str | None,
                  router_metrics: str | None, limit_s: float, headers: Mapping[str, str] | None = None,
-                 poll_s: float = POLL_S, nudge: Callable[[], None] | None = None) -> None:
+                 poll_s: float = POLL_S, nudge: Callable[[], None] | None = None, probe: Probe | None = None,
+                 restarted: bool = False) -> None:
         self.worker, self.worker_api, self.limit_s, self.poll_s = worker, worker_api, limit_s, poll_s
         # sends one small request through the cluster's API: traffic to watch for when no load runs
         # (6.1.2's idle phase); None: the caller's load is the traffic
         self._nudge = nudge
+        self._probe, self._loop = probe, None
+        self._restarted = restarted
+        # served seen on its own counters: a new process with no API of its own (its counters count only
+        # requests sent after the revert; with a probe, its own request would count too)
+        self._by_counter = restarted and probe is None
         self._headers = dict(headers or {})
         self._router_metrics = router_metrics
         self._router_read = not router_metrics   # True once the router's page was read (or there is none)
         self._breaker: _Source | None = None
         self._sources: list[_Source] = []
         quantities = ENGINE_PROFILES.get(profile or "", {})
-        families = tuple(quantities[q] for q in SERVED_QUANTITIES if q in quantities)
+        usable = SERVED_QUANTITIES if restarted else ADMITTED_QUANTITIES
+        families = tuple(quantities[q] for q in usable if q in quantities)
         if worker_metrics and families:
             self._sources.append(_Source("worker", worker_metrics, families))
         self.healthy_mono: float | None = None
         self.result: Rejoin | None = None
 
     @classmethod
-    def for_worker(cls, cluster: Any, worker: Any, limit_s: float, **kwargs: Any) -> RejoinWatch:
-        """The watch of an inventory worker (a cluster file ``workers:`` entry) of ``cluster``."""
+    def for_worker(cls, cluster: Any, worker: Any, limit_s: float, *, restarted: bool = False,
+                   **kwargs: Any) -> RejoinWatch:
+        """The watch of an inventory worker (a cluster file ``workers:`` entry) of ``cluster``;
+        ``restarted``: its revert started a new process (a kill), else it resumed (a hang)."""
         metrics = getattr(worker, "metrics", None)
+        probe = straight_probe(cluster, worker) if own_api(cluster, worker) else None
         return cls(str(worker.name), worker_api=str(worker.api), worker_metrics=str(metrics) if metrics else None,
                    profile=cluster.spec.metric_profile, router_metrics=cluster.metrics_url, limit_s=limit_s,
-                   headers=cluster.auth_headers(), **kwargs)
+                   headers=cluster.auth_headers(), probe=probe, restarted=restarted, **kwargs)
 
     def start(self) -> Rejoin:
-        """The worker is healthy now: find the router's view and read every source's starting value."""
+        """The worker is healthy now, after its revert: probe it, find the router's view, read every source."""
         self.healthy_mono = time.monotonic()
         self.result = Rejoin(self.worker, self.limit_s, time.time(), watched=[])
+        if self._probe is not None:
+            self._loop = ProbeLoop(self._probe, self.poll_s, self._keep)
+        elif not self._restarted:
+            self.result.unobservable = (f"it resumed, and without an API of its own to send a request to, its counters "
+                                        "cannot tell its new requests from work queued while it was stopped")
         with httpx.Client(timeout=5.0, headers=self._headers) as http:
             self._poll(http)
         return self.result
@@ -205,22 +251,34 @@ class RejoinWatch:
         return self.wait(self.limit_s).sentence()
 
     def wait(self, timeout_s: float) -> Rejoin:
-        """Poll until the worker is back (traffic through it, the router's breaker for it closed where
-        exported) or ``timeout_s`` more seconds have passed; resumable."""
+        """Poll until the worker is back (served, then traffic through it, the router's breaker for it
+        closed where exported) or ``timeout_s`` more seconds have passed; resumable."""
         result = self.result or self.start()
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0, headers=self._headers) as http:
-            while (self._live() or not self._router_read) and not result.back and time.monotonic() < deadline:
+            while (result.unobservable is None and (result.observable or not self._router_read) and not result.back
+                   and time.monotonic() < deadline):
                 if self._nudge is not None:
                     self._nudge()
                 time.sleep(self.poll_s)  # the cluster's own pace: nothing to do until the next scrape
                 self._poll(http)
         if not result.back:
             result.watched_s = round(self._since_healthy(), 2)
+        if result.back or not result.observable:
+            self.close()
         log.info("%s", result.sentence())
         return result
 
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.stop()
+
     # -- internals ---------------------------------------------------------------------------------
+
+    def _keep(self, problem: str) -> None:
+        problems = self.result.problems if self.result else []
+        problems.append(f"+{self._since_healthy():.1f} s {problem}")
+        del problems[:-_KEPT_PROBLEMS]
 
     def _live(self) -> list[_Source]:
         return [s for s in self._sources if not s.absent]
@@ -238,9 +296,7 @@ class RejoinWatch:
             prefixes = tuple(families)
             return parse_metrics("\n".join(line for line in resp.text.splitlines() if line.startswith(prefixes)))
         except (httpx.HTTPError, ProbeError) as exc:
-            problems = self.result.problems if self.result else []
-            problems.append(f"+{self._since_healthy():.1f} s {url}: {exc}")
-            del problems[:-_KEPT_PROBLEMS]
+            self._keep(f"{url}: {exc}")
             return None
 
     def _find_router(self, http: httpx.Client) -> None:
@@ -259,11 +315,28 @@ class RejoinWatch:
                 self._breaker = _Source(name, self._router_metrics, (view.breaker,), view.label, self.worker_api)
                 return
 
+    def _served(self, result: Rejoin) -> bool:
+        """Has a request sent after the revert been served (see the module doc)? Counting the cluster's
+        traffic starts over from the first read after that."""
+        if result.served_wall is not None:
+            return True
+        if self._loop is not None:
+            result.probes = self._loop.sent
+            if self._loop.served is None:
+                return False
+            result.served_wall = self._loop.served[1]
+            result.served_how = f"a request sent straight to {self.worker_api} after the revert"
+            for src in self._sources:
+                src.baseline = None   # the cluster's traffic counts from here (the probe's own is in)
+            return True
+        return False
+
     def _poll(self, http: httpx.Client) -> None:
         result = self.result
         assert result is not None
         if not self._router_read:
             self._find_router(http)
+        served = self._served(result)
         by_url: dict[str, list[Sample] | None] = {}
         for src in self._live():
             if src.url not in by_url:
@@ -274,13 +347,22 @@ class RejoinWatch:
                 continue
             if src.baseline is None:
                 src.baseline = value
-            elif value > src.baseline and result.traffic_wall is None:
+            elif value > src.baseline and result.traffic_wall is None and (served or self._by_counter):
                 result.traffic_wall, result.seen_by = time.time(), src.describe()
+                if not served and src.name == "worker":  # a new process's own counter: requests sent after the revert
+                    result.served_wall, result.served_how = result.traffic_wall, result.seen_by
+                    served = True
+                elif not served:
+                    result.traffic_wall = result.seen_by = None   # the router's count: not served yet
         result.watched = [s.describe() for s in self._live() if s.baseline is not None]
+        if self._loop is not None:
+            result.watched.insert(0, f"requests sent straight to {self.worker_api} after the revert")
+            if served and result.traffic_wall is None and not self._live():   # no counter of the cluster's traffic
+                result.traffic_wall, result.seen_by = result.served_wall, result.served_how
         if self._breaker is not None and by_url.get(self._breaker.url):
             self._note_breaker(by_url[self._breaker.url])  # type: ignore[arg-type]
         in_rotation = not result.breaker or result.breaker[-1][1] == "closed"
-        if result.traffic_wall is not None and in_rotation and not result.back:
+        if served and result.traffic_wall is not None and in_rotation and not result.back:
             result.serving_wall = time.time()
 
     @staticmethod
@@ -302,4 +384,4 @@ class RejoinWatch:
                 result.breaker.append((round(self._since_healthy(), 2), state))
 
 
-__all__ = ["POLL_S", "ROUTER_VIEWS", "Rejoin", "RejoinWatch", "RouterView", "SERVED_QUANTITIES"]
+__all__ = ["ADMITTED_QUANTITIES", "POLL_S", "ROUTER_VIEWS", "Rejoin", "RejoinWatch", "RouterView", "SERVED_QUANTITIES"]

@@ -16,8 +16,10 @@ found afresh on its host (harness/probes/inventory.py: pids change at every rest
 * **hang** (SIGSTOP, ProcessHang): held for ``hang_s`` (default 8 s: longer than the 3 s budget,
   so a cluster that does not detect the hang shows it as a stall clients see), then SIGCONT.
 
-After either, the worker is **back** when the cluster serves through it again, not when it is
-healthy (harness/probes/rejoin.py): the revert waits up to the checklist's ``rejoin_limit_s``
+After either, the worker is **back** when it serves a request sent after the revert and the cluster
+sends it traffic again, not when it is healthy, and never by a counter that work queued during the
+fault can move (harness/probes/rejoin.py: a kill's worker is a new process, a hang's resumed one):
+the revert waits up to the checklist's ``rejoin_limit_s``
 (the judged limit), then, when it is still out, up to ``REJOIN_WATCH_MAX_S`` after it was healthy
 to learn when it came back. The next fault is injected only once it is back: a worker still out
 then stops the plan, and ``BlackboxRun.stopped`` says why (faulting the rest would fault a cluster
@@ -107,11 +109,14 @@ def victims(workers: Sequence[Any], steps: Sequence[tuple[str, str]], seed: int)
 
 def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, seed: int, hang_s: float = HANG_S,
                observe_s: float = 5.0, before_each: Callable[[], None] | None = None,
-               rejoin_limit_s: float | None = None, nudge_traffic: bool = False) -> BlackboxRun:
+               rejoin_limit_s: float | None = None, nudge_traffic: bool = False,
+               after_inject: Callable[[ClientFault], None] | None = None) -> BlackboxRun:
     """Inject, hold and revert each planned fault in turn, each victim back before the next fault
     (see the module doc); ``rejoin_limit_s`` defaults to the checklist's 6.1.4 ``rejoin_limit_s``;
     ``nudge_traffic``: no load runs, so the rejoin watch sends its own small requests through the API
-    (a worker is back when traffic runs through it: without traffic that cannot be seen)."""
+    (a worker is back when traffic runs through it: without traffic that cannot be seen);
+    ``after_inject``: called with each fault as soon as it is injected and verified (an open-loop probe
+    of new requests starts there)."""
     limit = (cluster.thresholds.threshold("6.1.4", "rejoin_limit_s").value
              if rejoin_limit_s is None else rejoin_limit_s)
     out = BlackboxRun()
@@ -121,7 +126,8 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
             before_each()
         target: InventoryWorker = resolve([spec], executor_for,
                                           which="process" if kind == "process_kill" else "hang_process")[0]
-        watch = RejoinWatch.for_worker(cluster, spec, limit, nudge=_small_request(cluster) if nudge_traffic else None)
+        watch = RejoinWatch.for_worker(cluster, spec, limit, restarted=kind == "process_kill",
+                                       nudge=_small_request(cluster) if nudge_traffic else None)
         if kind == "process_kill":
             restarted = NewProcess(spec, target, executor_for(target.host))
             fault = ProcessKill.from_worker(target.as_target(), restart_cmd=target.restart_cmd,
@@ -136,6 +142,8 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
         injected = next(r for r in faults.records if r.fault_id == fault.fault_id and r.action.value == "inject")
         label = f"{'kill' if kind == 'process_kill' else 'hang'} {target.id}"
         out.faults.append(ClientFault(injected.started_wall, (target.id,), role, label, inject_s=injected.duration_s))
+        if after_inject is not None:
+            after_inject(out.faults[-1])
         time.sleep(hold)  # the cluster must cope by itself for this long: the measurement window
         t_revert = time.monotonic()
         faults.revert(fault)  # a kill's revert: restarted, healthy as a new process, then watched (its hook)
@@ -144,9 +152,12 @@ def run_faults(cluster: Any, faults: Any, steps: Sequence[tuple[str, str]], *, s
         elif wait_healthy(target.health_url, RESTART_TIMEOUT_S) is None:
             raise FaultError(f"{target.id} does not answer {target.health_url} after its hang was reverted",
                              fix="check the worker's log")
-        rejoin = watch.wait(limit) if watch.result is None else watch.result
-        if rejoin.observable and not rejoin.back:  # a finding already; how long past it, outside the revert
-            rejoin = watch.wait(max(REJOIN_WATCH_MAX_S, limit) - rejoin.watched_s)
+        try:
+            rejoin = watch.wait(limit) if watch.result is None else watch.result
+            if rejoin.observable and not rejoin.back:  # a finding already; how long past it, outside the revert
+                rejoin = watch.wait(max(REJOIN_WATCH_MAX_S, limit) - rejoin.watched_s)
+        finally:
+            watch.close()   # its probe of the worker, if one still waits
         out.rejoins.append((label, rejoin))
         if rejoin.observable and not rejoin.back and i + 1 < len(steps):
             rest = ", ".join(f"{'kill' if k == 'process_kill' else 'hang'} {r}" for k, r in steps[i + 1:])

@@ -224,10 +224,13 @@ class ExternalView:
         if wait_healthy(health_url(spec), RESTART_TIMEOUT_S) is None:   # a resumed worker that never answers again
             return Rejoin(sf.target, limit_s, started, watched=[f"{health_url(spec)} (never answered 200)"],
                           watched_s=round(time.time() - started, 2))
-        watch = RejoinWatch.for_worker(self.cluster, spec, limit_s)
-        result = watch.wait(limit_s)
-        if result.observable and not result.back:   # a finding: learn how long past the limit
-            result = watch.wait(max(REJOIN_WATCH_MAX_S, limit_s) - result.watched_s)
+        watch = RejoinWatch.for_worker(self.cluster, spec, limit_s, restarted=sf.kind == "process_kill")
+        try:
+            result = watch.wait(limit_s)
+            if result.observable and not result.back:   # a finding: learn how long past the limit
+                result = watch.wait(max(REJOIN_WATCH_MAX_S, limit_s) - result.watched_s)
+        finally:
+            watch.close()
         return result
 
     def new_events(self) -> list[EngineEvent]:

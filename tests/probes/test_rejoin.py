@@ -1,12 +1,17 @@
 """When a worker is back: a real HTTP server started here serves a worker's and a router's
-Prometheus text, whose counters the test raises (or not) after the worker is healthy."""
+Prometheus text, whose counters the test raises (or not) after the worker is healthy. Most watch a
+restarted worker (a new process: its own counters count only requests sent after the revert); a
+resumed one with no API of its own cannot be watched on counters (tests/probes/test_rejoin_served.py
+covers the probe and the work queued during a hang)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
+import httpx
 import pytest
 
 from harness.probes.rejoin import RejoinWatch
@@ -72,9 +77,9 @@ def router(sent_w0: float, sent_w1: float, breaker_w1: int) -> str:
 
 
 def watch(worker_metrics: str | None = None, router_metrics: str | None = None, limit_s: float = 600.0,
-          profile: str | None = "vllm") -> RejoinWatch:
+          profile: str | None = "vllm", restarted: bool = True, probe=None) -> RejoinWatch:
     return RejoinWatch("vllm-1", worker_api=W1 + "/", worker_metrics=worker_metrics, profile=profile,
-                       router_metrics=router_metrics, limit_s=limit_s, poll_s=0.05)
+                       router_metrics=router_metrics, limit_s=limit_s, poll_s=0.05, restarted=restarted, probe=probe)
 
 
 def test_new_prompt_tokens_on_the_worker_after_it_was_healthy_mean_it_is_back(pages):
@@ -85,6 +90,7 @@ def test_new_prompt_tokens_on_the_worker_after_it_was_healthy_mean_it_is_back(pa
     assert r.back and r.observable and r.seen_by.startswith("vllm:prompt_tokens on ")
     assert r.kept_out_s is not None and r.kept_out_s == r.after_healthy_s
     assert r.sentence().startswith("the cluster took vllm-1 back ") and r.to_dict()["back"]
+    assert r.served_wall == r.traffic_wall and r.served_how == r.seen_by   # a new process: its counter is served
 
 
 def test_requests_finishing_without_new_prompt_tokens_are_not_new_traffic(pages):
@@ -93,7 +99,7 @@ def test_requests_finishing_without_new_prompt_tokens_are_not_new_traffic(pages)
     w.start()
     pages.set("/w", vllm(100, finished=9))
     r = w.wait(0.3)
-    assert not r.back and r.kept_out_s >= 0.3
+    assert not r.back and r.kept_out_s >= 0.3 and r.served_wall is None
     assert r.sentence().startswith("the cluster kept vllm-1 out for ") and r.sentence().endswith(
         "+ s after it was healthy")
 
@@ -109,24 +115,47 @@ def test_a_worker_that_exports_only_finished_requests_is_watched_on_them(pages):
 
 def test_the_routers_view_of_the_worker_and_its_circuit_breaker(pages):
     """vllm-router: requests it sent per worker URL (the other worker's count rising is not this
-    one's), and its breaker state, kept as it changes."""
-    url = pages.set("/r", router(50, 20, breaker_w1=1))
-    w = watch(router_metrics=url, limit_s=0.3)
+    one's), counted only once the worker served a request sent straight to it after the revert
+    (the probe: a real GET of this server, answered once ``/serve`` exists); its breaker state kept
+    as it changes. Planted defect: the router's count alone taken as back before the worker served."""
+    def probe():
+        sent = time.time()
+        status = httpx.get(pages.url + "/serve").status_code
+        return sent, (time.time() if status == 200 else None), (None if status == 200 else f"HTTP {status}")
+
+    url = pages.set("/r", router(50, 20, breaker_w1=0))
+    w = watch(router_metrics=url, limit_s=0.3, probe=probe)
     w.start()
-    pages.set("/r", router(80, 20, breaker_w1=1))
+    pages.set("/r", router(80, 25, breaker_w1=0))   # sent to it, not served yet (a worker still draining)
     r = w.wait(0.3)
-    assert not r.back and r.kept_out_by == "vllm-router"
-    assert r.sentence().startswith("vllm-router kept vllm-1 out for ")
-    assert [state for _, state in r.breaker] == ["open"]
-    pages.set("/r", router(85, 21, breaker_w1=2))   # half open: a trial request reaches it, the rest go elsewhere
+    assert not r.back and r.served_wall is None and r.probes >= 1 and "HTTP 404" in r.problems[-1]
+    assert r.sentence().startswith("vllm-1 served no request sent after the revert")
+    pages.set("/serve", "ok")
+    pages.set("/r", router(85, 25, breaker_w1=1))    # served; the breaker opened meanwhile
+    r = w.wait(0.3)
+    assert r.served_wall is not None and not r.back and r.kept_out_by == "vllm-router"
+    pages.set("/r", router(90, 26, breaker_w1=2))   # half open: a trial request reaches it, the rest go elsewhere
     r = w.wait(0.3)                                  # resumed: the same watch
     assert r.traffic_wall is not None and f"worker={W1}" in r.seen_by and not r.back
-    assert r.sentence().endswith("after it was healthy (its circuit breaker: half_open)")
-    pages.set("/r", router(90, 22, breaker_w1=0))   # the trials passed: closed, in rotation
+    assert r.sentence().startswith("vllm-router kept vllm-1 out for ") and r.sentence().endswith("half_open)")
+    pages.set("/r", router(95, 27, breaker_w1=0))   # the trials passed: closed, in rotation
     r = w.wait(600)                                  # learning when it came back
-    assert r.back and r.serving_wall >= r.traffic_wall
-    assert [state for _, state in r.breaker] == ["open", "half_open", "closed"]
-    assert r.sentence().startswith("vllm-router ")
+    assert r.back and r.serving_wall >= r.traffic_wall >= r.served_wall
+    assert [state for _, state in r.breaker] == ["closed", "open", "half_open", "closed"]
+    assert r.sentence() == f"vllm-router kept vllm-1 out for {r.after_healthy_s:.0f} s after it was healthy"  # > 0.3 s
+
+
+def test_a_resumed_worker_without_an_api_of_its_own_is_not_watched_on_its_counters(pages):
+    """Planted defect: a resumed worker's counter rise taken as back (requests queued during the hang
+    move it as they drain); with nothing to send it a request straight, it is back by health alone,
+    named so, never "taken back"."""
+    w = watch(pages.set("/w", vllm(100)), restarted=False)
+    w.start()
+    pages.set("/w", vllm(500))
+    r = w.wait(600)                                  # returns at once: nothing can tell
+    assert not r.back and not r.observable and r.kept_out_s is None
+    assert "cannot tell its new requests from work queued while it was stopped" in r.sentence()
+    assert r.sentence().endswith("back by health alone, a weaker check")
 
 
 def test_without_metrics_or_a_router_view_it_is_back_by_health_named_the_weaker_check(pages):

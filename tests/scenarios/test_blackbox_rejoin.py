@@ -1,8 +1,9 @@
 """The black-box fault loop waits for each victim to be back in the cluster's traffic before the
 next fault, and stops, saying why, when it is not. Real supervised worker processes (a shell loop
-restarting a small HTTP server that writes its pid file and serves /health and /metrics), a real
-fault runner and ledger; the worker's prompt-token counter rises by itself once ``serves`` exists
-(standing in for a router that sends it requests), or never."""
+restarting a small HTTP server that writes its pid file and serves /health, /metrics and completions),
+a real fault runner and ledger; once ``serves`` exists the worker answers a completion sent straight
+to it with a token and its prompt-token counter rises by itself (standing in for a router that sends
+it requests); without it, completions get 503 and the counter stays."""
 
 from __future__ import annotations
 
@@ -43,6 +44,21 @@ WORKER = textwrap.dedent('''
             self.end_headers()
             self.wfile.write(body.encode())
 
+        def do_POST(self):  # a completion: one token once it serves, else 503 (no token)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if not os.path.exists(os.path.join(home, "serves")):
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = ('data: {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}\n\n'
+                    "data: [DONE]\n\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, *args):
             pass
 
@@ -70,8 +86,8 @@ def two_workers(tmp_path: Path):
                     "health": f"http://127.0.0.1:{p}/health", "metrics": f"http://127.0.0.1:{p}/metrics",
                     "process": {"pid_file": str(tmp_path / f"{p}.pid")}, "supervised": True}
                    for i, p in enumerate(ports)]
-        spec = parse_cluster({"version": 2, "kind": "external", "engine": "vllm",
-                              "endpoints": {"api": f"http://127.0.0.1:{ports[0]}"}, "workers": workers,
+        spec = parse_cluster({"version": 2, "kind": "external", "engine": "vllm",   # the cluster's API: a balancer
+                              "endpoints": {"api": f"http://127.0.0.1:{free_port()}"}, "workers": workers,
                               "hosts": [{"name": "localhost", "address": "127.0.0.1", "roles": ["decode"]}],
                               "safety": {"production": False, "allowed_faults": "all"}}, source="two-workers")
         yield ClusterHandle(spec, Checklist.load(), spec.endpoints.api, None, None), tmp_path
@@ -93,6 +109,9 @@ def test_the_next_fault_waits_until_the_restarted_worker_carries_traffic(two_wor
     (kill_label, kill_back), (_, hang_back) = done.rejoins
     assert kill_label == done.faults[0].label and kill_back.back and hang_back.back
     assert kill_back.seen_by.startswith("vllm:prompt_tokens on http://127.0.0.1:")
+    # each served a completion sent straight to it after its revert, then the counter rose
+    assert kill_back.served_how.startswith("a request sent straight to ") and hang_back.served_how is not None
+    assert kill_back.traffic_wall >= kill_back.served_wall and hang_back.traffic_wall >= hang_back.served_wall
     # the hang came after the killed worker was seen serving, not merely healthy
     assert done.faults[1].wall > kill_back.serving_wall > kill_back.healthy_wall
     reverted = [r.output for r in runner.records if r.action.value == "verify_reverted"]
@@ -108,6 +127,7 @@ def test_a_worker_never_taken_back_stops_the_plan_and_says_why(two_workers, monk
     [(label, rejoin)] = done.rejoins
     assert len(done.faults) == 1 and not rejoin.back and rejoin.kept_out_s >= 1.5
     victim = done.faults[0].victims[0]
-    assert done.stopped == (f"stopped after {label}: the cluster kept {victim} out for {rejoin.watched_s:.0f}+ s "
-                            "after it was healthy; not injected: hang aggregated (they would fault a cluster that "
-                            "is not whole)")
+    assert done.stopped == (f"stopped after {label}: {victim} served no request sent after the revert for "
+                            f"{rejoin.watched_s:.0f}+ s after it was healthy; not injected: hang aggregated (they "
+                            "would fault a cluster that is not whole)")
+    assert rejoin.probes >= 1 and "HTTP503" in " ".join(rejoin.problems)
