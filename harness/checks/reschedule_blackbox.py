@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import failed_with_clear_error
-from harness.stats.intervals import Interval, across, measured_within
-from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, ITEM, rejoin_measurement, time_measurements
+from harness.stats.intervals import RESOLUTION, Interval, across, measured_within
+from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, ITEM, time_measurements
 from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
-from harness.probes.rejoin import Rejoin
+from harness.probes.rejoin import POLL_S, Rejoin
 from harness.scenarios.records import ClientFault
 from harness.scenarios.fault_marks import first_success_sent_after, record_wall_s as _wall
 
@@ -277,10 +277,47 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     return verdict
 
 
-REJOIN_DEFINITION = ("a restarted or resumed worker is back when the cluster serves through it again: from its health "
-                     "URL answering 200 until a counter of new work rises on its own metrics (prompt tokens, else "
-                     "finished requests, else generated tokens) or in the router's view of it (requests sent to "
-                     "it); a worker with neither counts as back when healthy, a weaker check named in its entry")
+REJOIN_DEFINITION = ("a restarted or resumed worker is back when it serves: from its health URL answering 200 until "
+                     "a request sent after the revert got a token from it (the watch's own request sent straight to "
+                     "its API; a restarted process: a rise of its own counters) and then the cluster's traffic reached "
+                     "it (a counter of new work on its own metrics or in the router's view of it, read from that "
+                     "moment on; the router's circuit breaker closed where exported), never a counter that work "
+                     "queued during the fault can move; a resumed worker with no API of its own, or a worker with "
+                     "nothing to read, counts as back when healthy, a weaker check named in its entry; judged with "
+                     "the watch's poll period as the measurement's resolution")
+
+
+def rejoin_interval(r: Rejoin) -> Interval | None:
+    """Where the time ``r`` kept a healthy worker out lies, from the watch's resolution: taken back,
+    the rise happened after the previous poll began (``resolution_s``, else one ``POLL_S``), so the
+    true time is up to that much shorter; still out when the watch gave up, at least ``watched_s``
+    (no upper bound). None when it cannot be observed."""
+    value = r.kept_out_s
+    if value is None:
+        return None
+    if not r.back:
+        return Interval(max(0.0, value - EVENT_CLOCK_RESOLUTION_S), None, 1.0, RESOLUTION, 1, noun="rejoins")
+    late = r.resolution_s if r.resolution_s is not None else POLL_S
+    return measured_within(value, below=min(value, late + EVENT_CLOCK_RESOLUTION_S), above=EVENT_CLOCK_RESOLUTION_S,
+                           noun="rejoins")
+
+
+def rejoin_measurement(item: Any, rejoins: Sequence[Rejoin]) -> Measurement | None:
+    """The longest time the cluster kept a healthy worker out after its revert, against
+    ``rejoin_limit_s``, with the watch's resolution (:func:`rejoin_interval`): judged by ``judge()``,
+    it fails only when the whole interval is beyond the limit, passes only when all of it holds.
+    None when no rejoin could be observed (each entry of the evidence says why)."""
+    seen = [(r, i) for r in rejoins if (i := rejoin_interval(r)) is not None]
+    if not seen:
+        return None
+    worst, _ = max(seen, key=lambda x: x[0].kept_out_s or 0.0)
+    los = [i.lo for _, i in seen if i.lo is not None]
+    his = [i.hi for _, i in seen]
+    bound = Interval(max(los) if los else None, None if any(h is None for h in his) else max(his),  # type: ignore[type-var]
+                     1.0, RESOLUTION, len(seen), noun="rejoins")
+    return Measurement(item.thresholds["rejoin_limit_s"], worst.kept_out_s,
+                       f"longest time a healthy worker was kept out of the cluster's traffic, over {len(seen)} "
+                       f"restart(s) or resume(s) ({worst.sentence()})", bound)
 
 
 def _worst(rejoins: Sequence[tuple[str, Rejoin]]) -> Rejoin | None:

@@ -94,6 +94,8 @@ class Rejoin:
     served_how: str | None = None       # how that was seen
     probes: int = 0                     # requests the watch sent straight to the worker
     unobservable: str | None = None     # why whether it serves cannot be seen (then back by health alone)
+    # how late ``serving_wall`` may be: the time since the previous poll began (the rise happened in between)
+    resolution_s: float | None = None
 
     @property
     def observable(self) -> bool:
@@ -216,6 +218,7 @@ class RejoinWatch:
         if worker_metrics and families:
             self._sources.append(_Source("worker", worker_metrics, families))
         self.healthy_mono: float | None = None
+        self._polled: float | None = None   # wall time the last poll began
         self.result: Rejoin | None = None
 
     @classmethod
@@ -334,6 +337,7 @@ class RejoinWatch:
     def _poll(self, http: httpx.Client) -> None:
         result = self.result
         assert result is not None
+        previous, self._polled = self._polled, time.time()
         if not self._router_read:
             self._find_router(http)
         served = self._served(result)
@@ -364,6 +368,7 @@ class RejoinWatch:
         in_rotation = not result.breaker or result.breaker[-1][1] == "closed"
         if served and result.traffic_wall is not None and in_rotation and not result.back:
             result.serving_wall = time.time()
+            result.resolution_s = round(result.serving_wall - (previous or result.healthy_wall), 3)
 
     @staticmethod
     def _read(src: _Source, samples: list[Sample]) -> float | None:
