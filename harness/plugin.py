@@ -173,7 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
                              values["soak"], values["soak_seed"], values["soak_faults_per_min"], values["soak_window"])
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
-    config.pluginmanager.register(_CollectionWatcher(state), "harness-collection-watcher")
+    config.pluginmanager.register(_RunWatcher(state), "harness-run-watcher")
     from harness.report.live_phases import LivePhases
 
     config.pluginmanager.register(LivePhases(lambda: state.live, MARKER), "harness-live-phases")
@@ -192,11 +192,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             state.terminal.close()
 
 
-class _CollectionWatcher:
-    """A broken suite file is a harness error even though none of its tests was collected."""
+class _RunWatcher:
+    """A broken suite file is a harness error even though none of its tests was collected; the test
+    that runs now is kept (a test a signal stops gets no report from pytest, but a row in ours)."""
 
     def __init__(self, state: HarnessState) -> None:
         self.state = state
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.state.running = (nodeid, time.time())
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self.state.running = None
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed and "suites" in Path(report.nodeid.split("::")[0]).parts:
@@ -303,21 +310,45 @@ def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error:
         state.verdicts_by_test.setdefault(item.nodeid, []).append(verdict)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _active_state_of_session(session: pytest.Session) -> HarnessState | None:
     state = session.config.stash.get(STATE, None)
-    if state is None or not state.active:
-        return
+    return state if state is not None and state.active else None
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    """The report and the exit code, written once everything is torn down: after an interrupted
+    run's fixtures (its faults reverted and recorded, its cluster stopped), which pytest tears down
+    in this hook (its runner's pytest_sessionfinish), so the report holds the faults, the timeline
+    and the tests the run did. A teardown that raises is recorded (a revert that failed: exit 4)."""
+    state = _active_state_of_session(session)
+    if state is None:
+        return (yield)
     if state.signals is not None:
         state.signals.finish()  # teardown and report from here on: signals are only noted
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001  # an interrupted run's teardown: reported, not a pytest crash
+        failures = state.result.revert_failures if isinstance(exc, RevertError) else state.result.harness_errors
+        failures.append(f"teardown after the run: {type(exc).__name__}: {exc}")
+    _finish_run(session, state, exitstatus)
+    return None
+
+
+def _finish_run(session: pytest.Session, state: HarnessState, exitstatus: int) -> None:
     if state.config_error is not None:
         session.exitstatus = int(ExitCode.HARNESS_ERROR)
         return
     result = state.result
     interrupted = state.signals.interrupted if state.signals is not None else None
-    if (exitstatus == pytest.ExitCode.INTERRUPTED or interrupted is not None) and not result.harness_errors:
-        by = f" by signal {interrupted}" if interrupted is not None else " (Ctrl-C or SIGTERM)"
-        result.harness_errors.append(f"the run was interrupted{by} before it finished")
+    by = f" by signal {interrupted}" if interrupted is not None else " (Ctrl-C or SIGTERM)"
+    if exitstatus == pytest.ExitCode.INTERRUPTED or interrupted is not None:
+        if not result.harness_errors:
+            result.harness_errors.append(f"the run was interrupted{by} before it finished")
+        if state.running is not None and state.running[0] not in {t["nodeid"] for t in result.tests}:
+            nodeid, started = state.running  # pytest makes no report for a test a signal stopped
+            result.tests.append({"nodeid": nodeid, "outcome": "interrupted", "duration_s": time.time() - started,
+                                 "started": started, "message": f"the run was interrupted{by} during this test"})
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         result.harness_errors.append("no conformance test was collected")
     result.finished = time.time()

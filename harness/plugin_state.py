@@ -57,6 +57,7 @@ class HarnessState:
     terminal: Any = None  # a duplicate of the terminal's stdout, taken before any capture
     signals: SignalOwner | None = None   # once conformance suites were collected
     seen_events: set[str] = field(default_factory=set)  # engine events already on the timeline (once per run)
+    running: tuple[str, float] | None = None  # (node id, wall time it started) of the test running now
 
 
 STATE = pytest.StashKey[HarnessState]()

@@ -103,3 +103,25 @@ class HostLoop:
             ex.run(list(argv), timeout=COMMAND_TIMEOUT_S)
         ex.run(["rm", "-f", self.stop_file, self.pid_file, self.log_file], timeout=COMMAND_TIMEOUT_S, check=False)
         return "loop stopped; restored" if restore else "loop stopped"
+
+
+def remove_leftovers(ex: Executor, fault_id: str) -> str:
+    """Remove what a dead run's fault helper left in :data:`STATE_DIR` on its host: the files of
+    this fault only (``<fault_id>.*``: a loop's or a fill's log, its stop file, a stale pid file);
+    the folder stays (live runs share it: removing it races a loop that is starting). Called by the recovery for ledger entries whose owner run
+    is dead (harness/faults/recovery.py). A pid file that names a live process keeps every file of
+    the fault (a helper still running is not a leftover): the line returned says so."""
+    if not fault_id.isalnum():
+        return f"fault id {fault_id!r}: not a plain id, nothing removed"
+    files = f"{STATE_DIR}/{fault_id}.*"
+    script = (f"for p in {files}; do case $p in *.pid) kill -0 \"$(cat \"$p\" 2>/dev/null)\" 2>/dev/null && "
+              f"{{ echo \"$p\"; exit 3; }};; esac; done; n=0; for f in {files}; do [ -e \"$f\" ] && n=$((n+1)); "
+              f"done; rm -f {files}; echo $n")
+    res = ex.run(["sh", "-c", script], timeout=COMMAND_TIMEOUT_S, check=False)
+    if res.rc == 3:
+        return f"left {files}: {res.stdout.strip()} names a live process"
+    if res.rc != 0:
+        return f"could not remove {files}: {res.stderr.strip()[-300:]}"
+    count = res.stdout.strip()
+    return f"removed {count} leftover file(s) {files}" if count not in ("", "0") else ""
+

@@ -25,11 +25,12 @@ from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults.base import Action, Fault, FaultRecord, RecordStatus
 from harness.hosts import AuditLog, Executor, ExecutorFactory, ExecutorPool, executor_from_spec
 from harness.faults.ledger import Ledger, LedgerStatus
+from harness.faults.recovery import REVERT_PHASES as _REVERT_PHASES
+from harness.faults.recovery import LedgerRecovery
 from harness.signals import SignalOwner
 
 log = logging.getLogger(__name__)
 
-_REVERT_PHASES = ("revert", "verify_reverted")
 REVERT_RETRY_PAUSES_S = (1.0, 3.0)   # a failed revert is tried again after these pauses
 # a fan-out job: given inject, it builds its fault, injects it through inject and returns it
 FanOutJob = Callable[[Callable[[Fault], Fault]], Fault]
@@ -67,7 +68,7 @@ class _Active:
     executor: Executor | None
 
 
-class FaultRunner:
+class FaultRunner(LedgerRecovery):
     """Signals: the run's :class:`~harness.signals.SignalOwner` (``signals``) makes every change
     critical (a signal waits until the ledger, the stack and the target agree, then unwinds the
     block, which reverts everything). Without one, the owner installed in the process is used; with
@@ -226,72 +227,6 @@ class FaultRunner:
     def active_faults(self) -> list[Fault]:
         return [a.fault for a in self._stack]
 
-    def recover(self, *, include_live_owners: bool = False, clean_runs: bool = True) -> list[FaultRecord]:
-        """Revert, newest first, what the ledger still holds from runs that died (SIGKILL, power
-        loss). Entries of a harness that still runs are left to it unless include_live_owners.
-        Then end what dead runs left running (stopped workers holding ports, routers, Locust) and
-        their namespaces (harness.faults.runs). An entry whose bundled cluster is gone with its run
-        is closed ``target_gone`` (checked, recorded in the audit log); a revert that cannot be
-        done stays ``revert_failed`` and raises RevertError once everything was tried."""
-        from harness.faults import runs
-
-        start = len(self.records)
-        errors: list[tuple[dict[str, Any], str]] = []
-        with self._lock, self._critical():
-            for entry in self.ledger.outstanding(include_live_owners=include_live_owners):
-                error = self._recover_entry(entry, runs.target_gone(entry.get("context")))
-                if error is not None:
-                    errors.append((entry, error))
-            if clean_runs:
-                problems = runs.clean_dead_runs(self.ledger.path.parent, dry_run=self.dry_run, say=self._say)
-                # a revert that failed because its run's cluster was dying: gone now, checked again
-                errors = [(e, msg) for e, msg in errors
-                          if not (e.get("context") and not self.dry_run
-                                  and self._recover_entry(e, runs.target_gone(e.get("context")), retry=True) is None)]
-                errors += [({}, p) for p in problems]
-        if errors:
-            raise RevertError(f"{len(errors)} ledger revert(s) failed; the cluster may be dirty: "
-                              + "; ".join(msg for _, msg in errors), fix=self._revert_fix())
-        return self.records[start:]
-
-    def _recover_entry(self, entry: dict[str, Any], gone: str | None, retry: bool = False) -> str | None:
-        if not retry:
-            log.warning("%s fault %s (%s) left %s by pid %s", "would revert" if self.dry_run else "reverting",
-                        entry["id"], entry["fault"].get("kind"), entry["status"], entry.get("owner_pid"))
-        if retry and gone is None:
-            return "still failing"
-        try:
-            fault = Fault.from_ledger(entry["fault"])
-            ex = executor_from_spec(entry["executor"], audit=self.audit, dry_run=self.dry_run, out=self._out)
-        except HarnessError as exc:
-            if not self.dry_run:
-                self.ledger.update(entry["id"], LedgerStatus.REVERT_FAILED, error=str(exc))
-            return f"ledger entry {entry['id']}: {exc}"
-        try:
-            if gone is not None:
-                return self._close_gone(fault, entry, gone)
-            if self.dry_run:
-                self._print_plan(fault, lambda phase: phase in _REVERT_PHASES)
-                return None
-            return self._revert_active(_Active(fault, entry["id"], ex))
-        finally:
-            ex.close()
-
-    def _close_gone(self, fault: Fault, entry: dict[str, Any], why: str) -> str | None:
-        """The fault's cluster is gone (checked): nothing is left to revert; close the entry."""
-        record = FaultRecord.start(fault, Action.REVERT)
-        if self.dry_run:
-            self._say(f"[dry-run] {fault.kind} {fault.target}: would close as target_gone: {why}")
-            self._emit(record.finish(RecordStatus.DRY_RUN, f"target gone: {why}"))
-            return None
-        self.audit.write(host=fault.host, argv=None, action=f"close {entry['id']} as target_gone", rc=0,
-                         duration=0.0, dry_run=False, error=None, fault_id=fault.fault_id, kind=fault.kind,
-                         status=LedgerStatus.TARGET_GONE.value, reason=why)
-        self.ledger.update(entry["id"], LedgerStatus.TARGET_GONE, error=why)
-        self._emit(record.finish(RecordStatus.SUCCEEDED, f"target gone: {why}"))
-        log.warning("%s %s: closed as target_gone: %s", fault.kind, fault.target, why)
-        return None
-
     def _say(self, line: str) -> None:
         print(line, file=self._out or sys.stdout, flush=True)
 
@@ -331,6 +266,10 @@ class FaultRunner:
         return self.signals.critical()
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _revert_entry(self, fault: Fault, entry_id: str, ex: Executor) -> str | None:
+        """Revert a fault a ledger entry holds (:meth:`recover`) as if it were on the stack."""
+        return self._revert_active(_Active(fault, entry_id, ex))
 
     def _revert_active(self, active: _Active) -> str | None:
         """Revert and verify one fault; update the ledger; return an error message or None."""

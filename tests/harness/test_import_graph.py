@@ -172,7 +172,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("scenarios", ("harness.scenarios",)),
     ("checks", ("harness.checks",)),
     ("report", ("harness.report",)),
-    ("wiring", ("harness.fixtures", "harness.plugin", "harness.plugin_state", "harness.cli", "harness.cli_hosts",
+    ("wiring", ("harness.fixtures", "harness.conformance", "harness.plugin", "harness.plugin_state", "harness.cli",
+                "harness.cli_hosts",
                 "harness.cli_run", "harness.cli_fault", "harness.dry_run", "harness.cluster", "harness.suites", "harness.__main__")),
 ]
 

@@ -234,3 +234,65 @@ def test_latency_faults_and_timeline_reach_the_report(tmp_path):
     assert [e["kind"] for e in data["timeline"]] == ["fault_inject", "worker_down", "fault_revert"]
     html = (tmp_path / "reports" / "latest" / "report.html").read_text()
     assert html.count('class="fault-window"') == 2 and "worker_down" in html
+
+
+INTERRUPTED_SUITE = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.faults import ProcessHang
+
+pytestmark = pytest.mark.conformance
+
+
+def test_hang_then_wait(cluster, faults, timeline, conformance):
+    victim = next(w for w in timeline.workers() if w["role"] == "decode")
+    faults.inject(ProcessHang.from_worker(victim))
+    Path(os.environ["HARNESS_TEST_MARK"]).write_text("injected")
+    time.sleep(600)  # the SIGTERM lands here, the hang still active: the teardown reverts it
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path):
+    """SIGTERM while a fault is active: the run reverts it, exits 3, and its results.json holds the
+    fault's inject and revert records, the fault on the timeline and the test that was stopped.
+    Planted defect it catches: the report written before pytest tears down an interrupted run's
+    fixtures (harness/plugin.py's sessionfinish back to ``tryfirst``): faults, timeline and tests are
+    empty (checked: it failed)."""
+    import os
+    import signal
+    import time
+
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_interrupted.py").write_text(INTERRUPTED_SUITE)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "HARNESS_TEST_MARK": str(mark), "HARNESS_STATE_DIR": str(tmp_path / "state")}
+    env.pop("HARNESS_RUN_ID", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--live=off",
+                             "--cluster=local-loopback", f"--report-dir={tmp_path / 'reports'}"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # waiting for the suite to say its fault is injected
+        assert mark.exists(), f"the suite never injected its fault (rc {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, out[-4000:]
+    data = results(tmp_path)
+    assert any("interrupted" in e for e in data["harness_errors"]), data["harness_errors"]
+    actions = [(f["kind"], f["action"], f["status"]) for f in data["faults"]]
+    assert ("process_hang", "inject", "succeeded") in actions and ("process_hang", "revert", "succeeded") in actions, actions
+    assert any(e["source"] == "fault" and e["kind"] == "fault_revert" and "fault=process_hang" in e["detail"]
+               for e in data["timeline"]), data["timeline"]
+    assert [(t["nodeid"], t["outcome"]) for t in data["tests"]] == \
+        [("suites/test_interrupted.py::test_hang_then_wait", "interrupted")], data["tests"]
