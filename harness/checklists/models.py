@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
-from harness.checklists.validation import (StrictModel, Text, config_error, display_path, field_error,
+from harness.checklists.validation import (FieldProblem, StrictModel, Text, config_error, display_path, field_error,
                                            field_with_fix, load_yaml_mapping)
 from harness.errors import ConfigError
 
@@ -31,6 +31,15 @@ COMPARISONS: dict[str, Callable[[float, float], bool]] = {
 }
 Comparison = Literal["<", "<=", ">", ">=", "=="]
 _NUMBER_FIX = "write a plain number such as 3 or 0.8"
+# error budgets (docs/statistics.md, "Error rates"): `false_fail_alpha` / `false_pass_alpha` of an item
+ALPHA_SUFFIX = "_alpha"
+
+
+def _check_alpha(key: str, value: float, error: Callable[[str, str], Exception]) -> None:
+    """An error budget is a chance of a wrong verdict: strictly between 0 and 0.5."""
+    if key.endswith(ALPHA_SUFFIX) and not 0 < value < 0.5:
+        raise error(f"{key} {value:g} is not a chance of a wrong verdict in (0, 0.5)",
+                    "write e.g. 0.001 (one run in a thousand); see docs/statistics.md, \"Error rates\"")
 _DOCS_FIX = "see the comments at the top of checklists/section6.yaml"
 
 
@@ -62,6 +71,13 @@ class ItemEntry(StrictModel):
     @classmethod
     def _threshold_names_are_text(cls, value: Any) -> Any:
         return _text_keys(value)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _alphas_are_chances(cls, value: dict[str, ThresholdEntry]) -> dict[str, ThresholdEntry]:
+        for key, entry in value.items():
+            _check_alpha(key, entry.value, lambda problem, fix: FieldProblem(problem, fix, f"{key}.value"))
+        return value
 
 
 class ChecklistFile(StrictModel):
@@ -176,10 +192,19 @@ class Checklist(_Frozen):
                 if key not in new:
                     raise field_error(origin, f"{field_prefix}.{item_id}.{key}", "unknown threshold",
                                       f"use one of {', '.join(new)}")
+                _check_alpha(key, number, lambda problem, fix: field_error(
+                    origin, f"{field_prefix}.{item_id}.{key}", problem, fix))
                 log.info("threshold %s.%s overridden: %s -> %s (%s)", item_id, key, new[key].value, number, origin)
                 new[key] = new[key].model_copy(update={"value": number, "origin": str(origin)})
             items[item_id] = item.model_copy(update={"thresholds": new})
         return self.model_copy(update={"items": items})
+
+    def false_fail_budget(self) -> dict[str, float]:
+        """{item: its false_fail_alpha} for the items in the error-controlled family, and
+        ``"run"``: their sum, the run's chance of a wrong fail on a healthy cluster (union bound)."""
+        budgets = {iid: it.thresholds["false_fail_alpha"].value for iid, it in self.items.items()
+                   if "false_fail_alpha" in it.thresholds}
+        return {**budgets, "run": sum(budgets.values())}
 
     def to_dict(self) -> dict[str, Any]:
         return {iid: {"title": it.title, "source": it.source, "why": it.why,

@@ -1,10 +1,18 @@
-"""Measure more before saying inconclusive.
+"""Measure more before saying inconclusive, with error rates that hold at every look.
 
 A timing verdict whose interval straddles its threshold (harness/checks/verdict.py, ``undecided``)
 is not yet an answer: the suite measures more (requests, repeats, migrations) within a budget its
 checklist states (``max_load_s``, ``max_repeats``, ``max_migrations_*``; origin: harness), then
 judges again on all samples. Still undecided when the budget is spent: inconclusive, with what
 would decide it. The loop lives here once; each suite passes how to judge and how to measure more.
+
+Looking again until something decides would inflate the chance of a wrong decision (every look
+is another chance), so the loop looks at most :data:`harness.stats.levels.LOOKS` times (the
+first judgment and LOOKS - 1 extensions), a number fixed before the run, and each look judges
+under its share of the error budgets (harness/stats/levels.py: equal shares, union bound). To
+reach the budget within those looks every extension asks for at least as many samples again as
+there are (the samples at least double). Each verdict's evidence says how many looks were used
+(``extension``, ``error_control.looks_used``).
 """
 
 from __future__ import annotations
@@ -13,30 +21,40 @@ import logging
 from typing import Callable, Sequence
 
 from harness.checks.verdict import Verdict, undecided
+from harness.stats import levels
 
 log = logging.getLogger(__name__)
 
 
 def measure_until_decided(judge_all: Callable[[], Sequence[Verdict]], measure_more: Callable[[int], bool], *,
                           budget: str) -> list[Verdict]:
-    """``judge_all()`` -> verdicts from every sample so far; while one straddles,
-    ``measure_more(wanted)`` measures about ``wanted`` more samples and returns False when the
-    budget is spent. ``wanted`` is the largest "about N more would decide" among the straddling
-    measurements; when none would be decided within 10x the samples as observed so far (an
-    estimate that itself moves with the samples), as many again as there are. Each verdict's
-    evidence gets ``extension``: rounds, budget, why it stopped."""
-    verdicts = list(judge_all())
+    """``judge_all()`` -> verdicts from every sample so far, each judged at its look's share of the
+    error budgets; while one straddles and looks are left, ``measure_more(wanted)`` measures about
+    ``wanted`` more samples and returns False when the budget is spent. ``wanted`` is the largest of
+    "about N more would decide" among the straddling measurements and the samples they already
+    have (so the samples at least double: the budget is reached within the looks). Each verdict's
+    evidence gets ``extension``: rounds, looks, budget, why it stopped."""
+    looks = levels.LOOKS
+    with levels.spending(look=1, looks=looks):
+        verdicts = list(judge_all())
     rounds, stopped = 0, "decided"
     while pending := [u for v in verdicts for u in undecided(v)]:
-        wanted = max(u["more_to_decide"] if u.get("more_to_decide") is not None else u.get("n", 1) for u in pending)
+        if rounds + 1 >= looks:
+            stopped = f"looked {looks} times, the most the error budget is split over"
+            break
+        wanted = max(max(u["more_to_decide"] or 0, u.get("n") or 1) for u in pending)
         log.info("undecided (%s): measuring about %d more", ", ".join(u["key"] for u in pending), wanted)
         if not measure_more(max(wanted, 1)):
             stopped = f"budget spent ({budget})"
             break
         rounds += 1
-        verdicts = list(judge_all())
+        with levels.spending(look=rounds + 1, looks=looks):
+            verdicts = list(judge_all())
     for v in verdicts:
-        v.evidence["extension"] = {"rounds": rounds, "budget": budget, "stopped": stopped}
+        v.evidence["extension"] = {"rounds": rounds, "looks": rounds + 1, "most_looks": looks, "budget": budget,
+                                   "stopped": stopped}
+        if isinstance(v.evidence.get("error_control"), dict):
+            v.evidence["error_control"]["looks_used"] = rounds + 1
         if undecided(v) and rounds:
             v.reason += f" (after {rounds} extension(s); {stopped})"
     return verdicts
@@ -46,15 +64,20 @@ def repeat_until_decided(judge_all: Callable[[], Sequence[Verdict]], repeat: Cal
                          count: Callable[[], int], *, first: int, most: int, noun: str) -> list[Verdict]:
     """The common case of :func:`measure_until_decided` for repeated measurements: ``repeat(k)``
     makes k more, ``count()`` says how many there are; at least ``first`` before judging, then
-    more (at least 2 at a time) while a verdict straddles, never beyond ``most``."""
+    more (at least 2 at a time, and at least as many again as there are) while a verdict
+    straddles, never beyond ``most``; the last extension the looks allow takes all that is left."""
     if count() < first:
         repeat(first - count())
+    extensions = 0
 
     def more(wanted: int) -> bool:
+        nonlocal extensions
         have = count()
         if have >= most:
             return False
-        repeat(min(most - have, max(wanted, 2)))
+        extensions += 1
+        last = extensions >= levels.LOOKS - 1
+        repeat(most - have if last else min(most - have, max(wanted, 2)))
         return count() > have   # no progress (e.g. nothing measurable any more): stop, never loop
 
     return measure_until_decided(judge_all, more, budget=f"at most {most} {noun}")

@@ -9,10 +9,12 @@ failed revert); see ``docs/exit-codes.md``.
 from __future__ import annotations
 
 import enum
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
+from harness.stats import levels
 from harness.stats.intervals import Interval, decide, more_to_decide
 from harness.checklists import ChecklistItem, Threshold
 from harness.errors import ConfigError
@@ -114,6 +116,10 @@ class Measurement:
 
     def more_to_decide(self) -> int | None:
         """About how many more samples would decide a straddling interval (None: not within 10x)."""
+        return self._more
+
+    @functools.cached_property
+    def _more(self) -> int | None:   # computed once: judge() asks three times
         return None if self.interval is None else more_to_decide(self.interval, self.threshold.value,
                                                                  self.threshold.holds)
 
@@ -147,14 +153,40 @@ class Measurement:
         return out
 
 
+def controlled(item: ChecklistItem, measurements: Sequence[Measurement]) -> tuple[list[Measurement], dict | None]:
+    """The measurements with their intervals at the one-sided levels this judgment may spend
+    (harness/stats/levels.py): for an item with a ``false_fail_alpha`` budget, each interval that
+    can be recomputed gets its fail-side bound at the item's budget / its interval-judged
+    measurements / the looks, and its pass-side bound at ``false_pass_alpha`` / the looks (or a
+    soak window's override). Returns them and ``evidence["error_control"]`` (None: not controlled)."""
+    t = item.thresholds
+    judged = [i for i, m in enumerate(measurements) if m.value is not None and m.interval is not None
+              and m.interval.relevel is not None]
+    if levels.FALSE_FAIL_KEY not in t or not judged:
+        return list(measurements), None
+    spend = levels.current()
+    item_fail = t[levels.FALSE_FAIL_KEY].value
+    item_pass = t[levels.FALSE_PASS_KEY].value if levels.FALSE_PASS_KEY in t else levels.DEFAULT_FALSE_PASS_ALPHA
+    fail_a, pass_a = spend.alphas(item_fail, item_pass, len(judged))
+    out = list(measurements)
+    for i in judged:
+        m = out[i]
+        out[i] = replace(m, interval=m.interval.at(*levels.one_sided(m.threshold.op, fail_a, pass_a)))  # type: ignore[union-attr]
+    return out, spend.to_dict(fail_a, pass_a, item_false_fail_alpha=item_fail, false_pass_alpha=item_pass,
+                              measurements=[measurements[i].threshold.key for i in judged])
+
+
 def judge(item: ChecklistItem, measurements: Sequence[Measurement], *,
           evidence: dict[str, Any] | None = None, inconclusive_because: str | None = None) -> Verdict:
     """Fail if any measurement misses its threshold (its whole interval, when it has one); else
     inconclusive if any is missing, straddles its threshold, or the caller says the evidence is
     too thin; else pass. The headline is the first failing measurement, else the first undecided
-    one, else the first. Straddling measurements are listed in ``evidence["undecided"]``."""
+    one, else the first. Straddling measurements are listed in ``evidence["undecided"]``. Intervals
+    are first put at the levels the item's error budget allows (:func:`controlled`); the evidence's
+    ``error_control`` says which method and levels decided."""
     if not measurements:
         raise ConfigError(f"judge({item.id}) needs at least one measurement", fix="pass the measured values")
+    measurements, control = controlled(item, measurements)
     decisions = [m.decision() for m in measurements]
     failing = [m for m, d in zip(measurements, decisions) if d == "fail"]
     undecided = [m for m, d in zip(measurements, decisions) if d is None]
@@ -162,6 +194,8 @@ def judge(item: ChecklistItem, measurements: Sequence[Measurement], *,
     head = failing[0] if failing else (undecided[0] if undecided else measurements[0])
     t = head.threshold
     ev = {"measurements": [m.to_dict() for m in measurements], **(evidence or {})}
+    if control is not None:
+        ev["error_control"] = control
     if straddling:
         ev["undecided"] = [{"key": m.threshold.key, "more_to_decide": m.more_to_decide(), "noun": m.interval.noun,
                             "n": m.interval.n} for m in straddling if m.interval is not None]

@@ -161,12 +161,15 @@ def two_sided(alpha_lo: float, alpha_hi: float) -> float:
 
 
 def decide(interval: Interval, threshold: float, holds: Callable[[float], bool]) -> Decision | None:
-    """"pass" when both bounds exist and hold, "fail" when no point of the interval holds (an
-    unbounded side reaches infinity), else None: the interval straddles the threshold."""
+    """"pass" when every point of the interval holds, "fail" when none does (an unbounded side
+    reaches infinity either way), else None: the interval straddles the threshold. So a pass needs
+    the bound on the failing side of the threshold (the upper one where values must be small), the
+    one whose level is the wrong-pass chance; the other bound may be missing (too few samples for
+    its stricter wrong-fail level) without making the pass any less sure."""
     lo = -math.inf if interval.lo is None else interval.lo
     hi = math.inf if interval.hi is None else interval.hi
     lo_ok, hi_ok = holds(lo), holds(hi)
-    if interval.bounded and lo_ok and hi_ok:
+    if lo_ok and hi_ok:
         return "pass"
     if not lo_ok and not hi_ok and not (lo <= threshold <= hi and holds(threshold)):
         return "fail"
@@ -180,8 +183,31 @@ def more_to_decide(interval: Interval, threshold: float, holds: Callable[[float]
     if interval.extrapolate is None or decide(interval, threshold, holds) is not None:
         return None
     n = max(interval.n, 1)
-    step = max(1, math.ceil((DECIDE_FACTOR - 1) * n / 200))   # at most ~200 trial sizes
-    for n_more in range(step, (DECIDE_FACTOR - 1) * n + 1, step):
-        if decide(interval.extrapolate((n + n_more) / n), threshold, holds) is not None:
-            return n_more
-    return None
+    sizes = _trial_sizes((DECIDE_FACTOR - 1) * n)
+
+    def decides(i: int) -> bool:
+        return decide(interval.extrapolate((n + sizes[i]) / n), threshold, holds) is not None  # type: ignore[misc]
+
+    # galloping, then bisection: the extrapolated interval narrows as n grows, so the first size
+    # that decides is found in ~2 log2(len(sizes)) tries
+    undecided, i = -1, 0
+    while i < len(sizes) and not decides(i):
+        undecided, i = i, 2 * i + 1
+    if i >= len(sizes):
+        if undecided == len(sizes) - 1 or not decides(len(sizes) - 1):
+            return None
+        i = len(sizes) - 1
+    while i - undecided > 1:
+        mid = (undecided + i) // 2
+        undecided, i = (undecided, mid) if decides(mid) else (mid, i)
+    return sizes[i]
+
+
+def _trial_sizes(most: int, growth: float = 1.05) -> list[int]:
+    """1, 2, ... then ~5 % apart up to ``most``: at most ~150 sizes, however many samples."""
+    sizes, x = [], 1.0
+    while int(x) < most:
+        if not sizes or int(x) > sizes[-1]:
+            sizes.append(int(x))
+        x = max(x * growth, x + 1)
+    return sizes + [most]

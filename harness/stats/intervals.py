@@ -89,8 +89,11 @@ def min_samples(q: float, level: float = LEVEL, *, alpha_lo: float | None = None
     """The fewest samples for which the lower and the upper bound of the q-th percentile exist
     (e.g. p99 at 95 %: (1, 368); p50: (6, 6)); None: never (p100 has no upper bound)."""
     _check_q(q)
-    a_lo, a_hi = _tails(level, alpha_lo, alpha_hi)
-    p = q / 100
+    return _min_samples(q / 100, *_tails(level, alpha_lo, alpha_hi))
+
+
+@functools.lru_cache(maxsize=1024)
+def _min_samples(p: float, a_lo: float, a_hi: float) -> tuple[int | None, int | None]:
     lower = None if p == 0 else (1 if p == 1 else math.ceil(math.log(a_lo) / math.log1p(-p) - 1e-9))
     # (p^n <= a_hi for the upper bound, (1-p)^n <= a_lo for the lower one; 1e-9 absorbs rounding)
     upper = None if p == 1 else (1 if p == 0 else math.ceil(math.log(a_hi) / math.log(p) - 1e-9))
@@ -122,7 +125,7 @@ def _from_sorted(ordered: list[float], q: float, a_lo: float, a_hi: float, noun:
         i = int(pos)
         return ordered[i] + (ordered[min(i + 1, m - 1)] - ordered[i]) * (pos - i)
 
-    lower, upper = min_samples(q, alpha_lo=a_lo, alpha_hi=a_hi)
+    lower, upper = _min_samples(q / 100, a_lo, a_hi)
     needs = None if r is not None and s is not None else max((x for x in (lower, upper) if x is not None),
                                                              default=None)
     extrapolate = (lambda k: _from_sorted(ordered, q, a_lo, a_hi, noun, math.ceil(m * k))) if m else None

@@ -30,8 +30,10 @@ def test_a_straddle_is_measured_further_until_decided():
 
     (v,) = repeat_until_decided(_judge(values), repeat, lambda: len(values), first=10, most=2000, noun="requests")
     assert v.status is Status.PASS and len(asked) > 1 and asked[0] == 10
-    assert v.evidence["extension"] == {"rounds": len(asked) - 1, "budget": "at most 2000 requests",
-                                       "stopped": "decided"}
+    assert all(k >= sum(asked[:i]) for i, k in enumerate(asked) if i)   # each extension at least doubles
+    assert v.evidence["extension"] == {"rounds": len(asked) - 1, "looks": len(asked), "most_looks": 5,
+                                       "budget": "at most 2000 requests", "stopped": "decided"}
+    assert v.evidence["error_control"]["looks_used"] == len(asked) <= 5
     assert v.interval["hi"] < 200 and v.interval["n"] == len(values)
 
 
@@ -46,6 +48,8 @@ def test_the_budget_ends_it_and_the_reason_says_what_would_decide():
 
 
 def test_without_an_estimate_it_doubles_and_without_progress_it_stops():
+    """Catches a loop that asks for fewer samples than it has when no size within 10x decides (the
+    looks would run out before the budget) and one that loops when nothing more was measured."""
     calls = []
     (v,) = measure_until_decided(_judge([190.0, 210.0] * 10), lambda k: calls.append(k) or False, budget="b")
     assert calls == [20]   # the median sits on the limit: no count within 10x decides it, so as many again

@@ -60,7 +60,7 @@ def test_unmeasured_attempts_are_not_failures_and_too_few_measured_is_inconclusi
 
 
 def test_enough_measured_migrations_pass_with_the_unmeasured_count_beside():
-    rids = [f"i{k}" for k in range(6)] + [f"l{k}" for k in range(8)]  # min_migrations_idle 6 (a median's bounds)
+    rids = [f"i{k}" for k in range(8)] + [f"l{k}" for k in range(8)]  # min_migrations_idle 8 (a median's bounds)
     attempts = [attempt(k, "migrated", r, phase="idle" if r[0] == "i" else "loaded") for k, r in enumerate(rids)]
     attempts.append(attempt(99, "unobservable", None, "the stream had left decode-0: nothing to migrate"))
     records = [record(r) for r in rids]

@@ -133,7 +133,10 @@ def _holds_below(limit):
     return lambda x: x < limit
 
 
-def test_decide_needs_the_whole_interval_and_an_unbounded_side_never_passes():
+def test_decide_needs_the_whole_interval_and_a_missing_bound_on_the_failing_side_never_passes():
+    """Catches a pass without the bound whose level is the wrong-pass chance (no upper bound below
+    a limit) and, since one-sided levels (issue 33), a pass refused only because the other bound,
+    at its stricter wrong-fail level, needs more samples than the pass does."""
     below = _holds_below(500)
     assert decide(Interval(450, 490, LEVEL, "m", 10), 500, below) == "pass"
     assert decide(Interval(510, 560, LEVEL, "m", 10), 500, below) == "fail"
@@ -141,7 +144,9 @@ def test_decide_needs_the_whole_interval_and_an_unbounded_side_never_passes():
     assert decide(Interval(480, 560, LEVEL, "m", 10), 500, below) is None
     assert decide(Interval(300, None, LEVEL, "m", 10), 500, below) is None     # no upper bound: never passes
     assert decide(Interval(600, None, LEVEL, "m", 10), 500, below) == "fail"   # ... but may fail
-    assert decide(Interval(None, 100, LEVEL, "m", 10), 500, below) is None     # no lower bound: never passes
+    assert decide(Interval(None, 100, LEVEL, "m", 10), 500, below) == "pass"   # the upper bound alone decides it
+    assert decide(Interval(None, 600, LEVEL, "m", 10), 500, below) is None
+    assert decide(Interval(None, 900, LEVEL, "m", 10), 500, lambda x: x >= 500) is None   # no lower bound above
 
 
 def test_more_to_decide_assumes_the_observed_distribution_holds():
