@@ -54,6 +54,7 @@ class ClientRescheduleSample:
     cut_without_error: list[str] = field(default_factory=list) # nothing-lost failures
     never_ended: list[str] = field(default_factory=list)       # timed out / cancelled / no end
     first_new_success_s: float | None = None
+    first_new_request: str | None = None   # its request id ("newreq-...": the scenario's open-loop probe)
     affected_ended_s: float | None = None     # when the last affected stream ended, after the fault
     longest_stall_s: float = 0.0
     stall_request: str | None = None
@@ -189,6 +190,8 @@ def _measure_one(fault: ClientFault, records: list[RequestRecord], until: float)
     s.affected_ended_s = max(ends, default=0.0 if not s.affected else None)
     first = first_success_sent_after(records, fault.wall)
     s.first_new_success_s = None if first is None else first - fault.wall
+    s.first_new_request = next((r.request_id for r in records if first is not None and r.first_token_ns is not None
+                                and _wall(r, r.first_token_ns) == first), None)
     if s.never_ended or s.cut_without_error:
         s.problem = (f"{len(s.never_ended)} stream(s) on the victim never ended, {len(s.cut_without_error)} were cut "
                      f"without an error from the server: " + ", ".join((s.never_ended + s.cut_without_error)[:10]))
@@ -213,7 +216,10 @@ def client_view_evidence(samples: Sequence[ClientRescheduleSample]) -> dict[str,
     return {
         "definition": "from the fault until a request sent after it has its first token (and completes ok) and "
                       "every stream in flight on the victim has ended (completed, or failed with a clear error); "
-                      "stall: the longest gap between consecutive events of any stream in flight across the fault",
+                      "stall: the longest gap between consecutive events of any stream in flight across the fault; "
+                      "new requests: the load's and, where the scenario runs it, an open-loop probe's (one short "
+                      "request every 0.15 s from the fault on, ids newreq-..., never queued behind the load's "
+                      "blocked users)",
         "percentile": DEFINITION,
         "reschedule_s": dist(done),
         "longest_stall_s": dist(stalls),
@@ -222,6 +228,7 @@ def client_view_evidence(samples: Sequence[ClientRescheduleSample]) -> dict[str,
         "samples": [{"label": s.fault.label, "value": None if s.total_s is None else round(s.total_s, 4),
                      "note": s.breakdown, "wall": s.fault.wall, "role": s.fault.role,
                      "new_request_s": None if s.first_new_success_s is None else round(s.first_new_success_s, 4),
+                     "new_request": s.first_new_request,
                      "longest_stall_s": round(s.longest_stall_s, 4)} for s in samples],
     }
 
