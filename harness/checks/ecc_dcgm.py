@@ -17,8 +17,9 @@ The injection and its polls are made by harness/scenarios/ecc_dcgm.py (``Injecti
 Judged: every injection drained within ``drain_after_injection_s`` (the cluster's health path must
 react in time), at least one injection made. A drain time is known only to the polls' resolution:
 it lies between the last poll that saw the worker serving and the answers of the one that saw it
-drained, plus the inject step's length (the field took effect somewhere inside it); the slowest
-drain is judged with that interval (``judge``: inconclusive when it straddles the budget). Whether the worker came back after the healthy value
+drained, counted from when the injection was confirmed, plus the time from the inject step's start
+to then on the upper side (the field took effect somewhere inside it); the slowest drain is judged
+with that interval (``judge``: inconclusive when it straddles the budget). Whether the worker came back after the healthy value
 was restored is evidence, not judged: un-draining is the cluster's policy.
 """
 

@@ -36,9 +36,10 @@ FIRST_REQUEST_S = 120.0  # the load must complete a request before the injection
 
 @dataclass
 class Injection:
-    """One injection and its polls. Times are seconds after the inject step ended; the field took
-    effect somewhere inside that step (``inject_s`` long), and each poll's answers describe a moment
-    between its start (``samples``) and when they were in (``answered_s``)."""
+    """One injection and its polls. Times are seconds after the injection was confirmed (the fault's
+    verify saw the host's first ``dcgmi`` injection succeed); the field took effect at most
+    ``effect_window_s`` before that (from the inject step's start), and each poll's answers describe
+    a moment between its start (``samples``) and when they were in (``answered_s``)."""
 
     worker: str
     host: str
@@ -51,7 +52,7 @@ class Injection:
     back_after_s: float | None = None                 # after the revert: health 200 again (None: not seen)
     samples: list[tuple[float, int | None, float | None]] = field(default_factory=list)  # (s, health, running)
     problem: str | None = None
-    inject_s: float = 0.0                             # how long the inject step took
+    effect_window_s: float = 0.0                      # inject step's start -> time 0 (the confirmation)
     answered_s: list[float] = field(default_factory=list)  # per sample: when its answers were in
     drained_within: tuple[float, float] | None = None  # the drain happened between these polls
 
@@ -93,13 +94,13 @@ class Injection:
         return self.samples[-1][0] if self.samples else None
 
     def interval(self) -> Interval | None:
-        """Where the true drain time after the injection lies, at the polls' and the inject step's
-        resolution: [the poll before the one that saw it drained, that poll's answers + the inject
-        step]; not drained: [the last poll, no upper bound]; None: never polled."""
+        """Where the true drain time after the injection took effect lies, at the polls' resolution
+        and the injection's: [the poll before the one that saw it drained, that poll's answers + the
+        effect window]; not drained: [the last poll, no upper bound]; None: never polled."""
         if self.drained_within is not None and self.drained_after_s is not None:
             lo, hi = self.drained_within
             v = self.drained_after_s
-            return measured_within(v, below=max(0.0, v - lo), above=max(0.0, hi + self.inject_s - v),
+            return measured_within(v, below=max(0.0, v - lo), above=max(0.0, hi + self.effect_window_s - v),
                                    noun="injections")
         if self.watched_s is None:
             return None
@@ -164,9 +165,9 @@ class DcgmDrainUnderLoad:
             return DcgmDrainRun(run.finish(), run, not_made=str(exc))
         w, fault = self.worker, self.fault
         rec = injection(self.faults, fault)
+        t0 = time.monotonic()  # inject and verify returned: the host's first dcgmi injection succeeded
         inj = Injection(w.name, w.host, w.gpus[0], fault.field_name, fault.value, rec.started_wall,
-                        inject_s=round(rec.duration_s, 3))
-        t0 = rec.ended_mono or time.monotonic()  # the clock starts when the inject step ended
+                        effect_window_s=round(max(0.0, t0 - rec.started_mono), 3))
         # poll until drained, or once past the budget (then "not drained within it" is certain)
         while inj.drained_after_s is None and run.running:
             t = time.monotonic() - t0

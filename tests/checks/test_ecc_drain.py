@@ -54,7 +54,7 @@ def test_drained_within_the_budget_passes_and_a_worker_still_serving_fails_namin
 def test_the_drain_time_is_judged_at_the_polls_resolution_not_as_a_bare_point():
     """Planted defect: the slowest drain compared as a point with the 60 s budget (its interval
     dropped). A drain the polls place in [59.0, 61.0] s (a poll 2 s apart: a slow health URL) is
-    neither a pass nor a fail; one first seen at 60.0 s with a 1 s inject step may have taken 61 s."""
+    neither a pass nor a fail; one first seen at 60.0 s whose injection took effect up to 1 s before the clock started may have taken 61 s."""
     checklist = Checklist.load()
     slow_polls = injection()
     slow_polls.observe(59.0, 200, None, True)
@@ -63,7 +63,7 @@ def test_the_drain_time_is_judged_at_the_polls_resolution_not_as_a_bare_point():
     assert verdict.status == Status.INCONCLUSIVE, verdict.reason
     m = next(m for m in verdict.evidence["measurements"] if m["key"] == "drain_after_injection_s")
     assert (m["interval"]["lo"], m["interval"]["hi"]) == (59.0, 61.0)
-    long_inject = Injection("decode-0", "gpu-node-0", 0, "ecc_dbe_volatile", 1, t_inject=1000.0, inject_s=1.0)
+    long_inject = Injection("decode-0", "gpu-node-0", 0, "ecc_dbe_volatile", 1, t_inject=1000.0, effect_window_s=1.0)
     long_inject.observe(59.5, 200, None, True)
     long_inject.observe(60.0, 503, None, True, answered=60.2)  # the point (60 s) would pass
     assert dcgm_verdict([long_inject], checklist).status == Status.INCONCLUSIVE
@@ -71,7 +71,7 @@ def test_the_drain_time_is_judged_at_the_polls_resolution_not_as_a_bare_point():
     clear.observe(61.5, 200, None, True)
     clear.observe(62.0, 503, None, True)
     assert dcgm_verdict([clear], checklist).status == Status.FAIL
-    quick = Injection("decode-0", "gpu-node-0", 0, "ecc_dbe_volatile", 1, t_inject=1000.0, inject_s=1.0)
+    quick = Injection("decode-0", "gpu-node-0", 0, "ecc_dbe_volatile", 1, t_inject=1000.0, effect_window_s=1.0)
     quick.observe(11.5, 200, None, True)
     quick.observe(12.0, 503, None, True, answered=12.1)
     assert dcgm_verdict([quick], checklist).status == Status.PASS
