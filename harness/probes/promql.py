@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 import httpx
 
 from harness.errors import ProbeError
-from harness.probes.metrics_source import MetricsSource, Reading, Series
+from harness.probes.metrics_base import MetricsSource, Reading, Series
 from harness.urls import http_url
 from harness.waiting import wait_until
 

@@ -19,7 +19,7 @@ import httpx
 
 from harness.errors import ProbeError
 from harness.probes.records import RequestRecord, process_anchor
-from harness.probes.request_shape import DEFAULT_SHAPE, RequestShape
+from harness.probes.shapes import DEFAULT_SHAPE, RequestShape
 from harness.probes.sse import MessageHook, RecordBuilder
 from harness.urls import http_url
 

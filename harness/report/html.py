@@ -13,7 +13,7 @@ from markupsafe import Markup, escape
 
 from harness.stats.intervals import brackets
 from harness.checklists import COMPARISONS
-from harness.report import RunResult
+from harness.report.result import RunResult
 from harness.report import item_plots, plots, run_plots
 from harness.report.events import event_summary, unique_events
 from harness.report.item_plots import RunView

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.report import RunResult
+from harness.report.result import RunResult
 
 SCHEMA_VERSION = 1
 

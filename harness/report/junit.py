@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.checks.verdict import Status
-from harness.report import RunResult
+from harness.report.result import RunResult
 
 
 def junit_tree(result: RunResult) -> ET.ElementTree:

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from harness.stats.intervals import brackets
 from harness.checks.verdict import Status, Verdict
-from harness.report import RunResult
+from harness.report.result import RunResult
 from harness.report.suites import suite_label
 
 _STYLE = {Status.PASS: "bold green", Status.FAIL: "bold red", Status.INCONCLUSIVE: "bold yellow",
