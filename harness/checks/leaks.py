@@ -17,7 +17,7 @@ drained (the soak runner reads both when nothing is in flight).
   fails only when the whole interval is above the limit, passes only when the whole interval is
   below. Under that its slope is evidence only, except the early fail (:class:`Rules`): the
   interval's lower bound above ``early_factor`` (4) times the limit, from at least
-  ``early_points`` (8) medians over at least ``early_span_s`` (90 s) fails at once. KV blocks in
+  ``early_points`` (6) medians over at least ``early_span_s`` (90 s) fails at once. KV blocks in
   use get the same fit as evidence (they follow the load; the drained figure above judges them).
   Per-process slopes stay as evidence.
 - The harness's own RSS after its first minute stays within ``harness_rss_band`` of its figure
@@ -75,7 +75,7 @@ class Rules:
     bin_s: float = BIN_S
     min_judged_s: float = MIN_JUDGED_S
     early_factor: float = 4.0
-    early_points: int = 8
+    early_points: int = 6       # one more than a Theil-Sen interval's fewest (5)
     early_span_s: float = 90.0
 
 
