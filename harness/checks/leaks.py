@@ -37,7 +37,6 @@ from typing import Any, Iterable, Sequence
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.probes.leaks import LeakSample
-from harness.stats.intervals import brackets
 from harness.stats.slope import SEGMENTED, THEIL_SEN, Slope, binned_medians, segmented_theil_sen, theil_sen
 
 ITEM = "soak.leaks"

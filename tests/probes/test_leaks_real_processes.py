@@ -17,7 +17,7 @@ from harness.checklists import Checklist
 from harness.checks.leaks import Rules, leak_verdict
 from harness.checks.verdict import Status
 from harness.engine.admin.models import AdminWorker
-from harness.probes.leaks import LeakSampler, read_samples
+from harness.probes.leaks import LeakSample, LeakSampler, read_samples
 
 LEAKER = ("import os, time\nkept = []\nwhile True:\n"
           "    kept.append(bytearray(b'x') * (1 << 20)); kept.append(os.open(os.devnull, os.O_RDONLY))\n"
@@ -91,10 +91,9 @@ def test_a_role_leaking_across_a_restart_fails_early_naming_the_role_and_its_pro
 def test_a_flat_role_restarted_at_the_same_duration_never_fails(sampled):
     """Catches a growth rule that fails healthy processes on a short run (a restart's jump, or
     start-up growth, read as a leak): the flat prefill worker's readings alone must not fail."""
-    path, pids = sampled
-    flat = (s for s in read_samples(path))
-    only = [type(s)(s.t, s.harness, tuple(w for w in s.workers if w.role == "prefill"), s.harness_py_blocks)
-            for s in flat]
+    path, _ = sampled
+    only = [LeakSample(s.t, s.harness, tuple(w for w in s.workers if w.role == "prefill"), s.harness_py_blocks)
+            for s in read_samples(path)]
     v = leak_verdict(Checklist.load(), only, idle_before={"prefill-0": 0}, idle_after={"prefill-0": 0},
                      rules=SECONDS)
     assert v.status in (Status.PASS, Status.INCONCLUSIVE), v.reason
