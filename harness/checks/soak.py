@@ -25,7 +25,9 @@ from typing import Any, Mapping, Sequence
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
 from harness.checks.slo import slo_verdicts_of
-from harness.checks.verdict import Measurement, Status, Verdict
+from harness.checks.verdict import Measurement, Status, Verdict, judge
+from harness.stats import levels
+from harness.stats.intervals import across
 from harness.probes.record_digest import RecordDigest
 from harness.probes.records import RequestRecord
 from harness.scenarios.soak import SoakOutcome
@@ -115,46 +117,51 @@ def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], sample
     kinds = sorted({j.outcome.fault.kind for j in injected})
     summary = (f"{len(injected)} of {len(judged)} scheduled faults injected ({len(kinds)} kinds: {', '.join(kinds)}), "
                f"{len(injected) - len(failed) - len(undecided)} recovered")
-    if failed:
-        status = Status.FAIL
+    # the status comes from judge() on three measurements (each fault's rule is one of them):
+    # the slowest rescheduling on the faults' resolution bounds (p100 across them: it fails when one
+    # fault's lower bound is beyond, passes when every upper bound is within), the longest wait for
+    # traffic after healthy, and the faults never recovered from (an error, never back, never rescheduled)
+    times = [(j.reschedule_s, iv) for j in injected if j.reschedule_s is not None
+             and (iv := getattr(by_id.get(j.outcome.fault_id or ""), "interval", None)) is not None]
+    backs = [b for j in injected if j.outcome.rejoin is not None and (b := j.outcome.rejoin.after_healthy_s) is not None]
+    never = sum(j.cause is None for j in failed)
+    slowest = max((s for s, _ in times), default=None)
+    measurements = [
+        Measurement(t["reschedule_p100_s"], None if slowest is None else round(slowest, 3),
+                    "slowest rescheduling of a kill or hang",
+                    across([iv for _, iv in times], 100, noun="faults") if times else None),
+        Measurement(t["rejoin_limit_s"], None if not backs else round(max(backs), 3),
+                    "longest wait for traffic through a recovered worker after it was healthy"),
+        Measurement(t["faults_not_recovered"], float(never), "faults never recovered from")]
+    because = None
+    if stopped:
+        because = f"the schedule {stopped}; {summary}"
+    elif len(injected) < need:
+        because = (f"{len(injected)} faults injected, {need} needed"
+                   + (f"; not injected: {missing[0].why}" if missing else ""))
+    elif undecided:
+        because = f"#{undecided[0].outcome.fault.index + 1} {undecided[0].why}; {summary}"
+    evidence = {"by_kind": by_kind, "faults": [j.to_dict() for j in judged],
+                "schedule": schedule or {}, "kill_and_hang_judged_by": judged_by,
+                "rules": {"reschedule_p100_s": limit_s, "rejoin_limit_s": rejoin_s}}
+    judged_verdict = judge(item, [m for m in measurements if m.value is not None], evidence=evidence,
+                           inconclusive_because=because)
+    judged_verdict.evidence["measurements"] = [m.to_dict() for m in measurements]   # the unmeasured too (holds None)
+    status = judged_verdict.status
+    if status is Status.FAIL and failed:
         worst = failed[0]
         reason = (f"{len(failed)} fault(s) not recovered, first #{worst.outcome.fault.index + 1} "
                   f"{worst.outcome.fault.kind} {worst.outcome.fault.target}: {worst.why}; {summary}: {item.why}")
-    elif stopped:
-        status, reason = Status.INCONCLUSIVE, f"inconclusive: the schedule {stopped}; {summary}"
-    elif len(injected) < need:
-        status = Status.INCONCLUSIVE
-        reason = (f"inconclusive: {len(injected)} faults injected, {need} needed"
-                  + (f"; not injected: {missing[0].why}" if missing else ""))
-    elif undecided:
-        status, reason = Status.INCONCLUSIVE, f"inconclusive: #{undecided[0].outcome.fault.index + 1} {undecided[0].why}; {summary}"
+    elif status is not Status.PASS:   # a fail no fault's rule names cannot happen; judge()'s own words then
+        reason = f"inconclusive: {because}" if because and status is Status.INCONCLUSIVE else judged_verdict.reason
     else:
-        status = Status.PASS
         reason = f"{summary}: every one by its rule (rescheduling <= {limit_s:g} s, traffic again <= {rejoin_s:g} s)"
         if missing:
             reason += f"; {len(missing)} not injected (named in the evidence)"
-    # which rule each failure broke: a time over its limit (the test machine's gate may call a starved
-    # run's timing failure inconclusive: harness/checks/machine.py) or a fault never recovered from
-    broken = {j.cause or "faults_not_recovered" for j in failed}
-    slowest = max((j.reschedule_s for j in injected if j.reschedule_s is not None), default=None)
-    backs = [b for j in injected if j.outcome.rejoin is not None and (b := j.outcome.rejoin.after_healthy_s) is not None]
-    never = sum(j.cause is None for j in failed)
-    measurements = []
-    for key, value, what in (("reschedule_p100_s", slowest, "slowest rescheduling of a kill or hang"),
-                             ("rejoin_limit_s", max(backs, default=None), "longest wait for traffic through a "
-                              "recovered worker after it was healthy"),
-                             ("faults_not_recovered", float(never), "faults never recovered from")):
-        m = Measurement(t[key], None if value is None else round(value, 3), what).to_dict()
-        m["holds"] = (key not in broken) if value is not None else None
-        if key == "reschedule_p100_s" and undecided and key not in broken:
-            m["holds"] = None   # one straddles the limit on its interval: undecided, not missed
-        measurements.append(m)
-    evidence = {"measurements": measurements, "by_kind": by_kind, "faults": [j.to_dict() for j in judged],
-                "schedule": schedule or {}, "kill_and_hang_judged_by": judged_by,
-                "rules": {"reschedule_p100_s": limit_s, "rejoin_limit_s": rejoin_s}}
     verdict = Verdict(item=FAULTS_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
                       measured=float(len(failed)), threshold=t["faults_not_recovered"].value,
-                      unit=t["faults_not_recovered"].unit, op=t["faults_not_recovered"].op, evidence=evidence)
+                      unit=t["faults_not_recovered"].unit, op=t["faults_not_recovered"].op,
+                      evidence=judged_verdict.evidence)
     return verdict, judged
 
 
@@ -174,16 +181,29 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
                         end_wall: float, window_s: float) -> Verdict:
     """``soak.slo``: 6.2's TTFT and TPOT targets in every window and over the whole run; a window
     fails on a percentile whose whole interval misses its target. ``records``: the run's records,
-    or the digest a soak kept of them while it streamed them from disk."""
+    or the digest a soak kept of them while it streamed them from disk.
+
+    Error control (docs/statistics.md): every row (the W windows of the run's planned length and
+    the whole run) judges 4 percentiles, each bound that can fail it at soak.slo's
+    ``false_fail_alpha`` / ((W + 1) x 4) (Bonferroni: the chance that any row fails a healthy
+    cluster stays within the item's budget however many windows a soak has), each bound that can
+    pass it at ``false_pass_alpha``. A window whose figure is beyond a target but whose interval is
+    not wholly beyond at that level is evidence (``beyond``), not a fail."""
     item = checklist.item(SLO_ITEM)
     digest = records if isinstance(records, RecordDigest) else RecordDigest().add(records)
     rows: list[dict[str, Any]] = []
     spans = window_edges(start_wall, end_wall, window_s)
     spans = [(a, b if k < len(spans) - 1 else math.inf) for k, (a, b) in enumerate(spans)] + [(-math.inf, math.inf)]
+    tests = len(spans) * 4   # (windows + the whole run) x (TTFT, TPOT) x (p50, p99)
+    budget = item.thresholds[levels.FALSE_FAIL_KEY].value
+    pass_alpha = item.thresholds[levels.FALSE_PASS_KEY].value
+    control = levels.Spending(fail_alpha=budget / tests, pass_alpha=pass_alpha,
+                              method=f"Bonferroni over {len(spans) - 1} windows + the whole run x 4 percentiles")
     for k, (a, b) in enumerate(spans):
         whole = k == len(spans) - 1
         requests, ttft_ms, tpot_ms = digest.client_samples(a, b)
-        ttft, tpot = slo_verdicts_of(requests, ttft_ms, tpot_ms, checklist)
+        with levels.spending(look=None, fail_alpha=control.fail_alpha, pass_alpha=pass_alpha, method=control.method):
+            ttft, tpot = slo_verdicts_of(requests, ttft_ms, tpot_ms, checklist)
         shown_a, shown_b = (start_wall, end_wall) if whole else (a, min(b, end_wall))
         row = {"window": "whole run" if whole else k + 1, "start_s": round(shown_a - start_wall, 1),
                "end_s": round(shown_b - start_wall, 1), "requests": requests}
@@ -191,6 +211,9 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
             row[name] = {"status": v.status.value, "reason": v.reason,
                          "p50_ms": next((m["value"] for m in v.evidence["measurements"] if m["key"].endswith("p50_ms")), None),
                          "p99_ms": next((m["value"] for m in v.evidence["measurements"] if m["key"].endswith("p99_ms")), None)}
+        row["beyond"] = [f"{name} {m['key'].rsplit('_', 2)[1]}" for name, v in (("TTFT", ttft), ("TPOT", tpot))
+                         for m in v.evidence["measurements"] if m["value"] is not None and m["holds"] is not True
+                         and not checklist.threshold(v.item, m["key"]).holds(m["value"])]
         row["status"] = ("fail" if "fail" in (row["ttft"]["status"], row["tpot"]["status"]) else
                          "pass" if row["ttft"]["status"] == row["tpot"]["status"] == "pass" else "inconclusive")
         rows.append(row)
@@ -218,4 +241,6 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
                   f"{whole['requests']} requests)")
     return Verdict(item=SLO_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
                    measured=float(len([r for r in windows if r["status"] == "fail"])), threshold=t.value, unit=t.unit,
-                   op=t.op, evidence={"window_s": window_s, "windows": rows})
+                   op=t.op, evidence={"window_s": window_s, "windows": rows,
+                                      "error_control": control.to_dict(control.fail_alpha, pass_alpha,
+                                                                       item_false_fail_alpha=budget, tests=tests)})

@@ -106,7 +106,8 @@ def percentile_interval(values: Sequence[float], q: float, level: float = LEVEL,
     from (independent draws assumed; NaN ignored); each bound at its own one-sided miss chance
     when ``alpha_lo`` / ``alpha_hi`` are given (default ``(1 - level) / 2`` each)."""
     _check_q(q)
-    ordered = sorted(v for v in values if not math.isnan(v))
+    arr = np.asarray(values, dtype=float)
+    ordered = np.sort(arr[~np.isnan(arr)]).tolist()
     return _from_sorted(ordered, q, *_tails(level, alpha_lo, alpha_hi), noun, len(ordered))
 
 

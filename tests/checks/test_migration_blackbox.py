@@ -78,7 +78,7 @@ def test_enough_measured_crossings_under_the_budget_pass_and_phases_are_kept_apa
     def moved(i, phase_gap):
         return stream(f"m{i}", steady(T0 - 0.1, 10) + steady(T0 + phase_gap, 3), served_by=("decode-1", "decode-0"))
 
-    idle = [moved(i, 0.04) for i in range(6)]       # 50 ms stall - 10 ms typical: 40 ms excess each
+    idle = [moved(i, 0.04) for i in range(8)]       # 50 ms stall - 10 ms typical: 40 ms excess each
     loaded = [moved(10 + i, 0.15) for i in range(8)]  # 150 ms excess each
     out = measure([kill()], idle)
     out2 = measure([kill(phase="loaded")], loaded)

@@ -118,14 +118,26 @@ def test_an_unbounded_side_never_passes(ttft, op, value, interval):
 
 
 def test_a_straddle_names_the_interval_and_what_would_decide(ttft):
+    """Catches a reason that names the wrong branch for its data: 600 requests spread evenly over
+    1-200 ms have a p99 near 198 ms, so against < 199.5 ms more requests narrow the interval onto
+    the good side (a figure, checked against the extrapolation), while against < 198 ms, the
+    observed p99 itself, no number within 10x ever decides."""
     from harness.stats.intervals import percentile_interval
-    values = [float(v) for v in range(1, 201)] * 2   # 400 requests, p99 = 198 ms
+    values = [float(v) for v in range(1, 201)] * 3   # 600 requests, p99 = 198 ms
     iv = percentile_interval(values, 99, noun="requests")
     v = judge(ttft, [Measurement(_threshold("<", 199.5), 198.0, "client TTFT p99", iv)])
     assert v.status is Status.INCONCLUSIVE
-    assert v.reason.startswith("inconclusive: client TTFT p99 ") and "(95 %, order statistics, n=400) straddles < 199.5 ms" in v.reason
-    assert "more requests would decide" in v.reason or "more than 10x the requests" in v.reason
-    assert v.interval == iv.to_dict() and Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+    assert v.reason.startswith("inconclusive: client TTFT p99 195-200 ms (lower 99.97 %, upper 99.5 %, order "
+                               "statistics, n=600) straddles < 199.5 ms; about "), v.reason
+    more = v.evidence["undecided"][0]["more_to_decide"]
+    assert f"about {more} more requests would decide" in v.reason and 600 < more < 5400
+    oriented = iv.at(v.interval["alpha_lo"], v.interval["alpha_hi"])
+    assert oriented.to_dict() == v.interval and Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+    assert oriented.extrapolate((600 + more) / 600).hi < 199.5        # that many more would pass it
+    assert oriented.extrapolate((600 + more // 2) / 600).hi >= 199.5  # half as many would not
+    at_p99 = judge(ttft, [Measurement(_threshold("<", 198.0), 198.0, "client TTFT p99", iv)])
+    assert at_p99.status is Status.INCONCLUSIVE and at_p99.evidence["undecided"][0]["more_to_decide"] is None
+    assert "more than 10x the requests would be needed to decide" in at_p99.reason, at_p99.reason
 
 
 def test_a_fail_anywhere_wins_over_a_straddle_and_exact_counts_are_judged_as_before(item4):
