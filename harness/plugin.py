@@ -99,22 +99,25 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     catches those as well (harness/cli_run.py)."""
     import copy
 
-    from _pytest.config import ConftestImportFailure
-    from _pytest.config.exceptions import PrintHelp
-
     from harness.cli_run import report_usage_error
 
     try:
         yield
-    except ConftestImportFailure as exc:
+    except Exception as exc:
+        # pytest's ConftestImportFailure (private: known by name; it has ``path`` and ``cause``)
+        if not any(c.__name__ == "ConftestImportFailure" for c in type(exc).__mro__):
+            raise
         import traceback
 
-        cause = "".join(traceback.format_exception_only(type(exc.cause), exc.cause)).strip()
-        raise SystemExit(report_usage_error((f"ImportError while loading conftest '{exc.path}': {cause}",))) from None
+        cause = getattr(exc, "cause", exc)
+        text = "".join(traceback.format_exception_only(type(cause), cause)).strip()
+        raise SystemExit(report_usage_error((f"ImportError while loading conftest '{getattr(exc, 'path', '?')}': "
+                                             f"{text}",))) from None
+    known = early_config.known_args_namespace
+    if getattr(known, "help", False) or getattr(known, "version", False):
+        return None  # pytest prints them
     try:
         parser.parse(args, namespace=copy.copy(early_config.option))
-    except PrintHelp:
-        pass  # --help: pytest prints it
     except pytest.UsageError as exc:
         raise SystemExit(report_usage_error(exc.args)) from None
     return None
