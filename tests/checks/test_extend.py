@@ -20,6 +20,9 @@ def _judge(values):
 
 
 def test_a_straddle_is_measured_further_until_decided():
+    """Catches a loop that stops at the first straddle, one whose extensions do not at least double
+    the samples (the budget would not be reached within the 5 looks), and evidence that does not
+    say how many looks were used."""
     rng = np.random.default_rng(1)
     values: list[float] = []
     asked = []
