@@ -27,7 +27,9 @@ A sample comes only from a stream that moved. Which streams moved, in this order
    no stream), else every migration (``migrations``, an engine that does not tell them apart): the engine
    cannot say which streams moved, so they are taken to be the k streams decoding at the kill with the
    largest stall, k being how much that counter rose over the kill's window (each sample says so in its
-   ``migration`` field: the counter, k and how many streams were decoding);
+   ``migration`` field: the counter, k and how many streams were decoding). Dynamo counts as
+   ``ongoing_request`` any stream whose connection broke, also one still waiting for its first token
+   (the load's, under load): k is then an upper bound on the decoding streams that moved;
 3. neither: the kill is *unmeasured*, with that reason (never counted against the engine).
 
 So the samples counted against the checklist's ``min_migrations_*`` are moved streams only.
