@@ -11,7 +11,9 @@ check judges, per level:
   and completion lengths against ``max_tokens_cap``, since both act on admission;
 - on the requests *in flight* while it was in force: errors (``no_errors``, ``queue``);
 - on the engine's metrics meanwhile: waiting requests or preemptions (``queue``);
-- after the load stopped, KV use fell back below the first threshold within ``step_down_s``.
+- after the load stopped, KV use fell back below the first threshold within ``step_down_s``, judged
+  with the resolution of the KV samples (:func:`step_down_interval`: it fell after the last sample
+  that still read at or above the threshold), so a time within one sample of the limit is inconclusive.
 
 A level whose threshold the load could not reach (within its time budget, or that KV use jumped
 over without a request sent inside it) cannot be judged: the verdict is then inconclusive, naming
@@ -28,6 +30,7 @@ from typing import Any, Sequence
 from harness.checks.degradation import ITEM
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
+from harness.stats.intervals import RESOLUTION, Interval, measured_within
 from harness.probes.kv_drive import DriveResult, KvSample
 from harness.probes.records import NOT_SENT, RequestRecord
 
@@ -189,6 +192,22 @@ def _increase(samples: Sequence[KvSample], indexes: Sequence[int]) -> float | No
     return total if seen else None
 
 
+def step_down_interval(drive: DriveResult, threshold: float, timeout_s: float) -> Interval:
+    """Where the step-down time lies, from the stop of the load: KV use fell below ``threshold``
+    after the last KV sample that still read at or above it (the one before the first sample after
+    the stop that read below) and by ``drive.step_down_s``, when that sample's read ended. Never
+    seen below: at least ``timeout_s``, with no upper bound."""
+    if drive.step_down_s is None:
+        return Interval(timeout_s, None, 1.0, RESOLUTION, 1, noun="KV samples")
+    read = [s for s in drive.samples if s.kv_use is not None]
+    first_below = next((k for k, s in enumerate(read) if s.t_wall_ns >= drive.stopped_wall_ns
+                        and s.kv_use < threshold), None)
+    lo = 0.0
+    if first_below is not None and first_below > 0:
+        lo = min(max(0.0, (read[first_below - 1].t_wall_ns - drive.stopped_wall_ns) / 1e9), drive.step_down_s)
+    return measured_within(drive.step_down_s, below=drive.step_down_s - lo, above=0.0, noun="KV samples")
+
+
 def load_degradation_verdict(levels: Sequence[Any], drive: DriveResult, checklist: Checklist, *,
                              step_down_timeout_s: float) -> Verdict:
     item = checklist.item(ITEM)
@@ -212,7 +231,8 @@ def load_degradation_verdict(levels: Sequence[Any], drive: DriveResult, checklis
         Measurement(t["actions_not_applied"], len(violations),
                     "stated level actions not seen on the API or the engine's metrics"),
         Measurement(t["step_down_s"], round(step_down, 3),
-                    f"time from the end of the load until KV use fell below {levels[0].kv_use_above:.2f}"),
+                    f"time from the end of the load until KV use fell below {levels[0].kv_use_above:.2f}",
+                    step_down_interval(drive, levels[0].kv_use_above, step_down_timeout_s)),
     ]
     evidence: dict[str, Any] = {
         "method": "by load: long-prompt streams ramped until the engine's KV-use metric crossed each level of the "

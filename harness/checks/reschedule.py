@@ -28,13 +28,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from harness.stats.intervals import Interval, across, measured_within, share_statement
+from harness.stats.intervals import RESOLUTION, Interval, across, measured_within, share_statement
 from harness.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checklists import Checklist, ChecklistItem, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
 from harness.scenarios.fault_marks import FaultMark, affected_request_id
 from harness.states import EventKind, PD_ROLES
+
+from harness.probes.rejoin import POLL_S
 
 if TYPE_CHECKING:
     from harness.probes.rejoin import Rejoin
@@ -200,17 +202,41 @@ def share_within(budget: Threshold, intervals: Sequence[Interval | None]) -> str
     return share_statement(ok, len(intervals), "faults", f"rescheduled {budget.describe()} (upper bounds)")
 
 
+def rejoin_interval(rejoin: Rejoin) -> Interval | None:
+    """Where the time a healthy worker was kept out lies, at the watch's resolution: taken back,
+    it came after the poll before the one that saw it (``resolution_s``, the time the watch
+    measured since that poll; else one ``POLL_S``), so the true time is up to that much shorter;
+    still out when the watch ended, at least as long as it watched (no upper bound). None: not
+    observable. The same rule as the black-box check's (harness/checks/reschedule_blackbox.py)."""
+    kept = rejoin.kept_out_s
+    if kept is None:
+        return None
+    if not rejoin.back:
+        return Interval(max(0.0, kept - EVENT_CLOCK_RESOLUTION_S), None, 1.0, RESOLUTION, 1, noun="rejoins")
+    late = getattr(rejoin, "resolution_s", None)
+    late = POLL_S if late is None else late
+    return measured_within(kept, below=min(kept, late + EVENT_CLOCK_RESOLUTION_S), above=EVENT_CLOCK_RESOLUTION_S,
+                           noun="rejoins")
+
+
 def rejoin_measurement(item: ChecklistItem, rejoins: Sequence[Rejoin]) -> Measurement | None:
     """The longest time the cluster kept a healthy worker out after its revert, against
-    ``rejoin_limit_s`` (recovery is part of 6.1.4); None when no rejoin could be observed (each
-    entry of the evidence says why)."""
+    ``rejoin_limit_s`` (recovery is part of 6.1.4), with the watch's resolution
+    (:func:`rejoin_interval`; the longest of several: [largest lower bound, largest upper bound],
+    unbounded above when any is);
+    None when no rejoin could be observed (each entry of the evidence says why)."""
     seen = [r for r in rejoins if r.kept_out_s is not None]
     if not seen:
         return None
     worst = max(seen, key=lambda r: r.kept_out_s or 0.0)
+    bounds = [rejoin_interval(r) for r in seen]
+    his = [b.hi for b in bounds if b is not None]
+    interval = Interval(max(b.lo for b in bounds if b is not None and b.lo is not None),
+                        None if len(his) < len(bounds) or None in his else max(his),  # type: ignore[type-var]
+                        1.0, RESOLUTION, len(seen), noun="rejoins")
     return Measurement(item.thresholds["rejoin_limit_s"], worst.kept_out_s,
                        f"longest time a healthy worker was kept out of the cluster's traffic, over {len(seen)} "
-                       f"restart(s) or resume(s) ({worst.sentence()})")
+                       f"restart(s) or resume(s) ({worst.sentence()})", interval)
 
 
 def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist, *, rejoins: Sequence[Rejoin] = (),

@@ -150,18 +150,20 @@ def _run_plateaus(cluster: ClusterHandle, load: Load, faults: FaultRunner, timel
     reverted_at = time.monotonic()
     for fault in reversed(fills):
         faults.revert(fault)
-    step_down_s = None
+    step_down_s, still_up_s = None, 0.0   # still_up_s: the last poll that saw a level above 0 (its resolution)
     while time.monotonic() - reverted_at < STEP_DOWN_TIMEOUT_S:
+        asked = time.monotonic() - reverted_at
         if _degradation(admin).level == 0:
             step_down_s = time.monotonic() - reverted_at
             break
+        still_up_s = asked
         time.sleep(POLL_S)
     if step_down_s is None:
         step_down_s = STEP_DOWN_TIMEOUT_S  # never came back: judged as at least this long
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     events = timeline.events()
     verdict = degradation_verdict(steps, events, round(step_down_s, 3), checklist,
-                                  controller_enabled=state.enabled)
+                                  controller_enabled=state.enabled, step_down_after_s=round(still_up_s, 3))
     links = run_links(run)
     verdict.evidence.update(links=links, baseline_kv_use=round(base, 4), dwell_s=dwell,
                             speculative_turned_on_first=spec_was_on)
