@@ -4,7 +4,8 @@ fabric a suite measures: the bundled cluster's emulated one (namespaces) or name
 
 Each figure carries its 95 % interval (docs/statistics.md): the line-rate fraction, the median of
 repeated transfers at the judged size (order statistics); 6.1.5's p99 round-trip ratio, the ratio
-of the two windows' p99 intervals (each at 97.5 %, Bonferroni), its throughput ratio and the NIC
+of the two windows' p99 intervals (each at 97.5 %, Bonferroni; the calm side at no less than the
+host's loopback round trip measured beside it), its throughput ratio and the NIC
 flap's recovered fraction, a seeded bootstrap of the ratio of medians between the windows."""
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from harness.fabric.tcpprobe import TcpClassSample
 ITEM_KV_BANDWIDTH = "6.1.1"
 ITEM_PFC_ISOLATION = "6.1.5"
 ITEM_NIC_FLAP = "nic-flap"
-# RTT changes below this are the timer and scheduler resolution of a busy host, not the network
-RTT_NOISE_FLOOR_MS = 1.0
+RTT_FLOOR_WHAT = ("p99 of the same probe's round trips over the stormed host's loopback (127.0.0.1, no network), "
+                  "timed in the calm gaps beside the calm side's round trips: what the host's timer, scheduler "
+                  "and probe ends add to a round trip; the calm p99 is judged at no less than this")
 
 
 def skipped(checklist: Checklist, item_id: str, reason: str) -> Verdict:
@@ -87,27 +89,36 @@ def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthRes
 
 def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: TcpClassSample,
                           after: TcpClassSample | None, storm: dict[str, Any]) -> Verdict:
-    """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the sample before it
-    (taken under the same lossless flood, without the storm; latency at least RTT_NOISE_FLOOR_MS). The sample after it (None: not taken yet) is evidence of
-    recovery only: a class that shared the storm may still be draining then, which must not flatter
-    the baseline."""
-    base_p99 = max(before.rtt_p99_ms, RTT_NOISE_FLOOR_MS)
+    """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the calm side
+    (``before``: taken under the same lossless flood, without the storm). The calm p99 counts at no
+    less than its floor, the p99 of the loopback round trips measured beside it
+    (``before.floor_rtts_ms``, RTT_FLOOR_WHAT): below that the host cannot time the network. No
+    floor measured: none applied, and the evidence says so. The sample after the storm (None: not
+    taken yet) is evidence of recovery only: a class that shared the storm may still be draining
+    then, which must not flatter the baseline."""
+    floor = before.floor_p99_ms
+    base_p99 = max(before.rtt_p99_ms, floor or 0.0)
     base_tput = before.throughput_bps
     t = checklist.item(ITEM_PFC_ISOLATION).thresholds
     each = ratio_input_level()
     latency = ratio_interval(percentile_interval(during.rtts_ms, 99, each, noun="round trips"),
-                             percentile_interval(before.rtts_ms, 99, each), den_floor=RTT_NOISE_FLOOR_MS)
+                             percentile_interval(before.rtts_ms, 99, each), den_floor=floor or 0.0)
     throughput = bootstrap_interval(ratio_of_medians, during.throughputs_bps, before.throughputs_bps,
                                     noun="bulk flows", grows=[0])
+    calm = (f"calm {base_p99:.3f} ms" if floor is None or before.rtt_p99_ms >= floor else
+            f"the loopback floor {floor:.3f} ms, the calm p99 {before.rtt_p99_ms:.3f} ms being below it")
+    floor_evidence = {"p99_ms": floor, "round_trips": len(before.floor_rtts_ms), "what": RTT_FLOOR_WHAT,
+                      "applied": floor is not None and before.rtt_p99_ms < floor}
+    if floor is None:
+        floor_evidence["what"] = "not measured: the calm p99 is judged as measured, with no floor"
     return judge(checklist.item(ITEM_PFC_ISOLATION), [
-        Measurement(t["tcp_p99_latency_ratio"], during.rtt_p99_ms / base_p99,
-                    f"TCP-class p99 round trip during the storm ({during.rtt_p99_ms:.3f} ms vs {base_p99:.3f} ms)",
-                    latency),
+        Measurement(t["tcp_p99_latency_ratio"], during.rtt_p99_ms / base_p99 if base_p99 > 0 else None,
+                    f"TCP-class p99 round trip during the storm ({during.rtt_p99_ms:.3f} ms vs {calm})", latency),
         Measurement(t["tcp_throughput_ratio"], during.throughput_bps / base_tput if base_tput > 0 else None,
                     f"TCP-class bulk throughput during the storm ({during.throughput_bps / 1e9:.3f} vs "
                     f"{base_tput / 1e9:.3f} Gbit/s, medians)", throughput)],
         evidence={"samples": [s.to_dict() for s in (before, during, after) if s is not None], "storm": dict(storm),
-                  "rtt_noise_floor_ms": RTT_NOISE_FLOOR_MS},
+                  "rtt_floor": floor_evidence, "rtt_noise_floor_ms": floor, "calm_p99_used_ms": base_p99},
         inconclusive_because=None if base_tput > 0 else "the TCP class moved nothing even before the storm")
 
 

@@ -5,6 +5,11 @@ persistent TCP connection (TCP_NODELAY) at a steady pace; each round trip is tim
 ``perf_counter``. Throughput: the raw bulk probe (:mod:`harness.fabric.bandwidth`) on a
 TCP-class port. Run it before, during and after a PFC storm; the ports must not be lossless
 ports, or the probe measures the class it is meant to be isolated from.
+
+The floor: the same round trip over the client host's own loopback (:func:`loopback`, no network
+at all) times what the host's timer, scheduler and the probe ends themselves add. Its p99, taken
+beside a sample (``floor_rtts_ms``), is the resolution of that sample's p99: a network p99 below
+it is not a measurement of the network (6.1.5 floors its calm side there, harness/checks/fabric.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 from harness.stats import nearest_rank
@@ -26,6 +31,8 @@ from harness.fabric.procs import HostProcess
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5301          # RR port; bulk uses port + 1 (both outside the lossless ports)
+LOOPBACK_PORT_OFFSET = 2     # the loopback floor's echo server listens on 127.0.0.1, port + 2
+LOOPBACK_ADDRESS = "127.0.0.1"
 STARTUP_TIMEOUT_S = 60.0
 RT_PRIORITY = 20             # SCHED_FIFO priority of the round-trip ends (root only)
 
@@ -42,17 +49,28 @@ class TcpClassSample:
     ended_wall: float
     rtts_ms: tuple[float, ...] = ()            # every round trip (for the percentile intervals)
     throughputs_bps: tuple[float, ...] = ()    # each bulk flow
+    # the same probe's round trips over the client host's loopback, taken beside this sample (ms)
+    floor_rtts_ms: tuple[float, ...] = ()
+
+    @property
+    def floor_p99_ms(self) -> float | None:
+        """p99 of the loopback round trips taken beside this sample: the resolution of its own
+        p99 (timer, scheduler and probe ends, no network); None: not measured."""
+        return nearest_rank(self.floor_rtts_ms, 99) if self.floor_rtts_ms else None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        del d["rtts_ms"]   # hundreds of values: the percentiles and the count stand for them
-        return {**d, "throughput_gbit_per_s": self.throughput_bps / 1e9}
+        # thousands of values: percentiles and counts stand for them (asdict would copy them all first)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rtts_ms", "floor_rtts_ms")}
+        d["throughputs_bps"] = list(self.throughputs_bps)
+        floor = {"floor_p99_ms": self.floor_p99_ms, "floor_round_trips": len(self.floor_rtts_ms)}
+        return {**d, **floor, "throughput_gbit_per_s": self.throughput_bps / 1e9}
 
     def merged(self, more: TcpClassSample) -> TcpClassSample:
         """This sample and ``more`` (a later one of the same window) as one."""
         rtts, flows = self.rtts_ms + more.rtts_ms, self.throughputs_bps + more.throughputs_bps
         return TcpClassSample(self.label, nearest_rank(rtts, 50), nearest_rank(rtts, 99), max(rtts), len(rtts),
-                              nearest_rank(flows, 50), self.started_wall, more.ended_wall, rtts, flows)
+                              nearest_rank(flows, 50), self.started_wall, more.ended_wall, rtts, flows,
+                              self.floor_rtts_ms + more.floor_rtts_ms)
 
 
 def _realtime(station: Station, argv: list[str]) -> list[str]:
@@ -61,6 +79,12 @@ def _realtime(station: Station, argv: list[str]) -> list[str]:
     A remote station says itself whether it may (its SSH user is root)."""
     may = station.realtime if station.realtime is not None else (os.geteuid() == 0 and bool(shutil.which("chrt")))
     return ["chrt", "-f", str(RT_PRIORITY), *argv] if may else argv
+
+
+def loopback(station: Station) -> Station:
+    """The same station, its probe ends talking over the host's loopback (127.0.0.1): round trips
+    with no network in them, to time the host's own floor."""
+    return replace(station, address=LOOPBACK_ADDRESS, name=f"{station.name} loopback")
 
 
 def measure_round_trips(client: Station, server: Station, *, port: int = DEFAULT_PORT, seconds: float = 3.0,
@@ -106,11 +130,12 @@ def split_by_spans(items: Sequence[tuple[float, float, float]], spans: Sequence[
 
 
 def class_sample(label: str, rtts: Sequence[float], flows: Sequence[float], started_wall: float,
-                 ended_wall: float) -> TcpClassSample:
-    """A sample made of round trips and bulk flows picked from longer measurements."""
+                 ended_wall: float, floor: Sequence[float] = ()) -> TcpClassSample:
+    """A sample made of round trips and bulk flows picked from longer measurements; ``floor``: the
+    loopback round trips taken beside them."""
     return TcpClassSample(label, nearest_rank(rtts, 50) if rtts else 0.0, nearest_rank(rtts, 99) if rtts else 0.0,
                           max(rtts, default=0.0), len(rtts), nearest_rank(flows, 50) if flows else 0.0,
-                          started_wall, ended_wall, tuple(rtts), tuple(flows))
+                          started_wall, ended_wall, tuple(rtts), tuple(flows), tuple(floor))
 
 
 def check_probe_ports(port: int, lossless_ports: Sequence[int]) -> None:

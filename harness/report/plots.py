@@ -254,28 +254,37 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
 
 def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
     """6.1.5: the TCP class's p99 round trip and bulk throughput on the calm side of the storm
-    (between its groups; "before" it in older runs), during and after it; the allowed latency and
-    required throughput (ratios of the calm side) as lines."""
+    (between its groups; "before" it in older runs), during and after it; the allowed latency (the
+    ratio times the calm p99 the verdict used: the calm side's, or the host's loopback floor where
+    that is higher), the floor itself and the required throughput as lines."""
     samples = evidence.get("samples") or []
     if not samples or "rtt_p99_ms" not in samples[0]:
         return None
     labels = [s["label"] for s in samples]
-    floor = float(evidence.get("rtt_noise_floor_ms") or 0.0)
+    floor = evidence.get("rtt_noise_floor_ms")
     base = next((s for s in samples if s["label"] in ("calm", "before")), samples[0])
+    used = evidence.get("calm_p99_used_ms")
+    used = float(used) if used is not None else max(base["rtt_p99_ms"], float(floor or 0.0))
     rtts = [s.get("rtt_p99_ms") for s in samples]
     tputs = [None if s.get("throughput_bps") is None else s["throughput_bps"] / 1e9 for s in samples]
     lat_ratio = _threshold_value(evidence, "tcp_p99_latency_ratio")
     tput_ratio = _threshold_value(evidence, "tcp_throughput_ratio")
-    lat_limit = None if lat_ratio is None else lat_ratio * max(base["rtt_p99_ms"], floor)
+    lat_limit = None if lat_ratio is None else lat_ratio * used
     tput_need = None if tput_ratio is None else tput_ratio * base["throughput_bps"] / 1e9
-    rmax = max([v for v in rtts if v is not None] + [lat_limit or 0, 1e-6]) * 1.2
+    rmax = max([v for v in rtts if v is not None] + [lat_limit or 0, float(floor or 0), 1e-6]) * 1.2
     tmax = max([v for v in tputs if v is not None] + [tput_need or 0, 1e-6]) * 1.2
     n = len(samples)
     lat = Axes("pfc-latency", "TCP class p99 round trip around the PFC storm", "sample", "p99 round trip (ms)",
                (-0.5, n - 0.5), (0, rmax), width=520)
     lat.bars(list(zip(labels, rtts)), PALETTE[0])
     if lat_limit is not None:
-        lat.hline(lat_limit, f"allowed {lat_limit:.3g} ms", "#dc2626")
+        floored = floor is not None and float(floor) > base["rtt_p99_ms"]
+        of = (f"loopback floor {float(floor):.3g} ms (calm p99 {base['rtt_p99_ms']:.3g} below it)"
+              if floored else f"{base['label']} p99 {used:.3g} ms")
+        lat.hline(lat_limit, f"allowed {lat_limit:.3g} ms = {lat_ratio:g} x {of}", "#dc2626")
+    if floor is not None:
+        lat.hline(float(floor), f"loopback p99 {float(floor):.3g} ms (host alone, no network: the floor)",
+                  "#6b7280", "2 2")
     tput = Axes("pfc-throughput", "TCP class bulk throughput around the PFC storm", "sample",
                 "throughput (Gbit/s)", (-0.5, n - 0.5), (0, tmax), width=520)
     tput.bars(list(zip(labels, tputs)), PALETTE[2])

@@ -8,6 +8,10 @@ round trip and flow is then put on the side it fell in: inside a storm group, or
 every few seconds, so they differ by the pause frames alone: the flood's own cost and the test
 machine's noise, which drifts over minutes, fall on both (docs/fabric.md).
 
+Each round also times the same round trip over the stormed host's loopback (no network: the
+host's timer, scheduler and probe ends) for ``floor_s``; those on the calm side are the calm
+sample's floor (``TcpClassSample.floor_rtts_ms``), the resolution its p99 is judged with.
+
 Used by the 6.1.5 suite (harness/suites/test_item5_pfc_isolation.py) and by the fabric tests, so
 both measure the same way; the checks (harness/checks/fabric.py) judge what :meth:`sides` returns.
 """
@@ -19,18 +23,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.fabric.bandwidth import LosslessFlood, Station, measure_bulk
-from harness.fabric.tcpprobe import DEFAULT_PORT, TcpClassSample, class_sample, split_by_spans, timed_round_trips
+from harness.fabric.tcpprobe import (DEFAULT_PORT, LOOPBACK_PORT_OFFSET, TcpClassSample, class_sample, loopback,
+                                     split_by_spans, timed_round_trips)
 from harness.faults import PfcStorm
 from harness.hosts import Executor
 
 RR_S, RR_INTERVAL_MS = 8.0, 2.0 # paced round trips per round: ~4000, ~1700 a side
+FLOOR_S = 2.0                   # loopback round trips per round (the floor): ~1000, ~400 on the calm side
 BULK_S = 0.5                    # one bulk flow
 BULK_EACH, BULK_MOST = 4, 16    # flows per round: until each side gained BULK_EACH, at most BULK_MOST
 PAUSE_MS, RESUME_MS = 300.0, 100.0
 GROUP = 8                       # bursts per storm group: 3.2 s of storm ...
 GAP_MS = GROUP * (PAUSE_MS + RESUME_MS)   # ... then as long a calm gap
 SETTLE_S = 0.5                  # a group's aftermath (the flood catching up) is on neither side
-ROUND_S = RR_S + BULK_MOST * (BULK_S + 1.5) + 10   # the most one round takes
+ROUND_S = RR_S + FLOOR_S + BULK_MOST * (BULK_S + 1.5) + 10   # the most one round takes
 
 
 def storm_bursts(most: int, *, group: int = GROUP, gap_ms: float = GAP_MS, round_s: float = ROUND_S) -> int:
@@ -61,32 +67,42 @@ class InterleavedStorm:
     bulk_each: int = BULK_EACH
     bulk_most: int = BULK_MOST
     settle_s: float = SETTLE_S
+    floor_s: float = FLOOR_S
     timed: list[tuple[float, float, float]] = field(default_factory=list)  # (sent, answered, ms) of each round trip
     flows: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, bit/s) of each bulk flow
+    floor: list[tuple[float, float, float]] = field(default_factory=list)  # (sent, answered, ms) over loopback
     rounds: list[dict[str, int]] = field(default_factory=list)
     floods: list[dict[str, Any]] = field(default_factory=list)   # what each round's flood moved (evidence)
     ended_under: list[int] = field(default_factory=list)  # a round under which the bursts ended: left out
 
     def sides(self) -> tuple[TcpClassSample, TcpClassSample]:
-        """(calm, during): every round trip and flow so far, on the side of the storm it fell in."""
+        """(calm, during): every round trip and flow so far, on the side of the storm it fell in; the
+        calm side carries the loopback round trips taken in the calm gaps (its floor)."""
         spans = self.storm.spans(self.ex)
         rtt_in, rtt_out = split_by_spans(self.timed, spans, settle_s=self.settle_s)
+        _, floor_out = split_by_spans(self.floor, spans, settle_s=self.settle_s)
         m = self.clock_margin_s
         flow_in, flow_out = split_by_spans([(a - m, b + m, bps) for a, b, bps in self.flows], spans,
                                            settle_s=self.settle_s)
         t0 = min((a for a, _, _ in self.timed), default=0.0)
         t1 = max((b for _, b, _ in self.timed + self.flows), default=0.0)
-        return (class_sample("calm", rtt_out, flow_out, t0, t1), class_sample("during", rtt_in, flow_in, t0, t1))
+        return (class_sample("calm", rtt_out, flow_out, t0, t1, floor_out),
+                class_sample("during", rtt_in, flow_in, t0, t1))
 
     def one_round(self) -> None:
-        """Round trips, then bulk flows until each side has ``bulk_each`` more (at most ``bulk_most``),
-        under the flood. A round the storm's bursts ended under is left out (its figures are not the storm's)."""
+        """Round trips, loopback round trips (the floor), then bulk flows until each side has
+        ``bulk_each`` more (at most ``bulk_most``), under the flood. A round the storm's bursts ended
+        under is left out (its figures are not the storm's)."""
         flood = LosslessFlood(self.flood_from, self.flood_to, port=self.flood_port, datagram_bytes=self.datagram_bytes)
         mine: list[tuple[float, float, float]] = []
         with flood:
             taken = [(sent, sent + ms / 1e3, ms) for sent, ms in
                      timed_round_trips(self.client, self.server, port=self.probe_port, seconds=self.rr_s,
                                        interval_ms=RR_INTERVAL_MS)]
+            # the same ends over the stormed host's loopback: the host's own floor, under the same flood
+            floor = [(sent, sent + ms / 1e3, ms) for sent, ms in
+                     timed_round_trips(self.client, loopback(self.client), port=self.probe_port + LOOPBACK_PORT_OFFSET,
+                                       seconds=self.floor_s, interval_ms=RR_INTERVAL_MS)] if self.floor_s > 0 else []
             calm0, storm0 = (len(x.throughputs_bps) for x in self.sides())
             while len(mine) < self.bulk_most:
                 t0 = time.time()
@@ -104,7 +120,8 @@ class InterleavedStorm:
             self.ended_under.append(len(self.rounds) + 1)
             return
         self.timed.extend(taken)
-        self.rounds.append({"round_trips": len(taken), "bulk_flows": len(mine)})
+        self.floor.extend(floor)
+        self.rounds.append({"round_trips": len(taken), "loopback_round_trips": len(floor), "bulk_flows": len(mine)})
 
     def more(self, k: int) -> None:
         """The extension loop's step: ``k`` counts round trips or flows that would decide, so judge

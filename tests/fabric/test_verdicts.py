@@ -33,14 +33,16 @@ def test_kv_bandwidth_is_judged_on_the_interval_of_the_largest_transfer():
     assert ok.status == Status.PASS and ok.measured == pytest.approx(0.9)
     assert ok.interval["method"] == "order statistics" and ok.interval["n"] == 9 and ok.interval["lo"] > 0.8
     assert [round(p["line_rate_fraction"], 3) for p in ok.evidence["kv_curve"]] == [0.1, 0.9]
-    slow = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.5))
+    # a fail needs the median's upper bound at the fail side's per-look level: 13 repeats (checklist)
+    assert kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.5)).status == Status.INCONCLUSIVE
+    slow = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.5, repeats=13))
     assert slow.status == Status.FAIL
     assert "128 MiB" in slow.reason and ">= 0.8" in slow.reason
     near = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.81))   # 0.794..0.826 straddles 0.8
     assert near.status == Status.INCONCLUSIVE and "straddles >= 0.8" in near.reason
     assert "more transfers would decide" in near.reason
     few = kv_bandwidth_verdict(CHECKLIST, LINE, RAW, _curve(0.1, 0.9, repeats=3))   # a median of 3 has no bounds
-    assert few.status == Status.INCONCLUSIVE and "n >= 6" in few.reason
+    assert few.status == Status.INCONCLUSIVE and "n >= 13" in few.reason
 
 
 def test_raw_bandwidth_over_ssh_is_the_median_of_repeated_runs():
@@ -51,16 +53,19 @@ def test_raw_bandwidth_over_ssh_is_the_median_of_repeated_runs():
     assert "median of 9" in v.reason
 
 
-def _sample(label: str, p99: float, gbit: float, n: int = 600) -> TcpClassSample:
-    # round trips: 99 % at p99 / 2, the slowest 1 % at p99; bulk flows +-1 % around gbit
-    rtts = tuple(p99 / 2 if k % 100 else p99 for k in range(n))
+def _sample(label: str, p99: float, gbit: float, n: int = 600, floor_p99: float | None = None) -> TcpClassSample:
+    # round trips spread evenly from 0 to p99 / 0.99 (so the p99 is p99); bulk flows +-1 % around gbit;
+    # ``floor_p99``: loopback round trips beside them, spread the same way
+    rtts = tuple(p99 / 0.99 * (k + 0.5) / n for k in range(n))
     flows = tuple(gbit * 1e9 * (0.99 + 0.0025 * (k % 9)) for k in range(8))
-    return TcpClassSample(label, p99 / 2, p99, p99, n, gbit * 1e9, 0.0, 1.0, rtts, flows)
+    floor = () if floor_p99 is None else tuple(floor_p99 / 0.99 * (k + 0.5) / 400 for k in range(400))
+    return TcpClassSample(label, p99 / 2, p99, p99, n, gbit * 1e9, 0.0, 1.0, rtts, flows, floor)
 
 
 def test_pfc_isolation_fails_when_tcp_stalls_with_the_lossless_class():
-    before, after = _sample("before", 0.4, 0.95), _sample("after", 0.5, 0.95)
-    ok = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.6, 0.93), after, {})
+    # the calm p99's upper bound at the fail side's per-look level needs ~1000 round trips: 1700, as a round has
+    before, after = _sample("before", 0.4, 0.95, n=1700), _sample("after", 0.5, 0.95)
+    ok = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.5, 0.93), after, {})
     assert ok.status == Status.PASS and ok.interval["method"] == "ratio of order statistics bounds (Bonferroni)"
     broken = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 300.0, 0.2), after, {})
     assert broken.status == Status.FAIL and "p99 round trip during the storm" in broken.reason
@@ -68,12 +73,38 @@ def test_pfc_isolation_fails_when_tcp_stalls_with_the_lossless_class():
     assert slow.status == Status.FAIL and "throughput" in slow.reason
     assert "bootstrap of the ratio of medians" in slow.evidence["measurements"][1]["interval"]["method"]
     # 200 round trips during the storm: its p99 has no upper bound at 97.5 %, so the ratio cannot pass
-    thin = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.6, 0.93, n=200), after, {})
+    thin = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.5, 0.93, n=200), after, {})
     assert thin.status == Status.INCONCLUSIVE and "no upper bound" in thin.reason
-    merged = _sample("during", 0.6, 0.93, n=200).merged(_sample("during", 0.6, 0.93, n=400))
+    merged = _sample("during", 0.5, 0.93, n=200).merged(_sample("during", 0.5, 0.93, n=400))
     assert merged.round_trips == 600 and len(merged.throughputs_bps) == 16
     assert pfc_isolation_verdict(CHECKLIST, before, merged, after, {}).status == Status.PASS
-    assert "rtts_ms" not in merged.to_dict()
+    assert "rtts_ms" not in merged.to_dict() and "floor_rtts_ms" not in merged.to_dict()
+
+
+def test_a_doubled_p99_fails_when_the_calm_side_is_above_its_measured_floor():
+    """Planted defect: a fixed 1 ms floor under the calm p99 (the old RTT_NOISE_FLOOR_MS). Calm
+    0.6 ms, storm 1.2 ms is a 2x ratio: floored at 1 ms it read 1.2x and passed; the floor measured
+    beside it (the loopback p99, 0.36 ms here) is below the calm p99, so it fails at 2.0."""
+    calm = _sample("calm", 0.6, 0.95, n=1700, floor_p99=0.36)
+    v = pfc_isolation_verdict(CHECKLIST, calm, _sample("during", 1.2, 0.95, n=1700), None, {})
+    assert v.status == Status.FAIL and v.measured == pytest.approx(2.0, rel=0.01)
+    assert v.evidence["rtt_floor"]["p99_ms"] == pytest.approx(0.36, rel=0.01)
+    assert v.evidence["rtt_floor"]["applied"] is False and v.evidence["calm_p99_used_ms"] == pytest.approx(0.6)
+    assert "loopback" in v.evidence["rtt_floor"]["what"]
+
+
+def test_a_calm_p99_below_the_hosts_loopback_floor_is_judged_at_the_floor():
+    """Planted defect: the floor dropped (or taken from the storm side). The calm network p99 0.2 ms
+    is below what the host adds to a round trip with no network (loopback p99 0.4 ms): a storm side
+    at 0.5 ms is 1.25x the floor (pass), not 2.5x a figure the host cannot time (fail)."""
+    calm = _sample("calm", 0.2, 0.95, n=1700, floor_p99=0.4)
+    v = pfc_isolation_verdict(CHECKLIST, calm, _sample("during", 0.5, 0.95, n=1700), None, {})
+    assert v.status == Status.PASS and v.measured == pytest.approx(1.25, rel=0.01)
+    assert v.evidence["rtt_floor"]["applied"] is True and v.evidence["calm_p99_used_ms"] == pytest.approx(0.4, rel=0.01)
+    assert "the loopback floor 0.40" in v.reason or "loopback floor" in v.evidence["measurements"][0]["what"]
+    unfloored = pfc_isolation_verdict(CHECKLIST, _sample("calm", 0.2, 0.95, n=1700),
+                                      _sample("during", 0.5, 0.95, n=1700), None, {})
+    assert unfloored.status == Status.FAIL and unfloored.evidence["rtt_floor"]["p99_ms"] is None
 
 
 def _after(*gbits: float, step: float = 0.4) -> list[tuple[float, float, float]]:
@@ -84,7 +115,8 @@ BEFORE = [1.0, 0.99, 1.01, 1.0, 0.98, 1.02, 1.0, 0.99]
 
 
 def test_flap_recovery_needs_bandwidth_back_in_time():
-    ok = flap_recovery_verdict(CHECKLIST, BEFORE, _after(0.5, 0.97, 1.0, 0.99, 1.01, 1.0, 0.98, 1.0), {})
+    # 8 a side straddle at the per-look levels (0.74-1.02): twice as many decide
+    ok = flap_recovery_verdict(CHECKLIST, BEFORE * 2, _after(0.5, *[0.97, 1.0, 0.99, 1.01, 1.0, 0.98, 1.0] * 2), {})
     assert ok.status == Status.PASS
     recovery = ok.evidence["measurements"][1]
     assert recovery["value"] == pytest.approx(0.8) and recovery["interval"]["lo"] == pytest.approx(0.0)
