@@ -1,0 +1,38 @@
+"""6.1.5's chart draws the allowed p99 as the ratio times the calm p99 the verdict used, says so,
+and draws the loopback floor measured in the same run as its own line."""
+
+from __future__ import annotations
+
+import re
+
+from harness.report import plots
+
+LIMITS = [{"key": "tcp_p99_latency_ratio", "threshold": 1.5}, {"key": "tcp_throughput_ratio", "threshold": 0.9}]
+
+
+def _titles(evidence: dict) -> list[str]:
+    return re.findall(r"<title>([^<]*)</title>", str(plots.pfc_samples_plot(evidence)))
+
+
+def _samples(calm_p99: float, storm_p99: float) -> list[dict]:
+    return [{"label": "calm", "rtt_p99_ms": calm_p99, "throughput_bps": 9e8},
+            {"label": "during", "rtt_p99_ms": storm_p99, "throughput_bps": 9e8}]
+
+
+def test_the_allowed_line_is_the_ratio_times_the_calm_p99_used():
+    """Planted defect: the line drawn at 1.5 x a fixed 1 ms floor ("allowed 1.5 ms") although the
+    verdict judged against a calm p99 of 0.6 ms: the line must sit at 0.9 ms and say why."""
+    titles = _titles({"samples": _samples(0.6, 1.2), "rtt_noise_floor_ms": 0.36, "calm_p99_used_ms": 0.6,
+                      "measurements": LIMITS})
+    assert "allowed 0.9 ms = 1.5 x calm p99 0.6 ms" in titles
+    assert "loopback p99 0.36 ms (host alone, no network: the floor)" in titles
+
+
+def test_a_calm_p99_below_the_floor_is_drawn_against_the_floor():
+    """Planted defect: the limit drawn from the calm p99 where the verdict used the floor."""
+    titles = _titles({"samples": _samples(0.2, 0.5), "rtt_noise_floor_ms": 0.4, "calm_p99_used_ms": 0.4,
+                      "measurements": LIMITS})
+    assert "allowed 0.6 ms = 1.5 x loopback floor 0.4 ms (calm p99 0.2 below it)" in titles
+    # a run without a measured floor: no floor line, the limit from the calm p99
+    bare = _titles({"samples": _samples(0.6, 1.2), "rtt_noise_floor_ms": None, "measurements": LIMITS})
+    assert "allowed 0.9 ms = 1.5 x calm p99 0.6 ms" in bare and not any("loopback" in t for t in bare)
