@@ -160,8 +160,9 @@ def controlled(item: ChecklistItem, measurements: Sequence[Measurement]) -> tupl
     measurements / the looks, and its pass-side bound at ``false_pass_alpha`` / the looks (or a
     soak window's override). Returns them and ``evidence["error_control"]`` (None: not controlled)."""
     t = item.thresholds
-    judged = [i for i, m in enumerate(measurements) if m.value is not None and m.interval is not None
-              and m.interval.relevel is not None]
+    # every measurement whose interval can be re-levelled shares the budget, measured yet or not
+    # (6.1.2's loaded median before its phase ran): its share must not grow when another is missing
+    judged = [i for i, m in enumerate(measurements) if m.interval is not None and m.interval.relevel is not None]
     if levels.FALSE_FAIL_KEY not in t or not judged:
         return list(measurements), None
     spend = levels.current()
