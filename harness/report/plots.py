@@ -255,8 +255,9 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
 def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
     """6.1.5: the TCP class's p99 round trip and bulk throughput on the calm side of the storm
     (between its groups; "before" it in older runs), during and after it; the allowed latency (the
-    ratio times the calm p99 the verdict used: the calm side's, or the host's loopback floor where
-    that is higher), the floor itself and the required throughput as lines."""
+    ratio times the calm p99 the verdict used: the calm side's, or the host's floor where that is
+    higher), the floor itself (the p99 of the probe's round trips over the stormed host's loopback,
+    no network, measured beside the calm side) and the required throughput as lines."""
     samples = evidence.get("samples") or []
     if not samples or "rtt_p99_ms" not in samples[0]:
         return None
@@ -278,13 +279,11 @@ def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
                (-0.5, n - 0.5), (0, rmax), width=520)
     lat.bars(list(zip(labels, rtts)), PALETTE[0])
     if lat_limit is not None:
-        floored = floor is not None and float(floor) > base["rtt_p99_ms"]
-        of = (f"loopback floor {float(floor):.3g} ms (calm p99 {base['rtt_p99_ms']:.3g} below it)"
-              if floored else f"{base['label']} p99 {used:.3g} ms")
+        # legend labels fit the right margin (~38 characters)
+        of = "host floor" if floor is not None and float(floor) > base["rtt_p99_ms"] else f"{base['label']} p99"
         lat.hline(lat_limit, f"allowed {lat_limit:.3g} ms = {lat_ratio:g} x {of}", "#dc2626")
     if floor is not None:
-        lat.hline(float(floor), f"loopback p99 {float(floor):.3g} ms (host alone, no network: the floor)",
-                  "#6b7280", "2 2")
+        lat.hline(float(floor), f"host floor {float(floor):.3g} ms (loopback p99)", "#6b7280", "2 2")
     tput = Axes("pfc-throughput", "TCP class bulk throughput around the PFC storm", "sample",
                 "throughput (Gbit/s)", (-0.5, n - 0.5), (0, tmax), width=520)
     tput.bars(list(zip(labels, tputs)), PALETTE[2])
