@@ -51,8 +51,8 @@ WORKER = textwrap.dedent('''
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            body = ('data: {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}\n\n'
-                    "data: [DONE]\n\n").encode()
+            body = ('data: {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}\\n\\n'
+                    "data: [DONE]\\n\\n").encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Content-Length", str(len(body)))
