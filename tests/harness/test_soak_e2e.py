@@ -8,8 +8,13 @@ CI two more minutes.
 No override: the honest run is clusters/local.yaml under the shipped checklist (the fault rule's
 3 s, soak.slo's window rule as shipped), the leaky one clusters/local-leaky.yaml. The honest cluster
 deserves pass on soak.faults, soak.slo, soak.leaks and nothing-lost; the only other outcome allowed
-is soak.faults or soak.slo inconclusive naming the starved test machine (the machine gate,
-harness/checks/machine.py), never fail and never an undecided window rule.
+for soak.faults is inconclusive naming the starved test machine (the machine gate,
+harness/checks/machine.py). soak.slo is decidable on the whole run (it must pass) but not always on
+each window at this size: with the window rule's Bonferroni correction a 40 s window of ~1000
+requests holding a kill can straddle the p99 limit (measured: window 3, TTFT p99 75.7 ms, interval
+51.2-708.4 ms, "about 4959 more requests would decide"). So soak.slo is pass, or inconclusive naming
+the machine, or inconclusive only through windows that straddle a limit saying how many requests
+would decide it; never fail, never a window wholly beyond a limit.
 
 Planted defects it catches: rescheduling delayed by 4 s (the honest run on
 clusters/local-sabotaged.yaml, `reschedule_delay_s: 4`), which the old 10 s override let pass
@@ -35,15 +40,36 @@ def starved_machine(verdict: dict) -> bool:
     return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
 
 
+def undecided_by_size(window: dict) -> bool:
+    """A window left inconclusive only because its intervals straddle a limit (too few requests)."""
+    parts = [window.get(m) or {} for m in ("ttft", "tpot")]
+    open_ = [p for p in parts if p.get("status") != "pass"]
+    return bool(open_) and all(p.get("status") == "inconclusive" and "straddles" in p.get("reason", "")
+                               and "more requests would decide" in p.get("reason", "") for p in open_)
+
+
+def check_slo(slo: dict) -> None:
+    """soak.slo as the honest cluster deserves it (module docstring)."""
+    windows = slo["evidence"]["windows"]
+    assert windows and not any(w.get("beyond") for w in windows), windows
+    assert all(w["status"] in ("pass", "inconclusive") for w in windows), windows
+    whole = [w for w in windows if w["window"] == "whole run"]
+    assert len(whole) == 1 and (whole[0]["status"] == "pass" or starved_machine(slo)), (whole, slo["reason"])
+    if slo["status"] == "pass" or starved_machine(slo):
+        return
+    assert slo["status"] == "inconclusive", slo["reason"]
+    undecided = [w for w in windows if w["status"] != "pass"]
+    assert undecided and all(undecided_by_size(w) for w in undecided), (slo["reason"], undecided)
+
+
 def check_honest(returncode: int, data: dict, out: str) -> None:
     """The verdicts the honest bundled cluster deserves (module docstring) and the exit code they make."""
     v = by_item(data)
     assert not data["harness_errors"] and not data["revert_failures"], data["harness_errors"]
-    for item in ("soak.faults", "soak.slo"):
-        assert v[item]["status"] == "pass" or starved_machine(v[item]), (item, v[item]["reason"])
+    assert v["soak.faults"]["status"] == "pass" or starved_machine(v["soak.faults"]), v["soak.faults"]["reason"]
+    check_slo(v["soak.slo"])
     assert v["soak.leaks"]["status"] == "pass", v["soak.leaks"]["reason"]
     assert v["nothing-lost"]["status"] == "pass", v["nothing-lost"]["reason"]
-    assert v["soak.slo"]["evidence"]["windows"]
     assert returncode == (0 if all(x["status"] == "pass" for x in v.values()) else 2), out
 
 
