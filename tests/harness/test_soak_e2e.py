@@ -16,9 +16,9 @@ requests holding a kill can straddle the p99 limit (measured: window 3, TTFT p99
 the machine, or inconclusive only through windows that straddle a limit saying how many requests
 would decide it; never fail, never a window wholly beyond a limit.
 
-Planted defects it catches: rescheduling delayed by 4 s (the honest run on
-clusters/local-sabotaged.yaml, `reschedule_delay_s: 4`), which the old 10 s override let pass
-(checked: soak.faults fails); a soak.slo that fails an honest cluster (the old any-status check
+Planted defects it catches: rescheduling delayed by 4 s (the honest run on clusters/local.yaml
+with the router's `reschedule_delay_s: 4`), which the old 10 s override let pass (checked:
+soak.faults fails, "rescheduled in 4.03 s > 3 s"); a soak.slo that fails an honest cluster (the old any-status check
 accepted it); a leak the leak check misses (the leaky run must exit 1)."""
 
 from __future__ import annotations
