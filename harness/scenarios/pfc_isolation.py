@@ -28,8 +28,8 @@ from harness.fabric.tcpprobe import (DEFAULT_PORT, LOOPBACK_PORT_OFFSET, TcpClas
 from harness.faults import PfcStorm
 from harness.hosts import Executor
 
-RR_S, RR_INTERVAL_MS = 8.0, 0.5 # paced round trips per round: ~16000, ~6800 a side (power: docs/statistics.md)
-FLOOR_S = 2.0                   # loopback round trips per round (the floor): ~4000, ~1700 on the calm side
+RR_S, RR_INTERVAL_MS = 8.0, 2.0 # paced round trips per round: ~4000, ~1700 a side (power: docs/statistics.md)
+FLOOR_S = 2.0                   # loopback round trips per round (the floor): ~1000, ~400 on the calm side
 BULK_S = 0.5                    # one bulk flow
 BULK_EACH, BULK_MOST = 4, 16    # flows per round: until each side gained BULK_EACH, at most BULK_MOST
 PAUSE_MS, RESUME_MS = 300.0, 100.0
