@@ -89,7 +89,8 @@ def _faults_judged_as_deserved(faults: dict) -> None:
     """soak.faults fails naming the hang, and only the hang. Catches a harness that lets the hang pass or
     go undecided (e.g. its stall read from streams that never stalled, or judged against a relaxed limit;
     planted: ``"soak.faults": {reschedule_p100_s: 10}`` in a copy of the cluster file, the hang's 4.7 s
-    then within it) and one that fails the kill Dynamo absorbs."""
+    then within it; checked once: the hang came out 'undecided', soak.faults 'inconclusive: 2 faults injected,
+    5 needed', and this failed on the hang's status) and one that fails the kill Dynamo absorbs."""
     by_kind: dict[str, list[dict]] = {}
     for f in faults["evidence"]["faults"]:
         by_kind.setdefault(f["kind"], []).append(f)
@@ -106,7 +107,8 @@ def _slo_judged_as_deserved(slo: dict) -> None:
     """The mocker's TTFT and TPOT (about 48 ms and 6 ms p50, 60 ms and 6.5 ms p99) are within 6.2: the whole
     run passes, and soak.slo passes or is inconclusive only because a window is too short to bound its
     p99, saying so. Catches a harness that fails the soak's TTFT against the wrong figures (planted:
-    ``"6.2.ttft": {ttft_p50_ms: 1}`` in a copy of the cluster file: the whole run and soak.slo fail)."""
+    ``"6.2.ttft": {ttft_p50_ms: 1}`` in a copy of the cluster file: the whole run and soak.slo fail;
+    checked once on the same planted run: this failed on the whole run's TTFT 'fail')."""
     rows = {w["window"]: w for w in slo["evidence"]["windows"]}
     whole = rows.pop("whole run")
     assert rows and all(whole[m]["status"] == "pass" or _starved(whole[m]) for m in ("ttft", "tpot")), whole
