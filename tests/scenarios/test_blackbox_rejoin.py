@@ -86,7 +86,7 @@ def two_workers(tmp_path: Path):
                     "health": f"http://127.0.0.1:{p}/health", "metrics": f"http://127.0.0.1:{p}/metrics",
                     "process": {"pid_file": str(tmp_path / f"{p}.pid")}, "supervised": True}
                    for i, p in enumerate(ports)]
-        spec = parse_cluster({"version": 2, "kind": "external", "engine": "vllm",   # the cluster's API: a balancer
+        spec = parse_cluster({"version": 2, "kind": "external", "engine": "vllm", "model": "m",   # API: a balancer
                               "endpoints": {"api": f"http://127.0.0.1:{free_port()}"}, "workers": workers,
                               "hosts": [{"name": "localhost", "address": "127.0.0.1", "roles": ["decode"]}],
                               "safety": {"production": False, "allowed_faults": "all"}}, source="two-workers")
