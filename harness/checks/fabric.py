@@ -26,8 +26,9 @@ ITEM_KV_BANDWIDTH = "6.1.1"
 ITEM_PFC_ISOLATION = "6.1.5"
 ITEM_NIC_FLAP = "nic-flap"
 RTT_FLOOR_WHAT = ("p99 of the same probe's round trips over the stormed host's loopback (127.0.0.1, no network), "
-                  "timed in the calm gaps beside the calm side's round trips: what the host's timer, scheduler "
-                  "and probe ends add to a round trip; the calm p99 is judged at no less than this")
+                  "timed on each side of the storm beside that side's round trips: what the host's timer, "
+                  "scheduler, probe ends and the storm's own tc commands add to a round trip; the calm p99 is "
+                  "judged at no less than the higher of the two sides' floors")
 
 
 def skipped(checklist: Checklist, item_id: str, reason: str) -> Verdict:
@@ -91,12 +92,13 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
                           after: TcpClassSample | None, storm: dict[str, Any]) -> Verdict:
     """Item 5: TCP-class p99 RTT and bulk throughput during the storm against the calm side
     (``before``: taken under the same lossless flood, without the storm). The calm p99 counts at no
-    less than its floor, the p99 of the loopback round trips measured beside it
-    (``before.floor_rtts_ms``, RTT_FLOOR_WHAT): below that the host cannot time the network. No
+    less than its floor, the higher p99 of the loopback round trips measured on either side
+    (``floor_rtts_ms``, RTT_FLOOR_WHAT): below that the host cannot time the network. No
     floor measured: none applied, and the evidence says so. The sample after the storm (None: not
     taken yet) is evidence of recovery only: a class that shared the storm may still be draining
     then, which must not flatter the baseline."""
-    floor = before.floor_p99_ms
+    floors = {side: s.floor_p99_ms for side, s in (("calm", before), ("storm", during)) if s.floor_p99_ms is not None}
+    floor = max(floors.values()) if floors else None
     base_p99 = max(before.rtt_p99_ms, floor or 0.0)
     base_tput = before.throughput_bps
     t = checklist.item(ITEM_PFC_ISOLATION).thresholds
@@ -107,7 +109,8 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
                                     noun="bulk flows", grows=[0])
     calm = (f"calm {base_p99:.3f} ms" if floor is None or before.rtt_p99_ms >= floor else
             f"the loopback floor {floor:.3f} ms, the calm p99 {before.rtt_p99_ms:.3f} ms being below it")
-    floor_evidence = {"p99_ms": floor, "round_trips": len(before.floor_rtts_ms), "what": RTT_FLOOR_WHAT,
+    floor_evidence = {"p99_ms": floor, "by_side_p99_ms": floors,
+                      "round_trips": len(before.floor_rtts_ms) + len(during.floor_rtts_ms), "what": RTT_FLOOR_WHAT,
                       "applied": floor is not None and before.rtt_p99_ms < floor}
     if floor is None:
         floor_evidence["what"] = "not measured: the calm p99 is judged as measured, with no floor"

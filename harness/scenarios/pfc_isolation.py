@@ -76,18 +76,19 @@ class InterleavedStorm:
     ended_under: list[int] = field(default_factory=list)  # a round under which the bursts ended: left out
 
     def sides(self) -> tuple[TcpClassSample, TcpClassSample]:
-        """(calm, during): every round trip and flow so far, on the side of the storm it fell in; the
-        calm side carries the loopback round trips taken in the calm gaps (its floor)."""
+        """(calm, during): every round trip and flow so far, on the side of the storm it fell in; each
+        side carries the loopback round trips taken on that side (its floor: what the host itself,
+        storm machinery included, adds to a round trip there)."""
         spans = self.storm.spans(self.ex)
         rtt_in, rtt_out = split_by_spans(self.timed, spans, settle_s=self.settle_s)
-        _, floor_out = split_by_spans(self.floor, spans, settle_s=self.settle_s)
+        floor_in, floor_out = split_by_spans(self.floor, spans, settle_s=self.settle_s)
         m = self.clock_margin_s
         flow_in, flow_out = split_by_spans([(a - m, b + m, bps) for a, b, bps in self.flows], spans,
                                            settle_s=self.settle_s)
         t0 = min((a for a, _, _ in self.timed), default=0.0)
         t1 = max((b for _, b, _ in self.timed + self.flows), default=0.0)
         return (class_sample("calm", rtt_out, flow_out, t0, t1, floor_out),
-                class_sample("during", rtt_in, flow_in, t0, t1))
+                class_sample("during", rtt_in, flow_in, t0, t1, floor_in))
 
     def one_round(self) -> None:
         """Round trips, loopback round trips (the floor), then bulk flows until each side has

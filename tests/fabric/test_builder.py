@@ -51,7 +51,7 @@ def test_three_hosts_are_built_idempotently_shaped_and_reachable(make_fabric):
         for dev, netns in ((host.fabric_dev, host.netns), (host.fabric_port, None)):  # TX and RX
             classes = read_classes(ex, dev, netns)
             assert classes[ROOT_CLASS].rate_bps == 5e8
-            assert classes[LOSSLESS_CLASS].prio == 0 and classes[TCP_CLASS].prio == 1
+            assert classes[LOSSLESS_CLASS].prio == 0 and classes[TCP_CLASS].prio == 0  # round robin (ETS), not strict priority
     mtu = subprocess.run(["ip", "-n", "pdt-h1", "-o", "link", "show", "dev", "fab0"], capture_output=True, text=True)
     assert "mtu 9000" in mtu.stdout
     # host to host over the fabric, and host to the root namespace over the control bridge
