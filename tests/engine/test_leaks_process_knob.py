@@ -72,3 +72,33 @@ def test_the_planted_cluster_file_sets_it_on_the_default_cluster():
     spec = load_cluster("local-leaky-process")
     assert spec.bundled.engine.model_dump(exclude_unset=True) == {"leak_kib_per_request": 200}
     assert (spec.bundled.prefill, spec.bundled.decode) == (2, 2)
+
+
+@pytest.mark.parametrize("absurd", [10241, 10**9])
+def test_an_absurd_setting_is_refused_naming_the_bound(absurd):
+    """Catches a knob with no upper bound (10**9 KiB a request: the first finished request asks for a
+    terabyte), and the cluster file accepting it without naming the field."""
+    with pytest.raises(ConfigError, match="leak_kib_per_request must be an integer >= 0 and <= 10240"):
+        EngineConfig(preset="tiny", leak_kib_per_request=absurd)
+    EngineConfig(preset="tiny", leak_kib_per_request=10240)   # the bound itself is allowed
+
+
+def test_what_one_process_keeps_is_capped(decode, monkeypatch, caplog):
+    """Catches an unbounded leak (200 KiB x ~23 requests/s: 33 GB in a 2-hour soak) and fds leaked up
+    to the fd limit (the worker could then open no socket: its requests would fail). Caps scaled down:
+    2 requests' memory, 3 fds (half a soft limit of 6)."""
+    import harness.engine.pd.worker_engine as we
+
+    monkeypatch.setattr(we, "LEAK_MEMORY_CAP_BYTES", 2 * 200 * 1024)
+    real = we.resource.getrlimit
+    monkeypatch.setattr(we.resource, "getrlimit",
+                        lambda which: (6, 6) if which == we.resource.RLIMIT_NOFILE else real(which))
+    w = decode(200)
+    with caplog.at_level(logging.WARNING, logger="harness.engine.pd.worker_engine"):
+        for i in range(5):
+            w.serve(f"r{i}", resume=[])
+    assert len(w.engine.leaked_memory) == 2 and len(w.engine.leaked_fds) == 3
+    capped = [r.getMessage() for r in caplog.records if "its cap" in r.getMessage()]
+    assert capped == ["sabotage: leak_kib_per_request keeps 400 KiB, its cap: no more memory leaked"], capped
+    w.stop()
+    assert w.engine.leaked_memory == []

@@ -28,6 +28,7 @@ def __getattr__(name: str):
 
 # 256 byte tokens + BOS, EOS, PAD (see tokenizer.py).
 BYTE_VOCAB_SIZE = 259
+LEAK_KIB_PER_REQUEST_MAX = 10240   # sabotage knob leak_kib_per_request: 10 MiB a request at most
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,8 @@ class EngineConfig:
     leak_kv_blocks_per_recovery: int = 0
     # Sabotage knob (soak.leaks must fail, docs/soak.md): a PD decode worker keeps this many KiB of
     # memory and one open file descriptor per request it finishes, never freed, as an engine leaking
-    # per request does (clusters/local-leaky-process.yaml: 200). 0 = no leak.
+    # per request does (clusters/local-leaky-process.yaml: 200). 0 = no leak. At most
+    # LEAK_KIB_PER_REQUEST_MAX; what one process keeps is capped (worker_engine.LEAK_MEMORY_CAP_BYTES).
     leak_kib_per_request: int = 0
 
     def __post_init__(self) -> None:
@@ -185,9 +187,11 @@ class EngineConfig:
                               fix="set leak_kv_blocks_per_recovery: 0 (above 0 only to prove the soak leak "
                                   "check can fail)")
         kib = self.leak_kib_per_request
-        if not isinstance(kib, int) or isinstance(kib, bool) or kib < 0:
-            raise ConfigError(f"leak_kib_per_request must be an integer >= 0, got {kib!r}",
-                              fix="set leak_kib_per_request: 0 (above 0 only to prove the soak leak check can fail)")
+        if not isinstance(kib, int) or isinstance(kib, bool) or not 0 <= kib <= LEAK_KIB_PER_REQUEST_MAX:
+            raise ConfigError(f"leak_kib_per_request must be an integer >= 0 and <= {LEAK_KIB_PER_REQUEST_MAX}, "
+                              f"got {kib!r}",
+                              fix="set leak_kib_per_request: 0 (above 0 only to prove the soak leak check can fail; "
+                                  "200 does it in 3 minutes)")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer or None, got {self.num_threads!r}",
                               fix="set num_threads=1 per engine process on a small machine")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import resource
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 # Heartbeats go out every second; the p99 over the TPOT window sorts thousands of samples, which
 # is too much to redo after every decode step of a small model.
 STATS_REFRESH_S = 0.1
+LEAK_MEMORY_CAP_BYTES = 1 << 30   # sabotage leak_kib_per_request: what one process keeps, at most
 
 
 class WorkerEngine:
@@ -62,6 +64,7 @@ class WorkerEngine:
         self.leaked_blocks: list[int] = []            # sabotage: leak_kv_blocks_per_recovery
         self.leaked_memory: list[bytearray] = []      # sabotage: leak_kib_per_request ...
         self.leaked_fds: list[int] = []               # ... and one fd per finished request
+        self._leaked_requests, self._leak_capped = 0, False
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-finish")
         self.faults = WorkerFaults(self.core)
         self.landing = ImportLanding(self.core, self._cmds.put)  # KV frames land in the import's blocks
@@ -122,6 +125,7 @@ class WorkerEngine:
         for fd in self.leaked_fds:   # the planted leak lasts while the worker runs, not past it
             os.close(fd)
         self.leaked_fds.clear()
+        self.leaked_memory.clear()
 
     # -- MigrationHost (worker_migration.py)
     def run_on_engine(self, fn: Callable[[], None]) -> None:
@@ -293,19 +297,27 @@ class WorkerEngine:
         """Sabotage knob ``leak_kib_per_request``: a decode worker keeps that many KiB (written, so
         resident) and one open file descriptor per finished request, never freed while it runs, so
         soak.leaks has a process leak (RSS and fds growing with the requests served) it must fail.
-        At the process's fd limit it keeps the memory only: the leak never fails a request."""
+        Bounded so a long soak cannot take the machine or the worker down: memory up to
+        LEAK_MEMORY_CAP_BYTES a process, fds up to half its soft fd limit (the worker keeps the rest
+        for its sockets: the leak never fails a request); past a cap that part stops, logged once."""
         kib = self.core.config.leak_kib_per_request
         if kib <= 0 or self.role != WorkerRole.DECODE:
             return
-        self.leaked_memory.append(bytearray(b"\x5a") * (kib * 1024))
-        try:
-            self.leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError as exc:   # EMFILE: out of fds
-            log.debug("sabotage: no fd leaked for %s: %s", rid, exc)
         n = len(self.leaked_memory)
-        if n == 1 or n % 1000 == 0:
+        if n * kib * 1024 + kib * 1024 <= LEAK_MEMORY_CAP_BYTES:
+            self.leaked_memory.append(bytearray(b"\x5a") * (kib * 1024))
+        elif not self._leak_capped:
+            self._leak_capped = True
+            log.warning("sabotage: leak_kib_per_request keeps %d KiB, its cap: no more memory leaked", n * kib)
+        if len(self.leaked_fds) < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2:
+            try:
+                self.leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:   # EMFILE: out of fds
+                log.debug("sabotage: no fd leaked for %s: %s", rid, exc)
+        self._leaked_requests += 1
+        if self._leaked_requests == 1 or self._leaked_requests % 1000 == 0:
             log.warning("sabotage: leaking %d KiB and an fd per finished request (leak_kib_per_request); "
-                        "%d requests, %d fds so far", kib, n, len(self.leaked_fds))
+                        "%d requests, %d fds so far", kib, self._leaked_requests, len(self.leaked_fds))
 
     def _write(self, rid: str, layer_start: int, kv, release) -> None:
         try:
