@@ -112,8 +112,11 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
     floor_evidence = {"p99_ms": floor, "by_side_p99_ms": floors,
                       "round_trips": len(before.floor_rtts_ms) + len(during.floor_rtts_ms), "what": RTT_FLOOR_WHAT,
                       "applied": floor is not None and before.rtt_p99_ms < floor}
+    if errors := list(storm.get("loopback_floor_errors") or ()):
+        floor_evidence["errors"] = errors   # rounds whose floor could not be taken (a port taken on the host)
     if floor is None:
-        floor_evidence["what"] = "not measured: the calm p99 is judged as measured, with no floor"
+        floor_evidence["what"] = ("not measured: the calm p99 is judged as measured, with no floor"
+                                  + (f" ({errors[0]})" if errors else ""))
     return judge(checklist.item(ITEM_PFC_ISOLATION), [
         Measurement(t["tcp_p99_latency_ratio"], during.rtt_p99_ms / base_p99 if base_p99 > 0 else None,
                     f"TCP-class p99 round trip during the storm ({during.rtt_p99_ms:.3f} ms vs {calm})", latency),

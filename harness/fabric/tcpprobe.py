@@ -99,7 +99,9 @@ def timed_round_trips(client: Station, server: Station, *, port: int = DEFAULT_P
     with HostProcess.on(server, _realtime(server, server.ends("tcp-serve", server.address, str(port))),
                         name=f"TCP echo server in {server.name}") as srv:
         if srv.readline(STARTUP_TIMEOUT_S) != "listening":
-            raise ProbeError("TCP echo server did not start", fix="read its stderr")
+            raise ProbeError(f"TCP echo server on {server.address}:{port} in {server.name} did not start",
+                             fix=f"free port {port} on that host (another process may hold it), or read the "
+                                 "echo server's stderr")
         with HostProcess.on(client, _realtime(client, client.ends("tcp-client", server.address, str(port),
                                                                   f"{seconds:g}", f"{interval_ms:g}")),
                             name=f"TCP RR client in {client.name}") as cli:

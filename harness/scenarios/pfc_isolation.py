@@ -18,6 +18,7 @@ both measure the same way; the checks (harness/checks/fabric.py) judge what :met
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +26,11 @@ from typing import Any
 from harness.fabric.bandwidth import LosslessFlood, Station, measure_bulk
 from harness.fabric.tcpprobe import (DEFAULT_PORT, LOOPBACK_PORT_OFFSET, TcpClassSample, class_sample, loopback,
                                      split_by_spans, timed_round_trips)
+from harness.errors import ProbeError
 from harness.faults import PfcStorm
 from harness.hosts import Executor
+
+log = logging.getLogger(__name__)
 
 RR_S, RR_INTERVAL_MS = 8.0, 2.0 # paced round trips per round: ~4000, ~1700 a side (power: docs/statistics.md)
 FLOOR_S = 2.0                   # loopback round trips per round (the floor): ~1000, ~400 on the calm side
@@ -74,6 +78,7 @@ class InterleavedStorm:
     rounds: list[dict[str, int]] = field(default_factory=list)
     floods: list[dict[str, Any]] = field(default_factory=list)   # what each round's flood moved (evidence)
     ended_under: list[int] = field(default_factory=list)  # a round under which the bursts ended: left out
+    floor_errors: list[str] = field(default_factory=list)  # why a round's loopback floor was not measured
 
     def sides(self) -> tuple[TcpClassSample, TcpClassSample]:
         """(calm, during): every round trip and flow so far, on the side of the storm it fell in; each
@@ -100,10 +105,7 @@ class InterleavedStorm:
             taken = [(sent, sent + ms / 1e3, ms) for sent, ms in
                      timed_round_trips(self.client, self.server, port=self.probe_port, seconds=self.rr_s,
                                        interval_ms=RR_INTERVAL_MS)]
-            # the same ends over the stormed host's loopback: the host's own floor, under the same flood
-            floor = [(sent, sent + ms / 1e3, ms) for sent, ms in
-                     timed_round_trips(self.client, loopback(self.client), port=self.probe_port + LOOPBACK_PORT_OFFSET,
-                                       seconds=self.floor_s, interval_ms=RR_INTERVAL_MS)] if self.floor_s > 0 else []
+            floor = self.floor_round_trips()
             calm0, storm0 = (len(x.throughputs_bps) for x in self.sides())
             while len(mine) < self.bulk_most:
                 t0 = time.time()
@@ -124,6 +126,25 @@ class InterleavedStorm:
         self.floor.extend(floor)
         self.rounds.append({"round_trips": len(taken), "loopback_round_trips": len(floor), "bulk_flows": len(mine)})
 
+    def floor_round_trips(self) -> list[tuple[float, float, float]]:
+        """The same ends over the stormed host's loopback (its own floor, under the same flood), on
+        ``probe_port`` + LOOPBACK_PORT_OFFSET there. A floor that cannot be taken (that port taken
+        on the host, its echo server refused) is no reason to stop the item: the round has none,
+        ``floor_errors`` says why, and the verdict's evidence names it (harness/checks/fabric.py)."""
+        if self.floor_s <= 0:
+            return []
+        port = self.probe_port + LOOPBACK_PORT_OFFSET
+        try:
+            return [(sent, sent + ms / 1e3, ms) for sent, ms in
+                    timed_round_trips(self.client, loopback(self.client), port=port, seconds=self.floor_s,
+                                      interval_ms=RR_INTERVAL_MS)]
+        except ProbeError as exc:
+            lines = str(exc).strip().splitlines() or [""]  # a traceback's last line says why
+            why = lines[0] if len(lines) == 1 else f"{lines[0].split('Traceback')[0].rstrip()} {lines[-1]}"
+            self.floor_errors.append(f"round {len(self.rounds) + 1}: loopback floor on port {port} not measured: {why}")
+            log.warning("%s", self.floor_errors[-1])
+            return []
+
     def more(self, k: int) -> None:
         """The extension loop's step: ``k`` counts round trips or flows that would decide, so judge
         again after at most 2 rounds (~3400 round trips a side) rather than running the budget out."""
@@ -138,5 +159,6 @@ class InterleavedStorm:
         return {"target": s.target, "pause_ms": s.pause_ms, "resume_ms": s.resume_ms, "group": s.group,
                 "gap_ms": s.gap_ms, "settle_s": self.settle_s, "lossless_flood": self.floods,
                 "rounds": self.rounds, "storm_ended_under_round": self.ended_under,
+                "loopback_floor_errors": self.floor_errors,
                 "spans": [[a, b if b != float("inf") else None] for a, b in s.spans(self.ex)]}
 

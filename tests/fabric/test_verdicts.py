@@ -107,6 +107,35 @@ def test_a_calm_p99_below_the_hosts_loopback_floor_is_judged_at_the_floor():
     assert unfloored.status == Status.FAIL and unfloored.evidence["rtt_floor"]["p99_ms"] is None
 
 
+
+def test_a_loopback_port_taken_on_the_stormed_host_leaves_the_floor_unmeasured_not_the_item(tmp_path):
+    """Planted defect: the loopback floor's echo server failing to bind (its port, probe port + 2,
+    held by another process on the stormed host) stops 6.1.5 with an error from the middle of a
+    round. The round goes on without a floor; the verdict's evidence names the port and why, and
+    judges the calm p99 as measured. Real probe ends on this machine's loopback."""
+    import socket
+    import sys
+
+    from harness.fabric.bandwidth import Station
+    from harness.fabric.tcpprobe import LOOPBACK_PORT_OFFSET
+    from harness.scenarios.pfc_isolation import InterleavedStorm
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1] - LOOPBACK_PORT_OFFSET
+        here = Station((), "127.0.0.1", "here", python=sys.executable)
+        run = InterleavedStorm(None, None, here, here, here, here, 0, 0, probe_port=port, floor_s=0.2)  # type: ignore[arg-type]
+        assert run.floor_round_trips() == []
+    assert len(run.floor_errors) == 1 and f"port {port + LOOPBACK_PORT_OFFSET}" in run.floor_errors[0], run.floor_errors
+    assert "Address already in use" in run.floor_errors[0] or "did not start" in run.floor_errors[0], run.floor_errors
+    calm, during = _sample("calm", 0.4, 0.95, n=1700), _sample("during", 1.2, 0.95, n=1700)
+    v = pfc_isolation_verdict(CHECKLIST, calm, during, None, {"loopback_floor_errors": run.floor_errors})
+    assert v.status == Status.FAIL and v.evidence["rtt_floor"]["p99_ms"] is None
+    assert v.evidence["rtt_floor"]["errors"] == run.floor_errors and "not measured" in v.evidence["rtt_floor"]["what"]
+    assert f"port {port + LOOPBACK_PORT_OFFSET}" in v.evidence["rtt_floor"]["what"]
+
+
 def _after(*gbits: float, step: float = 0.4) -> list[tuple[float, float, float]]:
     return [(k * step, (k + 1) * step, g) for k, g in enumerate(gbits)]
 
