@@ -64,8 +64,10 @@ def test_below_limit_median_at_the_limit_wrong_fails_and_passes_stay_within_budg
     counts, control = _p50_loop("6.2.ttft", "ttft_p50_ms", lambda rng, k: 200.0 * rng.lognormal(0.0, 0.5, k),
                                 first=20, most=160, seed=33)
     item = CHECKLIST.item("6.2.ttft").thresholds
-    assert control["fail_alpha"] == pytest.approx(item["false_fail_alpha"].value / levels.LOOKS)
-    assert control["pass_alpha"] == pytest.approx(item["false_pass_alpha"].value / levels.LOOKS)
+    # the budget in LOOKS + 1 equal shares: one per look, one reserved for a judgment after the loop
+    assert levels.SHARES == levels.LOOKS + 1 and control["shares"] == levels.SHARES
+    assert control["fail_alpha"] == pytest.approx(item["false_fail_alpha"].value / levels.SHARES)
+    assert control["pass_alpha"] == pytest.approx(item["false_pass_alpha"].value / levels.SHARES)
     assert counts["pass"] <= _allowed(item["false_pass_alpha"].value), counts
     assert counts["fail"] <= _allowed(item["false_fail_alpha"].value), counts
     assert counts["pass"] + counts["fail"] > 0, counts   # it still decides sometimes (not inconclusive always)
@@ -111,3 +113,33 @@ def test_measure_until_decided_sets_each_look_and_never_exceeds_the_looks():
     assert v.status is Status.INCONCLUSIVE and v.evidence["extension"]["looks"] == levels.LOOKS
     assert v.evidence["error_control"]["looks_used"] == levels.LOOKS
     assert "looked 5 times" in v.evidence["extension"]["stopped"]
+
+
+def test_a_judgment_after_the_loop_on_changed_samples_spends_the_reserved_share_within_budget():
+    """The union bound as coded: a loop that uses every look, then one judgment after it on one
+    sample more (6.1.2's final verdict reading a migration event that arrived late), spends at most
+    the item's budget on each side. Catches shares over LOOKS only (the judgment after the loop
+    was a 6th look: 6/5 of the budget), a look counter that lets the loop look more than LOOKS
+    times, and a judgment outside the loop that spends more than one share."""
+    item = CHECKLIST.item("6.1.2")
+    t = item.thresholds
+    values = [45.0, 55.0] * 6
+    spent: list[tuple[float, float]] = []
+
+    def judged() -> list:
+        v = judge(item, [Measurement(t["ttft_delta_idle_ms"], 50.0, "median", percentile_interval(values, 50)),
+                         Measurement(t["ttft_delta_loaded_ms"], None, "the other phase", percentile_interval([], 50))])
+        spent.append((v.evidence["error_control"]["fail_alpha"], v.evidence["error_control"]["pass_alpha"]))
+        return [v]
+
+    (v,) = measure_until_decided(judged, lambda k: values.extend([45.0, 55.0]) or True, budget="b")
+    assert len(spent) == levels.LOOKS and v.evidence["extension"]["looks"] == levels.LOOKS
+    values.append(50.0)   # a late sample: the judgment after the loop is on changed samples
+    after = judged()[0]
+    assert after.evidence["error_control"]["look"] is None and "reserved" in after.evidence["error_control"]["method"]
+    assert len(spent) == levels.SHARES
+    # each of the two measurements may spend the item's fail budget / 2 over all judgments, the
+    # pass budget in full
+    assert sum(f for f, _ in spent) <= t["false_fail_alpha"].value / 2 * (1 + 1e-9)
+    assert sum(p for _, p in spent) <= t["false_pass_alpha"].value * (1 + 1e-9)
+    assert len({f for f, _ in spent}) == 1   # equal shares: the same samples would decide alike at every judgment

@@ -127,7 +127,7 @@ def test_a_straddle_names_the_interval_and_what_would_decide(ttft):
     iv = percentile_interval(values, 99, noun="requests")
     v = judge(ttft, [Measurement(_threshold("<", 199.5), 198.0, "client TTFT p99", iv)])
     assert v.status is Status.INCONCLUSIVE
-    assert v.reason.startswith("inconclusive: client TTFT p99 195-200 ms (lower 99.97 %, upper 99.5 %, order "
+    assert v.reason.startswith("inconclusive: client TTFT p99 195-200 ms (lower 99.975 %, upper 99.5833 %, order "
                                "statistics, n=600) straddles < 199.5 ms; about "), v.reason
     more = v.evidence["undecided"][0]["more_to_decide"]
     assert f"about {more} more requests would decide" in v.reason and 600 < more < 5400
