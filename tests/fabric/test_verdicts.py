@@ -108,6 +108,24 @@ def test_a_calm_p99_below_the_hosts_loopback_floor_is_judged_at_the_floor():
 
 
 
+def test_the_floor_is_the_higher_of_the_two_sides_loopback_p99s():
+    """Planted defect: the floor read from the calm side only (or the lower of the two). The storm
+    side's loopback round trips carry the storm's own tc commands on the host (0.31 vs 0.12 ms
+    measured): with its floor 0.4 ms above the calm network p99 0.2 ms, a storm p99 of 0.5 ms is
+    1.25x that floor, not 2.5x; the evidence shows each side's floor and which one was used."""
+    calm = _sample("calm", 0.2, 0.95, n=1700, floor_p99=0.1)
+    during = _sample("during", 0.5, 0.95, n=1700, floor_p99=0.4)
+    v = pfc_isolation_verdict(CHECKLIST, calm, during, None, {})
+    assert v.status == Status.PASS and v.measured == pytest.approx(1.25, rel=0.01)
+    by_side = v.evidence["rtt_floor"]["by_side_p99_ms"]
+    assert by_side["calm"] == pytest.approx(0.1, rel=0.01) and by_side["storm"] == pytest.approx(0.4, rel=0.01)
+    assert v.evidence["rtt_floor"]["applied"] is True and v.evidence["rtt_floor"]["round_trips"] == 800
+    # the same storm side over a calm p99 above both floors: the calm p99 is the base, 2.5x fails
+    high = pfc_isolation_verdict(CHECKLIST, _sample("calm", 0.5, 0.95, n=1700, floor_p99=0.1),
+                                 _sample("during", 1.25, 0.95, n=1700, floor_p99=0.4), None, {})
+    assert high.status == Status.FAIL and high.evidence["rtt_floor"]["applied"] is False
+
+
 def test_a_loopback_port_taken_on_the_stormed_host_leaves_the_floor_unmeasured_not_the_item(tmp_path):
     """Planted defect: the loopback floor's echo server failing to bind (its port, probe port + 2,
     held by another process on the stormed host) stops 6.1.5 with an error from the middle of a
