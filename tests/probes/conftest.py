@@ -20,3 +20,18 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         httpd.shutdown()
         httpd.server_close()
         thread.join()
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A test server's handler base: :meth:`reply` sends a whole body; nothing is logged."""
+
+    def reply(self, body: str | bytes, status: int = 200, content_type: str = "text/plain; version=0.0.4") -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass

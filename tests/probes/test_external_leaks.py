@@ -16,6 +16,7 @@ from harness.clusterfile.models import Worker
 from harness.hosts import AuditLog, LocalExecutor
 from harness.probes.external_leaks import ExternalLeakReader, parse_proc_output, read_processes
 from harness.probes.leaks import read_process, take_sample
+from tests.probes.conftest import QuietHandler
 from tests.probes.test_leak_sampler import settled, sleeper  # noqa: F401 -- the fixture
 
 PAGE = ("# TYPE dynamo_component_kvstats_active_blocks gauge\n"
@@ -24,18 +25,11 @@ PAGE = ("# TYPE dynamo_component_kvstats_active_blocks gauge\n"
         "dynamo_component_kvstats_total_blocks 16384\n")
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     page = PAGE
 
     def do_GET(self) -> None:  # noqa: N802 -- the stdlib's name
-        body = (self.page if self.path == "/metrics" else "ok").encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(self.page if self.path == "/metrics" else "ok")
 
 
 @pytest.fixture

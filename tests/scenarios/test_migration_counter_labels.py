@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
 from harness.checks.migration_blackbox import measure
@@ -16,7 +15,7 @@ from harness.probes.promql import PrometheusSource
 from harness.scenarios.migration_on_loss import counter_name, migration_count, migration_quantity
 from harness.scenarios.records import ClientFault, KillWindow
 from tests.checks.test_migration_blackbox import T0, steady, stream
-from tests.probes.conftest import http_server
+from tests.probes.conftest import QuietHandler, http_server
 
 
 def frontend_page(ongoing: float, new: float) -> str:
@@ -29,19 +28,11 @@ def frontend_page(ongoing: float, new: float) -> str:
             'dynamo_frontend_queued_requests{model="tiny-llama"} 0\n')
 
 
-class Page(BaseHTTPRequestHandler):
+class Page(QuietHandler):
     text = frontend_page(0, 0)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = Page.text.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(Page.text)
 
 
 def test_only_ongoing_migrations_count_and_the_k_largest_stalls_are_the_samples():
@@ -116,17 +107,10 @@ def test_through_prometheus_the_query_selects_ongoing_request_only():
     migration types: 11 instead of 3)."""
     fake = FakeQueryApi()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802
             query = parse_qs(urlparse(self.path).query)["query"][0]
-            body = json.dumps(fake.answer(query)).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.reply(json.dumps(fake.answer(query)), content_type="application/json")
 
     with http_server(Handler) as prom, PrometheusSource(prom, "dynamo") as source:
         reading = source.read(["http://127.0.0.1:8400/metrics"], ["migrations", "migrations_ongoing"])
