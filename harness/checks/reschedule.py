@@ -36,7 +36,7 @@ from harness.probes.records import RequestRecord
 from harness.scenarios.fault_marks import FaultMark, affected_request_id
 from harness.states import EventKind, PD_ROLES
 
-from harness.probes.rejoin import POLL_S
+from harness.probes.rejoin import POLL_S, not_observed
 
 if TYPE_CHECKING:
     from harness.probes.rejoin import Rejoin
@@ -265,6 +265,7 @@ def reschedule_verdict(samples: Sequence[RescheduleSample], checklist: Checklist
         why.append("too few faults for a distribution: " + ", ".join(f"{k} x{c}" for k, c in sorted(short.items()))
                    + f" (need {need} of each kind per role)")
     why.extend(f"not judged: {reason}" for reason in (not_judged or {}).values())
+    why += [x for x in (not_observed(rejoins),) if x]   # a worker never seen back: never a pass by health alone
     thin = "; ".join(why) or None
     evidence = {
         "samples": [{"label": s.label, "value": None if s.total_s is None else round(s.total_s, 4),

@@ -38,7 +38,7 @@ from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
-from harness.probes.rejoin import POLL_S, Rejoin
+from harness.probes.rejoin import POLL_S, Rejoin, not_observed
 from harness.scenarios.records import ClientFault
 from harness.scenarios.fault_marks import first_success_sent_after, record_wall_s as _wall
 
@@ -238,7 +238,8 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
                         not_judged: Mapping[str, str] | None = None, stopped: str | None = None) -> Verdict:
     """6.1.4 judged from the client's view alone (a cluster without router events): the
     rescheduling times and the longest stall against the item's 3 s, every fault completed, and
-    each restarted or resumed worker taken back by the cluster within ``rejoin_limit_s``.
+    each restarted or resumed worker taken back by the cluster within ``rejoin_limit_s`` (a rejoin
+    that could not be observed keeps it from passing).
 
     Too little evidence never passes: fewer than ``min_faults_per_kind`` kills or hangs of a judged
     role (``roles``, default: those faulted), a plan that stopped early (``stopped``), or no role
@@ -256,6 +257,7 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     if rejoin is not None:
         measurements.append(rejoin)
     thin = _too_thin(samples, int(item.thresholds["min_faults_per_kind"].value), roles, not_judged or {}, stopped)
+    thin = "; ".join(x for x in (thin, not_observed(rejoins)) if x) or None   # never back by health alone
     evidence = client_view_evidence(samples)
     evidence["rejoin"] = [{"fault": label, **r.to_dict()} for label, r in rejoins]
     for sample, (label, r) in zip(evidence["samples"], rejoins):  # both in injection order
@@ -290,8 +292,8 @@ REJOIN_DEFINITION = ("a restarted or resumed worker is back when it serves: from
                      "it (a counter of new work on its own metrics or in the router's view of it, read from that "
                      "moment on; the router's circuit breaker closed where exported), never a counter that work "
                      "queued during the fault can move; a resumed worker with no API of its own, or a worker with "
-                     "nothing to read, counts as back when healthy, a weaker check named in its entry; judged with "
-                     "the watch's poll period as the measurement's resolution")
+                     "nothing to read, is not observed (never back by health alone): the item cannot pass, its "
+                     "entry says why; judged with the watch's poll period as the measurement's resolution")
 
 
 def rejoin_interval(r: Rejoin) -> Interval | None:

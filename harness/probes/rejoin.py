@@ -18,8 +18,9 @@ From the moment the worker is healthy again (``start``, after the revert), polle
      requests it got since it started, all sent after the revert: the first rise of a counter of its
      own metrics (prompt tokens, else finished requests, else generated tokens, else requests taken).
    * Else (a **resumed** worker with no API of its own, e.g. a Dynamo mocker behind its frontend):
-     nothing tells its new requests from work queued during the hang; not observable: back by health
-     alone, a weaker check the sentence names with why.
+     nothing tells its new requests from work queued during the hang (its frontend counts nothing per
+     worker); **not observed**, never back by health alone (a hung mocker's registration can expire):
+     a verdict that needs it cannot pass (inconclusive naming why, :func:`not_observed`).
 2. **taken back** (``Rejoin.serving_wall``, judged against 6.1.4's ``rejoin_limit_s``): served, and
    the cluster's traffic reaches it: a counter rises over its value read once the worker was served
    (the probe's own request already counted), on the worker's own metrics (prompt tokens or requests
@@ -31,8 +32,7 @@ From the moment the worker is healthy again (``start``, after the revert), polle
    back when served, and the sentence says that only a request sent straight to it was seen.
 
 Scrape failures and failed probes are kept (the last few), never raised: a metrics URL that does not
-answer is itself evidence. The breaker's states are kept as evidence, each with its time.
-"""
+answer is itself evidence. The breaker's states are kept as evidence, each with its time."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 # preference order of a restarted worker's own counters (a new process: every one counts only its new requests)
 SERVED_QUANTITIES = ("prompt_tokens", "requests_finished", "generation_tokens", "worker_requests")
-# a resumed worker's: counted when a request is admitted, which a request queued before the probe was
-# already (finished requests and generated tokens rise as the streams it held finish)
+# a resumed worker's: counted at admission, as a request queued before the probe was already (finished
+# requests and generated tokens rise as the streams it held finish)
 ADMITTED_QUANTITIES = ("prompt_tokens", "worker_requests")
 BREAKER_STATES = {0: "closed", 1: "open", 2: "half_open"}
 _KEPT_PROBLEMS = 5
@@ -93,7 +93,7 @@ class Rejoin:
     served_wall: float | None = None    # the first token of a request sent after the revert
     served_how: str | None = None       # how that was seen
     probes: int = 0                     # requests the watch sent straight to the worker
-    unobservable: str | None = None     # why whether it serves cannot be seen (then back by health alone)
+    unobservable: str | None = None     # why whether it serves cannot be seen (then not observed, never back)
     # how late ``serving_wall`` may be: the time since the previous poll began (the rise happened in between)
     resolution_s: float | None = None
 
@@ -127,7 +127,7 @@ class Rejoin:
             why = self.unobservable or (f"its metrics could not be read: {self.problems[-1]}" if self.problems
                                         else "no metrics URL on the worker and no router view of it")
             return (f"{self.worker} answers its health URL; whether it serves requests sent after the revert cannot "
-                    f"be observed ({why}): back by health alone, a weaker check")
+                    f"be observed ({why}): its rejoin was not observed, never taken as back by health alone")
         took, served = self.after_healthy_s, self.served_after_healthy_s
         if served is None and self.probes:   # its own requests, sent straight to it, got no token
             return (f"{self.worker} served no request sent after the revert for {self.watched_s:.0f}+ s after it "
@@ -150,6 +150,13 @@ class Rejoin:
                  after_healthy_s=_round(self.after_healthy_s), served_after_healthy_s=_round(self.served_after_healthy_s),
                  sentence=self.sentence())
         return d
+
+
+def not_observed(rejoins: Any) -> str | None:
+    """Why a verdict needing every faulted worker back cannot pass: the rejoins (``Rejoin`` or
+    ``(label, Rejoin)``) not observed, each with its sentence; None when every one was."""
+    pairs = [(x if isinstance(x, tuple) else (x.worker, x)) for x in rejoins]
+    return "; ".join(f"rejoin not observed after {k}: {r.sentence()}" for k, r in pairs if not r.observable) or None
 
 
 def _round(v: float | None) -> float | None:
@@ -389,4 +396,5 @@ class RejoinWatch:
                 result.breaker.append((round(self._since_healthy(), 2), state))
 
 
-__all__ = ["ADMITTED_QUANTITIES", "POLL_S", "ROUTER_VIEWS", "Rejoin", "RejoinWatch", "RouterView", "SERVED_QUANTITIES"]
+__all__ = ["ADMITTED_QUANTITIES", "POLL_S", "ROUTER_VIEWS", "Rejoin", "RejoinWatch", "RouterView", "SERVED_QUANTITIES",
+           "not_observed"]

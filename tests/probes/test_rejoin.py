@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Iterator
 
 import httpx
 import pytest
 
 from harness.probes.rejoin import RejoinWatch
+from tests.probes.conftest import QuietHandler
 
 W0, W1 = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
 
@@ -35,18 +36,10 @@ class Pages:
 def pages() -> Iterator[Pages]:
     holder: dict[str, Pages] = {}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             status, text = holder["p"].pages.get(self.path, (404, "not found"))
-            body = text.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.reply(text, status)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     holder["p"] = Pages(server.server_address[1])
@@ -80,6 +73,14 @@ def watch(worker_metrics: str | None = None, router_metrics: str | None = None, 
           profile: str | None = "vllm", restarted: bool = True, probe=None) -> RejoinWatch:
     return RejoinWatch("vllm-1", worker_api=W1 + "/", worker_metrics=worker_metrics, profile=profile,
                        router_metrics=router_metrics, limit_s=limit_s, poll_s=0.05, restarted=restarted, probe=probe)
+
+
+def until(done, safety_s: float = 60.0) -> None:
+    """Wait for ``done()`` (a condition, not a timing bound: ``safety_s`` only ends a hung test)."""
+    deadline = time.monotonic() + safety_s
+    while not done():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.01)
 
 
 def test_new_prompt_tokens_on_the_worker_after_it_was_healthy_mean_it_is_back(pages):
@@ -127,12 +128,14 @@ def test_the_routers_view_of_the_worker_and_its_circuit_breaker(pages):
     w = watch(router_metrics=url, limit_s=0.3, probe=probe)
     w.start()
     pages.set("/r", router(80, 25, breaker_w1=0))   # sent to it, not served yet (a worker still draining)
+    until(lambda: w.result.problems)                 # the probe's first request was answered 404
     r = w.wait(0.3)
     assert not r.back and r.served_wall is None and r.probes >= 1 and "HTTP 404" in r.problems[-1]
     assert r.sentence().startswith("vllm-1 served no request sent after the revert")
     pages.set("/serve", "ok")
     pages.set("/r", router(85, 25, breaker_w1=1))    # served; the breaker opened meanwhile
-    r = w.wait(0.3)
+    until(lambda: w._loop.served is not None)        # the probe's next request got its answer (no timing bound)
+    r = w.wait(0.3)                                  # polls at least once: sees it served
     assert r.served_wall is not None and not r.back and r.kept_out_by == "vllm-router"
     pages.set("/r", router(90, 26, breaker_w1=2))   # half open: a trial request reaches it, the rest go elsewhere
     r = w.wait(0.3)                                  # resumed: the same watch
@@ -147,23 +150,23 @@ def test_the_routers_view_of_the_worker_and_its_circuit_breaker(pages):
 
 def test_a_resumed_worker_without_an_api_of_its_own_is_not_watched_on_its_counters(pages):
     """Planted defect: a resumed worker's counter rise taken as back (requests queued during the hang
-    move it as they drain); with nothing to send it a request straight, it is back by health alone,
-    named so, never "taken back"."""
+    move it as they drain); with nothing to send it a request straight, its rejoin is not observed,
+    named so, never "taken back" nor back by health alone."""
     w = watch(pages.set("/w", vllm(100)), restarted=False)
     w.start()
     pages.set("/w", vllm(500))
     r = w.wait(600)                                  # returns at once: nothing can tell
     assert not r.back and not r.observable and r.kept_out_s is None
     assert "cannot tell its new requests from work queued while it was stopped" in r.sentence()
-    assert r.sentence().endswith("back by health alone, a weaker check")
+    assert r.sentence().endswith("its rejoin was not observed, never taken as back by health alone")
 
 
-def test_without_metrics_or_a_router_view_it_is_back_by_health_named_the_weaker_check(pages):
+def test_without_metrics_or_a_router_view_its_rejoin_is_not_observed_never_back_by_health(pages):
     not_a_router = pages.set("/engine", vllm(1))
     r = watch(router_metrics=not_a_router, profile="openai").wait(600)   # returns at once
     assert not r.observable and r.kept_out_s is None and r.watched == []
     assert "cannot be observed (no metrics URL on the worker and no router view of it)" in r.sentence()
-    assert r.sentence().endswith("back by health alone, a weaker check")
+    assert r.sentence().endswith("its rejoin was not observed, never taken as back by health alone")
 
 
 def test_a_metrics_url_that_fails_is_evidence_never_an_error(pages):
@@ -174,3 +177,27 @@ def test_a_metrics_url_that_fails_is_evidence_never_an_error(pages):
     assert not r.observable and "not Prometheus text format" in r.sentence()
     r = watch(router_metrics=pages.set("/r", "down", status=503), profile="openai").wait(0.3)   # router down
     assert not r.observable and "HTTP 503" in r.sentence()
+
+
+def test_a_hung_worker_behind_its_frontend_whose_counter_rises_is_not_observed_and_6_1_4_cannot_pass(pages):
+    """A Dynamo mocker's case (issue 33): resumed, no API of its own (its ``api`` is the frontend's), its
+    own ``dynamo_component_requests`` rising after the revert (the requests queued in its socket during
+    the stop: a real frontend once listed 1 of 2 workers then). Planted defect: that rise, or its health,
+    taken as back: the watch would say back and 6.1.4 would pass on samples all within 3 s."""
+    from harness.checks.reschedule_blackbox import client_view_verdict
+    from harness.checklists import Checklist
+    from harness.checks.verdict import Status
+    from tests.checks.test_reschedule_blackbox import quick_faults
+
+    page = "# TYPE dynamo_component_requests_total counter\ndynamo_component_requests_total{{endpoint=\"generate\"}} {}\n"
+    w = RejoinWatch("dynamo-0", worker_api=pages.url, worker_metrics=pages.set("/w", page.format(10)), profile="dynamo",
+                    router_metrics=pages.set("/frontend", "dynamo_frontend_requests_total 40\n"), limit_s=600.0,
+                    poll_s=0.05, restarted=False)
+    w.start()
+    pages.set("/w", page.format(25))    # queued work drained (or new requests: nothing tells them apart)
+    r = w.wait(600)                      # returns at once: nothing can tell
+    assert not r.back and not r.observable and r.served_wall is None and r.probes == 0
+    v = client_view_verdict(quick_faults(victim="dynamo-0"), Checklist.load(), rejoins=[("hang dynamo-0", r)])
+    assert v.status is Status.INCONCLUSIVE, v.reason
+    assert "rejoin not observed after hang dynamo-0: dynamo-0 answers its health URL" in v.reason
+    assert "cannot tell its new requests from work queued while it was stopped" in v.reason
