@@ -13,13 +13,13 @@ drained (the soak runner reads both when nothing is in flight).
   restart's drop is no slope and a restart does not reset the evidence), with its 95 % interval.
   The same fit is made per worker (its processes across restarts), so one leaking worker of a
   role is not diluted by a healthy one. A unit (a role, a worker) observed for MIN_JUDGED_S (10
-  minutes of wall time from its first reading after a warmup to its last) or more is judged: it
+  minutes of wall time from its first reading to its last, restarts included) or more is judged: it
   fails only when the whole interval is above the limit, passes only when the whole interval is
   below. Under that its slope is evidence only, except the early fail (:class:`Rules`): the
   interval's lower bound above ``early_factor`` (4) times the limit, from at least
   ``early_points`` (6) medians over at least ``early_span_s`` (90 s) fails at once. KV blocks in
-  use get the same fit as evidence (they follow the load; the drained figure above judges them).
-  Per-process slopes stay as evidence.
+  use get the same fit as evidence (they follow the load; the drained figure above judges them), and so
+  do per-process slopes. Not in the run's false-fail budget (``ERROR_CONTROL``).
 - The harness's own RSS after its first minute stays within ``harness_rss_band`` of its figure
   then: the rise over the run estimated by the Theil-Sen slope of its 30 s medians times the
   span, over the first median after the warmup, with the slope's 95 % interval scaled the same
@@ -64,6 +64,8 @@ DEFINITIONS = {
     "harness_rss_band": f"the harness's RSS rise over the run after its first minute ({THEIL_SEN} of its "
                         f"{BIN_S:g} s medians times the span), over its first median then; interval scaled alike",
 }
+ERROR_CONTROL = {"method": f"{SEGMENTED}: 95 % intervals, each bound one-sided 2.5 %", "budget": "outside the run's "
+                 "false-fail budget (docs/soak.md, 'Error rate'): no share, no correction for several measurements"}
 
 
 @dataclass(frozen=True)
@@ -321,7 +323,7 @@ def leak_verdict(checklist: Checklist, samples: Iterable[LeakSample], *, idle_be
         "warmup_s": rules.warmup_s, "min_judged_s": rules.min_judged_s,
         "rules": {"bin_s": rules.bin_s, "early_factor": rules.early_factor, "early_points": rules.early_points,
                   "early_span_s": rules.early_span_s},
-        "per_request": _per_request(fits, run, requests), "definitions": DEFINITIONS,
+        "per_request": _per_request(fits, run, requests), "definitions": DEFINITIONS, "error_control": ERROR_CONTROL,
         "series_columns": ["t_rel_s", "rss_mb", "fds", "threads", "kv_blocks_used"],
         "series": {wid: _downsample([[_round(r[0] - run.t0), _round(r[1]), *r[2:]] for r in rows])
                    for wid, rows in sorted(run.rows.items())},
@@ -373,8 +375,8 @@ def _harness(run: _Run, band: Threshold, rules: Rules) -> tuple[dict[str, Any], 
 
 
 def _with_context(verdict: Verdict, fits: list[_Fit], rules: Rules, measured: bool, n: int) -> Verdict:
-    """Unless it failed (its reason then names what failed), say in the reason what the verdict did
-    not weigh (units observed too briefly, growth not measured) and the steepest RSS growth seen."""
+    """Unless it failed, say in the reason what it did not weigh (units observed too briefly, growth
+    not measured) and the steepest RSS growth seen."""
     if verdict.status is Status.FAIL:
         return verdict
     extra = []

@@ -203,3 +203,14 @@ def test_remote_workers_without_process_readings_are_judged_on_kv_alone(checklis
     v = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE))
     assert v.status is Status.PASS and "no process readings: growth not measured" in v.reason
     assert v.evidence["series"]["decode-0"][0][1:4] == [None, None, None]
+
+
+def test_the_verdict_says_it_is_outside_the_runs_false_fail_budget():
+    """Catches soak.leaks claiming (or silently taking) a share of the run's 1 % false-fail budget:
+    its slopes are plain 95 % intervals, so its evidence must say which method decided and that it
+    is outside the budget (docs/soak.md 'Error rate'), and judge() must not re-level them."""
+    from harness.checks.leaks import ERROR_CONTROL
+    v = leak_verdict(Checklist.load(), [], idle_before={"decode-0": 0}, idle_after={"decode-0": 0})
+    assert v.evidence["error_control"] == ERROR_CONTROL
+    assert "outside the run's false-fail budget" in ERROR_CONTROL["budget"] and "95 %" in ERROR_CONTROL["method"]
+    assert "false_fail_alpha" not in dict(Checklist.load().item("soak.leaks").thresholds)
