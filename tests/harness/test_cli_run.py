@@ -117,6 +117,19 @@ def test_harness_run_usage_errors_exit_3_with_their_message(tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow  # pytest subprocesses
+def test_harness_run_help_and_version_exit_0(tmp_path):
+    """UsageErrorsExit3 wraps pytest's command-line parse: --help and --version must still exit 0
+    with their output. Planted defect: the wrapper turning every SystemExit of the parse (or the
+    trial parse of harness/plugin.py) into 3."""
+    for args, want in ((["--help"], "usage: harness run [options]"), (["--version"], "pytest ")):
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", *args], cwd=tmp_path, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert want in proc.stdout + proc.stderr and "harness: exit" not in proc.stderr, (args, proc.stderr[-2000:])
+    assert not (tmp_path / "reports").exists()
+
+
 @pytest.mark.slow  # a pytest subprocess
 def test_dry_run_of_an_ssh_fabric_cluster_plans_over_ssh_without_its_key_files(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "--cluster=ssh-fabric", "--dry-run", "--live=off",

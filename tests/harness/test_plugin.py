@@ -131,6 +131,23 @@ def test_pytest_usage_errors_exit_3_not_4(tmp_path):
         assert not (tmp_path / "reports").exists()  # refused before anything ran
 
 
+def test_help_and_version_still_exit_0(tmp_path):
+    """The trial parse of the command line (pytest_load_initial_conftests) must leave pytest's own
+    --help and --version alone, with a typo beside them as pytest itself does. Planted defect: the
+    trial parse run for --help too (the early return removed) makes `pytest --help --clustr=x`
+    exit 3; a trial parse that replaced pytest's parse would lose the harness's options from --help."""
+    for args in (["--help"], ["-h"], ["--version"], ["--help", "--clustr=x"]):
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "harness: exit" not in proc.stderr, (args, proc.stderr)
+        if "--version" in args:
+            assert proc.stdout.startswith("pytest ") or proc.stderr.startswith("pytest "), proc.stdout + proc.stderr
+        else:
+            assert "--cluster=" in proc.stdout and "--soak" in proc.stdout, proc.stdout[-2000:]
+    assert not (tmp_path / "reports").exists()
+
+
 def test_a_conformance_test_that_records_no_verdict_exits_3_naming_it(tmp_path):
     proc = run_suite(tmp_path, """
         def test_measures_nothing(conformance):
