@@ -64,10 +64,13 @@ def _healthy_decodes(timeline: Timeline) -> list[AdminWorker]:
     return [w for w in timeline.workers() if w.role == WorkerRole.DECODE and w.healthy]
 
 
-def _busy_decode(timeline: Timeline, deadline_s: float = 20.0) -> AdminWorker | None:
-    """The healthy decode worker running the most requests, once one runs any; None after ``deadline_s``."""
+def _busy_decode(timeline: Timeline, deadline_s: float = 20.0,
+                 skip: frozenset[str] = frozenset()) -> AdminWorker | None:
+    """The healthy decode worker running the most requests, once one runs any (none in ``skip``);
+    None after ``deadline_s``."""
     try:
-        return wait_until(lambda: max(_healthy_decodes(timeline), key=lambda w: w.num_running, default=None),
+        return wait_until(lambda: max((w for w in _healthy_decodes(timeline) if w.id not in skip),
+                                      key=lambda w: w.num_running, default=None),
                           deadline_s, POLL_S, what="a decode worker running requests",
                           accept=lambda busy: busy is not None and busy.num_running > 0)
     except WaitTimeoutError:
@@ -98,6 +101,7 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
     duration = harness_options.load_duration or tries * CYCLE_S + 20.0  # a budget: it ends when they are done
     run = load(duration_s=duration, max_tokens=128)
     poisonings: list[Poisoning] = []
+    unsettled: set[str] = set()   # workers whose last revert never showed in the table: not poisoned again
     started = time.monotonic()
     for i in range(tries):
         if sum(1 for p in poisonings if p.affected) >= n:
@@ -105,7 +109,11 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
         if not run.running or time.monotonic() - started > duration - CYCLE_S:
             log.warning("load ends soon: stopping after %d poisonings", i)
             break
-        target = _busy_decode(timeline)
+        if unsettled and not any(w.id not in unsettled for w in _healthy_decodes(timeline)):
+            log.warning("no decode worker left whose last revert was seen (%s): stopping after %d poisonings",
+                        ", ".join(sorted(unsettled)), i)
+            break
+        target = _busy_decode(timeline, skip=frozenset(unsettled))
         if target is None:
             continue
         try:
@@ -127,6 +135,11 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
         # until a heartbeat after the revert reaches the router's table, the table shows this
         # poisoning: the next one's verify would pass on it and its poll read this one's state
         p.revert_seen = fault.revert_seen(REVERT_SEEN_S)
+        if not p.revert_seen:   # a late heartbeat could land in a next poisoning's hold on this worker
+            unsettled.add(target.id)
+            log.warning("the revert of %s on %s did not show in the router's table within %g s: that worker is "
+                        "not poisoned again (its readings could predate the next fault)", fault.fault_id,
+                        target.id, REVERT_SEEN_S)
         poisonings.append(p)
     records = run.finish()  # the faults are done: no new requests, the ones in flight end
     expected = expectation(cluster, ignore_eos=run.profile.ignore_eos)

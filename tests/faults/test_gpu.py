@@ -41,6 +41,16 @@ def test_unreachable_router_fails_loudly():
         f.prepare(None)
 
 
+def test_revert_seen_says_no_without_a_revert_reply_or_a_router_and_never_raises():
+    """Catches EccPoison.revert_seen crashing the ECC suite (a FaultError out of the poll when the
+    router is gone) or saying a revert showed that was never replied to; the suite then stops
+    poisoning that worker (harness/suites/test_ecc_poisoning.py)."""
+    f = EccPoison(admin_url="http://127.0.0.1:9", worker_id="decode-0", timeout_s=0.5)
+    assert f.revert_seen(0.2) is False   # no revert reply: nothing to wait for
+    f.revert_reply = {"kv_blocks_poisoned": 0}
+    assert f.revert_seen(0.2) is False   # the router does not answer
+
+
 @pytest.fixture(scope="module")
 def topo():
     with Topology(prefill=1, decode=1, preset=PRESET, router_config={"degradation_enabled": False}) as t:
@@ -93,6 +103,11 @@ def test_ecc_poison_quarantines_recomputes_token_exact_and_reverts(topo, tmp_pat
             w = decode0(topo)
             assert w["kv_blocks_poisoned"] >= 2 and w["kv_blocks_quarantined"] >= 2
             runner.revert(fault)
+            # the ECC suite waits for this before its next poisoning (issue 33 item 8)
+            assert fault.revert_reply.get("kv_blocks_poisoned") == 0 and fault.revert_seen(5.0)
+            assert decode0(topo)["kv_blocks_poisoned"] == 0
+            fault.revert_reply = {"kv_blocks_poisoned": -1}   # a revert the table can never show: times out
+            assert fault.revert_seen(0.3) is False
     finally:
         t.join(180)
     rec = out["rec"]
