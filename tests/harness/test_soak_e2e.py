@@ -23,8 +23,14 @@ accepted it); a leak the leak check misses (the leaky run must exit 1)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from harness.checklists import Checklist
+from harness.checks.machine import MachineLimits, gate, starved
+from harness.checks.verdict import Measurement, judge
+from harness.stats.intervals import measured_within
 from tests.harness.test_soak_dry_run import run
 
 SOAK = ["--soak=2m", "--soak-faults-per-min=4", "--soak-seed=24", "--live=plain"]
@@ -36,8 +42,26 @@ def by_item(data: dict) -> dict[str, dict]:
 
 
 def starved_machine(verdict: dict) -> bool:
-    """Inconclusive because the test machine was CPU-starved while it was measured."""
-    return verdict["status"] == "inconclusive" and "test machine CPU-starved" in verdict["reason"]
+    """Inconclusive because the test machine was CPU-starved while it was measured, read from the
+    machine gate's structured evidence (harness/checks/machine.py), not from the reason's words:
+    the verdict's own recorded windows are over the limits it recorded (judged again here), and
+    either the gate turned a decision into inconclusive (``evidence.machine.gated``) or the verdict
+    was undecided by its intervals alone (at least one measured quantity open, and each such one
+    with a bounded interval that straddles its limit). Any other inconclusive -- nothing measured, too few samples to bound, an error --
+    is not excused by a busy machine, and neither is a reason that merely says "starved"."""
+    if verdict["status"] != "inconclusive":
+        return False
+    machine = (verdict.get("evidence") or {}).get("machine") or {}
+    limits = MachineLimits(**machine.get("limits", {}))
+    if not machine.get("starved") or not any(starved(w, limits) for w in machine.get("windows", [])):
+        return False
+    if machine.get("gated") is not None:
+        return machine["gated"].get("from") in ("fail", "pass")
+    # open and measured (an unmeasured one beside them, as soak.faults lists, decides nothing either way)
+    open_ = [m for m in verdict["evidence"].get("measurements") or []
+             if m.get("holds") is not True and m.get("value") is not None]
+    return bool(open_) and all(m.get("holds") is None and m.get("interval") and m["interval"].get("lo") is not None
+                               and m["interval"].get("hi") is not None for m in open_)
 
 
 def undecided_by_size(window: dict) -> bool:
@@ -101,3 +125,38 @@ def test_a_2_minute_soak_passes_the_honest_cluster_catches_a_planted_leak_and_re
             if o["kind"] not in ("nic_flap", "pfc_storm"):   # those name the worker's NIC and namespace
                 assert o["target"] in rec["target"], (rec, o)
             assert o["planned_offset_s"] <= o["offset_s"] <= o["planned_offset_s"] + 60, o
+
+
+CHECKLIST = Checklist.load()
+STARVED_WINDOW = {"samples": 40, "psi_some_pct": 100.0, "watched_wait_per_run_ms": 8.5, "timer_lag_p99_ms": 900.0,
+                  "load_generator_wait_share_pct": 85.0}
+QUIET_WINDOW = {"samples": 40, "psi_some_pct": 40.0, "watched_wait_per_run_ms": 0.5, "timer_lag_p99_ms": 20.0,
+                "load_generator_wait_share_pct": 30.0}
+
+
+def _ttft(value: float | None, interval=None) -> dict:
+    item = CHECKLIST.item("6.2.ttft")
+    return judge(item, [Measurement(item.thresholds["ttft_p50_ms"], value, "TTFT p50", interval)])
+
+
+def _gated(v, window: dict) -> dict:
+    return json.loads(json.dumps(gate(v, [window]).to_dict()))
+
+
+def test_the_starved_machine_allowance_reads_the_gate_s_evidence_not_the_reason():
+    """Planted defect: the allowance that accepted any inconclusive whose reason says "test machine
+    CPU-starved" (the old check here and in tests/test_bench_scale.py). It would excuse a verdict the
+    machine gate did not make (a reason copied, windows under their limits) and an item that measured
+    nothing on a busy machine; each must be refused, and a true gate's verdict accepted."""
+    failed = _gated(_ttft(900.0), STARVED_WINDOW)           # a TTFT fail the gate made inconclusive
+    assert failed["status"] == "inconclusive" and starved_machine(failed)
+    straddle = _gated(_ttft(190.0, measured_within(190.0, below=20, above=20)), STARVED_WINDOW)
+    assert straddle["status"] == "inconclusive" and starved_machine(straddle)   # undecided by its interval
+    copied = {**failed, "evidence": {**failed["evidence"], "machine": {**failed["evidence"]["machine"],
+                                                                       "windows": [QUIET_WINDOW]}}}
+    assert "test machine CPU-starved" in copied["reason"] and not starved_machine(copied)   # windows not starved
+    nothing = _gated(_ttft(None), STARVED_WINDOW)           # nothing measured, on a starved machine
+    assert nothing["status"] == "inconclusive" and "test machine CPU-starved" in nothing["reason"]
+    assert not starved_machine(nothing)
+    assert not starved_machine(_gated(_ttft(100.0), STARVED_WINDOW))   # an absolute pass stays pass
+
