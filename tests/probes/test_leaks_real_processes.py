@@ -18,6 +18,7 @@ from harness.checks.leaks import Rules, leak_verdict
 from harness.checks.verdict import Status
 from harness.engine.admin.models import AdminWorker
 from harness.probes.leaks import LeakSample, LeakSampler, read_samples
+from tests.probes.test_external_leaks import server  # noqa: F401 -- the fixture: health and metrics URLs
 
 LEAKER = ("import os, time\nkept = []\nwhile True:\n"
           "    kept.append(bytearray(b'x') * (1 << 20)); kept.append(os.open(os.devnull, os.O_RDONLY))\n"
@@ -100,3 +101,51 @@ def test_a_flat_role_restarted_at_the_same_duration_never_fails(sampled):
     role = next(r for r in v.evidence["roles"] if r["unit"] == "role prefill")
     assert len(role["processes"]) == 2 and role["medians"] >= 8
     assert role["rss_mb_per_h"]["interval"]["lo"] < 4 * 256
+
+
+def test_an_external_cluster_is_judged_per_role_across_a_pid_file_change(tmp_path, server):
+    """The same on a cluster the harness did not start (kind: external, no admin API; vLLM, Dynamo):
+    each worker found by its pid file and read from /proc through a real LocalExecutor's shell
+    (harness/probes/external_leaks.py), the leaking decode worker restarted midway under a new pid
+    written to its pid file, with a tick between the kill and the new file. Catches the external
+    reader keeping the dead pid (the restarted process never read: its leak judged on the first
+    process alone, or not at all), a crash on the tick with no process, and a role judged from
+    another role's readings."""
+    from harness.clusterfile.models import Worker as ClusterWorker
+    from harness.hosts import LocalExecutor
+    from harness.probes.external_leaks import ExternalLeakReader
+
+    def entry(name: str, role: str, pid_file) -> ClusterWorker:
+        return ClusterWorker.model_validate({"name": name, "role": role, "host": "localhost", "api": server,
+                                             "health": f"{server}/health", "metrics": f"{server}/metrics",
+                                             "process": {"pid_file": str(pid_file)}, "supervised": True})
+
+    workers = [Worker("decode-0", "decode", LEAKER), Worker("prefill-0", "prefill", FLAT)]
+    files = {w.id: tmp_path / f"{w.id}.pid" for w in workers}
+    for w in workers:
+        files[w.id].write_text(str(w.proc.pid))
+    ex = LocalExecutor()
+    reader = ExternalLeakReader([entry(w.id, w.role, files[w.id]) for w in workers], lambda host: ex, "dynamo")
+    path = tmp_path / "leaks.jsonl"
+    try:
+        with LeakSampler(reader, path, interval_s=0.25, local=False):
+            time.sleep(8.0)
+            workers[0].stop()          # killed; its supervisor's new process writes the pid file later
+            time.sleep(0.6)
+            workers[0].proc = workers[0]._spawn()
+            files["decode-0"].write_text(str(workers[0].proc.pid))
+            time.sleep(8.0)
+    finally:
+        reader.close()
+        for w in workers:
+            w.stop()
+    samples = list(read_samples(path))
+    assert any(r.id == "decode-0" and r.process is None for s in samples for r in s.workers)   # the gap was read
+    v = leak_verdict(Checklist.load(), samples, idle_before={}, idle_after={}, rules=SECONDS,
+                     kv_unmeasured="not judged here")
+    first, second = workers[0].pids
+    assert v.status is Status.FAIL, v.reason
+    assert v.reason.startswith(f"RSS growth of role decode (2 processes: decode-0 (pid {first}), decode-0 (pid "
+                               f"{second})), one slope across restarts"), v.reason
+    failing = [m["what"] for m in v.evidence["measurements"] if m["holds"] is False]
+    assert failing and not any("prefill" in w for w in failing), failing
