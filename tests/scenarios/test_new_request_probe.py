@@ -27,7 +27,8 @@ NS = 1_000_000_000
 class Api:
     """Holds requests while ``hung``; counts what it received and answered."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: dict | None = None) -> None:
+        self.chunk = chunk or {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
         self.released = threading.Event()
         self.received = 0
         self.answered = 0
@@ -44,8 +45,7 @@ class Api:
                 with api.lock:
                     api.received += 1
                 api.released.wait(60)
-                chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
-                body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+                body = f"data: {json.dumps(api.chunk)}\n\ndata: [DONE]\n\n".encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Content-Length", str(len(body)))
@@ -59,8 +59,8 @@ class Api:
         return H
 
 
-def cluster(url: str) -> ClusterHandle:
-    spec = parse_cluster({"version": 2, "kind": "external", "engine": "vllm", "model": "m",
+def cluster(url: str, engine: str = "vllm") -> ClusterHandle:
+    spec = parse_cluster({"version": 2, "kind": "external", "engine": engine, "model": "m",
                           "endpoints": {"api": url}, "hosts": [{"name": "localhost", "address": "127.0.0.1", "roles": ["decode"]}],
                           "safety": {"production": False}}, source="probe-test")
     return ClusterHandle(spec, Checklist.load(), url, None, None)
@@ -96,3 +96,24 @@ def test_the_probe_keeps_sending_while_earlier_requests_hang_and_stops_once_one_
     [sample] = measure_client_view([fault], [late] + records)
     assert sample.first_new_request.startswith("newreq-0-")
     assert fault.wall < fault.wall + sample.first_new_success_s < released + 5
+
+
+def test_a_dynamo_chunk_with_a_token_and_no_text_serves_the_probe():
+    """Dynamo's mocker streams tokens that detokenize to empty text, counted by the chunk's usage
+    (docs/dynamo.md "Token counting"). Planted defect: the first token taken only from a chunk with
+    text: the probe would never see one served, keep sending for its whole window, and the client view
+    would name no new request after the fault."""
+    api = Api({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+    api.released.set()
+    with http_server(api.handler()) as url:
+        probe = NewRequestProbe(cluster(url, engine="dynamo"), period_s=0.05, window_s=30.0)
+        fault = ClientFault(time.time(), ("w0",), "aggregated", "hang w0")
+        probe.start(fault)
+        deadline = time.monotonic() + 30   # only ends a hung test: the assertions are on what came back
+        while not any(r.first_token_ns is not None for r in probe.sent()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        records = probe.close()
+    assert records and all(r.ok and r.first_token_ns is not None and r.text == "" for r in records), records
+    [sample] = measure_client_view([fault], records)
+    assert sample.first_new_request.startswith("newreq-0-") and sample.first_new_success_s is not None
