@@ -171,7 +171,7 @@ def _decode_concurrently(api: str, n: int, max_tokens: int, started: int) -> tup
 @dataclass
 class KillOutcome:
     records: list          # the harness's streams (RequestRecord)
-    migrated: float        # rise of dynamo_frontend_model_migration_total over the kill
+    migrated: float        # rise of dynamo_frontend_model_migration_total{migration_type="ongoing_request"}
     kill_perf_ns: int      # time.perf_counter_ns() of the SIGKILL (the wall clock may step: seen here once, 0.6 s)
     independent: list[list[float]]  # per independent stream: time.perf_counter() of each SSE line with a token
 
@@ -203,7 +203,8 @@ def kill_under_streams(cluster, victim: str, n: int = 6, independent: int = 0) -
     the supervisor to bring it back."""
     pid_file = Path(cluster.ready["workers"][victim]["pid_file"])
     metrics = cluster.ready["metrics"]
-    before = migration_count(metrics, "dynamo")
+    # streams moved only (ongoing_request), never requests re-sent before their first token (new_request)
+    before = migration_count(metrics, "dynamo", quantity="migrations_ongoing")
     raw: list[list[float]] = []
     flags = [threading.Event() for _ in range(independent)]
     raw_threads = [threading.Thread(target=_independent_stream, args=(cluster.api, i, 400, raw, flags[i]))
@@ -222,4 +223,5 @@ def kill_under_streams(cluster, victim: str, n: int = 6, independent: int = 0) -
     while not (pid_file.exists() and int(pid_file.read_text()) != old and healthy(cluster.worker(victim)["health"])):
         assert time.monotonic() < deadline, cluster.launcher_log()[-3000:]
         time.sleep(0.5)
-    return KillOutcome(records, migration_count(metrics, "dynamo") - before, kill_perf_ns, raw)
+    return KillOutcome(records, migration_count(metrics, "dynamo", quantity="migrations_ongoing") - before,
+                       kill_perf_ns, raw)

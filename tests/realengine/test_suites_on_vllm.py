@@ -127,6 +127,10 @@ def _the_router_took_the_killed_instance_back_before_the_hang(v: dict, data: dic
     samples = {s["label"].split()[0]: s for s in ev["samples"]}
     if kill["back"]:   # whether and when: healthy, then traffic seen and the breaker closed; the hang only after
         assert kill["serving_wall"] >= kill["traffic_wall"] >= kill["healthy_wall"], kill
+        # back means served (issue 33): a request the watch sent straight to the instance after the revert got
+        # a token, before the router's traffic counted (planted: a counter rise alone taken as back)
+        assert kill["served_how"].startswith("a request sent straight to ") and kill["probes"] >= 1, kill
+        assert kill["traffic_wall"] >= kill["served_wall"] >= kill["healthy_wall"], kill
         assert not kill["breaker"] or kill["breaker"][-1][1] == "closed", kill
         assert "hang" in samples and samples["hang"]["wall"] > kill["serving_wall"], (kill, samples)
         # judged while a healthy instance serves: a request sent after the hang was served, and the stall
@@ -135,6 +139,7 @@ def _the_router_took_the_killed_instance_back_before_the_hang(v: dict, data: dic
         assert samples["hang"]["new_request_s"] is not None and samples["hang"]["new_request_s"] < 8.0, samples
         assert v["status"] == "fail" and samples["hang"]["longest_stall_s"] > 3.0, v["reason"]
         assert rest and rest[0]["back"], rest    # the resumed instance carries traffic again
+        assert rest[0]["served_how"].startswith("a request sent straight to "), rest   # served, not queued work
     else:              # never taken back within the watch: the hang was not injected, and the item says why
         assert "hang" not in samples and ev["stopped"].startswith(f"stopped after {kill['fault']}: vllm-router kept")
         assert "not injected: hang aggregated" in ev["stopped"] and v["status"] == "fail", v["reason"]
