@@ -178,27 +178,30 @@ def window_edges(start_wall: float, end_wall: float, window_s: float) -> list[tu
 
 
 def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] | RecordDigest, start_wall: float,
-                        end_wall: float, window_s: float) -> Verdict:
+                        end_wall: float, window_s: float, *, planned_s: float | None = None) -> Verdict:
     """``soak.slo``: 6.2's TTFT and TPOT targets in every window and over the whole run; a window
     fails on a percentile whose whole interval misses its target. ``records``: the run's records,
     or the digest a soak kept of them while it streamed them from disk.
 
-    Error control (docs/statistics.md): every row (the W windows of the run's planned length and
-    the whole run) judges 4 percentiles, each bound that can fail it at soak.slo's
-    ``false_fail_alpha`` / ((W + 1) x 4) (Bonferroni: the chance that any row fails a healthy
-    cluster stays within the item's budget however many windows a soak has), each bound that can
-    pass it at ``false_pass_alpha``. A window whose figure is beyond a target but whose interval is
+    Error control (docs/statistics.md): every row (the windows and the whole run) judges 4
+    percentiles, each bound that can fail it at soak.slo's ``false_fail_alpha`` / ((W + 1) x 4),
+    W the windows of the run's planned length ``planned_s`` (``--soak``, fixed before the run; a
+    run that ran longer: its windows), each bound that can pass it at ``false_pass_alpha``
+    (Bonferroni: the chance that any row fails a healthy cluster stays within the item's budget
+    however many windows a soak has, and a run that stopped early judges at the planned level). A window whose figure is beyond a target but whose interval is
     not wholly beyond at that level is evidence (``beyond``), not a fail."""
     item = checklist.item(SLO_ITEM)
     digest = records if isinstance(records, RecordDigest) else RecordDigest().add(records)
     rows: list[dict[str, Any]] = []
     spans = window_edges(start_wall, end_wall, window_s)
     spans = [(a, b if k < len(spans) - 1 else math.inf) for k, (a, b) in enumerate(spans)] + [(-math.inf, math.inf)]
-    tests = len(spans) * 4   # (windows + the whole run) x (TTFT, TPOT) x (p50, p99)
+    planned = 0 if planned_s is None else len(window_edges(0.0, planned_s, window_s))
+    windows_counted = max(len(spans) - 1, planned)   # fixed before the run, unless the run overran it
+    tests = (windows_counted + 1) * 4   # (windows + the whole run) x (TTFT, TPOT) x (p50, p99)
     budget = item.thresholds[levels.FALSE_FAIL_KEY].value
     pass_alpha = item.thresholds[levels.FALSE_PASS_KEY].value
     control = levels.Spending(fail_alpha=budget / tests, pass_alpha=pass_alpha,
-                              method=f"Bonferroni over {len(spans) - 1} windows + the whole run x 4 percentiles")
+                              method=f"Bonferroni over {windows_counted} windows + the whole run x 4 percentiles")
     for k, (a, b) in enumerate(spans):
         whole = k == len(spans) - 1
         requests, ttft_ms, tpot_ms = digest.client_samples(a, b)
@@ -243,4 +246,5 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
                    measured=float(len([r for r in windows if r["status"] == "fail"])), threshold=t.value, unit=t.unit,
                    op=t.op, evidence={"window_s": window_s, "windows": rows,
                                       "error_control": control.to_dict(control.fail_alpha, pass_alpha,
-                                                                       item_false_fail_alpha=budget, tests=tests)})
+                                                                       item_false_fail_alpha=budget, tests=tests,
+                                                                       windows_planned=planned or None)})
