@@ -180,3 +180,23 @@ def test_interval_text_and_json():
     assert i.scaled(0.5).span() == "240-280"
     with pytest.raises(ConfigError, match="above its upper bound"):
         Interval(2.0, 1.0, 0.95, "m", 3)
+
+
+def test_an_interval_from_an_old_results_json_reads_its_levels_as_symmetric():
+    """A results.json written before issue 33 (tests/report/data/real_run_results.json: no
+    alpha_lo / alpha_hi) reads back as (1 - level) / 2 on each side and renders as before, and a
+    new one keeps its one-sided levels through a JSON round trip. Catches from_dict requiring the
+    new keys (old reports no longer open) and to_dict dropping them (new ones read as symmetric)."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "report/data/real_run_results.json").read_text())
+    old = next(v["interval"] for v in data["verdicts"] if v.get("interval"))
+    assert "alpha_lo" not in old and "alpha_hi" not in old
+    iv = Interval.from_dict(old)
+    assert iv.miss_lo == pytest.approx(0.025) and iv.miss_hi == pytest.approx(0.025) and iv.symmetric
+    assert iv.brackets().endswith(", 95 %]") and iv.to_dict()["alpha_lo"] == pytest.approx(0.025)
+    new = percentile_interval(list(range(1, 601)), 99, alpha_lo=0.000125, alpha_hi=0.025 / 6)
+    back = Interval.from_dict(json.loads(json.dumps(new.to_dict())))
+    assert (back.miss_lo, back.miss_hi) == (0.000125, 0.025 / 6) and back.brackets() == new.brackets()
+    assert back.brackets().endswith("99.9875/99.5833 %]")
