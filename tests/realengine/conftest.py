@@ -65,8 +65,7 @@ def cluster_pool():
     try:
         yield pool
     finally:
-        for engine in list(pool.held):
-            pool.release(engine)
+        pool.release_all()
 
 
 def _shared(request, pool: ClusterPool, fixture: str, venv: Path, tmp_path_factory):

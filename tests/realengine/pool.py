@@ -16,6 +16,7 @@ reap orphans)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -115,17 +116,20 @@ def start(key: tuple, venv: Path, tmp: Path) -> StartedCluster:
              str(ready_file), *options],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not ready_file.exists():
-        if launcher.poll() is not None:
-            pytest.fail(f"the {engine} {mode} launcher exited with {launcher.returncode} before it was ready:\n"
-                        + log_path.read_text(errors="replace")[-4000:])
-        if time.monotonic() > deadline:
-            _terminate(launcher)
-            pytest.fail(f"the {engine} {mode} cluster was not ready after {STARTUP_TIMEOUT_S} s:\n"
-                        + log_path.read_text(errors="replace")[-4000:])
-        time.sleep(1.0)
-    spec = yaml.safe_load((REPO / "clusters" / f"{engine}-{mode}.yaml").read_text())
-    return StartedCluster(engine, mode, json.loads(ready_file.read_text()), spec, launcher, log_path)
+    try:   # whatever ends the wait (not ready, Ctrl-C, an unreadable ready file) stops the launcher first
+        while not ready_file.exists():
+            if launcher.poll() is not None:
+                pytest.fail(f"the {engine} {mode} launcher exited with {launcher.returncode} before it was ready:\n"
+                            + log_path.read_text(errors="replace")[-4000:])
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {engine} {mode} cluster was not ready after {STARTUP_TIMEOUT_S} s:\n"
+                            + log_path.read_text(errors="replace")[-4000:])
+            time.sleep(1.0)
+        spec = yaml.safe_load((REPO / "clusters" / f"{engine}-{mode}.yaml").read_text())
+        return StartedCluster(engine, mode, json.loads(ready_file.read_text()), spec, launcher, log_path)
+    except BaseException:
+        _terminate(launcher)
+        raise
 
 
 def _terminate(launcher: subprocess.Popen) -> None:
@@ -139,19 +143,46 @@ def _terminate(launcher: subprocess.Popen) -> None:
 
 
 def stop(cluster: StartedCluster) -> None:
-    """SIGTERM the launcher, wait for it; it must exit 0 and leave none of its processes behind."""
+    """SIGTERM the launcher, wait for it; it must exit 0 and leave none of its processes behind (any it
+    left are SIGKILLed before that fails, so a failing stop leaves nothing running either)."""
+    pids = []
     if cluster.engine == "dynamo":   # the current incarnations, before the launcher removes their pid files
-        pids = [int(f.read_text()) for f in Path(cluster.ready["run_dir"]).glob("*.pid")]
+        for f in Path(cluster.ready["run_dir"]).glob("*.pid"):
+            try:
+                pids.append(int(f.read_text()))
+            except (OSError, ValueError):   # mid-rewrite by a restart: the count below names it
+                pass
     _terminate(cluster.launcher)
-    assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
     if cluster.engine == "vllm":
         left = [pid for name in cluster.ready["instances"] for pid in pgrep(f"^{name}::")]
         left += pgrep(f"vllm-router --host 127.0.0.1 --port {cluster.api.rsplit(':', 1)[1]}")
-        assert not left, f"the launcher left processes behind after SIGTERM: {left}"
     else:
         left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-        assert len(pids) == len(cluster.ready["workers"]) + 1 and not left, \
-            f"the launcher left processes behind after SIGTERM: {left} of {pids}"
+    _kill(left)
+    assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
+    assert not left, f"the launcher left processes behind after SIGTERM: {left} of {pids or 'its processes'}"
+    assert cluster.engine == "vllm" or len(pids) == len(cluster.ready["workers"]) + 1, \
+        f"pid files read at stop: {pids}, expected one per worker and the frontend"
+
+
+def _kill(pids: list[int]) -> None:
+    """SIGKILL what a launcher left behind (its own processes, by pid) and wait until they are gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in pids) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
+    except (OSError, IndexError):
+        return "zombie"   # gone meanwhile
 
 
 class ClusterPool:
@@ -180,6 +211,17 @@ class ClusterPool:
         if engine in self.held:
             _, cluster = self.held.pop(engine)
             stop(cluster)
+
+    def release_all(self) -> None:
+        """Stop every held cluster, each even when stopping another failed; then raise the first failure."""
+        errors = []
+        for engine in list(self.held):
+            try:
+                self.release(engine)
+            except BaseException as exc:  # noqa: BLE001 - the others are stopped first, then it is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 def next_user_key(request, fixture: str) -> tuple | None:

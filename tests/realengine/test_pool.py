@@ -84,3 +84,57 @@ def test_a_held_cluster_is_reused_only_for_the_same_key_and_only_whole(monkeypat
     assert set(p.held) == {"dynamo", "vllm"} and stopped == [a, b]
     p.release("dynamo")
     assert stopped == [a, b, c] and set(p.held) == {"vllm"}
+
+
+def test_a_start_interrupted_before_ready_stops_and_reaps_its_launcher(monkeypatch, tmp_path):
+    """A real process stands for the launcher (it never writes its ready file); Ctrl-C arrives while the
+    pool waits for READY. Planted defect: the wait without its cleanup (only the timeout stopped the
+    launcher): the process is left running and this fails on its return code."""
+    import subprocess
+    import sys
+    launched = []
+    real_popen = subprocess.Popen
+
+    def popen(argv, **kwargs):
+        launched.append(real_popen([sys.executable, "-c", "import time; time.sleep(300)"], **kwargs))
+        return launched[-1]
+
+    real_sleep, calls = pool.time.sleep, []
+
+    def interrupt(s):   # the pool's first wait for READY is interrupted; later sleeps (Popen.wait's) are real
+        calls.append(s)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real_sleep(s)
+
+    monkeypatch.setattr(pool.subprocess, "Popen", popen)
+    monkeypatch.setattr(pool.time, "sleep", interrupt)
+    try:
+        pool.start(("dynamo", "agg"), tmp_path, tmp_path)
+        raise AssertionError("start returned without a ready file")
+    except KeyboardInterrupt:
+        pass
+    [launcher] = launched
+    assert launcher.returncode is not None   # stopped and waited for (SIGTERM: -15)
+
+
+def test_every_held_cluster_is_stopped_even_when_stopping_one_fails(monkeypatch, tmp_path):
+    """Planted defect: the session's teardown stopping clusters one after another with no guard: the
+    first stop's failure (a launcher that left a process behind) leaves the other engine's running."""
+    stopped = []
+
+    def stop(cluster):
+        stopped.append(cluster)
+        if len(stopped) == 1:
+            raise AssertionError("the launcher left processes behind after SIGTERM: [123]")
+
+    monkeypatch.setattr(pool, "start", lambda key, venv, tmp: _Held())
+    monkeypatch.setattr(pool, "stop", stop)
+    p = pool.ClusterPool()
+    a, b = p.get(("dynamo", "agg"), tmp_path, tmp_path), p.get(("vllm", "agg", "tiny", None), tmp_path, tmp_path)
+    try:
+        p.release_all()
+        raise RuntimeError("release_all hid the failure")
+    except AssertionError as exc:
+        assert "left processes behind" in str(exc)
+    assert stopped == [a, b] and not p.held
