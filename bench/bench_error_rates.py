@@ -124,7 +124,7 @@ def sim_median_loop(item: str, key: str, threshold: float, sigma: float, first: 
         values: list[float] = []
 
         def judged() -> list:
-            return [judge(it, [Measurement(it.thresholds[key], float(np.median(values)), "median",
+            return [judge(it, [Measurement(it.thresholds[key], nearest_rank(values, 50), "median",
                                            percentile_interval(values, 50, noun=noun))])]
         (v,) = repeat_until_decided(judged, lambda k: values.extend((threshold * rng.lognormal(0, sigma, k)).tolist()),
                                     lambda: len(values), first=first, most=most, noun=noun)

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from harness.errors import ConfigError
-from harness.stats.interval import Interval, two_sided
+from harness.stats.interval import Interval, tails, two_sided
 from harness.stats.levels import LEVEL
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -66,8 +66,7 @@ def bootstrap_interval(statistic: Statistic, *samples: Sequence[float], level: f
     if not 0 < level < 1 or resamples < 100:
         raise ConfigError(f"bootstrap level {level} / resamples {resamples} out of range",
                           fix="use 0 < level < 1 and at least 100 resamples")
-    a_lo = (1 - level) / 2 if alpha_lo is None else alpha_lo
-    a_hi = (1 - level) / 2 if alpha_hi is None else alpha_hi
+    a_lo, a_hi = tails(level, alpha_lo, alpha_hi)
     level = two_sided(a_lo, a_hi)
     draws = resamples_for(a_lo, a_hi, resamples)
     arrays = [np.asarray([v for v in s if not math.isnan(v)], dtype=float) for s in samples]

@@ -155,6 +155,17 @@ def brackets(data: dict[str, Any] | None) -> str:
     return "" if not data else Interval.from_dict(data).brackets()
 
 
+def tails(level: float, alpha_lo: float | None, alpha_hi: float | None) -> tuple[float, float]:
+    """Each bound's one-sided miss chance: given, else ``(1 - level) / 2`` (every interval builder)."""
+    if not 0 < level < 1:
+        raise ConfigError(f"confidence level {level!r} is not in (0, 1)", fix="pass e.g. 0.95")
+    a_lo = (1 - level) / 2 if alpha_lo is None else alpha_lo
+    a_hi = (1 - level) / 2 if alpha_hi is None else alpha_hi
+    if not (0 < a_lo < 0.5 and 0 < a_hi < 0.5):
+        raise ConfigError(f"one-sided miss chances {a_lo!r}, {a_hi!r} are not in (0, 0.5)", fix="pass e.g. 0.025")
+    return a_lo, a_hi
+
+
 def two_sided(alpha_lo: float, alpha_hi: float) -> float:
     """The level an interval with these one-sided miss chances holds at (union bound)."""
     return min(max(1 - alpha_lo - alpha_hi, 1e-9), 1.0)

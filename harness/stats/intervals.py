@@ -32,7 +32,7 @@ from harness.errors import ConfigError
 from harness.stats.bootstrap import (BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, STATISTIC_NAMES, Statistic,  # noqa: F401
                                      bootstrap_interval, mean, median, ratio_of_means, ratio_of_medians)
 from harness.stats.interval import (DECIDE_FACTOR, Decision, Interval, brackets, decide, more_to_decide,  # noqa: F401
-                                    two_sided)
+                                    tails as _tails, two_sided)
 from harness.stats.levels import LEVEL
 
 ORDER_STATISTICS = "order statistics"
@@ -47,17 +47,6 @@ def _binomial_cdf(n: int, p: float) -> np.ndarray:
     steps = np.log((n - k) / (k + 1)) + math.log(p) - math.log1p(-p)
     log_pmf = n * math.log1p(-p) + np.concatenate(([0.0], np.cumsum(steps)))
     return np.minimum(np.cumsum(np.exp(log_pmf)), 1.0)
-
-
-def _tails(level: float, alpha_lo: float | None, alpha_hi: float | None) -> tuple[float, float]:
-    """Each bound's one-sided miss chance: given, else ``(1 - level) / 2``."""
-    if not 0 < level < 1:
-        raise ConfigError(f"confidence level {level!r} is not in (0, 1)", fix="pass e.g. 0.95")
-    a_lo = (1 - level) / 2 if alpha_lo is None else alpha_lo
-    a_hi = (1 - level) / 2 if alpha_hi is None else alpha_hi
-    if not (0 < a_lo < 0.5 and 0 < a_hi < 0.5):
-        raise ConfigError(f"one-sided miss chances {a_lo!r}, {a_hi!r} are not in (0, 0.5)", fix="pass e.g. 0.025")
-    return a_lo, a_hi
 
 
 def order_statistic_ranks(n: int, q: float, level: float = LEVEL, *, alpha_lo: float | None = None,
