@@ -200,3 +200,32 @@ def test_an_interval_from_an_old_results_json_reads_its_levels_as_symmetric():
     back = Interval.from_dict(json.loads(json.dumps(new.to_dict())))
     assert (back.miss_lo, back.miss_hi) == (0.000125, 0.025 / 6) and back.brackets() == new.brackets()
     assert back.brackets().endswith("99.9875/99.5833 %]")
+
+
+@pytest.mark.parametrize("op", ["<", "<=", ">", ">=", "=="])
+def test_a_verdict_needs_the_bound_computed_at_its_own_sides_level(op):
+    """Soundness of one-sided levels (harness/stats/levels.py): the bound levels.one_sided puts at
+    the wrong-fail alpha is the only one that can make decide() fail, the one at the wrong-pass
+    alpha the only one that can make it pass. With that bound missing (too few samples for its
+    level) no threshold and no value of the other bound gives that decision. Catches decide()
+    passing on the fail-side bound alone (a pass at the stricter level's bound, its wrong-pass
+    chance then unbounded) and one_sided orienting a threshold's bounds the wrong way round."""
+    from harness.checklists.models import COMPARISONS
+    from harness.stats import levels
+
+    holds_op = COMPARISONS[op]
+    fail_lo = levels.one_sided(op, 0.001, 0.02)[0] == 0.001   # is the lower bound the fail-side one?
+    values = [-5.0, 0.0, 1.0, 2.0, 5.0]
+    for t in (0.0, 1.0, 2.0):
+        holds = lambda x, t=t: holds_op(x, t)  # noqa: E731
+        for v in values:
+            for w in values:
+                lo, hi = min(v, w), max(v, w)
+                fail_side_missing = Interval(None, hi, LEVEL, "m", 10) if fail_lo else Interval(lo, None, LEVEL, "m", 10)
+                pass_side_missing = Interval(lo, None, LEVEL, "m", 10) if fail_lo else Interval(None, hi, LEVEL, "m", 10)
+                if op != "==":
+                    assert decide(fail_side_missing, t, holds) != "fail", (op, t, lo, hi)
+                    assert decide(pass_side_missing, t, holds) != "pass", (op, t, lo, hi)
+                else:   # both bounds at the stricter level: neither decision on one bound alone that a pass needs
+                    assert decide(Interval(None, hi, LEVEL, "m", 10), t, holds) != "pass"
+                    assert decide(Interval(lo, None, LEVEL, "m", 10), t, holds) != "pass"
