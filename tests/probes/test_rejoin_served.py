@@ -176,6 +176,9 @@ def test_a_worker_that_never_serves_a_new_request_is_not_back_however_its_counte
 
 
 def test_a_worker_behind_the_clusters_api_has_no_api_of_its_own():
+    """Planted defect: ``own_api`` comparing URLs without their trailing slash removed, or not against
+    the other workers': a Dynamo mocker (its ``api`` the frontend's) would be "probed" through the
+    frontend, where any worker's token would count as this one's."""
     cluster = SimpleNamespace(api_url="http://127.0.0.1:8400/", workers=[
         SimpleNamespace(name="dynamo-0", api="http://127.0.0.1:8400"),
         SimpleNamespace(name="dynamo-1", api="http://127.0.0.1:8400")])

@@ -101,6 +101,8 @@ STEPS = [("process_kill", "aggregated"), ("process_hang", "aggregated")]
 
 
 def test_the_next_fault_waits_until_the_restarted_worker_carries_traffic(two_workers):
+    """Planted defect (run once): no probe sent straight to a worker with an API of its own (``own_api``
+    always False): the kill's rejoin is then seen on its counter, not served, and this fails."""
     cluster, home = two_workers
     (home / "serves").write_text("")
     with FaultRunner(Ledger.for_cluster("two-workers", home / "state"), handle_signals=False) as runner:
@@ -119,6 +121,9 @@ def test_the_next_fault_waits_until_the_restarted_worker_carries_traffic(two_wor
 
 
 def test_a_worker_never_taken_back_stops_the_plan_and_says_why(two_workers, monkeypatch):
+    """Planted defect (run once): ``own_api`` always False: the worker whose completions get 503 is no
+    longer probed, the sentence and ``probes`` differ, and this fails; a loop that injects the next fault
+    once the victim is healthy fails on ``stopped``."""
     cluster, home = two_workers
     monkeypatch.setattr(blackbox, "REJOIN_WATCH_MAX_S", 1.5)   # watched past the 0.5 s limit, then given up
     with FaultRunner(Ledger.for_cluster("two-workers", home / "state"), handle_signals=False) as runner:

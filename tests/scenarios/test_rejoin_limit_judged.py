@@ -39,6 +39,8 @@ def test_clear_of_the_limit_by_more_than_a_poll_passes_or_fails():
 
 
 def test_a_worker_never_taken_back_fails_on_its_lower_bound_alone():
+    """Planted defect: a worker still out when the watch gave up given an upper bound (its watched time)
+    or left out of the measurement: the fail would become undecided, or a pass on the others."""
     never = Rejoin("vllm-1", 60.0, T0, ["vllm:prompt_tokens on URL"], "vllm-router", None, watched_s=150.0)
     i = rejoin_interval(never)
     assert i is not None and i.hi is None and i.lo == pytest.approx(150.0, abs=0.01)
