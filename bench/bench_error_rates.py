@@ -2,10 +2,14 @@
 
 Default mode, simulation of the real code paths with the true value exactly at each threshold
 (the worst case of both sides: a hair on the good side makes every fail wrong, a hair on the bad
-side every pass): the extension loop (harness/checks/extend.py) with judge() and the interval
-code for each measurement of the error-controlled family, sized like the suites; soak.slo's
-windows (harness/checks/soak.py); and the whole-run false-fail rate of the family. Prints the
-wrong-verdict rate of each side against its stated level.
+side every pass): the extension loop (harness/checks/extend.py) around each item's own verdict
+function where it has one (6.2: slo_verdicts_of; 6.1.2: migration_verdict, idle loop, loaded loop
+and the final verdict as the suite runs them; 6.1.5: pfc_isolation_verdict; nic-flap:
+flap_recovery_verdict; 6.1.1: judge() on the median's order-statistic interval, as its suite),
+sized like the suites; soak.slo's windows (slo_windows_verdict); and the whole-run false-fail
+rate of the family. Prints the wrong-verdict rate of each side against its stated level. Only
+the samples are simulated. ``--only PART`` runs some items; each item seeds itself, so its rows
+are the same as in a whole run.
 
 Distributions: lognormal, the shape of latencies and transfer speeds. Where a recorded run holds
 the samples (tests/report/data/real_run_results.json: the nic-flap run's transfers) sigma is fitted
