@@ -143,21 +143,32 @@ def test_the_fault_suites_judge_migration_on_worker_loss_and_a_hang_fails_6_1_4_
     else:
         assert v612["status"] in ("pass", "fail"), v612["reason"]
     assert sum(w or 0 for w in v612["evidence"]["migration_counter"]) > 0, v612["evidence"]["migration_counter"]
-    # a sample only from a stream that moved (issue 33): the k largest stalls, k = the rise of the ongoing_request
-    # series alone (planted: the counter summed over migration_type, new_request too: k above the ongoing rise)
-    rises = {int(round(w)) for w in v612["evidence"]["migration_counter"] if w is not None}
+    assert v614["status"] == "fail" and "worst: hang dynamo-" in v614["reason"], v614["reason"]
+    assert v614["evidence"]["longest_stall_s"]["p100"] > 3.0
+    _evidence_is_what_it_says(v612, v614)
+    assert all(v["status"] == "pass" for v in by_item["nothing-lost"]), [v["reason"] for v in by_item["nothing-lost"]]
+
+
+def _evidence_is_what_it_says(v612: dict, v614: dict) -> None:
+    """Issue 33's evidence rules on Dynamo. 6.1.2: a sample only from a stream that moved, the k largest
+    stalls, k = the rise of the ``ongoing_request`` series alone (planted: the counter summed over
+    migration_type, ``new_request`` too: the counter named differs and more samples than the ongoing rises).
+    6.1.4: the first hang's new request is the open-loop probe's, served within half the 8 s stop, never
+    queued behind the load's blocked users (planted: no probe: +5.4 s was once reported; a later hang may
+    follow a hang that cost the other worker its registration, a true finding: then nothing serves new
+    requests until the stop ends: +8.06 s measured); every hung mocker's rejoin is not observed, never
+    back by health alone (planted: the old rule, back by health: ``observable`` true). Checked on the run
+    of 2026-12-06 00:42 (results.json kept): counter rises [2 x9, 4 x2], 26 samples, each naming
+    ``migration_type="ongoing_request"``; hangs' new requests newreq-3-0 +0.045 s, newreq-4-33 +8.06 s
+    (dynamo-1 out of rotation), load-3239 +1.35 s."""
+    rises = [int(round(w)) for w in v612["evidence"]["migration_counter"] if w is not None]
     moved = v612["evidence"]["per_migration"]
     assert moved and all('migration_type="ongoing_request"' in (s["migration"] or {}).get("counter", "")
                          and s["migration"]["k"] in rises for s in moved), (rises, [s["migration"] for s in moved])
     assert len(moved) <= sum(rises), (rises, len(moved))
-    assert v614["status"] == "fail" and "worst: hang dynamo-" in v614["reason"], v614["reason"]
-    assert v614["evidence"]["longest_stall_s"]["p100"] > 3.0
-    # a new request after each hang measured by the open-loop probe, never queued behind the load's blocked
-    # users (planted: no probe: the first request sent after a hang once came at +5.4 s of the 8 s stop)
     hangs = [s for s in v614["evidence"]["samples"] if s["label"].startswith("hang ")]
-    assert hangs and all(s["new_request"] is not None and s["new_request_s"] < 4.0 for s in hangs), hangs
-    # the hung mocker resumes with no API of its own: its rejoin is not observed, never back by health alone
+    assert hangs and all(s["new_request"] is not None for s in hangs), hangs
+    assert hangs[0]["new_request"].startswith("newreq-") and hangs[0]["new_request_s"] < 4.0, hangs[0]
     for r in v614["evidence"]["rejoin"]:
         if r["fault"].startswith("hang "):
             assert not r["observable"] and not r["back"] and "never taken as back by health alone" in r["sentence"], r
-    assert all(v["status"] == "pass" for v in by_item["nothing-lost"]), [v["reason"] for v in by_item["nothing-lost"]]
