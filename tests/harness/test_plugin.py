@@ -274,9 +274,11 @@ def test_hang_then_wait(cluster, faults, timeline, conformance):
 
 
 @pytest.mark.timeout(300)
-def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path):
-    """SIGTERM while a fault is active: the run reverts it, exits 3, and its results.json holds the
-    fault's inject and revert records, the fault on the timeline and the test that was stopped.
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path, signame):
+    """SIGTERM (or SIGINT, Ctrl-C: pytest's KeyboardInterrupt path) while a fault is active: the run
+    reverts it, exits 3, and its results.json holds the fault's inject and revert records, the fault
+    on the timeline and the test that was stopped.
     Planted defect it catches: the report written before pytest tears down an interrupted run's
     fixtures (harness/plugin.py's sessionfinish back to ``tryfirst``): faults, timeline and tests are
     empty (checked: it failed)."""
@@ -298,7 +300,7 @@ def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path):
         while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)  # waiting for the suite to say its fault is injected
         assert mark.exists(), f"the suite never injected its fault (rc {proc.poll()})"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, signame))
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
