@@ -50,10 +50,23 @@ def test_ib_write_bw_report_in_gbits():
 
 
 def test_remote_command_quotes_every_word_and_ends_the_command_when_stdin_closes(tmp_path):
+    """Each word reaches the remote command as itself (no shell expansion), and closing the
+    channel's stdin ends the command. Planted defects: shlex.join dropped (the $(touch) runs, the
+    words split); the stdin watcher removed (the sleep outlives the closed stdin).
+    Stdin stays open while the printf runs, as an SSH channel's does: a stdin closed at once (the
+    old ``input=""``) let the watcher kill the printf before it printed, 1 run in 4."""
     marker = tmp_path / "injected"
-    out = subprocess.run(["sh", "-c", remote_command(["printf", "%s|", "a b", f"$(touch {marker})", "it's"])],
-                         input="", capture_output=True, text=True, timeout=30)
-    assert (out.returncode, out.stdout) == (0, f"a b|$(touch {marker})|it's|")
+    proc = subprocess.Popen(["sh", "-c", remote_command(["printf", "%s|", "a b", f"$(touch {marker})", "it's"])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        printed = proc.stdout.read()  # type: ignore[union-attr]
+        assert (proc.wait(timeout=30), printed) == (0, f"a b|$(touch {marker})|it's|")
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
     assert not marker.exists()
     proc = subprocess.Popen(["sh", "-c", remote_command(["sleep", "300"])], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
