@@ -212,7 +212,8 @@ def slo_verdicts_of(requests: int, ttft_ms: Sequence[float], tpot_ms: Sequence[f
         item = checklist.item(item_id)
         t = item.thresholds
         measurements = [Measurement(t[f"{key}_p{q}_ms"], round(nearest_rank(values, q), 3) if values else None,
-                                    f"client {key.upper()} p{q}", percentile_interval(values, q, noun="requests"))
+                                    f"client {key.upper()} p{q}",
+                                    percentile_interval(values, q, noun="requests", in_order=True))
                         for q in (50, 99)]
         p50 = measurements[0].value
         srv = server_summary((server or {}).get(key))

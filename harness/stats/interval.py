@@ -46,6 +46,9 @@ class Interval:
     # the same samples' interval at other one-sided levels (alpha_lo, alpha_hi); None: it has no
     # probability to re-spend (a resolution bound) or its builder cannot recompute it
     relevel: Callable[[float, float], Interval] | None = field(default=None, compare=False, repr=False)
+    # serial dependence allowed for (harness/stats/dependence.py: tau, n_eff, measured, lag1,
+    # method); None: independent draws assumed
+    dependence: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.lo is not None and self.hi is not None and self.lo > self.hi:
@@ -81,7 +84,11 @@ class Interval:
 
     @property
     def sizes(self) -> str:
-        return f"n={self.n}" if self.n2 is None else f"n={self.n}+{self.n2}"
+        text = f"n={self.n}" if self.n2 is None else f"n={self.n}+{self.n2}"
+        dep = self.dependence
+        if dep and dep.get("measured") and dep["tau"] > 1:
+            text += f" ~ {dep['n_eff']} effective (serial dependence, tau {dep['tau']:.3g})"
+        return text
 
     def span(self, unit: str = "", digits: int = 4) -> str:
         """``480-560 ms``; ``>= 312 ms`` / ``<= 40 ms`` when one side is unbounded."""
@@ -139,7 +146,7 @@ class Interval:
     def to_dict(self) -> dict[str, Any]:
         return {"lo": self.lo, "hi": self.hi, "level": self.level, "method": self.method, "n": self.n,
                 "n2": self.n2, "noun": self.noun, "needs_n": self.needs_n, "alpha_lo": self.miss_lo,
-                "alpha_hi": self.miss_hi}
+                "alpha_hi": self.miss_hi, **({} if self.dependence is None else {"dependence": self.dependence})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Interval:
@@ -147,7 +154,7 @@ class Interval:
         no longer extrapolates nor re-levels."""
         return cls(data["lo"], data["hi"], data["level"], data["method"], data["n"], noun=data.get("noun", "samples"),
                    n2=data.get("n2"), needs_n=data.get("needs_n"), alpha_lo=data.get("alpha_lo"),
-                   alpha_hi=data.get("alpha_hi"))
+                   alpha_hi=data.get("alpha_hi"), dependence=data.get("dependence"))
 
 
 def brackets(data: dict[str, Any] | None) -> str:

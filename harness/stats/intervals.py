@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from harness.errors import ConfigError
+from harness.stats.dependence import Dependence, percentile_dependence
 from harness.stats.bootstrap import (BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, STATISTIC_NAMES, Statistic,  # noqa: F401
                                      bootstrap_interval, mean, median, ratio_of_means, ratio_of_medians)
 from harness.stats.interval import (DECIDE_FACTOR, Decision, Interval, brackets, decide, more_to_decide,  # noqa: F401
@@ -90,38 +91,51 @@ def _min_samples(p: float, a_lo: float, a_hi: float) -> tuple[int | None, int | 
 
 
 def percentile_interval(values: Sequence[float], q: float, level: float = LEVEL, *, noun: str = "samples",
-                        alpha_lo: float | None = None, alpha_hi: float | None = None) -> Interval:
+                        alpha_lo: float | None = None, alpha_hi: float | None = None,
+                        in_order: bool = False) -> Interval:
     """Distribution-free interval of the q-th percentile of the population ``values`` were drawn
-    from (independent draws assumed; NaN ignored); each bound at its own one-sided miss chance
-    when ``alpha_lo`` / ``alpha_hi`` are given (default ``(1 - level) / 2`` each)."""
+    from (NaN ignored); each bound at its own one-sided miss chance when ``alpha_lo`` / ``alpha_hi``
+    are given (default ``(1 - level) / 2`` each). Independent draws are assumed unless
+    ``in_order``: ``values`` are then in the order they were taken, and the interval is built from
+    the effective samples their serial dependence leaves (harness/stats/dependence.py; evidence
+    ``dependence``)."""
     _check_q(q)
     arr = np.asarray(values, dtype=float)
     ordered = np.sort(arr[~np.isnan(arr)]).tolist()
-    return _from_sorted(ordered, q, *_tails(level, alpha_lo, alpha_hi), noun, len(ordered))
+    tau = None
+    if in_order:
+        dep = percentile_dependence(arr, q)
+        tau = (dep.tau, dep.measured, dep.lag1)
+    return _from_sorted(ordered, q, *_tails(level, alpha_lo, alpha_hi), noun, len(ordered), tau)
 
 
-def _from_sorted(ordered: list[float], q: float, a_lo: float, a_hi: float, noun: str, n: int) -> Interval:
+def _from_sorted(ordered: list[float], q: float, a_lo: float, a_hi: float, noun: str, n: int,
+                 tau: tuple[float, bool, float | None] | None = None) -> Interval:
     """Interval of n samples; n above len(ordered) extrapolates: the bounds are then the observed
-    distribution's quantiles (linear between observed values) at the same fraction of ranks."""
-    r, s = _ranks(n, q / 100, a_lo, a_hi)
+    distribution's quantiles (linear between observed values) at the same fraction of ranks.
+    ``tau`` (inflation, measured, lag-1): the ranks are those of n / inflation effective samples."""
+    inflation = 1.0 if tau is None else tau[0]
+    n_ranks = max(1, int(n / inflation)) if n else 0
+    r, s = _ranks(n_ranks, q / 100, a_lo, a_hi)
     m = len(ordered)
 
     def at(rank: int | None) -> float | None:
         if rank is None or not m:
             return None
-        if n == m:
+        if n_ranks == m:
             return ordered[rank - 1]
-        pos = min(max(rank / n * m - 1, 0.0), m - 1.0)   # 0-based position: rank r of m is r - 1
+        pos = min(max(rank / n_ranks * m - 1, 0.0), m - 1.0)   # 0-based position: rank r of m is r - 1
         i = int(pos)
         return ordered[i] + (ordered[min(i + 1, m - 1)] - ordered[i]) * (pos - i)
 
     lower, upper = _min_samples(q / 100, a_lo, a_hi)
-    needs = None if r is not None and s is not None else max((x for x in (lower, upper) if x is not None),
-                                                             default=None)
-    extrapolate = (lambda k: _from_sorted(ordered, q, a_lo, a_hi, noun, math.ceil(m * k))) if m else None
-    relevel = (lambda lo_alpha, hi_alpha: _from_sorted(ordered, q, lo_alpha, hi_alpha, noun, m)) if n == m else None
+    needs = None if r is not None and s is not None else max((math.ceil(x * inflation) for x in (lower, upper)
+                                                             if x is not None), default=None)
+    extrapolate = (lambda k: _from_sorted(ordered, q, a_lo, a_hi, noun, math.ceil(m * k), tau)) if m else None
+    relevel = (lambda lo_alpha, hi_alpha: _from_sorted(ordered, q, lo_alpha, hi_alpha, noun, m, tau)) if n == m else None
+    dependence = None if tau is None else Dependence(tau[0], n, tau[1], tau[2]).to_dict()
     return Interval(at(r), at(s), two_sided(a_lo, a_hi), ORDER_STATISTICS, n, noun=noun, needs_n=needs,
-                    extrapolate=extrapolate, alpha_lo=a_lo, alpha_hi=a_hi, relevel=relevel)
+                    extrapolate=extrapolate, alpha_lo=a_lo, alpha_hi=a_hi, relevel=relevel, dependence=dependence)
 
 
 def _check_q(q: float) -> None:

@@ -69,14 +69,38 @@ def test_verdicts_pass_and_fail_on_the_whole_interval_of_the_client_values():
 
 def test_a_tail_near_the_target_straddles_and_says_what_would_decide():
     cl = Checklist.load()
-    # 600 requests, the slowest 2 % around the 500 ms target: the p99 interval straddles it
-    records = [rec(i, ttft_ms=50, tpot_ms=5) for i in range(588)] + [rec(600 + i, ttft_ms=460 + 10 * i, tpot_ms=5)
-                                                                     for i in range(12)]
+    # 600 requests, the slowest 2 % around the 500 ms target, spread through the run (one in 50,
+    # no serial dependence): the p99 interval straddles it
+    records = [rec(i, ttft_ms=460 + 10 * (i // 50) if i % 50 == 49 else 50, tpot_ms=5) for i in range(600)]
     ttft, tpot = slo_verdicts(records, cl)
     assert ttft.status is Status.INCONCLUSIVE and tpot.status is Status.PASS
     assert "client TTFT p99" in ttft.reason and "straddles < 500 ms" in ttft.reason
     assert "(lower 99.9875 %, upper 99.5833 %, order statistics, n=600)" in ttft.reason
     assert ttft.evidence["undecided"][0]["key"] == "ttft_p99_ms"
+
+
+def test_a_slow_tail_in_one_burst_counts_as_fewer_requests_than_the_same_tail_spread_out():
+    """Serial dependence (issue 33 item 3): the same 600 TTFTs, the 12 slow ones first spread one in
+    50, then all in one burst (one stall, not 12 independent slow requests). The burst's p99
+    interval is built from fewer effective requests (evidence ``dependence``: lag-1 correlation of
+    the indicator high, tau > 2), too few for an upper bound; spread out, tau stays near 1 and n_eff near n.
+    Planted defect: slo_verdicts_of without ``in_order`` (independence assumed): both intervals
+    equal, no dependence recorded."""
+    cl = Checklist.load()
+    spread = [rec(i, ttft_ms=300 + 10 * (i // 50) if i % 50 == 49 else 50, tpot_ms=5) for i in range(600)]
+    burst = [rec(i, ttft_ms=50, tpot_ms=5) for i in range(294)] + \
+        [rec(294 + i, ttft_ms=300 + 10 * i, tpot_ms=5) for i in range(12)] + [rec(306 + i, 50, 5) for i in range(294)]
+    intervals = {}
+    for name, records in (("spread", spread), ("burst", burst)):
+        ttft, _ = slo_verdicts(records, cl)
+        p99 = next(m for m in ttft.evidence["measurements"] if m["key"] == "ttft_p99_ms")
+        intervals[name] = p99["interval"]
+    assert intervals["spread"]["dependence"]["measured"] and intervals["spread"]["dependence"]["tau"] < 1.5
+    assert intervals["burst"]["dependence"]["tau"] > 2 and intervals["burst"]["dependence"]["lag1"] > 0.5
+    assert intervals["burst"]["dependence"]["n_eff"] < 300
+    # 600 independent requests bound a p99 from above (546 needed); the burst's effective ones do not
+    assert intervals["spread"]["hi"] is not None and intervals["burst"]["hi"] is None
+    assert intervals["burst"]["needs_n"] > 600
 
 
 def test_too_few_requests_for_a_p99_or_no_server_metrics_is_said_not_hidden():

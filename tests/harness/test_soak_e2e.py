@@ -9,13 +9,16 @@ No override: the honest run is clusters/local.yaml under the shipped checklist (
 3 s, soak.slo's window rule as shipped), the leaky one clusters/local-leaky.yaml. The honest cluster
 deserves pass on soak.faults, soak.slo, soak.leaks and nothing-lost; the only other outcome allowed
 for soak.faults is inconclusive naming the starved test machine (the machine gate,
-harness/checks/machine.py). soak.slo is decidable on the whole run (it must pass) but not always on
-each window at this size: with the window rule's Bonferroni correction a 40 s window of ~1000
+harness/checks/machine.py). soak.slo is not always decidable at this size, on
+each window or on the whole run: with the window rule's Bonferroni correction a 40 s window of ~1000
 requests holding a kill can straddle the p99 limit (measured: window 3, TTFT p99 75.7 ms, interval
 51.2-708.4 ms, "about 4959 more requests would decide"; in CI 54.85-716.7 ms of 956 requests,
-"more than 10x the requests would be needed to decide"). So soak.slo is pass, or inconclusive naming
-the machine, or inconclusive only through windows that straddle a limit saying how many requests
-would decide it; never fail, never a window wholly beyond a limit.
+"more than 10x the requests would be needed to decide"), and the slow requests of 8 faults in two
+minutes come in bursts: the whole run's 3035 requests were 306 effective ones for its TTFT p99
+(serial dependence, tau 9.91; docs/statistics.md "Dependence"), too few for an upper bound. So
+soak.slo is pass, or inconclusive naming the machine, or inconclusive only through windows (the
+whole run among them) that straddle a limit saying how many requests would decide it; never fail,
+never a window wholly beyond a limit.
 
 Planted defects it catches: rescheduling delayed by 4 s (the honest run on clusters/local.yaml
 with the router's `reschedule_delay_s: 4`), which the old 10 s override let pass (checked:
@@ -86,7 +89,8 @@ def check_slo(slo: dict) -> None:
     assert windows and not any(w.get("beyond") for w in windows), windows
     assert all(w["status"] in ("pass", "inconclusive") for w in windows), windows
     whole = [w for w in windows if w["window"] == "whole run"]
-    assert len(whole) == 1 and (whole[0]["status"] == "pass" or starved_machine(slo)), (whole, slo["reason"])
+    assert len(whole) == 1 and (whole[0]["status"] == "pass" or starved_machine(slo) or undecided_by_size(whole[0])), \
+        (whole, slo["reason"])
     if slo["status"] == "pass" or starved_machine(slo):
         return
     assert slo["status"] == "inconclusive", slo["reason"]

@@ -24,6 +24,7 @@ import sys
 import pytest
 
 from harness.faults.ledger import Ledger
+from tests.harness.test_soak_e2e import undecided_by_size
 from tests.realengine.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -105,13 +106,16 @@ def _faults_judged_as_deserved(faults: dict) -> None:
 
 def _slo_judged_as_deserved(slo: dict) -> None:
     """The mocker's TTFT and TPOT (about 48 ms and 6 ms p50, 60 ms and 6.5 ms p99) are within 6.2: the whole
-    run passes, and soak.slo passes or is inconclusive only because a window is too short to bound its
+    run passes (or straddles for want of effective requests, saying how many would decide), and soak.slo passes or is inconclusive only because a window is too short to bound its
     p99, saying so. Catches a harness that fails the soak's TTFT against the wrong figures (planted:
     ``"6.2.ttft": {ttft_p50_ms: 1}`` in a copy of the cluster file: the whole run and soak.slo fail;
     checked once on the same planted run: this failed on the whole run's TTFT 'fail')."""
     rows = {w["window"]: w for w in slo["evidence"]["windows"]}
     whole = rows.pop("whole run")
-    assert rows and all(whole[m]["status"] == "pass" or _starved(whole[m]) for m in ("ttft", "tpot")), whole
+    # the whole run passes, or (its slow requests in bursts around the faults: few effective samples,
+    # docs/statistics.md "Dependence") straddles saying how many requests would decide
+    assert rows and (all(whole[m]["status"] == "pass" or _starved(whole[m]) for m in ("ttft", "tpot"))
+                     or undecided_by_size(whole)), whole
     assert slo["status"] in ("pass", "inconclusive"), slo["reason"]
     if slo["status"] == "inconclusive":   # an interval that straddles a target (undecided), or a starved machine
         assert ("straddles" in slo["reason"] and "decide" in slo["reason"]) or _starved(slo), slo["reason"]
