@@ -29,7 +29,7 @@ from typing import Sequence
 
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
-from harness.scenarios.ecc_dcgm import QUIET_S, Injection
+from harness.evidence.ecc_dcgm import QUIET_S, Injection
 from harness.stats.interval import Interval, decide
 from harness.stats.intervals import RESOLUTION
 

@@ -36,7 +36,7 @@ from harness.probes.records import RequestRecord
 from harness.states import EventKind
 
 if TYPE_CHECKING:
-    from harness.scenarios.migration import MigrationAttempt
+    from harness.evidence.migration import MigrationAttempt
 
 ITEM = "6.1.2"
 PHASES = ("idle", "loaded")

@@ -44,7 +44,7 @@ from typing import Iterable, Sequence
 
 from harness.checks.migration import Assessment, MigrationSample
 from harness.probes.records import NOT_SENT, RequestRecord
-from harness.scenarios.records import KillWindow
+from harness.evidence.records import KillWindow
 
 MIN_GAPS_BEFORE = 3   # inter-chunk gaps a stream needs before the kill for a typical gap
 

@@ -33,7 +33,7 @@ from harness.stats import nearest_rank  # noqa: F401  (also imported from here b
 from harness.checklists import Checklist, ChecklistItem, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import RequestRecord
-from harness.scenarios.fault_marks import FaultMark, affected_request_id
+from harness.evidence.fault_marks import FaultMark, affected_request_id
 from harness.states import EventKind, PD_ROLES
 
 from harness.probes.rejoin import POLL_S, not_observed

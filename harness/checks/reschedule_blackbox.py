@@ -39,8 +39,8 @@ from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.records import NOT_SENT, RequestRecord
 from harness.probes.rejoin import POLL_S, Rejoin, not_observed
-from harness.scenarios.records import ClientFault
-from harness.scenarios.fault_marks import first_success_sent_after, record_wall_s as _wall
+from harness.evidence.records import ClientFault
+from harness.evidence.fault_marks import first_success_sent_after, record_wall_s as _wall
 
 DEFAULT_WINDOW_S = 30.0   # a fault's window ends at the next fault, or this long after it
 

@@ -30,7 +30,7 @@ from harness.stats import levels
 from harness.stats.intervals import across
 from harness.probes.record_digest import RecordDigest
 from harness.probes.records import RequestRecord
-from harness.scenarios.soak import SoakOutcome
+from harness.evidence.soak import SoakOutcome
 
 FAULTS_ITEM, SLO_ITEM = "soak.faults", "soak.slo"
 

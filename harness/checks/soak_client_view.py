@@ -27,8 +27,8 @@ from typing import Iterable, Iterator, Sequence
 
 from harness.checks.reschedule_blackbox import ClientRescheduleSample, measure_client_view
 from harness.probes.records import NOT_SENT, RequestRecord
-from harness.scenarios.fault_marks import FaultMark, record_wall_s
-from harness.scenarios.records import ClientFault
+from harness.evidence.fault_marks import FaultMark, record_wall_s
+from harness.evidence.records import ClientFault
 
 WINDOW_S = 10.0   # a fault's client-view window in a soak: to the next fault, at most this long
 

@@ -40,7 +40,7 @@ from harness.faults import ProcessHang, ProcessKill
 from harness.faults.fanout import NewProcess, locator
 from harness.probes.inventory import InventoryWorker, resolve, wait_healthy
 from harness.probes.rejoin import Rejoin, RejoinWatch
-from harness.scenarios.records import ClientFault
+from harness.evidence.records import ClientFault
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ outcomes, kept apart because they mean different things:
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.errors import ProbeError
+from harness.evidence.migration import OUTCOMES, MigrationAttempt  # noqa: F401  (OUTCOMES: the scenario's words)
 from harness.faults import FaultRunner, Ledger, LiveMigration
 from harness.engine.admin.client import AdminError
 from harness.probes.observed_stream import ObservedStream
@@ -35,25 +35,9 @@ from harness.probes.streaming import CompletionRequest
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("migrated", "refused", "unobservable")
 # admin-API refusals that say the stream was not (or no longer) decoding on the source: the harness
 # asked too late (the stream ended or moved), not a migration the engine failed to do
 NOT_THERE_CODES = frozenset({"nothing_to_migrate", "request_finished"})
-
-
-@dataclass
-class MigrationAttempt:
-    phase: str
-    index: int
-    outcome: str                      # one of OUTCOMES
-    detail: str = ""
-    source: str | None = None         # the worker the stream ran on when the migration was asked
-    request_id: str | None = None     # the engine's id of the stream (SSE ``id``)
-    at_tokens: int | None = None      # tokens the client had when the migration was asked
-    done: dict[str, Any] | None = field(default=None, repr=False)  # the router's migration_done event
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def migrate_observed_stream(api_url: str, admin_url: str, *, phase: str, index: int, prompt: str,

@@ -31,7 +31,7 @@ from harness.probes.prometheus import ENGINE_PROFILES, quantity_labels
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest
 from harness.scenarios import blackbox_faults as blackbox
-from harness.scenarios.records import KillWindow
+from harness.evidence.records import KillWindow
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from harness.engine.admin.models import EngineEvent, AdminWorker
 from harness.probes.load import LoadRunner
 from harness.probes.records import RequestRecord
 from harness.probes.rejoin import Rejoin
-from harness.scenarios.fault_marks import FaultMark, affected_request_id, first_success_sent_after, injection
+from harness.evidence.fault_marks import FaultMark, affected_request_id, first_success_sent_after
+from harness.scenarios.fault_marks import injection
 from harness.waiting import WaitTimeoutError, wait_until
 from harness.states import EventKind, PD_ROLES, WorkerHealth
 

@@ -27,8 +27,8 @@ from harness.scenarios import blackbox_faults as blackbox
 from harness.probes.load import LoadRunner
 from harness.probes.records import RequestRecord
 from harness.probes.streaming import CompletionRequest
-from harness.scenarios.records import ClientFault
-from harness.scenarios.fault_marks import first_success_sent_after
+from harness.evidence.records import ClientFault
+from harness.evidence.fault_marks import first_success_sent_after
 from harness.scenarios.reschedule import StartLoad, wait_serving
 from harness.waiting import wait_until
 

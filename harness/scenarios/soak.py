@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -27,51 +27,17 @@ from harness.faults import FaultRunner
 from harness.probes.leaks import LeakSampler
 from harness.probes import selfmem
 from harness.probes.records import RequestRecord
-from harness.probes.rejoin import Rejoin
-from harness.scenarios.fault_marks import FaultMark, injection
+from harness.evidence.soak import SoakOutcome
+from harness.scenarios.fault_marks import injection
 from harness.scenarios.reschedule import ContinuousLoad, StartLoad
-from harness.scenarios.soak_schedule import ScheduledFault, SoakSchedule
+from harness.evidence.soak import ScheduledFault
+from harness.scenarios.soak_schedule import SoakSchedule
 from harness.scenarios.soak_view import ROUTER_EVENTS, SoakClusterView
 
 log = logging.getLogger(__name__)
 
 SLOT_WAIT_S = 120.0       # a fault waits at most this long for its target to be healthy and out of other faults
 LEAK_INTERVAL_S = 2.0
-
-
-@dataclass
-class SoakOutcome:
-    """What happened to one scheduled fault."""
-
-    fault: ScheduledFault
-    started_offset_s: float | None = None   # when its inject began, from the start of the load
-    fault_id: str | None = None
-    inject_wall: float | None = None
-    inject_s: float = 0.0
-    reverted_wall: float | None = None
-    rejoin: Rejoin | None = None
-    detail: str = ""                        # the inject step's own words (what it did)
-    not_injected: str | None = None         # why it never took effect (the harness's, not the cluster's)
-    error: str | None = None                # the fault failed in a way that is the cluster's doing
-
-    @property
-    def injected(self) -> bool:
-        return self.inject_wall is not None and self.not_injected is None
-
-    def mark(self) -> FaultMark | None:
-        if not self.injected or self.fault.kind not in ("process_kill", "process_hang"):
-            return None
-        return FaultMark(self.fault_id or "", self.fault.kind, self.fault.target, self.fault.role,
-                         self.inject_wall or 0.0, inject_s=self.inject_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("fault", "rejoin")}
-        d["fault"] = self.fault.to_dict()
-        d["rejoin"] = None if self.rejoin is None else {
-            "back": self.rejoin.back, "after_healthy_s": self.rejoin.after_healthy_s,
-            "healthy_wall": self.rejoin.healthy_wall, "serving_wall": self.rejoin.serving_wall,
-            "watched_s": self.rejoin.watched_s}
-        return d
 
 
 @dataclass

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from harness.errors import ConfigError
+from harness.evidence.soak import ScheduledFault
 from harness.states import WorkerRole
 
 
@@ -51,26 +52,6 @@ KINDS: dict[str, KindSpec] = {
 }
 
 WARMUP_S = 20.0          # load alone first: the first fault lands on a cluster in steady state
-
-
-@dataclass(frozen=True)
-class ScheduledFault:
-    """One fault of the schedule. ``offset_s`` counts from the start of the soak's load."""
-
-    index: int
-    offset_s: float
-    kind: str
-    target: str          # worker id
-    role: str
-    hold_s: float
-    planned_until_s: float   # offset + hold + planned recovery: the blast radius counts it until then
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self) -> str:
-        return (f"#{self.index + 1:<3} +{self.offset_s:7.1f} s  {self.kind:<13} {self.target:<10} "
-                f"held {self.hold_s:4.1f} s")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from harness.probes.leaks import WorkerLeakReading
 from harness.probes.rejoin import Rejoin, RejoinWatch
 from harness.scenarios.blackbox_faults import REJOIN_WATCH_MAX_S, RESTART_TIMEOUT_S
 from harness.scenarios.reschedule import RouterView, make_fault, wait_served_through
-from harness.scenarios.soak_schedule import ScheduledFault
+from harness.evidence.soak import ScheduledFault
 from harness.states import EventKind, WorkerHealth
 from harness.waiting import wait_until
 

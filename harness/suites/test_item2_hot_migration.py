@@ -42,7 +42,8 @@ from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
 from harness.engine.admin.models import EngineEvent, AdminWorker
 from harness.probes.load import LoadRunner
-from harness.scenarios.migration import MigrationAttempt, migrate_observed_stream
+from harness.evidence.migration import MigrationAttempt
+from harness.scenarios.migration import migrate_observed_stream
 from harness.probes.records import RequestRecord
 from harness.suites.epilogue import finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until

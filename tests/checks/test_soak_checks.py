@@ -13,9 +13,8 @@ from harness.checks.soak import faults_verdict, judge_fault, slo_windows_verdict
 from harness.probes.record_digest import RecordDigest
 from harness.checks.verdict import Status
 from harness.probes.rejoin import Rejoin
-from harness.scenarios.fault_marks import FaultMark
-from harness.scenarios.soak import SoakOutcome
-from harness.scenarios.soak_schedule import ScheduledFault
+from harness.evidence.fault_marks import FaultMark
+from harness.evidence.soak import ScheduledFault, SoakOutcome
 from tests.checks.test_slo import rec
 
 CHECKLIST = Checklist.load()

@@ -12,9 +12,8 @@ from harness.checks.soak import faults_verdict
 from harness.checks.soak_client_view import ClientViewKeeper, client_fault
 from harness.checks.verdict import Status
 from harness.probes.rejoin import Rejoin
-from harness.scenarios.fault_marks import FaultMark
-from harness.scenarios.soak import SoakOutcome
-from harness.scenarios.soak_schedule import ScheduledFault
+from harness.evidence.fault_marks import FaultMark
+from harness.evidence.soak import ScheduledFault, SoakOutcome
 from tests.checks.test_reschedule_blackbox import T0, stream
 
 CHECKLIST = Checklist.load()

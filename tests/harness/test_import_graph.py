@@ -170,6 +170,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("probes", ("harness.probes",)),
     ("fabric", ("harness.fabric",)),
     ("faults", ("harness.faults",)),
+    ("evidence", ("harness.evidence",)),
     ("scenarios", ("harness.scenarios",)),
     ("checks", ("harness.checks",)),
     ("report", ("harness.report",)),
@@ -427,3 +428,26 @@ def test_fabric_reaches_hosts_without_the_fault_package():
             elif isinstance(node, ast.Import):
                 found += [f"{name}: import {a.name}" for a in node.names if a.name.startswith("harness.faults")]
     assert found == []
+
+
+def checks_importing_scenarios(root: Path) -> list[str]:
+    """Every import of harness.scenarios from harness.checks (module level, TYPE_CHECKING, functions)."""
+    return [f"{src}:{line} imports {dst}" for src, line, dst in all_imports(root, "harness")
+            if _covers("harness.checks", src) and _covers("harness.scenarios", dst)]
+
+
+def test_checks_judge_evidence_and_import_no_scenario(tmp_path):
+    """The verdict layer does not depend on the drivers (issue 34): what a scenario hands a check
+    (fault marks, client faults, kill windows, migration attempts, DCGM injections, soak outcomes)
+    lives in harness/evidence/, below both, and harness/checks/ imports nothing of harness/scenarios/
+    (the linear LAYERS would allow it: checks sit above scenarios). Planted defect: one such import,
+    inside a function as checks/migration.py had it, in a copy of the package: found with its line."""
+    assert checks_importing_scenarios(ROOT) == []
+    pkg = tmp_path / "harness"
+    for sub in ("checks", "scenarios"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scenarios" / "migration.py").write_text("class MigrationAttempt: ...\n")
+    (pkg / "checks" / "migration.py").write_text("def assess():\n    from harness.scenarios.migration import MigrationAttempt\n")
+    assert checks_importing_scenarios(tmp_path) == ["harness.checks.migration:2 imports harness.scenarios.migration"]

@@ -16,7 +16,8 @@ from harness.engine.core.oracle import greedy_reference
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.pd.topology import Topology
 from harness.errors import ProbeError
-from harness.scenarios.migration import MigrationAttempt, migrate_observed_stream
+from harness.evidence.migration import MigrationAttempt
+from harness.scenarios.migration import migrate_observed_stream
 from harness.probes.records import RequestRecord
 
 CHECKLIST = Checklist.load()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from harness.faults import Action, FaultRunner, Ledger, ProcessHang, ProcessKill
 from harness.engine.admin.models import EngineEvent, AdminWorker
-from harness.scenarios.fault_marks import affected_request_id, injection
+from harness.evidence.fault_marks import affected_request_id
+from harness.scenarios.fault_marks import injection
 from harness.scenarios.reschedule import RescheduleUnderLoad, fault_plan, lone_roles, make_fault
 
 

@@ -1,5 +1,4 @@
-"""The fault records scenarios return and checks judge: the types both sides share, kept in the
-lowest layer that produces them so that checks import scenarios' results, never the reverse."""
+"""The fault records scenarios return and checks judge (harness/evidence/: the layer below both)."""
 
 from __future__ import annotations
 
