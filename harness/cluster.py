@@ -138,6 +138,11 @@ class ClusterHandle:
         return SSHTarget(host=h.address, user=h.ssh.user, key_filename=key_file, known_hosts_file=known,
                          port=h.ssh.port, connect_timeout_s=h.ssh.connect_timeout_s, require_files=not self.dry_run)
 
+    def this_machine(self, host: str) -> bool:
+        """Whether commands for ``host`` (a host's name or address) run on this machine: a host of the
+        cluster file without ``ssh:`` is this machine, whatever its name (docs/clusters.md)."""
+        return any(host in (h.name, h.address) and h.ssh is None for h in self.hosts)
+
     def describe(self) -> dict[str, Any]:
         """JSON-able description for the report."""
         return {"name": self.name, "kind": self.kind, "path": self.spec.path, "description": self.spec.description,

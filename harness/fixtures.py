@@ -187,6 +187,8 @@ def make_fault_runner(cluster: ClusterHandle, *, dry_run: bool = False, state_di
             key = host or "localhost"
             if key not in self.ssh and (target := cluster.ssh_target(key)) is not None:
                 self.ssh[key] = target
+            elif key not in self.ssh and cluster.this_machine(key):
+                self.local.add(key)
             return super().__call__(host)
 
     pool = ClusterExecutors(dry_run=dry_run, out=out)

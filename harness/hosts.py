@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from harness.errors import ConfigError, ExecutorError
 
@@ -326,8 +326,9 @@ class ExecutorPool:
     """``pool(host) -> Executor``: local for localhost, SSH for hosts listed in ``ssh``; one per host, reused."""
 
     def __init__(self, ssh: Mapping[str, SSHTarget] | None = None, *, audit: AuditLog | None = None,
-                 dry_run: bool = False, out: TextIO | None = None) -> None:
+                 dry_run: bool = False, out: TextIO | None = None, local: Iterable[str] = ()) -> None:
         self.ssh = dict(ssh or {})
+        self.local = set(local)   # more names of this machine (a cluster file's hosts without ``ssh:``)
         self.audit, self.dry_run, self.out = audit, dry_run, out
         self._executors: dict[str, Executor] = {}
         self._lock = threading.Lock()
@@ -339,12 +340,13 @@ class ExecutorPool:
                 if key in self.ssh:
                     self._executors[key] = SSHExecutor(self.ssh[key], audit=self.audit, dry_run=self.dry_run,
                                                        out=self.out)
-                elif key in LOCAL_HOSTS:
+                elif key in LOCAL_HOSTS or key in self.local:
                     self._executors[key] = LocalExecutor(audit=self.audit, dry_run=self.dry_run, out=self.out)
                 else:
-                    raise ConfigError(f"no SSH settings for host {key!r} (known: {sorted(self.ssh) or 'none'})",
-                                      fix=f"add {key!r} with user, key_filename and known_hosts_file to the "
-                                          "cluster file's ssh hosts")
+                    raise ConfigError(f"no SSH settings for host {key!r} (known: {sorted(self.ssh) or 'none'}; "
+                                      f"this machine: {sorted(LOCAL_HOSTS - {''} | self.local)})",
+                                      fix=f"list {key!r} under the cluster file's hosts: with `ssh: {{user, key_file, "
+                                          "known_hosts}` for another machine, or without `ssh:` when it is this one")
             return self._executors[key]
 
     def use_audit(self, audit: AuditLog) -> None:

@@ -58,8 +58,18 @@ def test_pool_reuses_one_executor_per_host_and_rejects_unknown_hosts(tmp_path):
     pool = ExecutorPool()
     assert pool("localhost") is pool(None) is pool("localhost")
     assert isinstance(pool("127.0.0.1"), LocalExecutor)
-    with pytest.raises(ConfigError, match="no SSH settings for host 'gpu-node-7'"):
+    with pytest.raises(ConfigError, match="no SSH settings for host 'gpu-node-7'") as err:
         pool("gpu-node-7")
+    assert "without `ssh:` when it is this one" in str(err.value)   # the fix for a host on this machine too
+    pool.close()
+
+
+def test_a_host_named_anything_without_ssh_is_this_machine():
+    """Issue 37: a cluster file's host `box` (address 127.0.0.1, no `ssh:`) is this machine, as the
+    docs say; the pool runs its commands locally once it is told the name. Planted defect: the
+    pool deciding by the name alone (only localhost, 127.0.0.1, ::1): `box` is refused."""
+    pool = ExecutorPool(local={"box"})
+    assert isinstance(pool("box"), LocalExecutor) and pool("box").run(["true"], timeout=5).rc == 0
     pool.close()
 
 
