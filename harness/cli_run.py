@@ -14,7 +14,7 @@ import os
 import re
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import pytest
 
@@ -85,14 +85,17 @@ def main(args: list[str]) -> int:
     os.execv(sys.executable, argv)
 
 
-def report_usage_error(messages: tuple[object, ...]) -> int:
+def report_usage_error(messages: tuple[object, ...], known_options: Iterable[str] = ()) -> int:
     """Print a pytest usage error (``pytest.UsageError.args``) as pytest does, and the harness's
     line: the code is 3, "harness error". pytest's own code for it, 4, is this harness's "a revert
-    failed" (docs/exit-codes.md)."""
+    failed" (docs/exit-codes.md). An unrecognized option close to one of ``known_options`` gets a
+    "did you mean" line (``--clustr=x``: ``--cluster``)."""
     import sys
 
     for message in messages:
         sys.stderr.write(f"ERROR: {message}\n")
+    for hint in option_hints(messages, known_options):
+        sys.stderr.write(f"{hint}\n")
     sys.stderr.write("harness: exit 3 (pytest usage error; fix: check the paths and options on the command line, "
                      "see --help)\n")
     sys.stderr.flush()
@@ -105,15 +108,19 @@ class UsageErrorsExit3:
     pytest's own options (``--maxfail=x``), ``-p nosuchplugin``, a missing ``--rootdir``. (Plain
     ``pytest`` loads the harness plugin later; harness/plugin.py covers what it can from there.)"""
 
+    def __init__(self) -> None:
+        self.parser: object = None
+
     def pytest_addoption(self, parser: object) -> None:
         parser.prog = "harness run"  # type: ignore[attr-defined]  # "usage: harness run [options] ..."
+        self.parser = parser
 
     @pytest.hookimpl(wrapper=True)
     def pytest_cmdline_parse(self, pluginmanager: object, args: list[str]) -> Iterator[pytest.Config]:
         try:
             return (yield)
         except pytest.UsageError as exc:
-            raise SystemExit(report_usage_error(exc.args)) from None
+            raise SystemExit(report_usage_error(exc.args, option_names(self.parser))) from None
 
 
 def _run_pytest(args: list[str]) -> int:
@@ -126,6 +133,32 @@ def _run_pytest(args: list[str]) -> int:
     except BrokenPipeError:  # `harness run --help | head`: as pytest's own console script does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def option_hints(messages: tuple[object, ...], known_options: Iterable[str]) -> list[str]:
+    """``did you mean --cluster?`` for each unrecognized ``--option`` in pytest's usage messages
+    that is close to a known one (difflib, the name before any ``=``)."""
+    import difflib
+
+    known = sorted({o for o in known_options if o.startswith("--")})
+    hints = []
+    for message in messages:
+        if "unrecognized arguments" not in str(message):
+            continue
+        for word in re.findall(r"(?<!\S)(--[\w-]+)", str(message).split("unrecognized arguments:", 1)[-1]):
+            close = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
+            if close and close[0] != word:
+                hints.append(f"harness: {word}: did you mean {close[0]}?")
+    return hints
+
+
+def option_names(parser: object) -> list[str]:
+    """Every option the command line knows (pytest's and the plugins'), for "did you mean"."""
+    try:   # pytest 9: ``optparser`` (older: ``_getparser()``) is the argparse parser; its table is argparse's
+        argparser = parser.optparser if hasattr(parser, "optparser") else parser._getparser()  # type: ignore[attr-defined]
+        return list(argparser._option_string_actions)
+    except Exception:   # no parser yet, or a pytest without either: no suggestion, the error stands
+        return []
 
 
 if __name__ == "__main__":  # python -m harness.cli_run PYTEST_ARGS: what `harness run` execs

@@ -99,7 +99,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     catches those as well (harness/cli_run.py)."""
     import copy
 
-    from harness.cli_run import report_usage_error
+    from harness.cli_run import option_names, report_usage_error
 
     try:
         yield
@@ -119,7 +119,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     try:
         parser.parse(args, namespace=copy.copy(early_config.option))
     except pytest.UsageError as exc:
-        raise SystemExit(report_usage_error(exc.args)) from None
+        raise SystemExit(report_usage_error(exc.args, option_names(parser))) from None
     return None
 
 

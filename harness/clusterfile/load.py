@@ -3,6 +3,7 @@ config-error shape (``FILE: field `a.b`: problem (fix: ...)``, exit code 3)."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,11 @@ def resolve_cluster_path(name_or_path: str, clusters_dir: Path | None = None) ->
             return path
     known = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
     looked = str(clusters_dir) if clusters_dir is not None else _search_order()
+    close = difflib.get_close_matches(name_or_path, known, n=1, cutoff=0.75)
+    mean = f"did you mean --cluster={close[0]}? " if close else ""
     raise ConfigError(f"--cluster {name_or_path}: no cluster named {name_or_path!r} (looked for "
                       f"{name_or_path}.yaml in {looked})",
-                      fix=f"use one of {', '.join(known) or '(none)'}, put {name_or_path}.yaml in ./clusters/ "
+                      fix=f"{mean}use one of {', '.join(known) or '(none)'}, put {name_or_path}.yaml in ./clusters/ "
                           "or pass a path to a cluster file")
 
 

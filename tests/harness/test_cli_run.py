@@ -114,6 +114,8 @@ def test_harness_run_usage_errors_exit_3_with_their_message(tmp_path):
                               env=_env(tmp_path), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 3, (arg, proc.stdout[-2000:], proc.stderr[-2000:])
         assert message in proc.stderr and "harness: exit 3 (pytest usage error" in proc.stderr, proc.stderr
+        # the option meant, for a typo only (planted: UsageErrorsExit3 not passing its parser's options)
+        assert ("harness: --clustr: did you mean --cluster?" in proc.stderr) == (arg == "--clustr=x"), proc.stderr
     assert not (tmp_path / "reports").exists()
 
 

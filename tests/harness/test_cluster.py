@@ -102,9 +102,14 @@ def test_malformed_files_name_file_field_and_fix(tmp_path, body, field, fix):
     assert str(path) in msg and f"`{field}`" in msg and fix in msg, msg
 
 
-def test_unknown_cluster_name_lists_known_ones():
-    with pytest.raises(ConfigError, match="no cluster named 'nope'.*local"):
+def test_unknown_cluster_name_lists_known_ones_and_the_one_meant():
+    """A misspelt name gets "did you mean" with the close one (issue 37: local-loopbak); a name
+    close to none gets the list only. Planted defect: no suggestion (the old message)."""
+    with pytest.raises(ConfigError, match="no cluster named 'nope'.*local") as err:
         resolve_cluster_path("nope")
+    assert "did you mean" not in str(err.value)
+    with pytest.raises(ConfigError, match="did you mean --cluster=local-loopback\\?"):
+        resolve_cluster_path("local-loopbak")
     with pytest.raises(ConfigError, match="neither a cluster name nor a path"):
         resolve_cluster_path("a b")
 

@@ -128,6 +128,9 @@ def test_pytest_usage_errors_exit_3_not_4(tmp_path):
         assert proc.returncode == 3, proc.stdout + proc.stderr
         assert f"error: unrecognized arguments: {typo}" in proc.stderr
         assert "harness: exit 3 (pytest usage error" in proc.stderr
+        # issue 37: the option meant (planted: report_usage_error without the known options: no line)
+        assert f"harness: {typo.split('=')[0]}: did you mean {'--cluster' if 'cl' in typo else '--dry-run'}?" \
+            in proc.stderr, proc.stderr
         assert not (tmp_path / "reports").exists()  # refused before anything ran
 
 
