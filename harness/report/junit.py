@@ -20,8 +20,8 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
     suite = ET.Element("testsuite", name=f"conformance[{result.cluster.get('name', '?')}]",
                        timestamp=_iso(result.started))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for v in result.verdicts:
-        case = ET.SubElement(suite, "testcase", classname=f"checklist.{v.item}", name=v.title)
+    for v, name in zip(result.verdicts, case_names(result.verdicts)):
+        case = ET.SubElement(suite, "testcase", classname=f"checklist.{v.item}", name=name)
         if v.test:
             case.set("file", v.test.split("::")[0])
         counts["tests"] += 1
@@ -52,6 +52,30 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
     root.append(suite)
     ET.indent(root)
     return ET.ElementTree(root)
+
+
+def case_names(verdicts: Any) -> list[str]:
+    """One name per verdict, unique within its item: the item's title, and for an item recorded by
+    several tests (nothing-lost: one per suite) the recording suite's file (then its test, then a
+    count) after it, so CI viewers do not merge them."""
+    by_item: dict[str, list[Any]] = {}
+    for v in verdicts:
+        by_item.setdefault(v.item, []).append(v)
+    names = []
+    seen: set[tuple[str, str]] = set()
+    for v in verdicts:
+        name = v.title
+        if len(by_item[v.item]) > 1 and v.test:
+            file, _, func = v.test.partition("::")
+            name = f"{v.title} [{Path(file).name}]"
+            if (v.item, name) in seen and func:
+                name = f"{v.title} [{Path(file).name}::{func}]"
+        base, k = name, 2
+        while (v.item, name) in seen:
+            name, k = f"{base} #{k}", k + 1
+        seen.add((v.item, name))
+        names.append(name)
+    return names
 
 
 def write_junit(result: RunResult, path: str | os.PathLike) -> None:

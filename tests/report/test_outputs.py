@@ -70,3 +70,23 @@ def test_a_128_worker_inventory_is_summed_up_and_folded(tmp_path, sample_result)
     small = sample_result
     small.cluster = {"name": "local", "kind": "bundled", "workers": [{"name": "d0", "role": "decode"}]}
     assert '<details id="cluster-details" open>' in (write_reports(small, tmp_path / "b") / "report.html").read_text()
+
+
+def test_junit_case_names_are_unique_when_one_item_is_recorded_by_several_suites(tmp_path, sample_result):
+    """Issue 37: the main job records nothing-lost once per suite; with one name and class CI viewers
+    merged them. Each case of an item recorded more than once is named with its suite's file (its
+    test too when one file records it twice). Planted defect: the title alone as the name (the old
+    junit): three cases named alike."""
+    from dataclasses import replace
+
+    lost = next(v for v in sample_result.verdicts if v.item == "nothing-lost")
+    sample_result.verdicts += [replace(lost, test="suites/test_62_slo.py::test_ttft"),
+                               replace(lost, test="suites/test_item4_reschedule.py::test_a"),
+                               replace(lost, test="suites/test_item4_reschedule.py::test_b")]
+    suite = ET.parse(write_reports(sample_result, tmp_path) / "junit.xml").getroot().find("testsuite")
+    pairs = [(c.get("classname"), c.get("name")) for c in suite.findall("testcase")]
+    assert len(pairs) == len(set(pairs)), pairs
+    names = {n for c, n in pairs if c == "checklist.nothing-lost"}
+    assert "Nothing is lost [test_62_slo.py]" in names and "Nothing is lost [test_item4_reschedule.py]" in names
+    assert "Nothing is lost [test_item4_reschedule.py::test_b]" in names
+    assert ("checklist.6.1.4", sample_result.verdicts[0].title) in pairs   # an item recorded once keeps its title
