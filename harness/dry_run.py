@@ -9,7 +9,6 @@ and that the API-key variable is set); what a real run would refuse for want of 
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable
 
 import pytest
@@ -57,13 +56,9 @@ def safety_summary(spec: Any) -> str:
 def what_a_run_needs(spec: Any) -> list[str]:
     """What a real run would stop on that a dry run does not read: SSH key and known_hosts files
     (harness.clusterfile.load.check_before_start) and the API-key variable."""
-    from harness.clusterfile.load import missing_ssh_files
+    from harness.clusterfile.load import start_problems
 
-    lines = [f"a real run would stop here: {problem}" for problem in missing_ssh_files(spec)]
-    auth = spec.auth
-    if auth is not None and not os.environ.get(auth.api_key_env, "").strip():
-        lines.append(f"a real run needs the API key in ${auth.api_key_env} (auth.api_key_env): it is not set")
-    return lines
+    return [f"a real run would stop here: {problem}" for problem in start_problems(spec)]
 
 
 def announce(config: pytest.Config, spec: Any) -> None:

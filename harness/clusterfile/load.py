@@ -4,6 +4,7 @@ config-error shape (``FILE: field `a.b`: problem (fix: ...)``, exit code 3)."""
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ def check_cluster(name_or_path: str | Path, *, dry_run: bool = False,
 
 
 def missing_ssh_files(spec: ClusterSpec) -> list[ConfigError]:
-    """What :func:`check_before_start` would refuse, one error per unreadable file (a dry run's plan)."""
+    """The SSH files :func:`check_before_start` would refuse, one error per unreadable or empty file."""
     problems = []
     for i, host in enumerate(spec.hosts):
         if host.ssh is None:
@@ -114,23 +115,45 @@ def missing_ssh_files(spec: ClusterSpec) -> list[ConfigError]:
 def _ssh_file_error(source: str, index: int, key: str, value: str) -> ConfigError | None:
     try:
         with open(Path(value).expanduser(), "rb") as fh:
-            fh.read(1)
+            empty = fh.read(1) == b""
     except OSError as exc:
-        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
-        return field_error(source, f"hosts[{index}].ssh.{key}", f"{value} {why}",
-                           f"point `{key}` at a readable file (relative paths are from {Path.cwd()}); "
-                           + ("create the key with ssh-keygen and authorize it on the host" if key == "key_file"
-                              else "add the host's verified key with ssh-keyscan"))
-    return None
+        empty, why = False, ("does not exist" if isinstance(exc, FileNotFoundError)
+                             else f"cannot be read ({exc.strerror})")
+    else:
+        why = "is empty"
+        if not empty:
+            return None
+    return field_error(source, f"hosts[{index}].ssh.{key}", f"{value} {why}",
+                       f"point `{key}` at a readable, non-empty file (relative paths are from {Path.cwd()}); "
+                       + ("create the key with ssh-keygen and authorize it on the host" if key == "key_file"
+                          else "add the host's verified key with ssh-keyscan"))
+
+
+def start_problems(spec: ClusterSpec) -> list[ConfigError]:
+    """Everything :func:`check_before_start` refuses, each problem once: the SSH key and
+    known_hosts files (missing, unreadable or empty) and an API-key variable that is not set."""
+    problems = missing_ssh_files(spec)
+    auth = spec.auth
+    if auth is not None and not os.environ.get(auth.api_key_env, "").strip():
+        problems.append(field_error(spec.path, "auth.api_key_env",
+                                    f"the API key's variable ${auth.api_key_env} is not set (or empty)",
+                                    f"export {auth.api_key_env}=<the cluster's API key> before the run"))
+    return problems
 
 
 def check_before_start(spec: ClusterSpec) -> None:
     """What must hold before a run starts anything, beyond the file's own validity: every SSH key
-    and known_hosts file the cluster names is a readable file (absolute in the ledger later). Not
-    part of :func:`load_cluster`, so a shipped example naming keys of another machine still loads."""
-    problems = missing_ssh_files(spec)
-    if problems:
+    and known_hosts file the cluster names is a readable, non-empty file (absolute in the ledger
+    later) and the API-key variable, when the file names one, is set. Every problem at once (one
+    run of `harness schema --check` lists them all). Not part of :func:`load_cluster`, so a shipped
+    example naming keys of another machine still loads."""
+    problems = start_problems(spec)
+    if len(problems) == 1:
         raise problems[0]
+    if problems:
+        listed = "\n".join(f"  {i}. {p}" for i, p in enumerate(problems, 1))
+        raise ConfigError(f"{len(problems)} problems before a run can start:\n{listed}",
+                          fix="fix each as its line says, then check again with `harness schema --check`")
 
 
 def _check_utf8(path: Path) -> None:

@@ -34,12 +34,33 @@ def test_prod_a_is_refused_for_a_run_for_its_missing_key_file_and_fine_for_a_dry
         "`hosts[0].ssh.key_file`", "`hosts[0].ssh.known_hosts`", "`hosts[1].ssh.key_file`", "`hosts[1].ssh.known_hosts`"]
 
 
-def test_a_readable_key_file_passes(no_ssh_home):
+def test_a_readable_key_file_passes(no_ssh_home, monkeypatch):
     (no_ssh_home / ".ssh").mkdir()
     for name in ("pd_chaos_ed25519", "known_hosts"):
         (no_ssh_home / ".ssh" / name).write_text("x\n")
+    monkeypatch.setenv("PROD_A_API_KEY", "k")
     assert check_cluster("prod-a").name == "prod-a"
     assert missing_ssh_files(load_cluster("prod-a")) == []
+
+
+def test_every_problem_before_a_run_is_named_at_once(tmp_path, no_ssh_home, monkeypatch, capsys):
+    """Issue 37: `harness schema --check` named one missing file per run, passed an empty key file and
+    never mentioned the unset API-key variable. Now one check names them all: two missing key files
+    (on two hosts), an empty known_hosts file and the unset variable. Planted defects: raising the
+    first problem only (the old check_before_start); the empty file passing; the variable not read."""
+    monkeypatch.delenv("PROD_A_API_KEY", raising=False)
+    (no_ssh_home / ".ssh").mkdir()
+    (no_ssh_home / ".ssh" / "known_hosts").write_text("")   # empty: no host key can be verified
+    with pytest.raises(ConfigError) as err:
+        check_cluster("prod-a")
+    text = str(err.value)
+    assert text.startswith("5 problems before a run can start:"), text
+    for field in ("hosts[0].ssh.key_file", "hosts[1].ssh.key_file", "hosts[0].ssh.known_hosts",
+                  "hosts[1].ssh.known_hosts", "auth.api_key_env"):
+        assert f"field `{field}`" in text, (field, text)
+    assert "known_hosts is empty" in text and "$PROD_A_API_KEY is not set" in text
+    assert cli_main(["schema", "--check", "prod-a"]) == 3
+    assert "5 problems before a run can start" in capsys.readouterr().err
 
 
 def test_schema_check_reports_every_bad_file_and_flags_prod_a_as_a_run_does(tmp_path, no_ssh_home, capsys):

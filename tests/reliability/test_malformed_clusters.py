@@ -96,7 +96,7 @@ assert len(CASES) == 30
 def write_case(tmp: Path, change: Any) -> Path:
     """The case's cluster file in tmp (key files KEY/KNOWN exist there; DIR is a directory)."""
     (tmp / "id_ed25519").write_text("not really a key\n")
-    (tmp / "known_hosts").write_text("")
+    (tmp / "known_hosts").write_text("127.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI0000\n")   # non-empty: an empty one is refused
     (tmp / "keydir").mkdir(exist_ok=True)
     path = tmp / "bad.yaml"
     if isinstance(change, bytes):
