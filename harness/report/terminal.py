@@ -30,16 +30,48 @@ def print_verdict(console: Console, v: Verdict) -> None:
     console.print(verdict_line(v), soft_wrap=True)
 
 
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(1, width - 1)] + "…"
+
+
+def short_reason(v: Verdict) -> str:
+    """The reason's own words for the end table, without the figure and threshold its columns show:
+    what was measured (``p100 rescheduling time over 12 fault(s)``), or an inconclusive's why; the
+    whole reason stays in the lines above, the report and results.json."""
+    reason = v.reason.removeprefix("inconclusive: ")
+    if v.measured is not None and " was " in reason and v.status in (Status.PASS, Status.FAIL):
+        what, _, rest = reason.partition(" was ")
+        more = rest.rsplit("(and ", 1)
+        tail = f" (and {more[1]}" if len(more) == 2 and more[1].endswith(")") else ""
+        return what + tail
+    return reason
+
+
 def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> None:
-    table = Table(title=f"Conformance of cluster {result.cluster.get('name', '?')}", show_lines=False)
-    for col, kw in (("item", {}), ("suite", {"overflow": "fold"}), ("status", {}), ("measured", {"justify": "right"}),
-                    ("threshold", {"justify": "right"}), ("reason", {"overflow": "fold"})):
-        table.add_column(col, **kw)
+    """The end table, one line per verdict (issue 37): item, suite, status, figure with its interval,
+    threshold, and the reason's own words cut to what the terminal's width leaves (the full reason is
+    printed as each verdict is recorded and kept in the report)."""
+    rows = []
     for v in result.verdicts:
         measured = "—" if v.measured is None else f"{v.measured:.4g} {v.unit} {brackets(v.interval)}".strip()
         threshold = "—" if v.threshold is None else f"{v.op} {v.threshold:g} {v.unit}"
-        table.add_row(v.item, suite_label(v.test), Text(v.status.value, style=_STYLE[v.status]), measured, threshold,
-                      v.reason)
+        rows.append((v, [v.item, suite_label(v.test), v.status.value, _cut(measured, 40), threshold]))
+    heads = ["item", "suite", "status", "measured", "threshold", "reason"]
+    widths = [max([len(h)] + [len(r[i]) for _, r in rows]) for i, h in enumerate(heads[:-1])]
+    # each column's padding (2) and rule (1), the outer rule (1); a narrow terminal takes from the
+    # widest of suite, measured and threshold first, so the reason keeps 20 columns
+    frame = 3 * len(heads) + 1
+    while sum(widths) + 20 + frame > console.width and max(widths[1], widths[3], widths[4]) > 8:
+        widest = max((1, 3, 4), key=lambda i: widths[i])
+        widths[widest] -= 1
+    room = max(20, console.width - sum(widths) - frame)
+    table = Table(title=f"Conformance of cluster {result.cluster.get('name', '?')}", show_lines=False)
+    for head, width in zip(heads, widths + [room]):
+        table.add_column(head, no_wrap=True, min_width=width, max_width=width,
+                         justify="right" if head in ("measured", "threshold") else "left")
+    for v, cells in rows:
+        cells = [_cut(c, w) for c, w in zip(cells, widths)]
+        table.add_row(*cells[:2], Text(cells[2], style=_STYLE[v.status]), *cells[3:], _cut(short_reason(v), room))
     console.print(table)
     _print_coverage(console, result.coverage)
     for message in result.revert_failures:
@@ -60,8 +92,9 @@ def _print_coverage(console: Console, coverage: dict) -> None:
     if judged:
         console.print(Text("judged: " + ", ".join(f"{i} ({s})" for i, s in judged.items()), style="bold"))
     for item, reasons in coverage.get("not_judged", {}).items():
-        line = Text(f"not judged: {item}: ", style="bold yellow")
-        line.append(" | ".join(reasons))
+        head = f"not judged: {item}: "
+        line = Text(head, style="bold yellow")   # one line each: the whole reason is above and in the report
+        line.append(_cut(" | ".join(reasons), max(20, console.width - len(head))))
         console.print(line, soft_wrap=True)
     if coverage.get("not_run"):
         console.print(Text("not run (no suite reported on them): " + ", ".join(coverage["not_run"]), style="dim"))

@@ -90,3 +90,28 @@ def test_junit_case_names_are_unique_when_one_item_is_recorded_by_several_suites
     assert "Nothing is lost [test_62_slo.py]" in names and "Nothing is lost [test_item4_reschedule.py]" in names
     assert "Nothing is lost [test_item4_reschedule.py::test_b]" in names
     assert ("checklist.6.1.4", sample_result.verdicts[0].title) in pairs   # an item recorded once keeps its title
+
+
+def test_the_end_table_has_one_line_per_verdict_without_the_figure_again():
+    """Issue 37: the end table's reason column wrapped each row over 2-4 lines and repeated the figure
+    of its own column. On a recorded main job beside a CPU burner (15 verdicts, long starved
+    reasons), at 160 and 100 columns: one line per verdict, the 6.1.4 row's reason names what was
+    measured and not its figure, and every line fits the width. Planted defect: the old table
+    (reason column folded, the whole reason): rows over several lines."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from harness.report.terminal import print_summary
+
+    result = read_json(Path(__file__).parent / "data" / "burner_main_job_results.json")
+    for width in (160, 100):
+        console = Console(record=True, width=width)
+        print_summary(console, result, None)
+        lines = console.export_text().splitlines()
+        body = lines[lines.index(next(line for line in lines if line.startswith("┡"))) + 1:]
+        body = body[:body.index(next(line for line in body if line.startswith("└")))]
+        assert len(body) == len(result.verdicts), "\n".join(body)
+        assert all(len(line) <= width and line.endswith("│") for line in body), "\n".join(body)   # whole rows
+        row = next(line for line in body if line.startswith("│ 6.1.4"))
+        assert "p100 resch" in row and row.count("0.8884") == 1, row   # the figure once: its own column
