@@ -209,9 +209,16 @@ def faults(cluster: ClusterHandle, harness_options: HarnessOptions, conformance:
     styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
     if (live := harness_state(pytestconfig).live) is not None:
         runner.listeners.append(live.fault_event)
-    runner.listeners.append(lambda rec: show(
-        pytestconfig, f"  fault {rec.action.value:<15} {rec.kind} {escape(rec.target)}: "
-                      f"[{styles.get(rec.status.value, '')}]{rec.status.value}[/] ({rec.duration_s:.2f} s)"))
+    verbose = pytestconfig.getoption("verbose", 0) > 0
+
+    def step(rec: Any) -> None:
+        # each step with -v; without it only a failed one (the main job printed 151 step lines among its
+        # 327, issue 37): the report's ledger and the live panel show every step
+        if verbose or rec.status.value == "failed":
+            show(pytestconfig, f"  fault {rec.action.value:<15} {rec.kind} {escape(rec.target)}: "
+                               f"[{styles.get(rec.status.value, '')}]{rec.status.value}[/] ({rec.duration_s:.2f} s)")
+
+    runner.listeners.append(step)
     try:
         with runner:
             yield runner

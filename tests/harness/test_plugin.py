@@ -281,7 +281,8 @@ def test_hang_then_wait(cluster, faults, timeline, conformance):
 def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path, signame):
     """SIGTERM (or SIGINT, Ctrl-C: pytest's KeyboardInterrupt path) while a fault is active: the run
     reverts it, exits 3, and its results.json holds the fault's inject and revert records, the fault
-    on the timeline and the test that was stopped.
+    on the timeline and the test that was stopped; its fault steps are on the terminal with -v only
+    (planted: steps printed always, the old terminal: the -q run shows them).
     Planted defect it catches: the report written before pytest tears down an interrupted run's
     fixtures (harness/plugin.py's sessionfinish back to ``tryfirst``): faults, timeline and tests are
     empty (checked: it failed)."""
@@ -295,7 +296,8 @@ def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path, 
     mark = tmp_path / "mark"
     env = {**os.environ, "HARNESS_TEST_MARK": str(mark), "HARNESS_STATE_DIR": str(tmp_path / "state")}
     env.pop("HARNESS_RUN_ID", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--live=off",
+    verbosity = "-v" if signame == "SIGINT" else "-q"   # fault steps are printed with -v only (issue 37)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", verbosity, "--live=off",
                              "--cluster=local-loopback", f"--report-dir={tmp_path / 'reports'}"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -310,6 +312,8 @@ def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path, 
             proc.kill()
             proc.communicate()
     assert proc.returncode == 3, out[-4000:]
+    # the fault's steps on the terminal with -v, not without (the report has them either way)
+    assert ("  fault inject          process_hang" in out) == (verbosity == "-v"), out[-4000:]
     data = results(tmp_path)
     assert any("interrupted" in e for e in data["harness_errors"]), data["harness_errors"]
     actions = [(f["kind"], f["action"], f["status"]) for f in data["faults"]]
