@@ -271,6 +271,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             state.result.harness_errors.append(message)
     if report.failed and call.excinfo is not None:
         message = f"{item.nodeid} ({report.when}): {call.excinfo.typename}: {call.excinfo.value}"
+        if call.excinfo.errisinstance(HarnessError) and item.config.getoption("verbose", 0) < 2:
+            # an error the harness raises on purpose says what and how to fix it: that, not ~150 lines of
+            # the libraries' traceback under it (issue 37); -vv shows the traceback
+            report.longrepr = f"{call.excinfo.typename}: {call.excinfo.value}"
         if call.excinfo.errisinstance(RevertError):
             state.result.revert_failures.append(message)
         else:

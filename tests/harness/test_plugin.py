@@ -95,6 +95,40 @@ def test_an_exception_outside_a_verdict_exits_3_even_with_a_failure(tmp_path):
     assert len(errors) == 1 and "RuntimeError: load generator vanished" in errors[0]
 
 
+def test_a_harness_error_prints_its_message_not_the_libraries_traceback(tmp_path):
+    """Issue 37: a cluster whose API is down printed ~150 lines of httpx traceback before the clear
+    "is not reachable (fix: ...)". An error the harness raises on purpose (here a ProbeError raised
+    from a library's ConnectionRefusedError inside a fixture) is shown as its message and fix; -vv
+    still shows the traceback; a bare RuntimeError keeps its traceback. Planted defect: the report's
+    longrepr left as pytest's (the library frames and "raise ... from" chain come back)."""
+    body = """
+        def _connect():
+            raise ConnectionRefusedError(111, "Connection refused in a library frame")
+
+        @pytest.fixture
+        def api():
+            from harness.errors import ProbeError
+            try:
+                _connect()
+            except OSError as exc:
+                raise ProbeError("API http://127.0.0.1:9 is not reachable", fix="check endpoints.api") from exc
+
+        def test_needs_api(conformance, api):
+            conformance.record(verdict(1.0))
+
+        def test_crash(conformance):
+            raise RuntimeError("load generator vanished")
+    """
+    proc = run_suite(tmp_path, body)
+    out = proc.stdout
+    assert proc.returncode == 3, out + proc.stderr
+    assert "ProbeError: API http://127.0.0.1:9 is not reachable (fix: check endpoints.api)" in out
+    assert "in a library frame" not in out and "def _connect" not in out, out   # no chain, no frames
+    assert 'raise RuntimeError("load generator vanished")' in out   # an unexpected error keeps its traceback
+    verbose = run_suite(tmp_path, body, "-vvv")   # run_suite passes -q: -vvv is -vv
+    assert "in a library frame" in verbose.stdout   # -vv: the whole story
+
+
 def test_a_crashed_suite_still_gives_its_items_an_error_row(tmp_path):
     proc = run_suite(tmp_path, """
         @pytest.mark.item("6.1.4", "nothing-lost")
