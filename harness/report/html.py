@@ -19,6 +19,7 @@ from harness.report.events import event_summary, unique_events
 from harness.report.item_plots import RunView
 from harness.report.run_plots import SLO_ITEMS, band_key, fault_bands, latency_plot, slo_lines
 from harness.report.soak_section import soak_view
+from harness.report.scorecard import scorecard
 from harness.report.suites import SuiteSpans, item_statuses, status_counts, suite_label
 from harness.report.text import fit_words
 
@@ -47,6 +48,7 @@ def render_html(result: RunResult) -> str:
                      and any(s.get("value") is not None or s.get("note") for s in v.evidence["samples"])
                      else None for v, plotted in zip(result.verdicts, evidence_plots)]
     statuses = item_statuses(result.verdicts, _checklist_items(result))
+    score_rows, machine_note = scorecard(result.verdicts, _checklist_items(result))
     bands = fault_bands(result.fault_windows, spans)
     charts = []
     for metric in sorted({row["metric"] for row in result.latency}):
@@ -60,7 +62,7 @@ def render_html(result: RunResult) -> str:
         r=result, charts=charts, band_key=band_key(bands, result.started), distributions=distributions,
         evidence_plots=evidence_plots, kv_plot=kv_level_chart(result), events=event_summary(run.events, spans, end),
         statuses=statuses, counts=status_counts(statuses), suites=spans.labels, machine_plot=machine_plot,
-        soak=soak_view(getattr(result, "soak", None)))
+        soak=soak_view(getattr(result, "soak", None)), score_rows=score_rows, machine_note=machine_note)
 
 
 def _evidence(build: Callable[[Mapping[str, Any]], Markup | None]) -> Callable[[Any, RunView], Markup | None]:
