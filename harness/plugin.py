@@ -272,8 +272,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if report.failed and call.excinfo is not None:
         message = f"{item.nodeid} ({report.when}): {call.excinfo.typename}: {call.excinfo.value}"
         if call.excinfo.errisinstance(HarnessError) and item.config.getoption("verbose", 0) < 2:
-            # an error the harness raises on purpose says what and how to fix it: that, not ~150 lines of
-            # the libraries' traceback under it (issue 37); -vv shows the traceback
+            # a harness error says what and how to fix it: that, not the libraries' traceback (-vv shows it)
             report.longrepr = f"{call.excinfo.typename}: {call.excinfo.value}"
         if call.excinfo.errisinstance(RevertError):
             state.result.revert_failures.append(message)
@@ -283,8 +282,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if report.when == "call" or not report.passed:  # setup/teardown only when they did not pass
         state.result.tests.append({"nodeid": item.nodeid, "outcome": report.outcome, "duration_s": report.duration,
                                    "started": report.start,
-                                   "message": "" if report.passed else _message(str(report.longreprtext))})
+                                   "message": "" if report.passed else _message(_reason_text(report))})
     return report
+
+
+def _reason_text(report: pytest.TestReport) -> str:
+    """A report's message as words: a skip's reason, not its (path, line, reason) tuple (issue 37)."""
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(report.longreprtext)
 
 
 def _message(text: str, limit: int = 2000) -> str:

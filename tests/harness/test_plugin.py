@@ -129,6 +129,22 @@ def test_a_harness_error_prints_its_message_not_the_libraries_traceback(tmp_path
     assert "in a library frame" in verbose.stdout   # -vv: the whole story
 
 
+def test_a_skipped_suite_s_message_is_its_reason_not_a_tuple(tmp_path):
+    """Issue 37: the soak's skip reason showed in the report's test table as a raw Python tuple
+    ``('suites/test_soak.py', 52, 'Skipped: ...')``. Planted defect: the message taken from
+    pytest's longreprtext for a skip (the tuple's repr)."""
+    run_suite(tmp_path, """
+        def test_ok(conformance):
+            conformance.record(verdict(1.0))
+
+        def test_soak(conformance):
+            pytest.skip("the soak runs only with --soak=DURATION")
+    """)
+    tests = {t["nodeid"].split("::")[1]: t for t in results(tmp_path)["tests"]}
+    assert tests["test_soak"]["outcome"] == "skipped"
+    assert tests["test_soak"]["message"] == "the soak runs only with --soak=DURATION", tests["test_soak"]
+
+
 def test_a_crashed_suite_still_gives_its_items_an_error_row(tmp_path):
     proc = run_suite(tmp_path, """
         @pytest.mark.item("6.1.4", "nothing-lost")
