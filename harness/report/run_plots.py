@@ -108,36 +108,44 @@ def band_key(bands: Sequence[Mapping[str, Any]], started: float) -> Markup:
     return Markup(f'<ol class="band-key small">{items}</ol>')
 
 
+#: the machine chart's series: distinct colours, limits dashed in their series' colour, labels that
+#: fit the legend (about 38 characters with their limit)
+MACHINE_SHARES = (("psi_some_pct", "PSI some", "#2563eb"),
+                  ("load_generator_wait_share_pct", "load gen. without a CPU", "#be123c"),
+                  ("fabric_probe_wait_share_pct", "fabric probes without a CPU", "#16a34a"),
+                  ("steal_pct", "steal (hypervisor)", "#9333ea"))
+MACHINE_DELAYS = (("watched_wait_per_run_ms", "machine-lag", "run-queue wait per run (our processes)",
+                   "watched_wait_per_run_ms", "#0891b2"),
+                  ("timer_lag_max_ms", "machine-timer", "timer lag (max per point)", "timer_lag_p99_ms", "#b45309"))
+
+
 def machine_plot(samples: Sequence[Mapping[str, Any]], started: float, fault_windows: Sequence[Mapping[str, Any]],
                  limits: Mapping[str, float]) -> Markup | None:
     """The test machine's health over the run (results.json ``machine.samples``), on the latency
     charts' time axis with the fault windows shaded: CPU pressure and the shares of runnable time
-    the load generator and the fabric probes spent without a CPU (%), and the scheduler's delay
-    per run of our processes with the sampler's timer lag (ms); each with its limit."""
+    the load generator and the fabric probes spent without a CPU (%); then the scheduler's delay
+    per run of our processes and the sampler's timer lag, each on its own axis so its limit (4 ms,
+    500 ms) is not flattened onto the other's scale (issue 37)."""
     if not samples:
         return None
     xs = [s["t"] - started for s in samples] + [w["end"] - started for w in fault_windows]
     x_range = (0.0, max(xs + [1.0]) * 1.02)
     shares = Axes("machine-cpu", "Test machine: CPU pressure and time without a CPU", "seconds since run start",
                   "%", x_range, (0, 105), height=220)
-    waits = {"watched_wait_per_run_ms": ("run-queue wait per run (our processes)", PALETTE[3], "watched_wait_per_run_ms"),
-             "timer_lag_max_ms": ("timer lag (max per point)", PALETTE[4], "timer_lag_p99_ms")}
-    top = max([s.get(k) or 0.0 for s in samples for k in waits] + [limits.get(w[2], 0.0) for w in waits.values()]
-              + [1.0])
-    delays = Axes("machine-lag", "Test machine: scheduling delay", "seconds since run start", "ms", x_range,
-                  (0, top * 1.15), height=200)
-    for ax in (shares, delays):
-        for a, b in union_windows(fault_windows):
-            ax.band(a - started, b - started, "fault window(s) active")
-    for key, label, colour in (("psi_some_pct", "PSI some", PALETTE[1]),
-                               ("load_generator_wait_share_pct", "load generator without a CPU", PALETTE[0]),
-                               ("fabric_probe_wait_share_pct", "fabric probes without a CPU", PALETTE[2]),
-                               ("steal_pct", "CPU taken by the hypervisor (steal)", PALETTE[5])):
+    panels = [shares]
+    for key, label, colour in MACHINE_SHARES:
         shares.series([(s["t"] - started, s.get(key)) for s in samples], label, colour, dots=len(samples) < 60)
         if key in limits:
             shares.hline(limits[key], f"{label} limit {limits[key]:g} %", colour)
-    for key, (label, colour, limit) in waits.items():
-        delays.series([(s["t"] - started, s.get(key)) for s in samples], label, colour, dots=len(samples) < 60)
+    for key, name, label, limit, colour in MACHINE_DELAYS:
+        top = max([s.get(key) or 0.0 for s in samples] + [limits.get(limit, 0.0), 1e-3])
+        ax = Axes(name, f"Test machine: {label}", "seconds since run start", "ms", x_range, (0, top * 1.15),
+                  height=180)
+        ax.series([(s["t"] - started, s.get(key)) for s in samples], label, colour, dots=len(samples) < 60)
         if limit in limits:
-            delays.hline(limits[limit], f"limit {limits[limit]:g} ms", colour)
-    return Markup(shares.render() + delays.render())
+            ax.hline(limits[limit], f"limit {limits[limit]:g} ms", colour)
+        panels.append(ax)
+    for ax in panels:
+        for a, b in union_windows(fault_windows):
+            ax.band(a - started, b - started, "fault window(s) active")
+    return Markup("".join(ax.render() for ax in panels))

@@ -24,10 +24,19 @@ def test_the_machine_plot_draws_each_series_with_limits_and_fault_windows():
     svg = str(run_plots.machine_plot(_samples(t0, 5), t0, [{"start": t0 + 1, "end": t0 + 2, "label": "kill"}],
                                  LIMITS.to_dict()))
     assert _points(svg, "machine-cpu") == 5 + 5 + 4  # PSI, load generator, fabric probes (one sample without)
-    assert _points(svg, "machine-lag") == 5 + 5  # wait per run, timer lag
-    assert svg.count('class="window"') == 2  # the fault shaded in both panels
+    assert _points(svg, "machine-lag") == 5 and _points(svg, "machine-timer") == 5  # each on its own axis
+    assert svg.count('class="window"') == 3  # the fault shaded in every panel
     assert f"PSI some limit {LIMITS.psi_some_pct:g} %" in svg and f"limit {LIMITS.timer_lag_p99_ms:g} ms" in svg
     assert f"fabric probes without a CPU limit {LIMITS.fabric_probe_wait_share_pct:g} %" in svg
+    # issue 37: every legend label fits the legend's 230 px (~38 characters at 10 px), the series'
+    # colours differ, and the 4 ms wait limit has an axis of its own (not 0-500 ms): planted, the old
+    # chart (one delay axis, "CPU taken by the hypervisor (steal) limit 20 %", steal near load gen.)
+    labels = re.findall(r'<text x="[\d.]+" y="[\d.]+" class="tick">([^<]*[a-z][^<]*)</text>', svg)
+    assert labels and max(len(x) for x in labels) <= 38, max(labels, key=len)
+    colours = [c for _, _, c in run_plots.MACHINE_SHARES] + [d[4] for d in run_plots.MACHINE_DELAYS]
+    assert len(set(colours)) == len(colours)
+    lag = svg.split('data-plot="machine-lag"')[1].split("</svg>")[0]
+    assert f"limit {LIMITS.watched_wait_per_run_ms:g} ms" in lag and f"limit {LIMITS.timer_lag_p99_ms:g} ms" not in lag
     assert run_plots.machine_plot([], t0, [], {}) is None
 
 
