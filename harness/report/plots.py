@@ -228,8 +228,9 @@ def _threshold_value(evidence: Mapping[str, Any], key: str, default: float | Non
 
 
 def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
-    """6.1.1: median KV bandwidth per transfer size (each repeat as a dot), the line rate, the
-    required fraction of it and the raw TCP probe."""
+    """6.1.1: median KV bandwidth per transfer size (each repeat as a dot) as a fraction of the line
+    rate, the unit the verdict's figure and threshold are in (issue 37: the chart was in Gbit/s),
+    with the line rate (1), the required fraction and the raw TCP probe."""
     curve = evidence.get("kv_curve") or []
     line_bps = (evidence.get("line_rate") or {}).get("bps")
     if not curve or not line_bps:
@@ -237,17 +238,17 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     line = line_bps / 1e9
     need = _threshold_value(evidence, "line_rate_fraction", 0.8)
     sizes = [p["size_mib"] for p in curve]
-    ymax = max([line] + [g for p in curve for g in p.get("gbit_per_s", [])]) * 1.15
+    ymax = max([1.0] + [g / line for p in curve for g in p.get("gbit_per_s", [])]) * 1.15
     ax = Axes("kv-bandwidth", "KV transfer bandwidth vs transfer size", "transfer size (MiB, log scale)",
-              "bandwidth (Gbit/s)", (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True,
+              f"x line rate (1 = {line:.3g} Gbit/s)", (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True,
               x_tick_values=sorted(set(sizes)))
-    ax.hline(line, f"line rate {line:.3g} Gbit/s", "#111", "none")
-    ax.hline(need * line, f"{need:.0%} of line rate (required)", "#dc2626")
+    ax.hline(1.0, f"line rate ({line:.3g} Gbit/s)", "#111", "none")
+    ax.hline(need, f"{need:g} x line rate (required)", "#dc2626")
     raw = (evidence.get("raw_probe") or {}).get("bps")
     if raw:
-        ax.hline(raw / 1e9, f"raw TCP probe {raw / 1e9:.3g}", "#6b7280", "2 2")
-    ax.series([(p["size_mib"], p["median_gbit_per_s"]) for p in curve], "median KV bandwidth", PALETTE[0])
-    repeats = [(p["size_mib"], g) for p in curve for g in p.get("gbit_per_s", [])]
+        ax.hline(raw / line_bps, f"raw TCP probe {raw / line_bps:.3g}", "#6b7280", "2 2")
+    ax.series([(p["size_mib"], p["median_gbit_per_s"] / line) for p in curve], "median KV bandwidth", PALETTE[0])
+    repeats = [(p["size_mib"], g / line) for p in curve for g in p.get("gbit_per_s", [])]
     ax.series(repeats, "each repeat", "#93c5fd", line=False)
     return ax.render()
 

@@ -22,7 +22,12 @@ def test_kv_bandwidth_plot_has_curve_line_rate_and_required_fraction():
                              for s, g in ((1, 0.1), (8, 0.3), (128, 0.45))]}
     svg = str(plots.kv_bandwidth_plot(evidence))
     assert _points(svg, "kv-bandwidth") == 9  # 3 medians + 6 repeats
-    assert "line rate 0.5 Gbit/s" in svg and "80% of line rate (required)" in svg and "raw TCP probe" in svg
+    assert "line rate (0.5 Gbit/s)" in svg and "0.8 x line rate (required)" in svg and "raw TCP probe 0.94" in svg
+    # issue 37: drawn in the verdict's unit, a fraction of the line rate (planted: the Gbit/s chart)
+    assert "x line rate (1 = 0.5 Gbit/s)" in svg
+    ys = [float(y) for y in re.findall(r'<circle class="point" cx="[\d.]+" cy="([\d.]+)"', svg)]
+    line = float(re.search(r'<line class="threshold" x1="[\d.]+" x2="[\d.]+" y1="([\d.]+)"[^>]*stroke="#111"', svg).group(1))
+    assert len(ys) == 9 and all(y > line for y in ys)   # every point under the line rate (1), as measured
     assert plots.kv_bandwidth_plot({"kv_curve": []}) is None
 
 
