@@ -294,8 +294,9 @@ def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
 
 
 def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], xlabel: str,
-              thresholds: Sequence[tuple[float, str]] = ()) -> Markup | None:
-    """Cumulative distribution of per-request (or per-fault) values, one step line per group."""
+              thresholds: Sequence[tuple[float, str]] = (), *, noun: str = "n") -> Markup | None:
+    """Cumulative distribution of per-request (or per-fault) values, one step line per group, its
+    legend counting the group's values as ``noun`` ("n=17", or "17 requests")."""
     groups = {k: sorted(float(v) for v in vs if v is not None) for k, vs in groups.items()}
     groups = {k: vs for k, vs in groups.items() if vs}
     if not groups:
@@ -304,7 +305,8 @@ def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], xlab
     lo = min(0.0, min(vs[0] for vs in groups.values()))
     ax = Axes(name, title, xlabel, "fraction of samples <= value", (lo, hi), (0, 1.0))
     for i, (label, vs) in enumerate(groups.items()):
-        ax.series([(v, (j + 1) / len(vs)) for j, v in enumerate(vs)], f"{label} (n={len(vs)})",
+        count = f"n={len(vs)}" if noun == "n" else f"{len(vs)} {noun[:-1] if len(vs) == 1 else noun}"
+        ax.series([(v, (j + 1) / len(vs)) for j, v in enumerate(vs)], f"{label} ({count})",
                   PALETTE[i % len(PALETTE)], step=True)
     for value, label in thresholds:
         ax.vline(value, label, "#dc2626")
@@ -312,16 +314,21 @@ def ecdf_plot(name: str, title: str, groups: Mapping[str, Iterable[float]], xlab
 
 
 def reschedule_distribution(evidence: Mapping[str, Any]) -> Markup | None:
-    """6.1.4: when each affected request was re-placed, after its fault, per fault kind."""
-    groups: dict[str, list[float]] = {}
+    """6.1.4: when each affected request was re-placed, after its fault, per fault kind; the legend
+    counts both, requests and the faults they were on (issue 37: "n=17" beside "12 faults" in the
+    verdict read as a contradiction)."""
+    values: dict[str, list[float]] = {}
+    faults: dict[str, int] = {}
     for f in evidence.get("per_fault") or []:
         fault = f.get("fault") or {}
         kind = f"{'kill' if fault.get('kind') == 'process_kill' else 'hang'} {fault.get('role', '?')}"
-        groups.setdefault(kind, []).extend((f.get("replaced_s") or {}).values())
+        values.setdefault(kind, []).extend((f.get("replaced_s") or {}).values())
+        faults[kind] = faults.get(kind, 0) + 1
+    groups = {f"{kind}, {faults[kind]} fault{'s' if faults[kind] != 1 else ''}": vs for kind, vs in values.items()}
     limit = _threshold_value(evidence, "reschedule_p100_s")
     return ecdf_plot("reschedule-requests", "Per-request re-placement time after the fault", groups,
                      "seconds from the fault until the request was re-placed",
-                     [(limit, f"rescheduling limit {limit:g} s")] if limit is not None else [])
+                     [(limit, f"rescheduling limit {limit:g} s")] if limit is not None else [], noun="requests")
 
 
 def migration_distribution(evidence: Mapping[str, Any]) -> Markup | None:

@@ -48,7 +48,9 @@ def test_distributions_per_request_and_per_stream():
                  {"fault": {"kind": "process_hang", "role": "prefill"}, "replaced_s": {"c": 2.1}}]
     svg = str(plots.reschedule_distribution({"per_fault": per_fault,
                                              "measurements": [{"key": "reschedule_p100_s", "threshold": 3.0}]}))
-    assert _points(svg, "reschedule-requests") == 3 and "kill decode (n=2)" in svg and "limit 3 s" in svg
+    # the legend counts requests and the faults they were on (issue 37; planted: "n=2" alone)
+    assert _points(svg, "reschedule-requests") == 3 and "kill decode, 1 fault (2 requests)" in svg and "limit 3 s" in svg
+    assert "hang prefill, 1 fault (1 request)" in svg
     per_migration = [{"phase": "idle", "excess_ms": 12.0}, {"phase": "loaded", "excess_ms": 80.0},
                      {"phase": "loaded", "excess_ms": None}]
     svg = str(plots.migration_distribution({"per_migration": per_migration}))
