@@ -5,6 +5,7 @@ activities, the timeline and artifacts go into the run's RunResult (harness/plug
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -30,6 +31,7 @@ class Conformance:
         self.started = time.time()  # the test's machine-health window starts here
         self.load_runs: list[LoadRunner] = []  # this test's LoadRunners (the ``load`` fixture adds them)
         self.timeline_added = False  # the suite put its timeline in (its epilogue ran)
+        self._fault_entries: Counter[tuple[str, str]] = Counter()  # (fault id, fault_<action>) on the timeline
 
     def record(self, verdict: Verdict, windows: Sequence[tuple[float, float]] | None = None) -> Verdict:
         """Record ``verdict``, gated by the test machine's health over ``windows`` (wall-clock
@@ -114,10 +116,27 @@ class Conformance:
         self.timeline_added = True
         for e in entries:
             detail = e.get("detail")
+            if e["source"] == "fault" and isinstance(detail, dict):
+                self._fault_entries[(str(detail.get("fault_id")), e["kind"])] += 1
             if isinstance(detail, dict):
                 detail = ", ".join(f"{k}={v}" for k, v in detail.items() if v not in (None, "", [], {}))
             self._state.result.timeline.append({"t": e["t_wall_ns"] / 1e9, "source": e["source"], "kind": e["kind"],
                                                 "detail": str(detail or "")[:300]})
+
+    def missing_fault_records(self, records: list[Any]) -> list[Any]:
+        """The fault records this test's timeline lacks: all of them when the suite put in none (it
+        stopped early), else those that came after it did (a revert in the fixture's teardown), so
+        the timeline counts every ledger step (issue 37: a speculative-decoding revert was missing)."""
+        left = Counter(self._fault_entries)
+        missing = []
+        for rec in records:
+            d = rec.to_dict() if hasattr(rec, "to_dict") else dict(rec)
+            key = (str(d.get("fault_id")), f"fault_{getattr(d.get('action'), 'value', d.get('action'))}")
+            if left[key] > 0:
+                left[key] -= 1
+            else:
+                missing.append(rec)
+        return missing
 
     def artifact_dir(self, name: str) -> Path:
         """A folder for this test's raw data inside the run's report folder."""

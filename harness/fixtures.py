@@ -224,10 +224,12 @@ def faults(cluster: ClusterHandle, harness_options: HarnessOptions, conformance:
             yield runner
     finally:
         conformance.add_fault_records(runner.records)
-        if runner.records and not conformance.timeline_added:  # stopped (a signal, a crash) before its epilogue
+        # every step on the timeline: all of them for a suite stopped before its epilogue (a signal, a
+        # crash), else the ones after it (a revert in this teardown)
+        if missing := conformance.missing_fault_records(runner.records):
             from harness.probes.timeline import merge_timeline
 
-            conformance.add_timeline(merge_timeline(faults=runner.records, seen_events=conformance.seen_events))
+            conformance.add_timeline(merge_timeline(faults=missing, seen_events=conformance.seen_events))
 
 
 class Load(Protocol):

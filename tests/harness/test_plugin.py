@@ -372,3 +372,49 @@ def test_a_sigtermed_run_reports_the_faults_timeline_and_tests_it_did(tmp_path, 
                for e in data["timeline"]), data["timeline"]
     assert [(t["nodeid"], t["outcome"]) for t in data["tests"]] == \
         [("suites/test_interrupted.py::test_hang_then_wait", "interrupted")], data["tests"]
+
+
+TEARDOWN_REVERT_SUITE = """
+import pytest
+
+from harness.checklists import Checklist
+from harness.checks.verdict import Measurement, judge
+from harness.faults import ProcessHang
+from harness.probes.timeline import merge_timeline
+
+pytestmark = pytest.mark.conformance
+ITEM = Checklist.load().item("6.1.4")
+
+
+def test_timeline_then_teardown_revert(cluster, faults, timeline, conformance):
+    victim = next(w for w in timeline.workers() if w["role"] == "decode")
+    faults.inject(ProcessHang.from_worker(victim))
+    # the suite's epilogue merges its timeline while the fault is still held ...
+    conformance.add_timeline(merge_timeline(faults=faults.records, seen_events=conformance.seen_events))
+    conformance.record(judge(ITEM, [Measurement(ITEM.thresholds["reschedule_p100_s"], 1.0, "p100")]))
+    # ... and the faults fixture reverts it in its teardown
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_revert_in_the_fixture_s_teardown_reaches_the_timeline(tmp_path):
+    """Issue 37: the event timeline counted 24 injections and 23 reverts while the ledger held 40 and
+    40: a fault reverted by the faults fixture's teardown, after the suite had merged its timeline,
+    never reached it (the speculative-decoding revert of the main job). Every ledger step of the
+    fault is on the timeline, each once. Planted defect: the fixture adding its records only when the
+    suite added no timeline (the old rule): the revert and its check are missing."""
+    import os
+
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "test_teardown.py").write_text(TEARDOWN_REVERT_SUITE)
+    env = {**os.environ, "HARNESS_STATE_DIR": str(tmp_path / "state")}
+    env.pop("HARNESS_RUN_ID", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--live=off",
+                           "--cluster=local-loopback", f"--report-dir={tmp_path / 'reports'}"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    data = results(tmp_path)
+    ledger = sorted(f"fault_{f['action']}" for f in data["faults"])
+    on_timeline = sorted(e["kind"] for e in data["timeline"] if e["source"] == "fault")
+    assert "fault_revert" in ledger and on_timeline == ledger, (ledger, on_timeline)
