@@ -70,3 +70,12 @@ def test_report_of_a_real_run_shows_every_plot(tmp_path):
     shot = tmp_path / "report.png"
     _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,2400", report.as_uri())
     assert shot.stat().st_size > 50_000  # a rendered page with plots, not a blank image
+
+    # issue 37: nothing runs off the right edge at 1400 px (the event summary's suite columns did):
+    # the page's width after layout, written into a copy of it by a script
+    probe = tmp_path / "width.html"
+    probe.write_text(report.read_text().replace("</body>", "<script>document.body.setAttribute('data-width', "
+                                                "document.documentElement.scrollWidth);</script></body>"))
+    dom = _chromium(tmp_path, "--window-size=1400,900", "--virtual-time-budget=2000", "--dump-dom",
+                    probe.as_uri()).stdout
+    assert int(re.search(r'data-width="(\d+)"', dom).group(1)) <= 1400
