@@ -57,7 +57,9 @@ def pytest_args(args: list[str], cwd: Path | None = None) -> list[str]:
         picked.append(f"{folder / match.group(1)}{match.group(2) or ''}")
     # rootdir = the package folder: node ids are `suites/<file>::<test>`, as in a checkout
     head = ["--rootdir", str(folder.parent)]
-    if "no:cacheprovider" not in args:  # pytest's cache beside the user's reports, never in site-packages
+    if "--dry-run" in args and "cacheprovider" not in args:   # a dry run writes nothing (issue 37)
+        head += ["-p", "no:cacheprovider"]
+    elif "no:cacheprovider" not in args:  # pytest's cache beside the user's reports, never in site-packages
         head += ["-o", f"cache_dir={cwd / '.pytest_cache'}"]
     if not plugin_registered_by_entry_point():
         head += ["-p", "harness.plugin"]

@@ -202,10 +202,15 @@ def faults(cluster: ClusterHandle, harness_options: HarnessOptions, conformance:
            pytestconfig: pytest.Config) -> Iterator[FaultRunner]:
     """A FaultRunner bound to the cluster (see :func:`make_fault_runner`); records every activity
     into the report and reverts whatever is still active when the test ends, however it ends."""
+    import tempfile
+
     from rich.markup import escape
 
+    # a dry run changes nothing and writes nothing where it runs (issue 37): its ledger is a temporary one
+    scratch = tempfile.TemporaryDirectory(prefix="harness-dry-run-") if harness_options.dry_run else None
     runner = make_fault_runner(cluster, dry_run=harness_options.dry_run, out=_LiveOutput(pytestconfig),
-                               signals=harness_state(pytestconfig).signals)
+                               signals=harness_state(pytestconfig).signals,
+                               state_dir=None if scratch is None else scratch.name)
     styles = {"succeeded": "green", "failed": "bold red", "dry_run": "yellow"}
     if (live := harness_state(pytestconfig).live) is not None:
         runner.listeners.append(live.fault_event)
@@ -230,6 +235,8 @@ def faults(cluster: ClusterHandle, harness_options: HarnessOptions, conformance:
             from harness.probes.timeline import merge_timeline
 
             conformance.add_timeline(merge_timeline(faults=missing, seen_events=conformance.seen_events))
+        if scratch is not None:
+            scratch.cleanup()
 
 
 class Load(Protocol):

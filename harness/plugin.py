@@ -23,7 +23,7 @@ import pytest
 from harness.checks.verdict import ExitCode, Status, exit_code_for
 from harness.errors import ConfigError, HarnessError, RevertError
 from harness.plugin_state import (MARKER, STATE, HarnessOptions, HarnessState, console, harness_state,
-                                   load_run_cluster, show)
+                                   load_run_cluster, option_given, report_message, show)
 from harness.report import RunResult, collect_environment, new_run_id
 
 log = logging.getLogger(__name__)
@@ -282,25 +282,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if report.when == "call" or not report.passed:  # setup/teardown only when they did not pass
         state.result.tests.append({"nodeid": item.nodeid, "outcome": report.outcome, "duration_s": report.duration,
                                    "started": report.start,
-                                   "message": "" if report.passed else _message(_reason_text(report))})
+                                   "message": "" if report.passed else report_message(report)})
     return report
-
-
-def _reason_text(report: pytest.TestReport) -> str:
-    """A report's message as words: a skip's reason, not its (path, line, reason) tuple (issue 37)."""
-    longrepr = report.longrepr
-    if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
-    return str(report.longreprtext)
-
-
-def _message(text: str, limit: int = 2000) -> str:
-    """A failed test's message for the report: its first line (what failed) and as much of the end
-    (the assertion) as fits in ``limit`` characters."""
-    if len(text) <= limit:
-        return text
-    first = text.splitlines()[0][:200]
-    return f"{first}\n[... {len(text) - limit} characters left out ...]\n{text[-(limit - len(first)):]}"
 
 
 def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error: str) -> None:
@@ -378,8 +361,9 @@ def _finish_run(session: pytest.Session, state: HarnessState, exitstatus: int) -
     result.exit_code = int(code)
     from harness.report import write_reports
 
-    try:
-        state.run_dir = write_reports(result, state.options.report_dir)
+    try:   # a dry run writes nothing unless asked (--report-dir, --junit-xml): issue 37
+        if not state.options.dry_run or option_given(session.config, "--report-dir"):
+            state.run_dir = write_reports(result, state.options.report_dir)
         from harness.report.junit import write_junit_option_path
 
         write_junit_option_path(result, session.config)
@@ -398,3 +382,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from harness.report.terminal import print_summary
 
     print_summary(console(), state.result, state.run_dir)
+    if state.run_dir is None and state.options.dry_run:
+        console().print("dry run: no report written, nothing left here (--report-dir=DIR keeps one)")

@@ -113,3 +113,22 @@ def show_line(config: pytest.Config, text: str) -> None:
     with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
         reporter.ensure_newline()
         reporter.write_line(text)
+
+
+def option_given(config: pytest.Config, option: str) -> bool:
+    """Whether ``option`` was on the command line (not only its default)."""
+    return any(a == option or a.startswith(option + "=") for a in config.invocation_params.args)
+
+
+def report_message(report: pytest.TestReport, limit: int = 2000) -> str:
+    """A finished test's message for the report: a skip's reason (not pytest's (path, line, reason)
+    tuple, issue 37), else its first line (what failed) and as much of the end (the assertion) as
+    fits in ``limit`` characters."""
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    text = str(report.longreprtext)
+    if len(text) <= limit:
+        return text
+    first = text.splitlines()[0][:200]
+    return f"{first}\n[... {len(text) - limit} characters left out ...]\n{text[-(limit - len(first)):]}"

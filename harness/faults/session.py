@@ -27,8 +27,12 @@ def recover_before_bringup(cluster_name: str, state_dir: str | Path | None = Non
         def flush(self) -> None:
             pass
 
-    runner = FaultRunner(Ledger.for_cluster(cluster_name, state_dir), recover_on_enter=False,
-                         handle_signals=False, out=_Say(), dry_run=dry_run)
+    from harness.hosts import state_dir as state_folder
+
+    if dry_run and not (state_folder(state_dir) / f"faults-{cluster_name}.json").exists():
+        return   # nothing recorded to revert; a dry run writes nothing (a ledger would make its folder and lock)
+    runner = FaultRunner(Ledger.for_cluster(cluster_name, state_dir), recover_on_enter=False, handle_signals=False,
+                         out=_Say(), dry_run=dry_run)
     for rec in runner.recover():
         say(f"recovered {rec.kind} {rec.target}: {rec.action.value} {rec.status.value}"
             f"{': ' + rec.output if rec.output else ''}")

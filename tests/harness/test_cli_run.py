@@ -85,7 +85,10 @@ def test_dry_run_of_prod_a_prints_its_plan_refused_by_safety_and_contacts_nothin
     assert any("a real run would stop here" in line and "hosts[0].ssh.key_file" in line for line in plan)
     assert "$PROD_A_API_KEY" in out and "cluster prod-a: dry run, http://10.30.0.10:8000 not contacted" in out
     assert "6.1.4 dry run: 6 faults planned, none injected (6 refused by the cluster's safety settings)" in out
-    assert (tmp_path / ".pytest_cache").is_dir()  # pytest's cache in the user's folder, not in the package
+    # issue 37: a dry run leaves the folder as it was (no reports/, state/ or .pytest_cache/) and says so;
+    # planted: the report, the recovery's ledger lock or pytest's cache written as a real run writes them
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clusters", "home"], sorted(tmp_path.iterdir())  # home: _env's
+    assert "dry run: no report written, nothing left here" in out
 
 
 @pytest.mark.slow  # a pytest subprocess

@@ -132,7 +132,10 @@ def test_attach_only_user_dry_runs_the_shipped_suites_from_an_empty_folder_conta
     assert "a real run would stop here" in out and "hosts[0].ssh.key_file" in out  # said, not needed
     assert "$PROD_A_API_KEY" in out
     assert "suites/test_item4_reschedule.py" in out  # node ids as in a checkout
-    assert (work / "reports" / "latest" / "report.html").is_file()
+    # issue 37: the dry run leaves the folder as it found it (only clusters/ there, no reports/, state/,
+    # .pytest_cache/) and says so
+    assert sorted(p.name for p in work.iterdir()) == ["clusters"], sorted(work.iterdir())
+    assert "dry run: no report written, nothing left here" in out
     assert not list(installed.rglob(".pytest_cache"))  # nothing written into the installed package
     assert (http.connections(), ssh.connections()) == (0, 0)  # no API, metrics, worker or SSH contact
 
@@ -218,4 +221,7 @@ def test_users_own_copy_of_the_suites_dry_runs_against_a_cluster_file_in_cwd(ins
     # back: 6.1.4 is not judged there, and says why (harness/checks/capabilities.py)
     assert "needs restartable_workers" in out and "[dry-run] process_kill" not in out, out[-4000:]
     assert "Unknown pytest.mark" not in out  # the plugin registers the suites' marks
-    assert (work / "reports" / "latest" / "report.html").is_file()
+    # issue 37: the dry run leaves the folder as it found it (only clusters/ there, no reports/, state/,
+    # .pytest_cache/) and says so
+    assert sorted(p.name for p in work.iterdir()) == ["clusters"], sorted(work.iterdir())
+    assert "dry run: no report written, nothing left here" in out
