@@ -112,10 +112,18 @@ def _starved(verdict: dict) -> bool:
     return starved_machine(verdict)
 
 
+def _straddles(verdict: dict) -> bool:
+    """Undecided only for want of effective requests, saying how many would decide (a p99 whose slow
+    requests came in bursts: docs/statistics.md "Dependence"; CI 2026-12-06)."""
+    from tests.harness.test_soak_e2e import straddles_by_size
+
+    return straddles_by_size(verdict)
+
+
 def check_quick_figures(lines: list[str], scratch: Path) -> None:
     """What ``--quick`` can honestly guarantee, table by table. The harness run (6.2 under 16 users
     on a healthy mocker cluster) deserves pass, so exit 0 (2 only with every undecided verdict naming
-    the starved test machine); doubling the workers must not double the harness's CPU or memory (the
+    the starved test machine or straddling for want of effective requests; never a fail); doubling the workers must not double the harness's CPU or memory (the
     scaling claim the bench exists for: documented ratios 1.06-1.25); each ratio is the quotient of the
     figures beside it; the fan-out kill takes 8 workers down while the load still completes requests;
     the SSH fan-out ran every row."""
@@ -126,7 +134,7 @@ def check_quick_figures(lines: list[str], scratch: Path) -> None:
     for r in run:
         data = json.loads((scratch / f"reports-{r[0]}" / "latest" / "results.json").read_text())
         verdicts = data["verdicts"]
-        assert verdicts and all(v["status"] == "pass" or _starved(v) for v in verdicts), verdicts
+        assert verdicts and all(v["status"] == "pass" or _starved(v) or _straddles(v) for v in verdicts), verdicts
         assert int(r[3]) == data["exit_code"] == (0 if all(v["status"] == "pass" for v in verdicts) else 2), r
         assert int(r[12]) > 0 and float(r[5]) >= float(r[7]) > 0 and float(r[9]) > 50
         assert _ratio_of(r[6], r[5], base[5]) and _ratio_of(r[10], r[9], base[9]), (r, base)

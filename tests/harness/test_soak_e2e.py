@@ -68,6 +68,14 @@ def starved_machine(verdict: dict) -> bool:
                                and m["interval"].get("hi") is not None for m in open_)
 
 
+def straddles_by_size(verdict: dict) -> bool:
+    """An inconclusive verdict whose reason is a straddle that more requests would decide (in either
+    of judge()'s wordings), never a resolution bound or any other inconclusive: what a healthy
+    cluster may get when its slow requests come in bursts and leave too few effective requests for
+    a p99 bound (docs/statistics.md "Dependence")."""
+    return undecided_by_size({"ttft": verdict, "tpot": {"status": "pass"}})
+
+
 def undecided_by_size(window: dict) -> bool:
     """A window left inconclusive only because its intervals straddle a limit (too few requests):
     the reason names the straddle and the requests that would decide it, either "about N more

@@ -69,7 +69,10 @@ def starved(verdict: dict) -> bool:
 
 def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster, tmp_path):
     """The mocker's TTFT (about 53 ms p50) and TPOT (about 6 ms p50) are within 6.2's targets: a true pass,
-    inconclusive only where the gate names the starved machine. Catches a harness that fails (or cannot
+    inconclusive only where the gate names the starved machine or where a p99 straddles for want of
+    effective requests, saying how many would decide (CI 2026-12-06: TPOT p99 6.44 ms of 3300 requests
+    whose slow ones came in bursts, no upper bound within the 90 s budget; docs/statistics.md
+    "Dependence"); never fail. Catches a harness that fails (or cannot
     decide) what the cluster meets, e.g. TTFT taken at the wrong token or judged against the wrong limit
     (planted: a 1 ms ``ttft_p50_ms`` in a copy of the cluster file: 6.2.ttft fails and so does this;
     checked once: 'client TTFT p50 was 51.93 ms ..., required < 1 ms', the status assertion failed)."""
@@ -80,10 +83,14 @@ def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster,
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     out = proc.stdout[-4000:] + proc.stderr[-2000:]
     verdicts = {v["item"]: v for v in json.loads((reports / "latest" / "results.json").read_text())["verdicts"]}
+    from tests.harness.test_soak_e2e import straddles_by_size
+
     for item in ("6.2.ttft", "6.2.tpot"):
-        assert verdicts[item]["status"] == "pass" or starved(verdicts[item]), (item, verdicts[item]["reason"])
-        assert verdicts[item]["evidence"]["server"]["observations"] > 0  # the frontend's own histogram beside
-    assert proc.returncode == (2 if any(starved(verdicts[i]) for i in ("6.2.ttft", "6.2.tpot")) else 0), out
+        v = verdicts[item]
+        assert v["status"] == "pass" or starved(v) or straddles_by_size(v), (item, v["reason"])
+        assert v["evidence"]["server"]["observations"] > 0  # the frontend's own histogram beside
+    undecided = [i for i in ("6.2.ttft", "6.2.tpot") if verdicts[i]["status"] != "pass"]
+    assert proc.returncode == (2 if undecided else 0), out
     lost = verdicts["nothing-lost"]
     assert lost["status"] == "pass" and lost["evidence"]["tokens_counted_by"] == {"usage": lost["evidence"]["completed"]}
 
