@@ -155,11 +155,11 @@ def option_hints(messages: tuple[object, ...], known_options: Iterable[str]) -> 
 
 
 def option_names(parser: object) -> list[str]:
-    """Every option the command line knows (pytest's and the plugins'), for "did you mean"."""
-    try:   # pytest 9: ``optparser`` (older: ``_getparser()``) is the argparse parser; its table is argparse's
-        argparser = parser.optparser if hasattr(parser, "optparser") else parser._getparser()  # type: ignore[attr-defined]
-        return list(argparser._option_string_actions)
-    except Exception:   # no parser yet, or a pytest without either: no suggestion, the error stands
+    """Every long option the command line knows (pytest's and the plugins'), for "did you mean":
+    read from the argparse parser's own help (public API; pytest 9 keeps it as ``optparser``)."""
+    try:
+        return sorted(set(re.findall(r"(?<![\w-])--[a-zA-Z][\w-]*", parser.optparser.format_help())))  # type: ignore[attr-defined]
+    except Exception:   # no parser yet, or a pytest without it: no suggestion, the error stands
         return []
 
 

@@ -35,9 +35,12 @@ def test_the_suites_folder_is_the_package_folder():
 
 
 def test_run_arguments_select_shipped_suites_and_keep_the_checkout_node_ids(tmp_path):
-    args = pytest_args(["--cluster=prod-a", "--dry-run"], cwd=tmp_path)
+    args = pytest_args(["--cluster=prod-a"], cwd=tmp_path)
     assert args[:4] == ["--rootdir", str(suites_dir().parent), "-o", f"cache_dir={tmp_path / '.pytest_cache'}"]
-    assert args[-3:] == ["--cluster=prod-a", "--dry-run", str(suites_dir())]
+    assert args[-2:] == ["--cluster=prod-a", str(suites_dir())]
+    dry = pytest_args(["--cluster=prod-a", "--dry-run"], cwd=tmp_path)   # a dry run writes no cache (issue 37)
+    assert dry[:4] == ["--rootdir", str(suites_dir().parent), "-p", "no:cacheprovider"]
+    assert dry[-3:] == ["--cluster=prod-a", "--dry-run", str(suites_dir())]
     picked = pytest_args(["-p", "no:cacheprovider", "suites/test_62_slo.py::test_x", "test_nic_flap.py"], cwd=tmp_path)
     assert "cache_dir" not in " ".join(picked)
     assert picked[-2:] == [f"{suites_dir() / 'test_62_slo.py'}::test_x", str(suites_dir() / "test_nic_flap.py")]
