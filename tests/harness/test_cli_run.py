@@ -103,7 +103,11 @@ def test_a_run_stops_on_the_missing_key_file_saying_so_once(tmp_path):
                           timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
-    assert out.count("~/.ssh/pd_chaos_ed25519 does not exist") == 1, out[-3000:]
+    # every problem named at once (issue 37), each once: both hosts' key files, their known_hosts, the
+    # API-key variable (planted: the error printed twice, or one problem per try)
+    assert out.count("problems before a run can start") == 1, out[-3000:]
+    for field in ("hosts[0].ssh.key_file", "hosts[1].ssh.key_file", "auth.api_key_env"):
+        assert out.count(f"field `{field}`") == 1, (field, out[-3000:])
     assert "harness: exit 3 (the cluster file error above)" in out
 
 
