@@ -238,7 +238,7 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     line = line_bps / 1e9
     need = _threshold_value(evidence, "line_rate_fraction", 0.8)
     sizes = [p["size_mib"] for p in curve]
-    ymax = max([1.0] + [g / line for p in curve for g in p.get("gbit_per_s", [])]) * 1.15
+    ymax = max([1.0] + [g / line for p in curve for g in p.get("gbit_per_s") or [] if g is not None]) * 1.15
     ax = Axes("kv-bandwidth", "KV transfer bandwidth vs transfer size", "transfer size (MiB, log scale)",
               f"x line rate (1 = {line:.3g} Gbit/s)", (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True,
               x_tick_values=sorted(set(sizes)))
@@ -247,8 +247,9 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     raw = (evidence.get("raw_probe") or {}).get("bps")
     if raw:
         ax.hline(raw / line_bps, f"raw TCP probe {raw / line_bps:.3g}", "#6b7280", "2 2")
-    ax.series([(p["size_mib"], p["median_gbit_per_s"] / line) for p in curve], "median KV bandwidth", PALETTE[0])
-    repeats = [(p["size_mib"], g / line) for p in curve for g in p.get("gbit_per_s", [])]
+    ax.series([(p["size_mib"], None if p.get("median_gbit_per_s") is None else p["median_gbit_per_s"] / line)
+               for p in curve], "median KV bandwidth", PALETTE[0])   # a size with no transfer: a gap, as before
+    repeats = [(p["size_mib"], g / line) for p in curve for g in p.get("gbit_per_s") or [] if g is not None]
     ax.series(repeats, "each repeat", "#93c5fd", line=False)
     return ax.render()
 
