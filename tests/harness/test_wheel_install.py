@@ -221,7 +221,7 @@ def test_users_own_copy_of_the_suites_dry_runs_against_a_cluster_file_in_cwd(ins
     # back: 6.1.4 is not judged there, and says why (harness/checks/capabilities.py)
     assert "needs restartable_workers" in out and "[dry-run] process_kill" not in out, out[-4000:]
     assert "Unknown pytest.mark" not in out  # the plugin registers the suites' marks
-    # issue 37: the dry run leaves the folder as it found it (only clusters/ there, no reports/, state/,
-    # .pytest_cache/) and says so
-    assert sorted(p.name for p in work.iterdir()) == ["clusters"], sorted(work.iterdir())
+    # issue 37: the dry run leaves the user's repository as it found it (its clusters/ and suites/, no
+    # reports/ or state/; pytest's cache is off here) and says so
+    assert sorted(p.name for p in work.iterdir()) == ["clusters", "suites"], sorted(work.iterdir())
     assert "dry run: no report written, nothing left here" in out
