@@ -53,10 +53,6 @@ class Dependence:
                 "lag1": None if self.lag1 is None else round(self.lag1, 3),
                 "method": METHOD if self.measured else f"not estimated below {MIN_N} samples: independence assumed"}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], n: int) -> Dependence:
-        return cls(float(data["tau"]), n, bool(data.get("measured", True)), data.get("lag1"))
-
 
 def autocorrelations(x: Sequence[float] | np.ndarray, max_lag: int) -> np.ndarray:
     """rho_0 .. rho_max_lag of the series (rho_0 = 1), by FFT; all zeros past 0 for a constant series."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -102,19 +103,16 @@ def percentile_interval(values: Sequence[float], q: float, level: float = LEVEL,
     _check_q(q)
     arr = np.asarray(values, dtype=float)
     ordered = np.sort(arr[~np.isnan(arr)]).tolist()
-    tau = None
-    if in_order:
-        dep = percentile_dependence(arr, q)
-        tau = (dep.tau, dep.measured, dep.lag1)
-    return _from_sorted(ordered, q, *_tails(level, alpha_lo, alpha_hi), noun, len(ordered), tau)
+    dep = percentile_dependence(arr, q) if in_order else None
+    return _from_sorted(ordered, q, *_tails(level, alpha_lo, alpha_hi), noun, len(ordered), dep)
 
 
 def _from_sorted(ordered: list[float], q: float, a_lo: float, a_hi: float, noun: str, n: int,
-                 tau: tuple[float, bool, float | None] | None = None) -> Interval:
+                 dep: Dependence | None = None) -> Interval:
     """Interval of n samples; n above len(ordered) extrapolates: the bounds are then the observed
     distribution's quantiles (linear between observed values) at the same fraction of ranks.
-    ``tau`` (inflation, measured, lag-1): the ranks are those of n / inflation effective samples."""
-    inflation = 1.0 if tau is None else tau[0]
+    ``dep``: the samples' serial dependence; the ranks are those of n / tau effective samples."""
+    inflation = 1.0 if dep is None else dep.tau
     n_ranks = max(1, int(n / inflation)) if n else 0
     r, s = _ranks(n_ranks, q / 100, a_lo, a_hi)
     m = len(ordered)
@@ -131,9 +129,9 @@ def _from_sorted(ordered: list[float], q: float, a_lo: float, a_hi: float, noun:
     lower, upper = _min_samples(q / 100, a_lo, a_hi)
     needs = None if r is not None and s is not None else max((math.ceil(x * inflation) for x in (lower, upper)
                                                              if x is not None), default=None)
-    extrapolate = (lambda k: _from_sorted(ordered, q, a_lo, a_hi, noun, math.ceil(m * k), tau)) if m else None
-    relevel = (lambda lo_alpha, hi_alpha: _from_sorted(ordered, q, lo_alpha, hi_alpha, noun, m, tau)) if n == m else None
-    dependence = None if tau is None else Dependence(tau[0], n, tau[1], tau[2]).to_dict()
+    extrapolate = (lambda k: _from_sorted(ordered, q, a_lo, a_hi, noun, math.ceil(m * k), dep)) if m else None
+    relevel = (lambda lo_alpha, hi_alpha: _from_sorted(ordered, q, lo_alpha, hi_alpha, noun, m, dep)) if n == m else None
+    dependence = None if dep is None else replace(dep, n=n).to_dict()   # n_eff of these n samples
     return Interval(at(r), at(s), two_sided(a_lo, a_hi), ORDER_STATISTICS, n, noun=noun, needs_n=needs,
                     extrapolate=extrapolate, alpha_lo=a_lo, alpha_hi=a_hi, relevel=relevel, dependence=dependence)
 
