@@ -63,7 +63,9 @@ def run_label(path: Path) -> str:
 
 
 def rows_of(path: Path) -> list[dict]:
-    _, ttft, tpot = client_samples(read_records(path))
+    # in the order the verdicts take them: LoadRunner.records sorts by send time (the file is in
+    # completion order)
+    _, ttft, tpot = client_samples(sorted(read_records(path), key=lambda r: r.start_wall_ns()))
     out = []
     for metric, values in (("ttft", ttft), ("tpot", tpot)):
         x = np.asarray(values, dtype=float)

@@ -16,7 +16,7 @@ autocorrelations summed while positive and decreasing), the standard estimator o
 and never below 1 (dependence that alternates is not taken as extra evidence).
 
 Measured on recorded runs (bench/bench_dependence.py): the bundled engine's 6.2 TTFT at the median
-has tau ~36, its p99 ~4; vLLM's and Dynamo's are listed there. Below ``MIN_N`` samples the
+has tau ~27, its p99 ~3.6 (docs/statistics.md "Dependence"); vLLM's and Dynamo's are listed there. Below ``MIN_N`` samples the
 autocorrelations cannot be estimated: independence is then assumed and the interval says so.
 A leaf module: numpy only.
 """
