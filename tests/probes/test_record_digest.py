@@ -40,6 +40,10 @@ def test_the_digest_passes_every_record_through_and_keeps_the_figures_the_checks
     requests, ttft, tpot = digest.client_samples()
     want = client_samples(records)
     assert requests == want[0] and sorted(ttft) == sorted(want[1]) and sorted(tpot) == sorted(want[2])
+    # in send order, as LoadRunner.records gives the checks (the dependence estimate reads the order;
+    # planted: the digest's file order, the records shuffled here)
+    in_order = client_samples(sorted(records, key=lambda r: r.start_wall_ns()))
+    assert ttft == in_order[1] and tpot == in_order[2]
     assert [r.request_id for r in digest.failed] == [r.request_id for r in records if not r.ok]
     assert sorted(digest.successes()) == sorted(_sent_and_first_token_wall(r) for r in records if succeeded(r))
     # the report's charts: the same windows from the kept columns as from the records
