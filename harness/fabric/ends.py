@@ -5,6 +5,7 @@ needs a Python 3 and nothing of the harness (docs/fabric.md, "Real hosts").
 
     python -m harness.fabric.ends tcp-serve HOST PORT
     python -m harness.fabric.ends tcp-client HOST PORT SECONDS INTERVAL_MS
+    python -m harness.fabric.ends tcp-client-floor HOST PORT SECONDS INTERVAL_MS FLOOR_HOST FLOOR_PORT FLOOR_EVERY
     python -m harness.fabric.ends bulk-serve HOST PORT ACCEPT_TIMEOUT_S
     python -m harness.fabric.ends bulk-send HOST PORT DURATION_S
     python -m harness.fabric.ends udp-sink HOST PORT MAX_S
@@ -54,31 +55,64 @@ def tcp_serve(host: str, port: int) -> None:
 def tcp_client(host: str, port: int, seconds: float, interval_ms: float) -> None:
     """A round trip that does not complete within OP_TIMEOUT_S is recorded at the time it waited
     and ends the probe: a stalled class is a measurement (huge latency), not a probe failure."""
-    rtts: list[float] = []
-    sent: list[float] = []   # seconds from wall0 at which each round trip was sent
+    _paced_round_trips(host, port, seconds, interval_ms, None)
+
+
+def tcp_client_floor(host: str, port: int, seconds: float, interval_ms: float, floor_host: str, floor_port: int,
+                     floor_every: int) -> None:
+    """As ``tcp-client``, every ``floor_every``-th round trip going to a second echo server instead
+    (the host's loopback: its floor), paced alike, so both kinds of round trip see the same host
+    state at the same moments (floor_rtt_ms, floor_sent_s). A floor server that cannot be reached
+    leaves the floor empty (floor_error) and the network round trips as they were."""
+    _paced_round_trips(host, port, seconds, interval_ms, (floor_host, floor_port, max(2, floor_every)))
+
+
+def _paced_round_trips(host: str, port: int, seconds: float, interval_ms: float,
+                       floor: tuple[str, int, int] | None) -> None:
+    kinds: dict[int, tuple[list[float], list[float]]] = {0: ([], []), 1: ([], [])}  # (rtt ms, sent s) each
     message = b"x" * MESSAGE_BYTES
-    error = None
+    error = floor_error = None
     t0 = time.perf_counter()
     wall0, perf0 = time.time(), t0
+    socks: list[socket.socket] = []
+    which = 0
     try:
-        with socket.create_connection((host, port), timeout=OP_TIMEOUT_S) as sock:
+        socks.append(socket.create_connection((host, port), timeout=OP_TIMEOUT_S))
+        if floor is not None:
+            try:
+                socks.append(socket.create_connection(floor[:2], timeout=OP_TIMEOUT_S))
+            except OSError as exc:
+                floor_error = f"{type(exc).__name__}: {exc}"
+        for sock in socks:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            end = time.perf_counter() + seconds
-            next_send = time.perf_counter()
-            while (now := time.perf_counter()) < end:
-                if now < next_send:
-                    time.sleep(next_send - now)  # pacing: a steady request rate, not a flood
-                t0 = time.perf_counter()
-                sent.append(round(t0 - perf0, 6))
-                sock.sendall(message)
-                _recv_exact(sock, MESSAGE_BYTES)
-                rtts.append((time.perf_counter() - t0) * 1e3)
-                next_send = t0 + interval_ms / 1e3
+        every = floor[2] if floor is not None and len(socks) == 2 else 0
+        end = time.perf_counter() + seconds
+        next_send = time.perf_counter()
+        k = 0
+        while (now := time.perf_counter()) < end:
+            if now < next_send:
+                time.sleep(next_send - now)  # pacing: a steady request rate, not a flood
+            which = 1 if every and k % every == every - 1 else 0
+            k += 1
+            t0 = time.perf_counter()
+            rtts, sent = kinds[which]
+            sent.append(round(t0 - perf0, 6))
+            socks[which].sendall(message)
+            _recv_exact(socks[which], MESSAGE_BYTES)
+            rtts.append((time.perf_counter() - t0) * 1e3)
+            next_send = t0 + interval_ms / 1e3
     except OSError as exc:  # socket.timeout included
+        rtts, sent = kinds[which]
         rtts.append((time.perf_counter() - t0) * 1e3)
+        sent[len(rtts) - 1:] = [round(t0 - perf0, 6)]
         error = f"{type(exc).__name__}: {exc}"
-    sent = sent[:len(rtts)] + [round(t0 - perf0, 6)] * (len(rtts) - len(sent))
-    print(json.dumps({"rtt_ms": rtts, "wall0": wall0, "sent_s": sent, "error": error}), flush=True)
+    finally:
+        for sock in socks:
+            sock.close()
+    out = {"rtt_ms": kinds[0][0], "wall0": wall0, "sent_s": kinds[0][1], "error": error}
+    if floor is not None:
+        out.update(floor_rtt_ms=kinds[1][0], floor_sent_s=kinds[1][1], floor_error=floor_error)
+    print(json.dumps(out), flush=True)
 
 
 def bulk_serve(host: str, port: int, accept_timeout_s: float) -> None:
@@ -200,6 +234,7 @@ def udp_flood(host: str, port: int, datagram_bytes: int, max_s: float) -> None:
 
 
 COMMANDS = {"tcp-serve": (tcp_serve, (str, int)), "tcp-client": (tcp_client, (str, int, float, float)),
+            "tcp-client-floor": (tcp_client_floor, (str, int, float, float, str, int, int)),
             "bulk-serve": (bulk_serve, (str, int, float)), "bulk-send": (bulk_send, (str, int, float)),
             "udp-sink": (udp_sink, (str, int, float)), "udp-flood": (udp_flood, (str, int, int, float))}
 

@@ -14,6 +14,7 @@ it is not a measurement of the network (6.1.5 floors its calm side there, harnes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -114,6 +115,67 @@ def timed_round_trips(client: Station, server: Station, *, port: int = DEFAULT_P
         raise ProbeError(f"no round trip completed between {client.name} and {server.name} in {seconds} s",
                          fix="check the fabric link and that the port is not blocked")
     return [(wall0 + t, rtt) for t, rtt in zip(sent, rtts)]
+
+
+@dataclass(frozen=True)
+class FlooredRoundTrips:
+    """Round trips to the server and, interleaved with them, to the floor's echo server:
+    (wall time sent on the client's host, ms) each; ``floor_error``: why there is no floor."""
+    network: list[tuple[float, float]]
+    floor: list[tuple[float, float]]
+    floor_error: str | None = None
+
+
+def timed_round_trips_with_floor(client: Station, server: Station, *, port: int, floor_port: int,
+                                 seconds: float, interval_ms: float, floor_every: int) -> FlooredRoundTrips:
+    """Paced round trips ``client -> server`` for ``seconds``, every ``floor_every``-th of them
+    sent instead over the client host's loopback (:func:`loopback`, its echo server on
+    ``floor_port``). Interleaved, the floor sees the host as the network round trips see it at the
+    same moments (a storm's pauses, a flood's busy CPU or an idle one waking up): taken in a phase
+    of its own it once fell wholly on one side of a storm, and a host that answers 0.03 ms with a
+    busy CPU and 0.4 ms with an idle one read as a storm's latency (CI 2026-12-06). A floor
+    whose echo server cannot start or be reached leaves the floor empty with the reason; the
+    network round trips go on."""
+    floor_station = loopback(client)
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(HostProcess.on(server, _realtime(server, server.ends("tcp-serve", server.address,
+                                                                                       str(port))),
+                                                 name=f"TCP echo server in {server.name}"))
+        if srv.readline(STARTUP_TIMEOUT_S) != "listening":
+            raise ProbeError(f"TCP echo server on {server.address}:{port} in {server.name} did not start",
+                             fix=f"free port {port} on that host (another process may hold it), or read the "
+                                 "echo server's stderr")
+        floor_error = None
+        try:
+            fsrv = stack.enter_context(HostProcess.on(
+                floor_station, _realtime(floor_station, floor_station.ends("tcp-serve", LOOPBACK_ADDRESS,
+                                                                           str(floor_port))),
+                name=f"TCP echo server on {floor_station.name}"))
+            if (line := fsrv.readline(STARTUP_TIMEOUT_S)) != "listening":
+                floor_error = f"its echo server on {floor_station.name} did not start (it printed {line!r})"
+        except ProbeError as exc:   # the server exited: a traceback's last line says why
+            lines = str(exc).strip().splitlines() or [""]
+            floor_error = lines[0] if len(lines) == 1 else f"{lines[0].split('Traceback')[0].rstrip()} {lines[-1]}"
+        if floor_error is None:
+            argv = client.ends("tcp-client-floor", server.address, str(port), f"{seconds:g}", f"{interval_ms:g}",
+                               LOOPBACK_ADDRESS, str(floor_port), str(floor_every))
+        else:
+            argv = client.ends("tcp-client", server.address, str(port), f"{seconds:g}", f"{interval_ms:g}")
+        with HostProcess.on(client, _realtime(client, argv), name=f"TCP RR client in {client.name}") as cli:
+            result = json.loads(cli.readline(seconds + OP_TIMEOUT_S + STARTUP_TIMEOUT_S))
+    rtts, wall0 = result["rtt_ms"], result.get("wall0", 0.0)
+    if result.get("error"):
+        log.warning("TCP round trips %s -> %s stalled: %s", client.name, server.name, result["error"])
+    if not rtts:
+        raise ProbeError(f"no round trip completed between {client.name} and {server.name} in {seconds} s",
+                         fix="check the fabric link and that the port is not blocked")
+    floor_error = floor_error or result.get("floor_error")
+    if floor_error:
+        floor_error = f"loopback floor on port {floor_port} not measured: {floor_error}"
+    return FlooredRoundTrips([(wall0 + t, ms) for t, ms in zip(result["sent_s"], rtts)],
+                             [(wall0 + t, ms) for t, ms in zip(result.get("floor_sent_s") or (),
+                                                               result.get("floor_rtt_ms") or ())],
+                             floor_error)
 
 
 def split_by_spans(items: Sequence[tuple[float, float, float]], spans: Sequence[tuple[float, float]], *,

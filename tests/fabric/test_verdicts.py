@@ -129,7 +129,7 @@ def test_the_floor_is_the_higher_of_the_two_sides_loopback_p99s():
 def test_a_loopback_port_taken_on_the_stormed_host_leaves_the_floor_unmeasured_not_the_item(tmp_path):
     """Planted defect: the loopback floor's echo server failing to bind (its port, probe port + 2,
     held by another process on the stormed host) stops 6.1.5 with an error from the middle of a
-    round. The round goes on without a floor; the verdict's evidence names the port and why, and
+    round, or takes the network round trips with it. The round goes on without a floor; the verdict's evidence names the port and why, and
     judges the calm p99 as measured. Real probe ends on this machine's loopback."""
     import socket
     import sys
@@ -143,8 +143,10 @@ def test_a_loopback_port_taken_on_the_stormed_host_leaves_the_floor_unmeasured_n
         held.listen(1)
         port = held.getsockname()[1] - LOOPBACK_PORT_OFFSET
         here = Station((), "127.0.0.1", "here", python=sys.executable)
-        run = InterleavedStorm(None, None, here, here, here, here, 0, 0, probe_port=port, floor_s=0.2)  # type: ignore[arg-type]
-        assert run.floor_round_trips() == []
+        run = InterleavedStorm(None, None, here, here, here, here, 0, 0, probe_port=port, rr_s=0.4,  # type: ignore[arg-type]
+                               floor_s=0.2)
+        network, floor = run.round_trips()
+        assert floor == [] and len(network) > 50  # the network round trips went on without it
     assert len(run.floor_errors) == 1 and f"port {port + LOOPBACK_PORT_OFFSET}" in run.floor_errors[0], run.floor_errors
     assert "Address already in use" in run.floor_errors[0] or "did not start" in run.floor_errors[0], run.floor_errors
     calm, during = _sample("calm", 0.4, 0.95, n=1700), _sample("during", 1.2, 0.95, n=1700)
@@ -152,6 +154,33 @@ def test_a_loopback_port_taken_on_the_stormed_host_leaves_the_floor_unmeasured_n
     assert v.status == Status.FAIL and v.evidence["rtt_floor"]["p99_ms"] is None
     assert v.evidence["rtt_floor"]["errors"] == run.floor_errors and "not measured" in v.evidence["rtt_floor"]["what"]
     assert f"port {port + LOOPBACK_PORT_OFFSET}" in v.evidence["rtt_floor"]["what"]
+
+
+def test_the_loopback_floor_is_taken_among_the_network_round_trips_not_in_a_phase_of_its_own():
+    """Planted defect: the floor's round trips taken in a phase of their own after the network's
+    (as before 2026-12-06): over SSH the whole phase fell in a calm gap, the storm side had no
+    floor, and an idle host's wake-ups (0.53 ms against a calm 0.14 ms) failed 6.1.5. Here every
+    stretch of the round holds both kinds, one floor round trip in 5. Real probe ends on loopback."""
+    import socket
+    import sys
+
+    from harness.fabric.bandwidth import Station
+    from harness.scenarios.pfc_isolation import InterleavedStorm
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = Station((), "127.0.0.1", "here", python=sys.executable)
+    run = InterleavedStorm(None, None, here, here, here, here, 0, 0, probe_port=port, rr_s=0.8,  # type: ignore[arg-type]
+                           floor_s=0.2)
+    network, floor = run.round_trips()
+    assert run.floor_errors == [] and network and floor
+    assert 3.0 <= len(network) / len(floor) <= 5.0, (len(network), len(floor))   # one in 5 over loopback
+    t0, t1 = network[0][0], network[-1][0]
+    quarter = (t1 - t0) / 4
+    for k in range(4):   # each quarter of the round carries floor round trips
+        assert any(t0 + k * quarter <= sent <= t0 + (k + 1) * quarter for sent, _, _ in floor), k
+    assert all(a <= b and ms >= 0 for a, b, ms in network + floor)
 
 
 def _after(*gbits: float, step: float = 0.4) -> list[tuple[float, float, float]]:
