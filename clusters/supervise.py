@@ -20,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 PR_SET_CHILD_SUBREAPER = 36
@@ -252,12 +252,12 @@ def become_subreaper() -> None:
         log("could not become child subreaper: orphaned server processes are reaped by init instead")
 
 
-def serve(run_dir: Path, ports: object, ready_file: Path | None, scratch: Path,
+def serve(run_dir: Path, ports: object, ready_file: Path | None, scratch: Path | Sequence[Path],
           bring_up: Callable[[Callable[["Supervisor"], None]], dict]) -> int:
     """A launcher's whole life in the foreground; returns its exit code (0 stopped by a signal, 3 error).
 
     Lock ``run_dir`` (a second launcher there is refused), remove stale pid files, the ready file and
-    ``scratch`` (a directory of the last run's state), become child subreaper; then
+    ``scratch`` (a directory of the last run's state, or several), become child subreaper; then
     ``bring_up(register)`` builds the Supervisor, passes it to ``register`` before starting it (so a
     signal during start-up stops it) and returns the READY description, printed and written to
     ``ready_file``; supervise until SIGINT or SIGTERM; stop and reap everything, remove the pid files
@@ -265,7 +265,9 @@ def serve(run_dir: Path, ports: object, ready_file: Path | None, scratch: Path,
     lock = lock_run_dir(run_dir, ports)  # held until this process exits
     if lock is None:
         return 3
-    shutil.rmtree(scratch, ignore_errors=True)
+    scratches = [scratch] if isinstance(scratch, Path) else list(scratch)
+    for folder in scratches:
+        shutil.rmtree(folder, ignore_errors=True)
     for stale in [*run_dir.glob("*.pid"), *([ready_file] if ready_file else [])]:
         stale.unlink(missing_ok=True)
     become_subreaper()
@@ -296,6 +298,7 @@ def serve(run_dir: Path, ports: object, ready_file: Path | None, scratch: Path,
             for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the clean-up short
                 signal.signal(sig, signal.SIG_IGN)
             held[0].stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in scratches:
+            shutil.rmtree(folder, ignore_errors=True)
         for pid_file in run_dir.glob("*.pid"):  # stale pids could name unrelated processes later
             pid_file.unlink(missing_ok=True)

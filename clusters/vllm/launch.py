@@ -20,10 +20,12 @@ EngineCore (``<name>::EngineCore``, the scheduler loop) -> Worker (``<name>::Wor
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from clusters import supervise
@@ -80,6 +82,14 @@ def kv_pool_args(kv_cache_tokens: int | None) -> list[str]:
     return ["--block-size", str(KV_BLOCK_SIZE), "--num-gpu-blocks-override", str(blocks)]
 
 
+def rpc_dir(run_dir: Path) -> Path:
+    """Where the instances' vLLM processes put their ZMQ IPC sockets (``VLLM_RPC_BASE_PATH``):
+    vLLM's default is the temp folder itself, and an instance killed by 6.1.4 leaves its sockets
+    there for good (about 60 an hour of CI were found in /tmp). One folder per run folder, short
+    (a socket path holds at most 107 bytes), removed at start and stop with the run's scratch."""
+    return Path(tempfile.gettempdir()) / f"harness-vllm-rpc-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
+
+
 def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
           kv_cache_tokens: int | None = None) -> tuple[list[Instance], Instance]:
     python, router_bin = venv / "bin" / "python", venv / "bin" / "vllm-router"
@@ -96,7 +106,8 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
             extra = (pool or ["--block-size", str(KV_BLOCK_SIZE)]) + ["--kv-transfer-config", json.dumps({
                 "kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}})]
-        env = {**os.environ, **ENGINE_ENV, "VLLM_PROCESS_NAME_PREFIX": name}
+        rpc_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **ENGINE_ENV, "VLLM_PROCESS_NAME_PREFIX": name, "VLLM_RPC_BASE_PATH": str(rpc_dir(run_dir))}
         instances.append(Instance(name, vllm_argv(python, model_dir, port, extra), env,
                                   run_dir / f"{name}.log", f"http://127.0.0.1:{port}/health", run_dir))
     urls = [f"http://127.0.0.1:{p}" for p in ports["instances"].values()]
@@ -151,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                 "instances": {i.name: {"api": i.health_url.rsplit("/", 1)[0], "pid": i.popen.pid,
                                        "engine_pid": i.engine_pid} for i in instances}}
 
-    # the file connector's KV (about 1 KB per token) is the run's scratch, removed at start and stop
-    return serve(run_dir, PORTS[args.mode], args.ready_file, run_dir / "kv-store", bring_up)
+    # the file connector's KV (about 1 KB per token) and vLLM's IPC sockets are the run's scratch,
+    # removed at start and stop
+    return serve(run_dir, PORTS[args.mode], args.ready_file, [run_dir / "kv-store", rpc_dir(run_dir)], bring_up)
 
 if __name__ == "__main__":
     sys.exit(main())

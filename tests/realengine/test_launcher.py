@@ -102,3 +102,45 @@ def test_a_second_launcher_in_the_same_run_dir_is_refused(tmp_path):
     assert out.returncode == 3, out.stdout + out.stderr
     assert "another launcher (pid 4242) already runs" in out.stdout
     assert (tmp_path / "vllm-0.pid").read_text() == "4243\n"  # the running launcher's files are left alone
+
+
+def test_vllm_ipc_sockets_go_to_a_short_folder_of_the_run_that_serve_removes(tmp_path):
+    """Planted defect: vLLM's default VLLM_RPC_BASE_PATH (the temp folder itself): every instance
+    6.1.4 kills leaves its ZMQ sockets in /tmp for good (about 60 an hour of CI were found there).
+    Each instance gets the run's own folder, short enough for a socket path (107 bytes with vLLM's
+    uuid), and serve() removes it with the KV store at start and at stop (a child process, as the
+    launcher runs: serve() takes over its signals and makes it a subreaper). Stand-in venv, no vLLM."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("python", "vllm-router"):
+        (venv / "bin" / name).write_text("")
+    run_dir = tmp_path / ("a-long-run-folder-name-" * 4)
+    script = textwrap.dedent(f"""
+        import json, sys
+        from pathlib import Path
+        from clusters import supervise
+        from clusters.vllm import launch
+        run_dir, venv = Path({str(run_dir)!r}), Path({str(venv)!r})
+        instances, _ = launch.build("agg", venv, venv / "model", run_dir)
+        rpc = launch.rpc_dir(run_dir)
+        (rpc / "left-by-a-killed-engine").write_text("")   # a stale socket of the last run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        seen = {{}}
+
+        def bring_up(register):
+            seen["at_start"] = rpc.exists()
+            launch.build("agg", venv, venv / "model", run_dir)   # as the launcher does: makes it again
+            (rpc / "socket").write_text("")
+            raise KeyboardInterrupt   # as the launcher's signal handler does when it is stopped
+
+        rc = supervise.serve(run_dir, {{}}, None, [run_dir / "kv-store", rpc], bring_up)
+        print(json.dumps({{"rc": rc, "env": sorted({{i.env["VLLM_RPC_BASE_PATH"] for i in instances}}),
+                          "rpc": str(rpc), "other": str(launch.rpc_dir(run_dir / "other")),
+                          "at_start": seen["at_start"], "at_stop": rpc.exists()}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0 and got["env"] == [got["rpc"]] and got["other"] != got["rpc"]
+    assert len(f"{got['rpc']}/{'0' * 36}") <= 107
+    assert got["at_start"] is False and got["at_stop"] is False   # removed at start and at stop
