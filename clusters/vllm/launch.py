@@ -20,6 +20,7 @@ EngineCore (``<name>::EngineCore``, the scheduler loop) -> Worker (``<name>::Wor
 from __future__ import annotations
 
 import argparse
+import getpass
 import hashlib
 import json
 import os
@@ -83,10 +84,12 @@ def kv_pool_args(kv_cache_tokens: int | None) -> list[str]:
 
 
 def rpc_dir(run_dir: Path) -> Path:
-    """Where the instances' vLLM processes put their ZMQ IPC sockets (``VLLM_RPC_BASE_PATH``):
-    vLLM's default is the temp folder itself, and an instance killed by 6.1.4 leaves its sockets
-    there for good (about 60 an hour of CI were found in /tmp). One folder per run folder, short
-    (a socket path holds at most 107 bytes), removed at start and stop with the run's scratch."""
+    """The instances' temp folder (``TMPDIR``, and ``VLLM_RPC_BASE_PATH`` for their ZMQ IPC
+    sockets): vLLM's default is the temp folder itself, and an instance killed by 6.1.4 leaves its
+    sockets and its ``vllm_dist_*`` rendezvous file there for good (about 800 sockets and 40 files
+    were found in /tmp after a day of CI). One folder per run folder, short (a socket path holds at
+    most 107 bytes), removed at start and stop with the run's scratch. Torch's compile cache stays
+    where it was (``TORCHINDUCTOR_CACHE_DIR``), kept between runs."""
     return Path(tempfile.gettempdir()) / f"harness-vllm-rpc-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
 
 
@@ -107,7 +110,9 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
                 "kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}})]
         rpc_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **ENGINE_ENV, "VLLM_PROCESS_NAME_PREFIX": name, "VLLM_RPC_BASE_PATH": str(rpc_dir(run_dir))}
+        env = {**os.environ, **ENGINE_ENV, "VLLM_PROCESS_NAME_PREFIX": name, "VLLM_RPC_BASE_PATH": str(rpc_dir(run_dir)),
+               "TMPDIR": str(rpc_dir(run_dir)), "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
+                   "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))}
         instances.append(Instance(name, vllm_argv(python, model_dir, port, extra), env,
                                   run_dir / f"{name}.log", f"http://127.0.0.1:{port}/health", run_dir))
     urls = [f"http://127.0.0.1:{p}" for p in ports["instances"].values()]

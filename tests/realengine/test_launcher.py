@@ -105,8 +105,8 @@ def test_a_second_launcher_in_the_same_run_dir_is_refused(tmp_path):
 
 
 def test_vllm_ipc_sockets_go_to_a_short_folder_of_the_run_that_serve_removes(tmp_path):
-    """Planted defect: vLLM's default VLLM_RPC_BASE_PATH (the temp folder itself): every instance
-    6.1.4 kills leaves its ZMQ sockets in /tmp for good (about 60 an hour of CI were found there).
+    """Planted defect: vLLM's default temp folder (/tmp itself): every instance 6.1.4 kills leaves
+    its ZMQ sockets and vllm_dist_* file in /tmp for good (about 800 and 40 found there).
     Each instance gets the run's own folder, short enough for a socket path (107 bytes with vLLM's
     uuid), and serve() removes it with the KV store at start and at stop (a child process, as the
     launcher runs: serve() takes over its signals and makes it a subreaper). Stand-in venv, no vLLM."""
@@ -134,7 +134,8 @@ def test_vllm_ipc_sockets_go_to_a_short_folder_of_the_run_that_serve_removes(tmp
             raise KeyboardInterrupt   # as the launcher's signal handler does when it is stopped
 
         rc = supervise.serve(run_dir, {{}}, None, [run_dir / "kv-store", rpc], bring_up)
-        print(json.dumps({{"rc": rc, "env": sorted({{i.env["VLLM_RPC_BASE_PATH"] for i in instances}}),
+        print(json.dumps({{"rc": rc, "env": sorted({{i.env[k] for i in instances for k in ("VLLM_RPC_BASE_PATH", "TMPDIR")}}),
+                          "compile_cache": sorted({{i.env["TORCHINDUCTOR_CACHE_DIR"] for i in instances}}),
                           "rpc": str(rpc), "other": str(launch.rpc_dir(run_dir / "other")),
                           "at_start": seen["at_start"], "at_stop": rpc.exists()}}))
     """)
@@ -142,5 +143,6 @@ def test_vllm_ipc_sockets_go_to_a_short_folder_of_the_run_that_serve_removes(tmp
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["rc"] == 0 and got["env"] == [got["rpc"]] and got["other"] != got["rpc"]
+    assert len(got["compile_cache"]) == 1 and not got["compile_cache"][0].startswith(got["rpc"])  # kept between runs
     assert len(f"{got['rpc']}/{'0' * 36}") <= 107
     assert got["at_start"] is False and got["at_stop"] is False   # removed at start and at stop
