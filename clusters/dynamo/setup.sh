@@ -33,7 +33,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip --disable-pip-version-check -q)
+retry() {  # retry N CMD...: a download cut short ("Response ended prematurely") is not a failed install
+  local n=$1 k=1; shift
+  until "$@"; do
+    ((k < n)) || return 1
+    say "attempt $k of $n failed: $*; again in $((k * 10)) s"; sleep $((k * 10)); k=$((k + 1))
+  done
+}
+PIP=(retry 3 "$PY" -m pip --disable-pip-version-check -q)
 wheels=$(mktemp -d)
 trap 'rm -rf "$wheels"' EXIT
 say "pip download --no-deps ai-dynamo==$VERSION ai-dynamo-runtime==$VERSION"

