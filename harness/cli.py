@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("harness.clusterfile.cli", "print the cluster file's (--checklist: the checklist's) JSON Schema, or --check files"),
     "sshd-test": ("harness.cli_hosts", "test sshd(s) in the emulated fabric's namespaces (or on loopback): up|down"),
     "gpu-fill": ("harness.cli_hosts", "hold N GiB (or a fraction) of a CUDA device's memory until killed"),
+    "compare": ("harness.cli_compare", "a candidate run against a baseline run: regressed, within tolerance or undecided"),
 }
 
 

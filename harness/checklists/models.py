@@ -80,11 +80,37 @@ class ItemEntry(StrictModel):
         return value
 
 
+class ToleranceEntry(StrictModel):
+    """How much worse than the baseline's a candidate's figure may be (``python -m harness compare``)."""
+
+    max_increase: float = field_with_fix("write a fraction such as 0.10 (at most 10 % higher than the baseline)",
+                                         "the candidate's figure over the baseline's may be at most 1 + this",
+                                         ge=0, allow_inf_nan=False)
+
+
+class RegressionEntry(StrictModel):
+    """The checklist's ``regression:`` section: the rollout comparison's tolerances (docs/compare.md)."""
+
+    alpha: float = field_with_fix("write a chance such as 0.05", "the chance, over one comparison's figures "
+                                  "together, of calling a figure regressed that is within its tolerance; the same "
+                                  "of calling one within tolerance that regressed", gt=0, lt=0.5, allow_inf_nan=False)
+    figures: dict[str, dict[str, ToleranceEntry]] = field_with_fix(
+        "write `figures: {\"6.2.ttft\": {ttft_p99_ms: {max_increase: 0.10}}}`", min_length=1)
+
+    @field_validator("figures", mode="before")
+    @classmethod
+    def _figure_items_are_text(cls, value: Any) -> Any:
+        return _text_keys(value)
+
+
 class ChecklistFile(StrictModel):
     """A checklist file (``checklists/section6.yaml``)."""
 
     version: Literal[1] | None = field_with_fix("write `version: 1`", default=None)
     items: dict[str, ItemEntry] = field_with_fix("list checklist items under `items:`", min_length=1)
+    regression: RegressionEntry | None = field_with_fix(
+        "write `regression: {alpha: 0.05, figures: {...}}`", "tolerances of `harness compare` (docs/compare.md)",
+        default=None)
 
     @field_validator("items", mode="before")
     @classmethod
@@ -126,9 +152,17 @@ class ChecklistItem(_Frozen):
 _OVERRIDES = TypeAdapter(dict[str, dict[str, float]], config=ConfigDict(strict=True, allow_inf_nan=False))
 
 
+class Regression(_Frozen):
+    """Tolerances of the rollout comparison: {item: {figure: max_increase}} and the comparison's alpha."""
+
+    alpha: float
+    tolerances: Mapping[str, Mapping[str, float]]
+
+
 class Checklist(_Frozen):
     path: str
     items: Mapping[str, ChecklistItem]
+    regression: Regression | None = None
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_CHECKLIST) -> "Checklist":
@@ -149,7 +183,19 @@ class Checklist(_Frozen):
             thresholds={key: Threshold(item=item_id, key=key, value=t.value, op=t.op, unit=t.unit, origin=origin,
                                        article=t.origin == "article") for key, t in entry.thresholds.items()})
             for item_id, entry in parsed.items.items()}
-        return cls(path=origin, items=items)
+        regression = None
+        if (r := parsed.regression) is not None:
+            for item_id, figures in r.figures.items():
+                if item_id not in items:
+                    raise field_error(origin, f"regression.figures.{item_id}", "unknown checklist item",
+                                      f"use one of {', '.join(items)}")
+                for key in figures:   # a figure is one of the item's thresholds: the same measurement
+                    if key not in items[item_id].thresholds:
+                        raise field_error(origin, f"regression.figures.{item_id}.{key}", "unknown figure",
+                                          f"use one of {', '.join(items[item_id].thresholds)}")
+            regression = Regression(alpha=r.alpha, tolerances={i: {k: t.max_increase for k, t in f.items()}
+                                                               for i, f in r.figures.items()})
+        return cls(path=origin, items=items, regression=regression)
 
     def item(self, item_id: str) -> ChecklistItem:
         try:
