@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.checks.slo import client_samples  # noqa: E402
-from harness.probes.records import read_records  # noqa: E402
+from harness.probes.client.records import read_records  # noqa: E402
 from harness.stats.dependence import autocorrelations, percentile_dependence  # noqa: E402
 
 

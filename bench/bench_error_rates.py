@@ -50,7 +50,7 @@ from harness.checks.slo import slo_verdicts_of  # noqa: E402
 from harness.checks.soak import slo_windows_verdict  # noqa: E402
 from harness.checks.verdict import Measurement, Verdict, judge  # noqa: E402
 from harness.fabric.tcpprobe import TcpClassSample  # noqa: E402
-from harness.probes.record_digest import RecordDigest  # noqa: E402
+from harness.probes.client.record_digest import RecordDigest  # noqa: E402
 from harness.stats import levels  # noqa: E402
 from harness.stats import nearest_rank  # noqa: E402
 from harness.stats.intervals import percentile_interval  # noqa: E402

@@ -16,10 +16,10 @@ import argparse
 import tempfile
 
 from harness.engine.serving.server import ServerProcess
-from harness.probes.analysis import summarize
-from harness.probes.load import LoadRunner
-from harness.probes.prometheus import PrometheusScraper
-from harness.probes.workload import LoadProfile
+from harness.probes.client.analysis import summarize
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.metrics.prometheus import PrometheusScraper
+from harness.probes.loadgen.workload import LoadProfile
 
 
 def run(url: str, users: int, rate: float, duration_s: float, max_tokens: int) -> tuple[dict, float]:

@@ -29,7 +29,7 @@ import threading
 import time
 
 from harness.engine.pd.topology import Topology
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
 PRESET = "tiny"
 

@@ -12,8 +12,8 @@ many --workers N --per-process 8``, its own run dir and a cluster file written f
    own high-water mark (``VmHWM``). The load is the suites' default at every size (4 users), so the
    ratios show what the worker count itself costs the harness;
 2. **records per second ingested**: that run's request records (its ``requests*.jsonl``) read with
-   ``harness.probes.records.iter_records`` again and again for at least a second, then summarized
-   (``harness.probes.analysis.summarize``: the percentiles every suite computes) repeated to 20 000
+   ``harness.probes.client.records.iter_records`` again and again for at least a second, then summarized
+   (``harness.probes.client.analysis.summarize``: the percentiles every suite computes) repeated to 20 000
    records; bytes per record;
 3. **the report**: ``results.json`` and ``report.html`` sizes, ``render_html`` of the results.json
    read back, and headless Chromium loading the report (``--dump-dom``; its verdict rows checked);
@@ -82,13 +82,13 @@ from harness.faults.fanout import MAX_PARALLEL, fan_out, plan_fanout, revert_fan
 from harness.faults.ledger import STATE_DIR_ENV  # noqa: E402
 from harness.faults.selectors import Selector  # noqa: E402
 from harness.fixtures import make_fault_runner  # noqa: E402
-from harness.probes.analysis import summarize  # noqa: E402
-from harness.probes.load_distributed import runner_for  # noqa: E402
-from harness.probes.prometheus import PrometheusScraper  # noqa: E402
-from harness.probes.procfs import cmdline, cpu_and_start_seconds, descendants  # noqa: E402
-from harness.probes.records import iter_records  # noqa: E402
+from harness.probes.client.analysis import summarize  # noqa: E402
+from harness.probes.loadgen.load_distributed import runner_for  # noqa: E402
+from harness.probes.metrics.prometheus import PrometheusScraper  # noqa: E402
+from harness.probes.machine_health.procfs import cmdline, cpu_and_start_seconds, descendants  # noqa: E402
+from harness.probes.client.records import iter_records  # noqa: E402
 from harness.report.html import render_html  # noqa: E402
-from harness.probes.workload import LoadProfile  # noqa: E402
+from harness.probes.loadgen.workload import LoadProfile  # noqa: E402
 from harness.report.jsonout import read_json  # noqa: E402
 from harness.scenarios.migration_on_loss import migration_count  # noqa: E402
 from harness.scenarios.reschedule import wait_serving  # noqa: E402

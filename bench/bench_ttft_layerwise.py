@@ -21,7 +21,7 @@ import statistics
 
 from harness.engine.pd.topology import Topology
 from harness.engine.admin.client import AdminClient
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
 SEED_TABLE = {2048: (45, 12), 8192: (180, 35), 32768: (720, 110)}  # ms: whole vs layer-wise, 70B on H100s
 MODES = ("whole", "layerwise")

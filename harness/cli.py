@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("harness.engine.core.config", "list model presets with their KV bytes per token"),
     "revert": ("harness.faults.cli", "revert every fault still recorded in the fault ledger"),
     "fault": ("harness.cli_fault", "fan one fault out over targets a selector picks (--select percent:25), hold, revert"),
-    "load": ("harness.probes.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
+    "load": ("harness.probes.loadgen.cli", "drive Locust load against an OpenAI-compatible server and summarise latency"),
     "fabric": ("harness.fabric.cli", "the emulated fabric: status, remove a dead run's leftovers, measure"),
     "schema": ("harness.clusterfile.cli", "print the cluster file's (--checklist: the checklist's) JSON Schema, or --check files"),
     "sshd-test": ("harness.cli_hosts", "test sshd(s) in the emulated fabric's namespaces (or on loopback): up|down"),

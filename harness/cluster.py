@@ -81,8 +81,8 @@ class ClusterHandle:
 
     def streaming_client(self, **kwargs: Any) -> Any:
         """A StreamingClient for this cluster's API with its model and API key (kwargs override)."""
-        from harness.probes.request_shape import request_shape
-        from harness.probes.streaming import StreamingClient
+        from harness.probes.client.request_shape import request_shape
+        from harness.probes.client.streaming import StreamingClient
 
         return StreamingClient(self.api_url, **{"model": self.model, "api_key": self.api_key(),
                                                 "request_shape": request_shape(self.engine), **kwargs})
@@ -90,7 +90,7 @@ class ClusterHandle:
     def scraper(self, url: str | None = None, **kwargs: Any) -> Any:
         """A PrometheusScraper of ``url`` (default: endpoints.metrics) read with this engine's metric
         profile and API key; a ConfigError when there is no metrics URL or no profile."""
-        from harness.probes.prometheus import PrometheusScraper
+        from harness.probes.metrics.prometheus import PrometheusScraper
 
         url = url or self.metrics_url
         if url is None or self.spec.metric_profile is None:
@@ -107,8 +107,8 @@ class ClusterHandle:
 
     def metrics_source(self, profile: str | None = None) -> Any:
         """Where the suites read engine metrics: a PrometheusSource of ``prometheus_url`` when set, else a
-        ScrapeSource with this cluster's API key (harness.probes.metrics_source); close it after use."""
-        from harness.probes.metrics_source import metrics_source
+        ScrapeSource with this cluster's API key (harness.probes.metrics.metrics_source); close it after use."""
+        from harness.probes.metrics.metrics_source import metrics_source
 
         return metrics_source(self, profile)
 
@@ -187,7 +187,7 @@ def open_cluster(spec: ClusterSpec, checklist: Checklist | None = None, *,
         assert spec.endpoints is not None
         if send:  # a dry run contacts nothing: it needs neither the API nor its key
             _check_reachable(spec.endpoints.api, spec, spec.api_key())
-            from harness.probes.request_shape import check_request_shape, request_shape
+            from harness.probes.client.request_shape import check_request_shape, request_shape
 
             # a server that rejects a field the harness sends would fail every request: say so now
             check_request_shape(spec.endpoints.api, request_shape(spec.engine_name), model=spec.model,

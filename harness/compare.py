@@ -36,7 +36,7 @@ from typing import Any
 from harness.checklists import Checklist
 from harness.checks.slo import client_samples
 from harness.errors import ConfigError
-from harness.probes.records import read_records
+from harness.probes.client.records import read_records
 from harness.stats import nearest_rank
 from harness.stats.interval import Interval, more_to_decide
 from harness.stats.intervals import percentile_interval

@@ -15,8 +15,8 @@ from harness.checks.verdict import Verdict
 from harness.plugin_state import harness_state, show
 
 if TYPE_CHECKING:
-    from harness.probes.load import LoadRunner
-    from harness.probes.machine import MachineMonitor
+    from harness.probes.loadgen.load import LoadRunner
+    from harness.probes.machine_health.machine import MachineMonitor
 
 MACHINE = pytest.StashKey["MachineMonitor"]()  # the session's test-machine monitor while the cluster is up
 
@@ -78,7 +78,7 @@ class Conformance:
     def add_latency(self, records: list[Any], *, window_s: float = 2.0, frame: Any = None) -> None:
         """Percentiles over time of TTFT and TPOT (ok requests only) for the report's charts; from
         ``frame`` (``start_wall_ns``, ``ok`` and the metrics' columns) instead of records when given."""
-        from harness.probes.analysis import requests_frame, windowed_frame
+        from harness.probes.client.analysis import requests_frame, windowed_frame
 
         t0_ns = int(self._state.result.started * 1e9)
         df = requests_frame(records) if frame is None else frame.copy()
@@ -112,7 +112,7 @@ class Conformance:
         return self._state.seen_events
 
     def add_timeline(self, entries: list[dict[str, Any]]) -> None:
-        """Entries of :func:`harness.probes.timeline.merge_timeline`."""
+        """Entries of :func:`harness.probes.client.timeline.merge_timeline`."""
         self.timeline_added = True
         for e in entries:
             detail = e.get("detail")

@@ -25,9 +25,9 @@ if TYPE_CHECKING:  # imported where used: the plugin loads this module before an
     from harness.cluster import ClusterHandle
     from harness.faults import FaultRunner
     from harness.engine.admin.models import EngineEvent, AdminWorker
-    from harness.probes.gpu_hosts import HostGpuWatch
-    from harness.probes.load import LoadRunner
-    from harness.probes.machine import MachineMonitor
+    from harness.probes.workers.gpu_hosts import HostGpuWatch
+    from harness.probes.loadgen.load import LoadRunner
+    from harness.probes.machine_health.machine import MachineMonitor
     from harness.signals import SignalOwner
 
 
@@ -83,10 +83,10 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[ClusterHandle]:
 
 
 def _watch_host_gpus(config: pytest.Config, handle: ClusterHandle) -> HostGpuWatch | None:
-    """GPU state of the cluster's SSH hosts when it is attached (harness/probes/gpu_hosts.py); None
+    """GPU state of the cluster's SSH hosts when it is attached (harness/probes/workers/gpu_hosts.py); None
     without SSH hosts or in a dry run (it runs commands on the hosts)."""
     from harness.faults.ledger import state_dir
-    from harness.probes.gpu_hosts import HostGpuWatch
+    from harness.probes.workers.gpu_hosts import HostGpuWatch
 
     if harness_state(config).options.dry_run:
         return None
@@ -100,8 +100,8 @@ def _watch_host_gpus(config: pytest.Config, handle: ClusterHandle) -> HostGpuWat
 
 def _watch_machine(config: pytest.Config) -> MachineMonitor:
     """The test machine's health (CPU pressure, the load generator's and engine's run-queue wait,
-    timer lag) sampled until the cluster's session ends: harness/probes/machine.py."""
-    from harness.probes.machine import MachineMonitor
+    timer lag) sampled until the cluster's session ends: harness/probes/machine_health/machine.py."""
+    from harness.probes.machine_health.machine import MachineMonitor
 
     monitor = MachineMonitor().start()
     config.stash[MACHINE] = monitor
@@ -232,7 +232,7 @@ def faults(cluster: ClusterHandle, harness_options: HarnessOptions, conformance:
         # every step on the timeline: all of them for a suite stopped before its epilogue (a signal, a
         # crash), else the ones after it (a revert in this teardown)
         if missing := conformance.missing_fault_records(runner.records):
-            from harness.probes.timeline import merge_timeline
+            from harness.probes.client.timeline import merge_timeline
 
             conformance.add_timeline(merge_timeline(faults=missing, seen_events=conformance.seen_events))
         if scratch is not None:
@@ -253,9 +253,9 @@ def load(cluster: ClusterHandle, harness_options: HarnessOptions, conformance: C
     options); every run is stopped and reaped when the test ends."""
     from harness.faults.ledger import state_dir
     from harness.hosts import AuditLog
-    from harness.probes.load import LoadRunner
-    from harness.probes.load_distributed import runner_for
-    from harness.probes.workload import LoadProfile, workload_profile
+    from harness.probes.loadgen.load import LoadRunner
+    from harness.probes.loadgen.load_distributed import runner_for
+    from harness.probes.loadgen.workload import LoadProfile, workload_profile
 
     runs: list[LoadRunner] = []
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.probes.records import write_records
+from harness.probes.client.records import write_records
 from tests.checks.test_slo import rec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ def test_the_cluster_file_lists_the_processes_the_launcher_starts(tmp_path, work
 
 def test_with_load_hosts_the_cluster_file_names_them_and_the_master_listens_on_the_frontend_s_address(tmp_path):
     """--load-hosts: the frontend on the namespaces' gateway, the load hosts under load_hosts:, the master there."""
-    from harness.probes.load_hosts import load_host_targets
+    from harness.probes.loadgen.load_hosts import load_host_targets
 
     ssh = {"user": "root", "key_file": str(tmp_path / "key"), "known_hosts": str(tmp_path / "kh")}
     hosts = [{"name": f"pdg-h{i}", "address": f"198.18.72.{i + 1}", "ssh": ssh, "python": sys.executable,

@@ -15,7 +15,7 @@ import pytest
 from harness.checklists import Checklist, default_checklist
 from harness.compare import compare_figure, compare_runs, load_run
 from harness.errors import ConfigError
-from harness.probes.records import RequestRecord, write_records
+from harness.probes.client.records import RequestRecord, write_records
 
 ROOT = Path(__file__).resolve().parents[1]
 MS = 1_000_000

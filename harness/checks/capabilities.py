@@ -201,7 +201,7 @@ def dcgm_workers(spec: Any) -> list[Any]:
 
 
 def _profile(name: str) -> dict[str, str]:
-    from harness.probes.prometheus import ENGINE_PROFILES
+    from harness.probes.metrics.prometheus import ENGINE_PROFILES
 
     return ENGINE_PROFILES.get(name, {})
 

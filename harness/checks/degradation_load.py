@@ -2,7 +2,7 @@
 
 The cluster file states, per level, the KV use above which the level holds and what the cluster
 must do there (``degradation.levels``: reject new requests with a status and Retry-After, cap
-completions, queue without errors, no errors). harness/probes/kv_drive.py drove KV use (the
+completions, queue without errors, no errors). harness/probes/loadgen/kv_drive.py drove KV use (the
 engine's own metric) over each threshold with long-prompt streams. A level is in force from a KV
 sample inside its band (at or above its threshold, below the next one) until the next sample. This
 check judges, per level:
@@ -31,8 +31,8 @@ from harness.checks.degradation import ITEM
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.stats.intervals import RESOLUTION, Interval, measured_within
-from harness.probes.kv_drive import DriveResult, KvSample
-from harness.probes.records import NOT_SENT, RequestRecord
+from harness.probes.loadgen.kv_drive import DriveResult, KvSample
+from harness.probes.client.records import NOT_SENT, RequestRecord
 
 _RETRY_AFTER = re.compile(r"\(Retry-After: [^)]+\)")  # how the streaming client keeps the header
 _MAX_LISTED = 10

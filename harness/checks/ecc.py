@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 ITEM = "ecc"
 

@@ -2,7 +2,7 @@
 checks its histories): every request ends completed and token-exact against the oracle, or
 rejected or failed with a clear error from the server; none hangs, none is silently wrong.
 
-Classification of one :class:`~harness.probes.records.RequestRecord`:
+Classification of one :class:`~harness.probes.client.records.RequestRecord`:
 
 * ``ok`` and the stream finished: **completed**; compared token by token with the oracle when
   one is given (bundled engine), else only checked for internal consistency (usage vs stream).
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Status, Verdict, judge
-from harness.probes.records import NOT_SENT, RequestRecord
+from harness.probes.client.records import NOT_SENT, RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Checklist item soak.leaks: no engine process leaks KV blocks, memory, file descriptors or
 threads across the faults of a soak run (issue 27), judged from the leak sampler's readings
-(harness/probes/leaks.py) and the KV blocks each worker held idle before the run and after the load
+(harness/probes/workers/leaks.py) and the KV blocks each worker held idle before the run and after the load
 drained (the soak runner reads both when nothing is in flight).
 
 - KV blocks: a worker holding more blocks idle after the run than idle before it, by more than
@@ -36,7 +36,7 @@ from typing import Any, Iterable, Sequence
 
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Status, Verdict, judge
-from harness.probes.leaks import LeakSample
+from harness.probes.workers.leaks import LeakSample
 from harness.stats.slope import SEGMENTED, THEIL_SEN, Slope, binned_medians, segmented_theil_sen, theil_sen
 
 ITEM = "soak.leaks"
@@ -363,7 +363,7 @@ def _harness(run: _Run, band: Threshold, rules: Rules) -> tuple[dict[str, Any], 
         "band": value, "interval": interval.to_dict(), "slope_mb_per_h": slope.scaled(HOUR_S).to_dict(),
         "observed_s": _round(observed), "judged": judged or early, "early_fail": early}
     blocks = [b for t, b in run.py_blocks if t >= start]
-    if blocks:   # evidence beside RSS: Python's own live blocks (harness/probes/selfmem.py)
+    if blocks:   # evidence beside RSS: Python's own live blocks (harness/probes/machine_health/selfmem.py)
         out["py_blocks"] = {"ref": blocks[0], "max": max(blocks), "last": blocks[-1],
                             "band": (max(blocks) - blocks[0]) / blocks[0] if blocks[0] > 0 else 0.0}
     if not (judged or early):

@@ -1,6 +1,6 @@
 """Is the test machine too starved for a timing verdict to be about the cluster? (pure, no I/O)
 
-The figures come from :meth:`harness.probes.machine.MachineMonitor.window`, one dict per
+The figures come from :meth:`harness.probes.machine_health.machine.MachineMonitor.window`, one dict per
 measurement window. Above the stated :class:`MachineLimits` a window is *starved*: the load
 generator (or the harness, or the bundled engine) waited for a CPU long enough to move a latency
 or bandwidth figure by itself. Then:
@@ -51,7 +51,7 @@ COMPARED_ITEMS = frozenset({"6.1.2", "6.1.5", "nic-flap"})  # judged as a ratio/
 
 @dataclass(frozen=True)
 class MachineLimits:
-    """Above any of these a window is starved (figures of harness.probes.machine.summarise).
+    """Above any of these a window is starved (figures of harness.probes.machine_health.machine.summarise).
     Measured on the main job, 2 CPUs (docs/load-and-metrics.md, "Test machine health")."""
 
     # the share of the window in which some runnable task had no CPU: the main job keeps the 2 CPUs

@@ -32,7 +32,7 @@ from harness.stats.intervals import percentile_interval, share_statement
 from harness.checks.reschedule import nearest_rank
 from harness.checklists import Checklist, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 from harness.states import EventKind
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from harness.checks.migration import Assessment, MigrationSample
-from harness.probes.records import NOT_SENT, RequestRecord
+from harness.probes.client.records import NOT_SENT, RequestRecord
 from harness.evidence.records import KillWindow
 
 MIN_GAPS_BEFORE = 3   # inter-chunk gaps a stream needs before the kill for a typical gap

@@ -32,14 +32,14 @@ from harness.stats.intervals import RESOLUTION, Interval, across, measured_withi
 from harness.stats import nearest_rank  # noqa: F401  (also imported from here by migration.py)
 from harness.checklists import Checklist, ChecklistItem, Threshold
 from harness.checks.verdict import Measurement, Verdict, judge
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 from harness.evidence.fault_marks import FaultMark, affected_request_id
 from harness.states import EventKind, PD_ROLES
 
-from harness.probes.rejoin import POLL_S, not_observed
+from harness.probes.workers.rejoin import POLL_S, not_observed
 
 if TYPE_CHECKING:
-    from harness.probes.rejoin import Rejoin
+    from harness.probes.workers.rejoin import Rejoin
 
 ITEM = "6.1.4"
 # one clock reading's error: wall time (1 us) read beside the perf counter that times the client's

@@ -20,7 +20,7 @@ stream that ended without a final state, or was cut with no error from the serve
 nothing-lost failure and is named.
 
 A worker the harness restarted or resumed must also be taken back: the longest time the cluster
-kept a healthy worker out of its traffic (harness/probes/rejoin.py) is judged against the item's
+kept a healthy worker out of its traffic (harness/probes/workers/rejoin.py) is judged against the item's
 ``rejoin_limit_s``; the one-line reason names it ("vllm-router kept vllm-1 out for 104 s after it
 was healthy") whether or not it is the headline.
 """
@@ -37,8 +37,8 @@ from harness.checks.reschedule import EVENT_CLOCK_RESOLUTION_S, ITEM, time_measu
 from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
-from harness.probes.records import NOT_SENT, RequestRecord
-from harness.probes.rejoin import POLL_S, Rejoin, not_observed
+from harness.probes.client.records import NOT_SENT, RequestRecord
+from harness.probes.workers.rejoin import POLL_S, Rejoin, not_observed
 from harness.evidence.records import ClientFault
 from harness.evidence.fault_marks import first_success_sent_after, record_wall_s as _wall
 

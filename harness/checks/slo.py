@@ -31,11 +31,11 @@ from harness.stats.intervals import percentile_interval
 from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, Verdict, judge
-from harness.probes.analysis import requests_frame
+from harness.probes.client.analysis import requests_frame
 from harness.errors import ProbeError
-from harness.probes.prometheus import (ENGINE_PROFILES, PrometheusScraper, Sample, engine_of, histogram_quantile,
+from harness.probes.metrics.prometheus import (ENGINE_PROFILES, PrometheusScraper, Sample, engine_of, histogram_quantile,
                                        profile_for)
-from harness.probes.records import NOT_SENT, RequestRecord
+from harness.probes.client.records import NOT_SENT, RequestRecord
 
 log = logging.getLogger(__name__)
 

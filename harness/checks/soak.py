@@ -28,8 +28,8 @@ from harness.checks.slo import slo_verdicts_of
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.stats import levels
 from harness.stats.intervals import across
-from harness.probes.record_digest import RecordDigest
-from harness.probes.records import RequestRecord
+from harness.probes.client.record_digest import RecordDigest
+from harness.probes.client.records import RequestRecord
 from harness.evidence.soak import SoakOutcome
 
 FAULTS_ITEM, SLO_ITEM = "soak.faults", "soak.slo"

@@ -26,7 +26,7 @@ from array import array
 from typing import Iterable, Iterator, Sequence
 
 from harness.checks.reschedule_blackbox import ClientRescheduleSample, measure_client_view
-from harness.probes.records import NOT_SENT, RequestRecord
+from harness.probes.client.records import NOT_SENT, RequestRecord
 from harness.evidence.fault_marks import FaultMark, record_wall_s
 from harness.evidence.records import ClientFault
 

@@ -23,7 +23,7 @@ ROLES = ("router", "prefill", "decode", "aggregated")  # roles a host may serve
 WORKER_ROLES = ("prefill", "decode", "aggregated")
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# engine -> its metric profile in harness.probes.prometheus.ENGINE_PROFILES (openai: none known)
+# engine -> its metric profile in harness.probes.metrics.prometheus.ENGINE_PROFILES (openai: none known)
 MAX_BUNDLED_WORKERS = 16  # per role: each worker is a process with its own model on this one machine
 METRIC_PROFILES = {"bundled": "pdengine", "vllm": "vllm", "sglang": "sglang", "dynamo": "dynamo"}
 # the fault kinds harness.faults registers (safety.allowed_faults names them): kept here, below the

@@ -1,5 +1,5 @@
 """The cluster file's load hosts: machines that each run one Locust worker of a distributed load
-run, started over SSH by the harness, whose Locust master runs here (harness.probes.load_distributed,
+run, started over SSH by the harness, whose Locust master runs here (harness.probes.loadgen.load_distributed,
 docs/load-and-metrics.md "Load from several hosts").
 
     load_hosts:

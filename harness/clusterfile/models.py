@@ -275,7 +275,7 @@ class ClusterSpec(ClusterFile):
 
     @property
     def metric_profile(self) -> str | None:
-        """Key of harness.probes.prometheus.ENGINE_PROFILES for this engine (None: no known profile)."""
+        """Key of harness.probes.metrics.prometheus.ENGINE_PROFILES for this engine (None: no known profile)."""
         return METRIC_PROFILES.get(self.engine_name)
 
     @property

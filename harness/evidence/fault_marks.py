@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.evidence.fault_marks import FaultMark
-from harness.probes.rejoin import Rejoin
+from harness.probes.workers.rejoin import Rejoin
 
 
 @dataclass(frozen=True)

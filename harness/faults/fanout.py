@@ -39,7 +39,7 @@ from harness.faults.process import ProcessHang, ProcessKill
 from harness.faults.runner import FaultRunner
 from harness.faults.selectors import Candidate, Selection, Selector, candidates_from_inventory
 from harness.hosts import Executor
-from harness.probes.inventory import InventoryWorker, locate_pid, resolve, wait_healthy
+from harness.probes.workers.inventory import InventoryWorker, locate_pid, resolve, wait_healthy
 
 FANOUT_KINDS = ("process_kill", "process_hang")
 MAX_PARALLEL = 16

@@ -31,7 +31,7 @@ MemoryReader = Callable[[Executor, int], dict[str, int]]   # (executor, device) 
 
 def nvsmi_memory(ex: Executor, device: int) -> dict[str, int]:
     """Memory of ``device`` from ``nvidia-smi -q -x -i DEVICE`` on the executor's host."""
-    from harness.probes.nvsmi import read_gpus
+    from harness.probes.workers.nvsmi import read_gpus
 
     (gpu,) = read_gpus(ex, device)
     if gpu.memory_free_bytes is None or gpu.memory_total_bytes is None:
@@ -43,7 +43,7 @@ def nvsmi_memory(ex: Executor, device: int) -> dict[str, int]:
 def default_reader(ex: Executor, device: int) -> dict[str, int]:
     """NVML when the host is this machine and NVML answers, else nvidia-smi through the executor."""
     if isinstance(ex, LocalExecutor):
-        from harness.probes.gpu import nvml_memory, nvml_unavailable_reason
+        from harness.probes.workers.gpu import nvml_memory, nvml_unavailable_reason
 
         if nvml_unavailable_reason() is None:
             return nvml_memory(device)

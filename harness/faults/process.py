@@ -199,7 +199,7 @@ class ProcessKill(ProcessFault):
 
     ``rejoined`` (optional, a callable taking the worker id and returning one line): called once the
     worker is healthy, it waits, within its own limit, until the cluster serves through the worker
-    again (harness/probes/rejoin.py) and says whether and when it did. A cluster that keeps a healthy
+    again (harness/probes/workers/rejoin.py) and says whether and when it did. A cluster that keeps a healthy
     worker out is the cluster's doing, judged as a finding: the hook reports it and never raises, so
     it never reads as a failed revert."""
 

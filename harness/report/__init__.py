@@ -37,7 +37,7 @@ def collect_environment() -> dict[str, Any]:
     if torch is not None:  # only if already imported: the report must not pay for a torch import
         env["torch"] = torch.__version__
         env["cuda"] = bool(torch.cuda.is_available())
-    from harness.probes.gpu import gpu_inventory
+    from harness.probes.workers.gpu import gpu_inventory
 
     try:
         gpus = gpu_inventory()

@@ -132,7 +132,7 @@ class LiveStatus:
         """Sample ``metrics_url`` with the metric profile of the cluster's engine (docs/metrics.md;
         the bundled engine's when the cluster file names none; nothing for an engine without one)."""
         from harness.errors import ProbeError
-        from harness.probes.prometheus import ENGINE_PROFILES, profile_for
+        from harness.probes.metrics.prometheus import ENGINE_PROFILES, profile_for
 
         try:
             name = profile_for(cluster)
@@ -211,7 +211,7 @@ class LiveStatus:
             url, families = self._metrics_url, dict(self._families)
         if not url or not families:
             return
-        from harness.probes.prometheus import parse_metrics
+        from harness.probes.metrics.prometheus import parse_metrics
 
         try:
             if self._http is None:

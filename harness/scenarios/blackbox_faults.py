@@ -6,7 +6,7 @@ victim came back.
 Only roles with two or more workers are faulted: with one, nothing can take over its work, so its
 faults would measure an outage by design (``without_survivor`` names them; 6.1.4 says so). Per
 fault, on a worker picked (seeded) among the inventory's workers of the planned role, its process
-found afresh on its host (harness/probes/inventory.py: pids change at every restart):
+found afresh on its host (harness/probes/workers/inventory.py: pids change at every restart):
 
 * **kill** (SIGKILL, ProcessKill): the fault is held for ``observe_s`` (the checklist's 3 s plus a
   margin) so the cluster must reschedule by itself, then reverted: the worker's restart command
@@ -18,7 +18,7 @@ found afresh on its host (harness/probes/inventory.py: pids change at every rest
 
 After either, the worker is **back** when it serves a request sent after the revert and the cluster
 sends it traffic again, not when it is healthy, and never by a counter that work queued during the
-fault can move (harness/probes/rejoin.py: a kill's worker is a new process, a hang's resumed one):
+fault can move (harness/probes/workers/rejoin.py: a kill's worker is a new process, a hang's resumed one):
 the revert waits up to the checklist's ``rejoin_limit_s``
 (the judged limit), then, when it is still out, up to ``REJOIN_WATCH_MAX_S`` after it was healthy
 to learn when it came back. The next fault is injected only once it is back: a worker still out
@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 from harness.errors import FaultError
 from harness.faults import ProcessHang, ProcessKill
 from harness.faults.fanout import NewProcess, locator
-from harness.probes.inventory import InventoryWorker, resolve, wait_healthy
-from harness.probes.rejoin import Rejoin, RejoinWatch
+from harness.probes.workers.inventory import InventoryWorker, resolve, wait_healthy
+from harness.probes.workers.rejoin import Rejoin, RejoinWatch
 from harness.evidence.records import ClientFault
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def _small_request(cluster: Any) -> Callable[[], None]:
     """One short completion through the cluster's API per call (its outcome is not judged: it only
     gives the router something to send through the restarted worker)."""
     from harness.errors import HarnessError
-    from harness.probes.streaming import CompletionRequest
+    from harness.probes.client.streaming import CompletionRequest
 
     def send() -> None:
         try:

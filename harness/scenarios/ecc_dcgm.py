@@ -18,10 +18,10 @@ from harness.clusterfile.models import Worker
 from harness.errors import FaultError
 from harness.evidence.ecc_dcgm import QUIET_S, Injection  # noqa: F401
 from harness.faults import DcgmInject, FaultRunner
-from harness.probes.inventory import is_healthy
-from harness.probes.load import LoadRunner
-from harness.probes.prometheus import parse_metrics
-from harness.probes.records import RequestRecord
+from harness.probes.workers.inventory import is_healthy
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.metrics.prometheus import parse_metrics
+from harness.probes.client.records import RequestRecord
 from harness.scenarios.fault_marks import injection
 from harness.scenarios.reschedule import StartLoad
 from harness.waiting import wait_until

@@ -29,9 +29,9 @@ from harness.errors import ProbeError
 from harness.evidence.migration import OUTCOMES, MigrationAttempt  # noqa: F401  (OUTCOMES: the scenario's words)
 from harness.faults import FaultRunner, Ledger, LiveMigration
 from harness.engine.admin.client import AdminError
-from harness.probes.observed_stream import ObservedStream
-from harness.probes.records import RequestRecord
-from harness.probes.streaming import CompletionRequest
+from harness.probes.client.observed_stream import ObservedStream
+from harness.probes.client.records import RequestRecord
+from harness.probes.client.streaming import CompletionRequest
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness.errors import ProbeError
-from harness.probes.metrics_source import MetricsSource, ScrapeSource
-from harness.probes.prometheus import ENGINE_PROFILES, quantity_labels
-from harness.probes.records import RequestRecord
-from harness.probes.streaming import CompletionRequest
+from harness.probes.metrics.metrics_source import MetricsSource, ScrapeSource
+from harness.probes.metrics.prometheus import ENGINE_PROFILES, quantity_labels
+from harness.probes.client.records import RequestRecord
+from harness.probes.client.streaming import CompletionRequest
 from harness.scenarios import blackbox_faults as blackbox
 from harness.evidence.records import KillWindow
 

@@ -23,9 +23,9 @@ from harness.engine.pd.topology import Topology
 from harness.errors import ProbeError
 from harness.faults import FaultRunner, ProcessHang, ProcessKill, select_targets
 from harness.engine.admin.models import EngineEvent, AdminWorker
-from harness.probes.load import LoadRunner
-from harness.probes.records import RequestRecord
-from harness.probes.rejoin import Rejoin
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.client.records import RequestRecord
+from harness.probes.workers.rejoin import Rejoin
 from harness.evidence.fault_marks import FaultMark, affected_request_id, first_success_sent_after
 from harness.scenarios.fault_marks import injection
 from harness.waiting import WaitTimeoutError, wait_until

@@ -24,9 +24,9 @@ from typing import Any, Sequence
 from harness.errors import ProbeError
 from harness.faults import FaultRunner
 from harness.scenarios import blackbox_faults as blackbox
-from harness.probes.load import LoadRunner
-from harness.probes.records import RequestRecord
-from harness.probes.streaming import CompletionRequest
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.client.records import RequestRecord
+from harness.probes.client.streaming import CompletionRequest
 from harness.evidence.records import ClientFault
 from harness.evidence.fault_marks import first_success_sent_after
 from harness.scenarios.reschedule import StartLoad, wait_serving

@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterator
 from harness.engine.admin.models import EngineEvent
 from harness.errors import FaultError, HarnessError, RevertError
 from harness.faults import FaultRunner
-from harness.probes.leaks import LeakSampler
-from harness.probes import selfmem
-from harness.probes.records import RequestRecord
+from harness.probes.workers.leaks import LeakSampler
+from harness.probes.machine_health import selfmem
+from harness.probes.client.records import RequestRecord
 from harness.evidence.soak import SoakOutcome
 from harness.scenarios.fault_marks import injection
 from harness.scenarios.reschedule import ContinuousLoad, StartLoad
@@ -60,7 +60,7 @@ class SoakRun:
 
     def iter_records(self) -> Iterator[RequestRecord]:
         """Every request of the run, one at a time from the load runs' files (never all in memory:
-        judge them with harness/probes/record_digest.py)."""
+        judge them with harness/probes/client/record_digest.py)."""
         for run in self.load_runs:
             yield from run.iter_records()
 
@@ -86,7 +86,7 @@ class SoakUnderLoad:
 
     def run(self) -> SoakRun:
         sched = self.schedule
-        selfmem.limit_arenas()   # a thread per fault: no arena per thread (harness/probes/selfmem.py)
+        selfmem.limit_arenas()   # a thread per fault: no arena per thread (harness/probes/machine_health/selfmem.py)
         idle_before = self.view.idle_kv()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         sampler = LeakSampler(self.view.leak_rows, self.out_dir / "leaks.jsonl", interval_s=LEAK_INTERVAL_S,

@@ -9,9 +9,9 @@ two implementations:
   only. A worker is healthy when its health URL answers 200; a fault is a black-box kill or hang of its
   process found afresh on its host by its ``process:`` entry (pid file, pgrep, systemd) through the
   host's executor, the kill brought back by its ``restart:`` command or its supervisor; after the revert
-  it is back when the cluster serves through it again (harness/probes/rejoin.py: its own metrics, or the
+  it is back when the cluster serves through it again (harness/probes/workers/rejoin.py: its own metrics, or the
   router's view of it); leak readings come from /proc on its host and its engine's metrics
-  (harness/probes/external_leaks.py). There are no router events: the suite judges each kill and hang
+  (harness/probes/workers/external_leaks.py). There are no router events: the suite judges each kill and hang
   from the client's records (harness/checks/reschedule_blackbox.py), ``judged_by`` says so.
 """
 
@@ -27,10 +27,10 @@ from harness.engine.admin.models import AdminWorker, EngineEvent
 from harness.errors import FaultError
 from harness.faults import EccPoison, Fault, HbmFill, NicFlap, PfcStorm, ProcessHang, ProcessKill
 from harness.faults.fanout import NewProcess
-from harness.probes.external_leaks import ExternalLeakReader
-from harness.probes.inventory import health_url, is_healthy, resolve, wait_healthy
-from harness.probes.leaks import WorkerLeakReading
-from harness.probes.rejoin import Rejoin, RejoinWatch
+from harness.probes.workers.external_leaks import ExternalLeakReader
+from harness.probes.workers.inventory import health_url, is_healthy, resolve, wait_healthy
+from harness.probes.workers.leaks import WorkerLeakReading
+from harness.probes.workers.rejoin import Rejoin, RejoinWatch
 from harness.scenarios.blackbox_faults import REJOIN_WATCH_MAX_S, RESTART_TIMEOUT_S
 from harness.scenarios.reschedule import RouterView, make_fault, wait_served_through
 from harness.evidence.soak import ScheduledFault

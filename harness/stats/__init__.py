@@ -6,7 +6,7 @@ worst observation, p50 of [1, 2, 3, 4] is 2, and with few samples a high percent
 about the tail (it does not invent a value between the two slowest requests). Every percentile
 the harness reports (latency summaries, verdicts, fabric probes) comes from :func:`nearest_rank`;
 quantiles of server histograms, which hold no observed values, are interpolated inside buckets
-as Prometheus does (harness.probes.prometheus.histogram_quantile) and say so.
+as Prometheus does (harness.probes.metrics.prometheus.histogram_quantile) and say so.
 
 A leaf package (layer 0, docs/architecture.md): it imports only ``harness.errors``, so probes,
 fabric and checks all use it without depending on each other. Confidence intervals: ``.intervals``.

@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from harness.checks.invariants import Expected, HistoryCheck, check_history, nothing_lost_verdict, oracle_expectation
 from harness.checks.verdict import Verdict
-from harness.probes.record_digest import RecordDigest
-from harness.probes.records import RequestRecord
-from harness.probes.timeline import merge_timeline
+from harness.probes.client.record_digest import RecordDigest
+from harness.probes.client.records import RequestRecord
+from harness.probes.client.timeline import merge_timeline
 
 if TYPE_CHECKING:
     from harness.cluster import ClusterHandle
     from harness.faults import FaultRunner
     from harness.fixtures import Conformance
-    from harness.probes.load import LoadRunner
+    from harness.probes.loadgen.load import LoadRunner
 
 _ORACLE = object()  # finish_suite's default: build the expectation from the cluster's oracle
 
@@ -78,7 +78,7 @@ def finish_streamed(conformance: Conformance, cluster: ClusterHandle, history: H
                     links: Iterable[str] = (), faults: FaultRunner | None = None,
                     events: Iterable[Mapping[str, object]] = ()) -> Verdict:
     """:func:`finish_suite` for a run judged from disk in one pass (a soak of hours): ``history``
-    checked every record as ``digest`` (harness/probes/record_digest.py) kept their timing figures;
+    checked every record as ``digest`` (harness/probes/client/record_digest.py) kept their timing figures;
     the latency charts come from the digest, the timeline's failed requests from those it kept."""
     return _finish(conformance, history, cluster, lambda: conformance.add_latency([], frame=digest.frame()),
                    digest.failed, links=links, faults=faults, events=events)

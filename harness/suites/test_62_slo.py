@@ -23,7 +23,7 @@ from harness.checks.verdict import inconclusive
 from harness.cluster import ClusterHandle
 from harness.fixtures import Conformance, Load
 from harness.plugin_state import HarnessOptions
-from harness.probes.prometheus import engine_of
+from harness.probes.metrics.prometheus import engine_of
 from harness.suites.epilogue import finish_suite, run_links
 
 # the timeout holds the cluster's start, max_load_s of load and a Locust start-up per extension

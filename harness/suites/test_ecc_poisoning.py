@@ -40,8 +40,8 @@ from harness.faults import DcgmInject, EccPoison, FaultRunner
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
 from harness.engine.admin.models import AdminWorker
-from harness.probes.prometheus import ENGINE_PROFILES
-from harness.probes.records import RequestRecord
+from harness.probes.metrics.prometheus import ENGINE_PROFILES
+from harness.probes.client.records import RequestRecord
 from harness.scenarios.ecc_dcgm import DcgmDrainUnderLoad
 from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until

@@ -93,7 +93,7 @@ def _planned(cluster: ClusterHandle, conformance: Conformance, what: str) -> Non
 def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRunner,
               nodes: dict[str, FabricNode]) -> None:
     from harness.fabric.remote import raw_curve, raw_timed
-    from harness.probes.kv_goodput import engine_kv_goodput
+    from harness.probes.metrics.kv_goodput import engine_kv_goodput
 
     source, dest = nodes["source"], nodes["peer"]
     ex = faults.executor_factory(source.name)

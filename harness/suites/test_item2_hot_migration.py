@@ -41,10 +41,10 @@ from harness.faults import FaultRunner
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
 from harness.engine.admin.models import EngineEvent, AdminWorker
-from harness.probes.load import LoadRunner
+from harness.probes.loadgen.load import LoadRunner
 from harness.evidence.migration import MigrationAttempt
 from harness.scenarios.migration import migrate_observed_stream
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 from harness.suites.epilogue import finish_suite, run_links
 from harness.waiting import WaitTimeoutError, wait_until
 from harness.states import EventKind, WorkerRole
@@ -185,7 +185,7 @@ def _on_worker_loss(cluster: ClusterHandle, load: Load, faults: FaultRunner, con
     """6.1.2 from the client on an engine that migrates on worker loss (see the module doc)."""
     from harness.checks.migration_blackbox import DEFINITION, measure as measure_crossings
     from harness.scenarios import blackbox_faults as blackbox
-    from harness.probes.metrics_source import source_label
+    from harness.probes.metrics.metrics_source import source_label
     from harness.scenarios.migration_on_loss import kill_role, kill_under_streams
 
     checklist = cluster.thresholds

@@ -10,7 +10,7 @@ requests complete token-exactly or are refused with a clear 429/503.
 On a foreign engine (no admin API, so no HBM fill and no router events) the item is judged by load
 when the cluster file states its levels (``degradation.levels``): long-prompt streams ramp the
 engine's own KV-use metric over each level's threshold and hold it there
-(harness/probes/kv_drive.py); the actions the file states for each level are checked on the
+(harness/probes/loadgen/kv_drive.py); the actions the file states for each level are checked on the
 API responses and the engine's metrics, and KV use must fall back below the first threshold
 after the load (harness/checks/degradation_load.py).
 """
@@ -35,9 +35,9 @@ from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions
 from harness.engine.admin.client import AdminClient
 from harness.engine.admin.models import DegradationState, AdminWorker
-from harness.probes.kv_drive import DrivePlan, DriveResult, KvDrive, KvMeter
-from harness.probes.request_shape import request_shape
-from harness.probes.streaming import AsyncStreamingClient
+from harness.probes.loadgen.kv_drive import DrivePlan, DriveResult, KvDrive, KvMeter
+from harness.probes.client.request_shape import request_shape
+from harness.probes.client.streaming import AsyncStreamingClient
 from harness.suites.epilogue import finish_suite, run_links
 from harness.states import EventKind, WorkerRole
 

@@ -38,8 +38,8 @@ from harness.errors import FaultError
 from harness.faults import FaultRunner
 from harness.fixtures import Conformance, Load, Timeline
 from harness.plugin_state import HarnessOptions, harness_state, show_line
-from harness.probes.leaks import read_samples
-from harness.probes.record_digest import RecordDigest
+from harness.probes.workers.leaks import read_samples
+from harness.probes.client.record_digest import RecordDigest
 from harness.scenarios.soak import SoakUnderLoad
 from harness.scenarios.soak_schedule import KINDS, generate, left_out_because
 from harness.scenarios.soak_view import CLIENT_VIEW, AdminView, ExternalView, SoakClusterView

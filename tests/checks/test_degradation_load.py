@@ -6,8 +6,8 @@ from harness.checks.degradation_load import level_index_at, load_degradation_ver
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
 from harness.clusterfile.models import Degradation
-from harness.probes.kv_drive import DriveResult, KvSample
-from harness.probes.records import RequestRecord
+from harness.probes.loadgen.kv_drive import DriveResult, KvSample
+from harness.probes.client.records import RequestRecord
 
 NS = 1_000_000_000
 QUEUE = {"levels": [{"level": 2, "kv_use_above": 0.8, "expect": {"no_errors": True}},

@@ -6,7 +6,7 @@ import pytest
 from harness.checks.invariants import check_history, nothing_lost_verdict, oracle_expectation
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 
 def rec(rid, status="ok", tokens=(1, 2, 3), **kw):
@@ -105,7 +105,7 @@ def _dynamo_stream(counts, done=True):
     """A record built from Dynamo-shaped SSE bytes: empty text, cumulative usage in every chunk."""
     import json
 
-    from harness.probes.sse import RecordBuilder
+    from harness.probes.client.sse import RecordBuilder
 
     b = RecordBuilder(RequestRecord(request_id="d", sent_ns=0, prompt="p", max_tokens=4))
     for i, count in enumerate(counts):

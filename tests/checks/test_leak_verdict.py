@@ -1,4 +1,4 @@
-"""soak.leaks from synthetic leak samples (harness/probes/leaks.py's types) and idle KV figures:
+"""soak.leaks from synthetic leak samples (harness/probes/workers/leaks.py's types) and idle KV figures:
 an honest run passes, a planted KV leak or a steep RSS slope fails (on a short run only when far
 beyond the limit: the early fail), a restart is no slope, nothing measured is inconclusive. Each
 test's docstring names the defect in the check it catches."""
@@ -13,7 +13,7 @@ import pytest
 from harness.checklists import Checklist
 from harness.checks.leaks import ITEM, leak_verdict
 from harness.checks.verdict import Status, Verdict, undecided
-from harness.probes.leaks import LeakSample, ProcessReading, WorkerLeakReading
+from harness.probes.workers.leaks import LeakSample, ProcessReading, WorkerLeakReading
 
 T0 = 1_700_000_000.0
 MB = 1 << 20

@@ -190,7 +190,7 @@ def test_a_fail_the_same_runs_baseline_does_not_explain_stands_on_a_starved_mach
     """vLLM on 2 cores starves the machine by itself; a hang's 8 s stall still fails 6.1.4 when, in the
     same run, streams outside the faults never stalled past half the limit."""
     from harness.checks.reschedule_blackbox import ClientFault, same_run_baseline
-    from harness.probes.records import RequestRecord
+    from harness.probes.client.records import RequestRecord
 
     ns = 1_000_000_000
     t0 = 1_700_000_000.0

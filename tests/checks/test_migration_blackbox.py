@@ -8,7 +8,7 @@ from harness.checks.migration_blackbox import KillWindow, crossing, measure
 from harness.checks.reschedule_blackbox import ClientFault
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 T0 = 1_000.0
 NS = 1_000_000_000

@@ -6,7 +6,7 @@ import pytest
 from harness.checks.reschedule import FaultMark, measure, nearest_rank, reschedule_verdict
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 T0 = 1_000.0
 

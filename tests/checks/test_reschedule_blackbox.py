@@ -7,8 +7,8 @@ from harness.checks.reschedule_blackbox import (ClientFault, client_view_evidenc
                                                 first_success_sent_after, longest_stall, measure_client_view)
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
-from harness.probes.records import RequestRecord
-from harness.probes.rejoin import Rejoin
+from harness.probes.client.records import RequestRecord
+from harness.probes.workers.rejoin import Rejoin
 
 T0 = 1_000.0
 NS = 1_000_000_000

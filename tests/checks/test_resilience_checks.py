@@ -4,7 +4,7 @@ from harness.checks.degradation import Step, degradation_verdict
 from harness.checks.ecc import Poisoning, ecc_verdict, judge_outcomes
 from harness.checks.migration import measure, migration_verdict
 from harness.checklists import Checklist
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 CHECKLIST = Checklist.load()
 

@@ -11,8 +11,8 @@ from harness.checks.degradation import HBM_RESOLUTION, Step, degradation_verdict
 from harness.checks.degradation_load import step_down_interval
 from harness.checks.reschedule import rejoin_measurement
 from harness.checks.verdict import Measurement, Status, judge
-from harness.probes.kv_drive import DriveResult, KvSample
-from harness.probes.rejoin import Rejoin
+from harness.probes.loadgen.kv_drive import DriveResult, KvSample
+from harness.probes.workers.rejoin import Rejoin
 
 CHECKLIST = Checklist.load()
 NS = 1_000_000_000

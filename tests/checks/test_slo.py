@@ -13,8 +13,8 @@ from harness.checks.slo import (DISAGREEMENT_MIN_MS, HistogramDelta, ServerHisto
                                 disagreement, histogram_delta, server_quantile, server_summary, slo_verdicts)
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
-from harness.probes.prometheus import parse_metrics
-from harness.probes.records import RequestRecord
+from harness.probes.metrics.prometheus import parse_metrics
+from harness.probes.client.records import RequestRecord
 
 MS = 1_000_000
 FAMILY = "pdengine_time_to_first_token_seconds"

@@ -10,9 +10,9 @@ import pytest
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
 from harness.checks.soak import faults_verdict, judge_fault, slo_windows_verdict, window_edges
-from harness.probes.record_digest import RecordDigest
+from harness.probes.client.record_digest import RecordDigest
 from harness.checks.verdict import Status
-from harness.probes.rejoin import Rejoin
+from harness.probes.workers.rejoin import Rejoin
 from harness.evidence.fault_marks import FaultMark
 from harness.evidence.soak import ScheduledFault, SoakOutcome
 from tests.checks.test_slo import rec

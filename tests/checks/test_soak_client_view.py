@@ -11,7 +11,7 @@ from harness.checks.reschedule_blackbox import measure_client_view
 from harness.checks.soak import faults_verdict
 from harness.checks.soak_client_view import ClientViewKeeper, client_fault
 from harness.checks.verdict import Status
-from harness.probes.rejoin import Rejoin
+from harness.probes.workers.rejoin import Rejoin
 from harness.evidence.fault_marks import FaultMark
 from harness.evidence.soak import ScheduledFault, SoakOutcome
 from tests.checks.test_reschedule_blackbox import T0, stream

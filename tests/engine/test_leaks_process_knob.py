@@ -15,7 +15,7 @@ from harness.clusterfile import load_cluster
 from harness.engine.core.config import EngineConfig
 from harness.engine.pd.worker_engine import WorkerEngine
 from harness.errors import ConfigError
-from harness.probes.leaks import read_process
+from harness.probes.workers.leaks import read_process
 from tests.engine.test_leak_knob import Worker
 
 

@@ -13,8 +13,8 @@ import pytest
 from harness.engine.core.oracle import greedy_reference
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.pd.topology import Topology
-from harness.probes.observed_stream import ObservedStream
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.observed_stream import ObservedStream
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
 pytestmark = pytest.mark.slow
 PRESET = "tiny"

@@ -15,7 +15,7 @@ from harness.engine.core.oracle import greedy_reference
 from harness.engine.pd.router_config import RouterConfig
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.pd.topology import Topology
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
 pytestmark = pytest.mark.slow
 PRESET = "tiny"

@@ -16,7 +16,7 @@ from harness.engine.pd.topology import Topology
 from harness.fabric.shaping import LOSSLESS_CLASS, TCP_CLASS, read_classes
 from harness.faults import FaultRunner, Ledger, NicFlap
 from harness.hosts import LocalExecutor
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 PRESET = "tiny"

@@ -5,8 +5,8 @@ each, both in the audit log, the figures the same as this machine's own /proc re
 from __future__ import annotations
 
 from harness.hosts import AuditLog, SSHExecutor
-from harness.probes.external_leaks import ExternalLeakReader
-from harness.probes.leaks import read_process
+from harness.probes.workers.external_leaks import ExternalLeakReader
+from harness.probes.workers.leaks import read_process
 from tests.faults.test_ssh import target
 from tests.probes.test_external_leaks import worker
 from tests.probes.test_leak_sampler import settled, sleeper  # noqa: F401 -- the fixture

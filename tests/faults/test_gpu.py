@@ -12,7 +12,7 @@ from harness.engine.core.tokenizer import ByteTokenizer
 from harness.engine.pd.topology import Topology
 from harness.errors import ConfigError, FaultError
 from harness.faults import EccPoison, Fault, FaultRunner, HbmFill, Ledger
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
 PRESET = "tiny"
 

@@ -21,7 +21,7 @@ from harness.fabric.sshdtest import _children, _kill_and_reap
 from harness.faults import FaultRunner, HostHbmFill, Ledger
 from harness.hosts import ExecutorPool
 from harness.faults.gpu_fill import amount_bytes
-from harness.probes.gpu import nvml_memory
+from harness.probes.workers.gpu import nvml_memory
 
 GIB = 1 << 30
 TOTAL = 80 * GIB

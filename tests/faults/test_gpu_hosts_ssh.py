@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.probes.gpu_hosts import HostGpus, changes, read_host
+from harness.probes.workers.gpu_hosts import HostGpus, changes, read_host
 
 pytestmark = pytest.mark.slow
 

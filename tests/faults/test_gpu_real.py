@@ -14,7 +14,7 @@ import pytest
 
 from harness.faults import FaultRunner, HostHbmFill, Ledger
 from harness.hosts import ExecutorPool, LocalExecutor
-from harness.probes.nvsmi import read_gpus
+from harness.probes.workers.nvsmi import read_gpus
 
 from tests.faults.test_gpu_fill_host import adopt  # noqa: F401  (the fixture: fillers are reaped)
 

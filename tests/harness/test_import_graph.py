@@ -173,9 +173,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("evidence", ("harness.evidence",)),
     ("scenarios", ("harness.scenarios",)),
     ("checks", ("harness.checks",)),
-    ("report", ("harness.report",)),
+    ("report", ("harness.report", "harness.compare")),
     ("wiring", ("harness.fixtures", "harness.conformance", "harness.plugin", "harness.plugin_state", "harness.cli",
-                "harness.cli_hosts", "harness.cli_run", "harness.cli_fault", "harness.dry_run", "harness.cluster",
+                "harness.cli_hosts", "harness.cli_run", "harness.cli_fault", "harness.cli_compare", "harness.dry_run", "harness.cluster",
                 "harness.suites", "harness.__main__")),
 ]
 
@@ -375,7 +375,7 @@ def test_file_graph_finds_a_circle_closed_inside_a_function(tmp_path):
 
 def test_no_two_harness_files_import_each_other_even_inside_functions():
     """metrics_source <-> promql and request_shape <-> streaming were such circles, closed by an
-    import inside a function; the shared types moved down (probes/metrics_base.py, probes/shapes.py),
+    import inside a function; the shared types moved down (probes/metrics/metrics_base.py, probes/client/shapes.py),
     as RunResult did (report/result.py). Planted defect: the old pair put back (promql importing its
     types from metrics_source, metrics_source importing promql inside metrics_source()) fails this
     while the module-level rule passes it (checked)."""
@@ -451,3 +451,34 @@ def test_checks_judge_evidence_and_import_no_scenario(tmp_path):
     (pkg / "scenarios" / "migration.py").write_text("class MigrationAttempt: ...\n")
     (pkg / "checks" / "migration.py").write_text("def assess():\n    from harness.scenarios.migration import MigrationAttempt\n")
     assert checks_importing_scenarios(tmp_path) == ["harness.checks.migration:2 imports harness.scenarios.migration"]
+
+
+#: the rooms of harness/probes/, bottom to top: a room imports only lower rooms (docs/architecture.md)
+PROBE_ROOMS = ["machine_health", "metrics", "client", "workers", "loadgen"]
+
+
+def probe_room_problems(root: Path) -> list[str]:
+    """One line per import of a probes room by a room at its level or below, or of a module of
+    harness/probes/ that lies in no room."""
+    problems = []
+    for src, line, dst in all_imports(root, "harness"):
+        if not (src.startswith("harness.probes.") and dst.startswith("harness.probes.")):
+            continue
+        a, b = src.split(".")[2], dst.split(".")[2]
+        for room in (a, b):
+            if room not in PROBE_ROOMS:
+                problems.append(f"harness.probes.{room} is in no room (fix: move it into one of {PROBE_ROOMS})")
+        if a != b and a in PROBE_ROOMS and b in PROBE_ROOMS and PROBE_ROOMS.index(b) > PROBE_ROOMS.index(a):
+            problems.append(f"{src}:{line} imports {dst} (probes/{a} may import only: "
+                            f"{', '.join(PROBE_ROOMS[: PROBE_ROOMS.index(a)])})")
+    return sorted(set(problems))
+
+
+def test_the_rooms_of_probes_import_only_lower_rooms():
+    """harness/probes/ was one room of 31 files (issue 34); now five, each importing only those below
+    it: machine_health, metrics, client, then workers and loadgen. Planted defects (checked): the
+    client's records importing the load runner (client -> loadgen), a module left at probes/ top level."""
+    problems = probe_room_problems(ROOT)
+    assert problems == [], "\n".join(problems)
+    assert sorted(p.name for p in (ROOT / "harness" / "probes").iterdir()
+                  if p.suffix == ".py" and p.name != "__init__.py") == [], "a probes module outside the rooms"

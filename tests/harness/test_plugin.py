@@ -271,8 +271,8 @@ def test_plain_tests_are_left_alone(tmp_path):
 def test_latency_faults_and_timeline_reach_the_report(tmp_path):
     proc = run_suite(tmp_path, """
         from harness.faults import Action, FaultRecord, RecordStatus
-        from harness.probes.records import RequestRecord, process_anchor
-        from harness.probes.timeline import merge_timeline
+        from harness.probes.client.records import RequestRecord, process_anchor
+        from harness.probes.client.timeline import merge_timeline
         import time
 
         def test_data(conformance):
@@ -380,7 +380,7 @@ import pytest
 from harness.checklists import Checklist
 from harness.checks.verdict import Measurement, judge
 from harness.faults import ProcessHang
-from harness.probes.timeline import merge_timeline
+from harness.probes.client.timeline import merge_timeline
 
 pytestmark = pytest.mark.conformance
 ITEM = Checklist.load().item("6.1.4")

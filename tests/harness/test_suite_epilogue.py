@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from harness.suites.epilogue import expectation, finish_suite, run_links
 from harness.checklists import Checklist
 from harness.checks.verdict import Status
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 
 def rec(rid, status="ok", tokens=(1, 2, 3), **kw):

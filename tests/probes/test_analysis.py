@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 
 from harness.errors import ProbeError
-from harness.probes.analysis import (SLO, itl_frame, mark_fault_windows, percentiles, requests_frame, summarize,
+from harness.probes.client.analysis import (SLO, itl_frame, mark_fault_windows, percentiles, requests_frame, summarize,
                                      windowed)
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 MS = 1_000_000
 

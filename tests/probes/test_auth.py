@@ -7,10 +7,10 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from harness.probes.load import LoadRunner
-from harness.probes.prometheus import PrometheusScraper
-from harness.probes.streaming import CompletionRequest, StreamingClient
-from harness.probes.workload import LoadProfile
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.metrics.prometheus import PrometheusScraper
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
+from harness.probes.loadgen.workload import LoadProfile
 from tests.probes.conftest import http_server
 
 KEY = "sk-test-0123"

@@ -17,11 +17,11 @@ import pytest
 from harness.clusterfile import parse_cluster
 from harness.errors import ConfigError, HarnessError, ProbeError
 from harness.hosts import AuditLog, SSHTarget
-from harness.probes.load import LoadRunner
-from harness.probes.load_distributed import DistributedLoadRunner, runner_for
-from harness.probes.load_hosts import LoadHostTarget, RecordStream, load_host_targets, master_bind_address
-from harness.probes.records import RecordWriter, RequestRecord, read_records
-from harness.probes.workload import LoadProfile
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.loadgen.load_distributed import DistributedLoadRunner, runner_for
+from harness.probes.loadgen.load_hosts import LoadHostTarget, RecordStream, load_host_targets, master_bind_address
+from harness.probes.client.records import RecordWriter, RequestRecord, read_records
+from harness.probes.loadgen.workload import LoadProfile
 
 MASTER_PORT = 19300
 SSH = {"key_file": "k", "known_hosts": "kh"}
@@ -154,7 +154,7 @@ def _load_hosts(st, state: Path) -> list[LoadHostTarget]:
 
 def _server_count(api: str) -> float:
     """Requests the router counted: every one that ended (any finish reason) or got an HTTP error."""
-    from harness.probes.prometheus import PrometheusScraper
+    from harness.probes.metrics.prometheus import PrometheusScraper
 
     scraper = PrometheusScraper(f"{api}/metrics")
     try:
@@ -184,7 +184,7 @@ MEDIAN_MARGIN_MS = 20.0   # see the test below
 @pytest.mark.root
 def test_three_load_hosts_send_what_the_server_counts_with_the_latency_of_one(hosts, tmp_path):
     from harness.fabric.sshdtest import ENGINE_PORT
-    from harness.probes.analysis import requests_frame
+    from harness.probes.client.analysis import requests_frame
     from harness.stats import nearest_rank
     from harness.stats.intervals import percentile_interval
 

@@ -14,8 +14,8 @@ import pytest
 
 from harness.clusterfile.models import Worker
 from harness.hosts import AuditLog, LocalExecutor
-from harness.probes.external_leaks import ExternalLeakReader, parse_proc_output, read_processes
-from harness.probes.leaks import read_process, take_sample
+from harness.probes.workers.external_leaks import ExternalLeakReader, parse_proc_output, read_processes
+from harness.probes.workers.leaks import read_process, take_sample
 from tests.probes.conftest import QuietHandler
 from tests.probes.test_leak_sampler import settled, sleeper  # noqa: F401 -- the fixture
 

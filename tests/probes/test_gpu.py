@@ -1,7 +1,7 @@
 """The NVML probe: on a GPU machine it lists every device with its HBM and ECC counters; elsewhere
 it says why not (no library, no driver), and the report's environment simply has no ``gpus``."""
 
-from harness.probes.gpu import gpu_inventory, nvml_unavailable_reason
+from harness.probes.workers.gpu import gpu_inventory, nvml_unavailable_reason
 from harness.report import collect_environment
 
 

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from harness.hosts import AuditLog, LocalExecutor
-from harness.probes.gpu_hosts import HostGpus, changes, read_host
+from harness.probes.workers.gpu_hosts import HostGpus, changes, read_host
 
 DATA = Path(__file__).parent / "data"
 XID = "[ 812.5] NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen off the bus."
@@ -48,8 +48,8 @@ def test_a_host_is_read_and_summarised_and_what_moved_between_two_readings_is_na
 
 
 def test_the_report_part_names_hosts_read_and_claims_no_changes_only_where_it_read_twice():
-    from harness.probes.gpu_hosts import HostGpuWatch
-    from harness.probes.nvsmi import parse_nvsmi_xml
+    from harness.probes.workers.gpu_hosts import HostGpuWatch
+    from harness.probes.workers.nvsmi import parse_nvsmi_xml
 
     watch = HostGpuWatch.__new__(HostGpuWatch)  # the two snapshots only; no SSH pool needed
     watch._exporters, watch.exporter_before, watch.exporter_after = {}, {}, {}
@@ -81,7 +81,7 @@ def test_a_hosts_dcgm_exporter_is_read_at_both_ends_and_its_ecc_and_xid_changes_
 
     from harness.cluster import ClusterHandle
     from harness.clusterfile import load_cluster
-    from harness.probes.gpu_hosts import HostGpuWatch
+    from harness.probes.workers.gpu_hosts import HostGpuWatch
 
     body = {"text": EXPORTER % (0, 0)}
 

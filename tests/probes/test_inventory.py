@@ -16,7 +16,7 @@ import pytest
 from harness.errors import ConfigError, FaultError
 from harness.hosts import LocalExecutor
 from harness.faults.process import ProcessKill
-from harness.probes.inventory import is_healthy, locate_pid, resolve, wait_healthy
+from harness.probes.workers.inventory import is_healthy, locate_pid, resolve, wait_healthy
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from harness.errors import ProbeError
-from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter
-from harness.probes.records import read_records
-from harness.probes.streaming import AsyncStreamingClient
+from harness.probes.loadgen.kv_drive import DrivePlan, KvDrive, KvMeter
+from harness.probes.client.records import read_records
+from harness.probes.client.streaming import AsyncStreamingClient
 
 POOL = 4  # streams that fill the fake engine's KV pool
 

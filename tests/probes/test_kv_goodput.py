@@ -8,7 +8,7 @@ import pytest
 
 from harness.cluster import ClusterHandle
 from harness.clusterfile import load_cluster
-from harness.probes.kv_goodput import engine_kv_goodput
+from harness.probes.metrics.kv_goodput import engine_kv_goodput
 
 NIXL = """# HELP vllm:nixl_bytes_transferred Number of bytes transferred per NIXL transfer.
 # TYPE vllm:nixl_bytes_transferred histogram

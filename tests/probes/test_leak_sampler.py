@@ -12,7 +12,7 @@ import pytest
 
 from harness.engine.admin.models import AdminWorker
 from harness.errors import ProbeError
-from harness.probes.leaks import LeakSample, LeakSampler, ProcessReading, read_process, read_samples, take_sample
+from harness.probes.workers.leaks import LeakSample, LeakSampler, ProcessReading, read_process, read_samples, take_sample
 from harness.waiting import wait_until
 
 
@@ -89,7 +89,7 @@ def test_sampler_appends_real_readings_and_skips_ticks_whose_table_fails(sleeper
 
     path = tmp_path / "out" / "leaks.jsonl"
     settled(sleeper.pid)
-    with caplog.at_level(logging.WARNING, logger="harness.probes.leaks"):
+    with caplog.at_level(logging.WARNING, logger="harness.probes.workers.leaks"):
         with LeakSampler(workers, path, interval_s=0.02) as sampler:
             wait_until(lambda: sampler.count >= 4, 30, 0.01, what="4 leak samples")
         count = sampler.count
@@ -127,7 +127,7 @@ def test_read_samples_skips_a_cut_last_line_and_refuses_a_bad_one_before_it(tmp_
     good = take_sample([], local=True).to_json()
     path = tmp_path / "leaks.jsonl"
     path.write_text(f"{good}\n{good}\n{good[:25]}")
-    with caplog.at_level(logging.WARNING, logger="harness.probes.leaks"):
+    with caplog.at_level(logging.WARNING, logger="harness.probes.workers.leaks"):
         assert len(list(read_samples(path))) == 2
     assert "cut short" in caplog.text
     path.write_text(f"{good}\n{{\"harness\": null}}\n{good}\n")   # no time

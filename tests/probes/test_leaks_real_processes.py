@@ -17,7 +17,7 @@ from harness.checklists import Checklist
 from harness.checks.leaks import Rules, leak_verdict
 from harness.checks.verdict import Status
 from harness.engine.admin.models import AdminWorker
-from harness.probes.leaks import LeakSample, LeakSampler, read_samples
+from harness.probes.workers.leaks import LeakSample, LeakSampler, read_samples
 from tests.probes.test_external_leaks import server  # noqa: F401 -- the fixture: health and metrics URLs
 
 LEAKER = ("import os, time\nkept = []\nwhile True:\n"
@@ -107,14 +107,14 @@ def test_a_flat_role_restarted_at_the_same_duration_never_fails(sampled):
 def test_an_external_cluster_is_judged_per_role_across_a_pid_file_change(tmp_path, server):
     """The same on a cluster the harness did not start (kind: external, no admin API; vLLM, Dynamo):
     each worker found by its pid file and read from /proc through a real LocalExecutor's shell
-    (harness/probes/external_leaks.py), the leaking decode worker restarted midway under a new pid
+    (harness/probes/workers/external_leaks.py), the leaking decode worker restarted midway under a new pid
     written to its pid file, with a tick between the kill and the new file. Catches the external
     reader keeping the dead pid (the restarted process never read: its leak judged on the first
     process alone, or not at all), a crash on the tick with no process, and a role judged from
     another role's readings."""
     from harness.clusterfile.models import Worker as ClusterWorker
     from harness.hosts import LocalExecutor
-    from harness.probes.external_leaks import ExternalLeakReader
+    from harness.probes.workers.external_leaks import ExternalLeakReader
 
     def entry(name: str, role: str, pid_file) -> ClusterWorker:
         return ClusterWorker.model_validate({"name": name, "role": role, "host": "localhost", "api": server,

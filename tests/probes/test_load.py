@@ -9,9 +9,9 @@ from harness.engine.core.oracle import greedy_reference
 from harness.engine.serving.server import ServerProcess
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import ProbeError
-from harness.probes.analysis import summarize
-from harness.probes.load import LoadRunner
-from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts
+from harness.probes.client.analysis import summarize
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.loadgen.workload import LoadProfile, arrival_offsets, make_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ProbeError
-from harness.probes import procfs
-from harness.probes.machine import MachineMonitor, group_of, send_lateness
-from harness.probes.records import RequestRecord, process_anchor
+from harness.probes.machine_health import procfs
+from harness.probes.machine_health.machine import MachineMonitor, group_of, send_lateness
+from harness.probes.client.records import RequestRecord, process_anchor
 from harness.waiting import wait_until
 
 BUSY = "import os, sys, time\n{pin}t = time.time()\nwhile time.time() - t < {s}: pass\n"

@@ -9,7 +9,7 @@ import pytest
 
 from harness.errors import ProbeError
 from harness.hosts import LocalExecutor
-from harness.probes.nvsmi import DCGM_FIELDS, parse_nvsmi_xml, parse_xid_lines, read_gpus
+from harness.probes.workers.nvsmi import DCGM_FIELDS, parse_nvsmi_xml, parse_xid_lines, read_gpus
 
 DATA = Path(__file__).parent / "data"
 MIB = 1 << 20
@@ -71,7 +71,7 @@ def test_reading_through_an_executor_without_nvidia_smi_says_what_to_install(tmp
 
 
 def test_environment_inventory_from_nvidia_smi_when_nvml_is_not_loadable():
-    from harness.probes.gpu import nvsmi_inventory
+    from harness.probes.workers.gpu import nvsmi_inventory
 
     gpus = nvsmi_inventory(run=lambda argv: (DATA / "nvsmi_h100.xml").read_text())
     assert [(g["index"], g["name"], g["driver"], g["cuda"]) for g in gpus] == [
@@ -84,7 +84,7 @@ def test_nvml_inventory_reports_the_cuda_driver_version(monkeypatch):
     import sys
     from types import SimpleNamespace
 
-    from harness.probes.gpu import gpu_inventory
+    from harness.probes.workers.gpu import gpu_inventory
 
     class NVMLError(Exception):
         pass

@@ -10,12 +10,12 @@ import pytest
 
 from harness.engine.pd.topology import Topology
 from harness.engine.admin.client import AdminClient, WorkerPoller
-from harness.probes.analysis import summarize
-from harness.probes.load import LoadRunner
-from harness.probes.prometheus import PrometheusScraper
-from harness.probes.streaming import CompletionRequest, StreamingClient
-from harness.probes.timeline import merge_timeline
-from harness.probes.workload import LoadProfile
+from harness.probes.client.analysis import summarize
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.metrics.prometheus import PrometheusScraper
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.timeline import merge_timeline
+from harness.probes.loadgen.workload import LoadProfile
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from harness.errors import ProbeError
-from harness.probes.prometheus import ENGINE_PROFILES, PrometheusScraper, histogram_quantile, parse_metrics
+from harness.probes.metrics.prometheus import ENGINE_PROFILES, PrometheusScraper, histogram_quantile, parse_metrics
 
 
 def _exposition() -> str:
@@ -70,7 +70,7 @@ def test_scraper_rejects_bad_configuration_and_an_unreachable_endpoint():
 @pytest.mark.slow
 def test_scraper_collects_series_from_a_real_server():
     from harness.engine.serving.server import ServerProcess
-    from harness.probes.streaming import CompletionRequest, StreamingClient
+    from harness.probes.client.streaming import CompletionRequest, StreamingClient
 
     with ServerProcess("tiny") as server:
         with PrometheusScraper(server.url + "/metrics", interval_s=0.2) as scraper:
@@ -191,7 +191,7 @@ def test_dynamo_profile_reads_the_frontend_rejection_counter_and_kvstats():
 def test_engine_of_a_cluster_selects_its_profile():
     from types import SimpleNamespace
 
-    from harness.probes.prometheus import profile_for
+    from harness.probes.metrics.prometheus import profile_for
 
     assert profile_for(SimpleNamespace()) == "pdengine"                 # a file without engine: (bundled)
     assert profile_for(SimpleNamespace(engine="vllm")) == "vllm"

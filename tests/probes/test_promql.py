@@ -16,9 +16,9 @@ import pytest
 from harness.cluster import ClusterHandle
 from harness.clusterfile import json_schema, load_cluster
 from harness.errors import ConfigError, ProbeError
-from harness.probes.kv_drive import KvMeter
-from harness.probes.metrics_source import ScrapeSource, metrics_source, source_label
-from harness.probes.promql import PromQL, PrometheusSource, instance_of
+from harness.probes.loadgen.kv_drive import KvMeter
+from harness.probes.metrics.metrics_source import ScrapeSource, metrics_source, source_label
+from harness.probes.metrics.promql import PromQL, PrometheusSource, instance_of
 from tests.probes.conftest import http_server
 
 A, B = "http://10.0.0.5:8101/metrics", "http://10.0.0.6:8101/metrics"

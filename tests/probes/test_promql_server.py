@@ -35,9 +35,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-from harness.probes.kv_drive import DrivePlan, KvDrive, KvMeter, KvSample
-from harness.probes.promql import PrometheusSource
-from harness.probes.streaming import AsyncStreamingClient
+from harness.probes.loadgen.kv_drive import DrivePlan, KvDrive, KvMeter, KvSample
+from harness.probes.metrics.promql import PrometheusSource
+from harness.probes.client.streaming import AsyncStreamingClient
 from harness.scenarios.migration_on_loss import migration_count
 from harness.waiting import wait_until
 

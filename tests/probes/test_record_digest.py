@@ -1,4 +1,4 @@
-"""A soak judges its records in one pass from disk (harness/probes/record_digest.py): the digest's
+"""A soak judges its records in one pass from disk (harness/probes/client/record_digest.py): the digest's
 figures must be exactly those the record-holding checks compute."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pandas as pd
 
 from harness.checks.reschedule import FirstSuccess, _sent_and_first_token_wall, succeeded
 from harness.checks.slo import client_samples
-from harness.probes.analysis import windowed, windowed_frame
-from harness.probes.record_digest import CHUNK, RecordDigest
-from harness.probes.records import NOT_SENT, iter_records, write_records
+from harness.probes.client.analysis import windowed, windowed_frame
+from harness.probes.client.record_digest import CHUNK, RecordDigest
+from harness.probes.client.records import NOT_SENT, iter_records, write_records
 from tests.checks.test_slo import rec
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from harness.errors import ProbeError
-from harness.probes.records import ClockAnchor, RecordWriter, RequestRecord, process_anchor, read_records
+from harness.probes.client.records import ClockAnchor, RecordWriter, RequestRecord, process_anchor, read_records
 
 
 def _record(i: int, **kw) -> RequestRecord:

@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from harness.probes.rejoin import RejoinWatch
+from harness.probes.workers.rejoin import RejoinWatch
 from tests.probes.conftest import QuietHandler
 
 W0, W1 = "http://127.0.0.1:8101", "http://127.0.0.1:8102"

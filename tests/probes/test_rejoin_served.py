@@ -22,8 +22,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from harness.probes.rejoin import RejoinWatch
-from harness.probes.rejoin_probe import own_api, straight_probe
+from harness.probes.workers.rejoin import RejoinWatch
+from harness.probes.workers.rejoin_probe import own_api, straight_probe
 from tests.probes.conftest import http_server
 
 SERVE_S = 0.5      # the engine's time per request: the queued ones take QUEUED * SERVE_S to drain

@@ -7,10 +7,10 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 
 from harness.errors import ConfigError
-from harness.probes.calibrate import measure_chars_per_token
-from harness.probes.request_shape import REQUEST_SHAPES, check_request_shape, request_shape
-from harness.probes.streaming import CompletionRequest, StreamingClient
-from harness.probes.workload import LoadProfile
+from harness.probes.loadgen.calibrate import measure_chars_per_token
+from harness.probes.client.request_shape import REQUEST_SHAPES, check_request_shape, request_shape
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
+from harness.probes.loadgen.workload import LoadProfile
 from tests.probes.conftest import http_server
 
 OPENAI_FIELDS = {"model", "prompt", "messages", "max_tokens", "temperature", "stream", "stream_options", "ignore_eos"}

@@ -1,4 +1,4 @@
-"""The harness's own memory helpers (harness/probes/selfmem.py) on this glibc machine."""
+"""The harness's own memory helpers (harness/probes/machine_health/selfmem.py) on this glibc machine."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import platform
 
 import pytest
 
-from harness.probes import selfmem
-from harness.probes.leaks import read_process
+from harness.probes.machine_health import selfmem
+from harness.probes.workers.leaks import read_process
 
 
 def test_python_blocks_counts_live_objects_and_falls_when_they_are_freed():

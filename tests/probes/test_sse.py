@@ -2,8 +2,8 @@
 
 import json
 
-from harness.probes.records import RequestRecord
-from harness.probes.sse import RecordBuilder, SSEDecoder
+from harness.probes.client.records import RequestRecord
+from harness.probes.client.sse import RecordBuilder, SSEDecoder
 
 
 def _msg(payload) -> bytes:

@@ -12,7 +12,7 @@ from harness.engine.core.oracle import greedy_reference
 from harness.engine.serving.server import ServerProcess
 from harness.engine.core.tokenizer import ByteTokenizer
 from harness.errors import ProbeError
-from harness.probes.streaming import AsyncStreamingClient, CompletionRequest, StreamingClient
+from harness.probes.client.streaming import AsyncStreamingClient, CompletionRequest, StreamingClient
 
 pytestmark = pytest.mark.slow
 

@@ -2,8 +2,8 @@ import pytest
 
 from harness.errors import ProbeError
 from harness.faults.base import Action, FaultRecord, RecordStatus
-from harness.probes.records import ClockAnchor, RequestRecord
-from harness.probes.timeline import merge_timeline
+from harness.probes.client.records import ClockAnchor, RequestRecord
+from harness.probes.client.timeline import merge_timeline
 
 S = 1_000_000_000
 # this process's clocks: wall 1e18 ns when monotonic was 5_000 s

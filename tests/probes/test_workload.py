@@ -3,7 +3,7 @@ import statistics
 import pytest
 
 from harness.errors import ConfigError
-from harness.probes.workload import LoadProfile, arrival_offsets, make_prompts
+from harness.probes.loadgen.workload import LoadProfile, arrival_offsets, make_prompts
 
 
 def test_poisson_schedule_is_seeded_and_has_the_requested_mean_rate():
@@ -52,7 +52,7 @@ def test_profile_round_trips_and_rejects_bad_values_with_a_fix():
 
 
 def test_prompts_sized_in_tokens_follow_the_measured_ratio_and_the_mix():
-    from harness.probes.workload import make_requests, prompt_chars
+    from harness.probes.loadgen.workload import make_requests, prompt_chars
 
     prof = LoadProfile(prompt_tokens=50, max_tokens=7, chars_per_token=4.0, token_overhead=2.0, num_prompts=20)
     assert prompt_chars(prof, 50) == 192  # (50 - 2 tokens of overhead) * 4 chars
@@ -70,7 +70,7 @@ def test_prompts_sized_in_tokens_follow_the_measured_ratio_and_the_mix():
 
 
 def test_token_sizing_without_a_measured_ratio_and_bad_shapes_say_what_to_do():
-    from harness.probes.workload import make_requests
+    from harness.probes.loadgen.workload import make_requests
 
     with pytest.raises(ConfigError, match="characters per token") as err:
         make_requests(LoadProfile(prompt_tokens=10))
@@ -83,7 +83,7 @@ def test_token_sizing_without_a_measured_ratio_and_bad_shapes_say_what_to_do():
 
 def test_cluster_workload_becomes_profile_fields_and_a_suites_max_tokens_wins():
     from harness.clusterfile.models import Workload
-    from harness.probes.workload import workload_profile
+    from harness.probes.loadgen.workload import workload_profile
 
     wl = Workload(prompt_tokens=300, output_tokens=40,
                   mix=[{"prompt_tokens": 300, "output_tokens": 40, "weight": 3},

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from harness.scenarios.migration_on_loss import migration_count
-from harness.probes.request_shape import request_shape
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.request_shape import request_shape
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 # REPO, healthy and pgrep are also imported from here by the test modules
 from tests.realengine.pool import (FIXTURES, REPO, ClusterPool, cluster_key, healthy, next_user_key,  # noqa: F401
                                    order_by_cluster, pgrep)

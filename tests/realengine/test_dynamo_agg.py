@@ -22,8 +22,8 @@ import pytest
 
 from harness.checks.migration_blackbox import crossing
 from harness.errors import ConfigError
-from harness.probes.request_shape import check_request_shape, request_shape
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.request_shape import check_request_shape, request_shape
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 from tests.realengine.conftest import REPO, healthy, kill_under_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.probes.request_shape import request_shape
-from harness.probes.streaming import CompletionRequest, StreamingClient
+from harness.probes.client.request_shape import request_shape
+from harness.probes.client.streaming import CompletionRequest, StreamingClient
 from tests.realengine.conftest import healthy, kill_under_streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HARNESS = """
 import sys, time
-from harness.probes.load import LoadRunner
-from harness.probes.workload import LoadProfile
+from harness.probes.loadgen.load import LoadRunner
+from harness.probes.loadgen.workload import LoadProfile
 run = LoadRunner("http://127.0.0.1:9", LoadProfile(users=1, duration_s=600), output_dir=sys.argv[1])
 run.start()
 print(run._proc.pid, flush=True)

@@ -21,7 +21,7 @@ from harness.cluster import ClusterHandle
 from harness.clusterfile.load import parse_cluster
 from harness.faults import FaultRunner, Ledger
 from harness.scenarios import blackbox_faults as blackbox
-from harness.probes.inventory import wait_healthy
+from harness.probes.workers.inventory import wait_healthy
 from tests.faults.conftest import free_port
 
 pytestmark = pytest.mark.slow  # real processes restarted by a supervisor

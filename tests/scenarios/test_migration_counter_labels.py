@@ -11,7 +11,7 @@ import re
 from urllib.parse import parse_qs, urlparse
 
 from harness.checks.migration_blackbox import measure
-from harness.probes.promql import PrometheusSource
+from harness.probes.metrics.promql import PrometheusSource
 from harness.scenarios.migration_on_loss import counter_name, migration_count, migration_quantity
 from harness.evidence.records import ClientFault, KillWindow
 from tests.checks.test_migration_blackbox import T0, steady, stream

@@ -18,7 +18,7 @@ from harness.engine.pd.topology import Topology
 from harness.errors import ProbeError
 from harness.evidence.migration import MigrationAttempt
 from harness.scenarios.migration import migrate_observed_stream
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 
 CHECKLIST = Checklist.load()
 

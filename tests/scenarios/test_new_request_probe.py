@@ -16,7 +16,7 @@ from harness.checklists import Checklist
 from harness.checks.reschedule_blackbox import measure_client_view
 from harness.cluster import ClusterHandle
 from harness.clusterfile.load import parse_cluster
-from harness.probes.records import RequestRecord
+from harness.probes.client.records import RequestRecord
 from harness.evidence.records import ClientFault
 from harness.scenarios.reschedule_blackbox import NewRequestProbe
 from tests.probes.conftest import http_server

@@ -10,7 +10,7 @@ import pytest
 from harness.checklists import Checklist
 from harness.checks.reschedule_blackbox import client_view_verdict, rejoin_interval, rejoin_measurement
 from harness.checks.verdict import Status
-from harness.probes.rejoin import Rejoin
+from harness.probes.workers.rejoin import Rejoin
 from tests.checks.test_reschedule_blackbox import T0, quick_faults
 
 

@@ -5,7 +5,7 @@ import pytest
 from harness.checks import reschedule
 from harness.stats import nearest_rank, percentile_or_nan
 from harness.errors import ProbeError
-from harness.probes.analysis import percentiles
+from harness.probes.client.analysis import percentiles
 
 
 def test_nearest_rank_returns_observed_values():
