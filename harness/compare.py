@@ -124,6 +124,13 @@ def load_run(path: str | Path) -> Run:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{rf}: not a readable results.json ({exc})",
                           fix="pass the results.json a harness run wrote, unedited") from None
+    return run_of(results, rf)
+
+
+def run_of(results: dict[str, Any], results_path: Path) -> Run:
+    """:func:`load_run` of results already in memory (a run judging itself against a baseline
+    before its results.json is written); the records are read beside ``results_path``."""
+    rf = results_path
     v62 = [v for v in results.get("verdicts") or () if v.get("item") == "6.2.ttft"]
     if not v62:
         raise ConfigError(f"{rf}: the run has no 6.2.ttft verdict, so no TTFT or TPOT samples to compare",

@@ -16,12 +16,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from harness.checks.verdict import ExitCode, Status, exit_code_for
 from harness.errors import ConfigError, HarnessError, RevertError
+from harness.plugin_options import (Invalid, baseline_path, live_mode, non_empty, number,
+                                     soak_duration)
 from harness.plugin_state import (MARKER, STATE, HarnessOptions, HarnessState, console, harness_state,
                                    load_run_cluster, option_given, report_message, show)
 from harness.report import RunResult, collect_environment, new_run_id
@@ -31,59 +33,37 @@ log = logging.getLogger(__name__)
 pytest_plugins = ["harness.fixtures"]
 
 
-class _Invalid:
-    """An option value that failed its check. Kept (not raised) so the run can exit with code 3,
-    the harness-error code, instead of pytest's usage-error code 4 (our "revert failed")."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
-def _number(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            return _Invalid(f"{what}: {text!r} is not a{'n integer' if kind is int else ' number'}")
-        if value < minimum:
-            return _Invalid(f"{what}: {text!r} must be >= {minimum:g}")
-        return value
-    parse.__name__ = what
-    return parse
-
-
-def _non_empty(text: str) -> Any:
-    return text if text.strip() else _Invalid("--cluster: empty value")
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "PD conformance harness")
-    group.addoption("--cluster", default="local", type=_non_empty,
+    group.addoption("--cluster", default="local", type=non_empty,
                     help="cluster name (clusters/NAME.yaml) or path to a cluster YAML file (default: local)")
     group.addoption("--report-dir", default="reports", help="where reports/<run-id>/ is written (default: reports)")
     group.addoption("--dry-run", action="store_true", default=False,
                     help="print what each fault would do instead of doing it (verdicts become inconclusive)")
-    group.addoption("--load-users", default=4, type=_number(int, 1, "--load-users"),
+    group.addoption("--load-users", default=4, type=number(int, 1, "--load-users"),
                     help="concurrent load users (the in-flight cap in open loop; default 4)")
-    group.addoption("--load-rate", default=None, type=_number(float, 0.001, "--load-rate"),
+    group.addoption("--load-rate", default=None, type=number(float, 0.001, "--load-rate"),
                     help="open-loop (Poisson) request rate per second; default: closed loop")
-    group.addoption("--load-duration", default=None, type=_number(float, 1, "--load-duration"),
+    group.addoption("--load-duration", default=None, type=number(float, 1, "--load-duration"),
                     help="seconds of load per suite test (default: as long as the test's faults need)")
-    group.addoption("--kills", default=3, type=_number(int, 1, "--kills"),
+    group.addoption("--kills", default=3, type=number(int, 1, "--kills"),
                     help="kills per worker role in fault suites (default 3)")
-    group.addoption("--harness-seed", default=0, type=_number(int, 0, "--harness-seed"),
+    group.addoption("--harness-seed", default=0, type=number(int, 0, "--harness-seed"),
                     help="seed for load prompts, arrivals and fault target selection (default 0)")
-    group.addoption("--soak", default=None, type=_soak_duration,
+    group.addoption("--soak", default=None, type=soak_duration,
                     help="run suites/test_soak.py for this long (e.g. 30m, 3m, 2h): load all along, rolling faults "
                          "from a seeded schedule, leak sampling (docs/soak.md); without it the soak suite is not run")
-    group.addoption("--soak-seed", default=None, type=_number(int, 0, "--soak-seed"),
+    group.addoption("--soak-seed", default=None, type=number(int, 0, "--soak-seed"),
                     help="seed of the soak's fault schedule (default: --harness-seed); the same seed replays it")
-    group.addoption("--soak-faults-per-min", default=2.5, type=_number(float, 0.01, "--soak-faults-per-min"),
+    group.addoption("--soak-faults-per-min", default=2.5, type=number(float, 0.01, "--soak-faults-per-min"),
                     help="pace of the soak's faults (default 2.5 a minute)")
-    group.addoption("--soak-window", default=None, type=_soak_duration,
+    group.addoption("--soak-window", default=None, type=soak_duration,
                     help="window of the soak's per-window 6.2 verdicts (default: the checklist's soak.slo window_s, "
                          "at most a third of the run)")
-    group.addoption("--live", default="auto", type=_live_mode,
+    group.addoption("--baseline", default=None, type=baseline_path,
+                    help="a stored run (report folder or results.json) to judge this run against as well: a 6.2 "
+                         "figure regressed beyond the checklist's regression: tolerance exits 1 (docs/compare.md)")
+    group.addoption("--live", default="auto", type=live_mode,
                     help="live progress while suites run: rich (a panel), plain (a status line every 10 s and "
                          "at each change), off; default auto: rich on a terminal, plain otherwise")
 
@@ -136,24 +116,6 @@ def pytest_cmdline_main(config: pytest.Config) -> Iterator[None]:
         return report_usage_error(exc.args)  # type: ignore[return-value]
 
 
-def _soak_duration(text: str) -> Any:
-    from harness.errors import ConfigError
-    from harness.scenarios.soak_schedule import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ConfigError as exc:
-        return _Invalid(f"{exc.message} (fix: {exc.fix})")
-
-
-def _live_mode(text: str) -> Any:
-    from harness.report.live import MODES
-
-    return text if text in MODES else _Invalid(f"--live: {text!r} is not one of {', '.join(MODES)}")
-
-
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a Section 6.1 conformance suite test")
     config.addinivalue_line("markers", "item(*item_ids, needs=None): the checklist items a suite judges; a cluster "
@@ -162,9 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: end-to-end tests that start processes, clusters or browsers")
     config.addinivalue_line("markers", "root: needs root and iproute2 (network namespaces, tc)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed",
-             "soak", "soak_seed", "soak_faults_per_min", "soak_window")
+             "soak", "soak_seed", "soak_faults_per_min", "soak_window", "baseline")
     values = {n: config.getoption(n) for n in names}
-    bad = [v.message for v in [*values.values(), config.getoption("live")] if isinstance(v, _Invalid)]
+    bad = [v.message for v in [*values.values(), config.getoption("live")] if isinstance(v, Invalid)]
     if bad:
         pytest.exit("harness option error: " + "; ".join(bad) + " (fix: pass a valid value, see `pytest --help`)",
                     returncode=int(ExitCode.HARNESS_ERROR))
@@ -173,7 +135,8 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir = Path(config.invocation_params.dir) / report_dir
     options = HarnessOptions(values["cluster"], report_dir, values["dry_run"], values["load_users"],
                              values["load_rate"], values["load_duration"], values["kills"], values["harness_seed"],
-                             values["soak"], values["soak_seed"], values["soak_faults_per_min"], values["soak_window"])
+                             values["soak"], values["soak_seed"], values["soak_faults_per_min"], values["soak_window"],
+                             values["baseline"])
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_RunWatcher(state), "harness-run-watcher")
@@ -358,6 +321,11 @@ def _finish_run(session: pytest.Session, state: HarnessState, exitstatus: int) -
     result.coverage = coverage(result.verdicts, list(state.checklist.items) if state.checklist else [])
     code = exit_code_for(result.verdicts, harness_error=bool(result.harness_errors),
                          revert_failed=bool(result.revert_failures))
+    if state.options.baseline is not None and not state.options.dry_run:
+        from harness.baseline import judge_against_baseline
+
+        code = judge_against_baseline(result, state.options.baseline, state.options.report_dir / result.run_id,
+                                      state.checklist, code)
     result.exit_code = int(code)
     from harness.report import write_reports
 

@@ -22,7 +22,7 @@ MS = 1_000_000
 LINK = "artifacts/test_ttft_and_tpot_meet_the_dashboard_targets-load0/requests.jsonl"
 
 
-def _records(n: int, seed: int, *, ttft_ms: float = 40.0, tpot_ms: float = 5.0, tokens: int = 16) -> list[RequestRecord]:
+def run_records(n: int, seed: int, *, ttft_ms: float = 40.0, tpot_ms: float = 5.0, tokens: int = 16) -> list[RequestRecord]:
     """n requests 50 ms apart, lognormal TTFT and TPOT around the given medians (seeded)."""
     rng = random.Random(seed)
     out = []
@@ -38,7 +38,7 @@ def _records(n: int, seed: int, *, ttft_ms: float = 40.0, tpot_ms: float = 5.0, 
     return out
 
 
-def _run(folder: Path, records: list[RequestRecord], *, users: int = 16, links: bool = True) -> Path:
+def report_folder(folder: Path, records: list[RequestRecord], *, users: int = 16, links: bool = True) -> Path:
     """A report folder as a run writes it: results.json and the records its 6.2 verdict links."""
     (folder / LINK).parent.mkdir(parents=True)
     write_records(folder / LINK, records)
@@ -63,9 +63,9 @@ def _run(folder: Path, records: list[RequestRecord], *, users: int = 16, links: 
 def test_the_same_cluster_twice_is_within_tolerance_and_a_slower_decode_regresses(tmp_path):
     """Planted defects: the ratio taken baseline/candidate (a 40 % slower TPOT reads as improved),
     the tolerance ignored (an A/A pair judged against 1.0 straddles, never within tolerance)."""
-    base = load_run(_run(tmp_path / "base", _records(3000, 1)))
-    same = load_run(_run(tmp_path / "same", _records(3000, 2)))
-    slow = load_run(_run(tmp_path / "slow", _records(3000, 3, tpot_ms=7.0)))
+    base = load_run(report_folder(tmp_path / "base", run_records(3000, 1)))
+    same = load_run(report_folder(tmp_path / "same", run_records(3000, 2)))
+    slow = load_run(report_folder(tmp_path / "slow", run_records(3000, 3, tpot_ms=7.0)))
     assert base.requests == 3000 and len(base.samples["ttft"]) == 3000 and len(base.samples["tpot"]) == 3000
     aa = compare_runs(base, same, default_checklist())
     assert aa.exit_code in (0, 2) and not any(f.status == "regressed" for f in aa.figures)
@@ -103,8 +103,8 @@ def test_a_figure_at_its_tolerance_is_rarely_called_either_way_and_a_25_percent_
 def test_runs_with_other_load_are_refused_naming_it_and_force_states_it(tmp_path):
     """Planted defect: runs of 16 and 64 users compared as if alike (the candidate's queueing read as
     a regression of the build); with --force the difference is stated beside the verdicts."""
-    base = load_run(_run(tmp_path / "base", _records(400, 1)))
-    other = load_run(_run(tmp_path / "other", _records(400, 2), users=64))
+    base = load_run(report_folder(tmp_path / "base", run_records(400, 1)))
+    other = load_run(report_folder(tmp_path / "other", run_records(400, 2), users=64))
     with pytest.raises(ConfigError) as err:
         compare_runs(base, other, default_checklist())
     assert "not comparable" in str(err.value) and "load options" in str(err.value) and "--force" in err.value.fix
@@ -118,8 +118,8 @@ def test_a_run_without_records_or_results_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no results.json"):
         load_run(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="evidence.links"):
-        load_run(_run(tmp_path / "old", _records(10, 1), links=False))
-    cut = _run(tmp_path / "cut", _records(10, 1))
+        load_run(report_folder(tmp_path / "old", run_records(10, 1), links=False))
+    cut = report_folder(tmp_path / "cut", run_records(10, 1))
     (cut / LINK).unlink()
     with pytest.raises(ConfigError, match="are missing") as err:
         load_run(cut / "results.json")
@@ -142,8 +142,8 @@ def test_the_checklist_regression_section_is_validated(tmp_path):
 
 def test_the_command_prints_the_table_writes_json_and_exits_by_the_worst_figure(tmp_path):
     """Planted defect: exit 0 with a regressed figure (CI would roll the candidate out)."""
-    base = _run(tmp_path / "base", _records(3000, 1))
-    slow = _run(tmp_path / "slow", _records(3000, 3, tpot_ms=7.0))
+    base = report_folder(tmp_path / "base", run_records(3000, 1))
+    slow = report_folder(tmp_path / "slow", run_records(3000, 3, tpot_ms=7.0))
     out = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(slow / "results.json"),
                           "--json", str(tmp_path / "c.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stdout + out.stderr

@@ -38,6 +38,17 @@ def junit_tree(result: RunResult) -> ET.ElementTree:
             ET.SubElement(case, "skipped", message=v.reason)
         else:
             ET.SubElement(case, "system-out").text = f"{v.reason}\n{detail}"
+    for f in (result.regression or {}).get("figures") or ():   # --baseline: one case per compared figure
+        case = ET.SubElement(suite, "testcase", classname=f"regression.{f['item']}", name=f["figure"])
+        counts["tests"] += 1
+        if f["status"] == "regressed":
+            counts["failures"] += 1
+            ET.SubElement(case, "failure", message=f["reason"], type="Regressed").text = json.dumps(f, default=str)
+        elif f["status"] == "inconclusive":
+            counts["skipped"] += 1
+            ET.SubElement(case, "skipped", message=f["reason"])
+        else:
+            ET.SubElement(case, "system-out").text = f["reason"]
     for kind, messages in (("HarnessError", result.harness_errors), ("RevertError", result.revert_failures)):
         for i, message in enumerate(messages):
             case = ET.SubElement(suite, "testcase", classname="harness", name=f"{kind} {i + 1}")

@@ -51,6 +51,9 @@ class RunResult:
     machine: dict[str, Any] = field(default_factory=dict)
     # a soak run (suites/test_soak.py): its schedule, fault outcomes, windows and leak series
     soak: dict[str, Any] = field(default_factory=dict)
+    # --baseline: this run against a stored baseline run (harness/compare.py Comparison.to_dict(), or
+    # {"baseline", "error"} when it could not be compared); empty without --baseline
+    regression: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_meaning(self) -> str:

@@ -74,6 +74,7 @@ def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> 
         table.add_row(*cells[:2], Text(cells[2], style=_STYLE[v.status]), *cells[3:], _cut(short_reason(v), room))
     console.print(table)
     _print_coverage(console, result.coverage)
+    _print_regression(console, result.regression)
     for message in result.revert_failures:
         console.print(Text(f"revert failed: {message}", style="bold magenta"))
     for message in result.harness_errors:
@@ -82,6 +83,19 @@ def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> 
     if run_dir is not None:
         console.print(f"report: {run_dir / 'report.html'} (also results.json, junit.xml; "
                       f"{run_dir.parent / 'latest'} links to it)")
+
+
+def _print_regression(console: Console, regression: dict) -> None:
+    """--baseline: one line per compared figure (docs/compare.md); its error is a harness error below."""
+    if not regression.get("figures"):
+        return
+    console.print(f"against the baseline {regression['baseline']} (chance of a wrong 'regressed' <= "
+                  f"{regression['alpha']:g} over the {len(regression['figures'])} figures):")
+    styles = {"regressed": "bold red", "inconclusive": "yellow", "within tolerance": "green", "improved": "green"}
+    for f in regression["figures"]:
+        console.print(Text(f"  {f['figure']}: {f['status']}: {f['reason']}", style=styles.get(f["status"], "")))
+    for difference in regression.get("differences") or ():
+        console.print(f"  compared anyway, though the runs differ in {difference}")
 
 
 def _print_coverage(console: Console, coverage: dict) -> None:
