@@ -1,0 +1,134 @@
+"""The rollout comparison's error rates and power on the bundled cluster (issue 36; docs/compare.md).
+
+Runs the 6.2 suite (``pytest suites/test_62_slo.py``) on the bundled cluster as users run it, in
+pairs: a baseline, the same cluster again (A/A: every "regressed" is a false regression), and a
+candidate whose engine admits fewer requests at once (``bundled.engine.max_batch``, a real engine
+setting: under the same closed-loop users its requests queue, so TTFT rises while per-token decode
+does not), each compared with the baseline by ``harness.compare`` as ``python -m harness compare``
+does. Then, for each figure, the smallest regression found with 80 % power at these run sizes:
+the baseline runs' own samples resampled, one side scaled by a factor, judged the same way (the
+resampling draws independent requests, so it knows nothing of the streams' dependence: the real
+runs' power is at most this).
+
+    .venv/bin/python bench/bench_compare.py --pairs 20      # the acceptance: ~40 min here
+    .venv/bin/python bench/bench_compare.py --quick         # 2 pairs, ~5 min
+
+Prints one line per comparison (exit code and each figure's verdict), then per figure the A/A
+false-regression count, the candidate's detections, and the power table. Nothing is timed:
+the figures are error counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.checklists import default_checklist  # noqa: E402
+from harness.compare import FIGURES, compare_figure, compare_runs, load_run  # noqa: E402
+
+SHIFTS = (1.05, 1.10, 1.15, 1.20, 1.30, 1.50, 2.0)   # candidate / baseline factors tried for power
+
+
+def cluster_file(folder: Path, max_batch: int | None) -> Path:
+    """clusters/local.yaml as shipped, or with the engine admitting ``max_batch`` requests at once,
+    still named local (the same cluster, another build)."""
+    data = yaml.safe_load((ROOT / "clusters" / "local.yaml").read_text())
+    if max_batch is not None:
+        data.setdefault("bundled", {}).setdefault("engine", {})["max_batch"] = max_batch
+    path = folder / f"local-{max_batch or 'shipped'}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def one_run(folder: Path, cluster: Path, name: str, users: int, duration: float) -> Path:
+    reports = folder / name
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider", "-q",
+                          f"--cluster={cluster}", f"--report-dir={reports}", "--live=off",
+                          f"--load-users={users}", f"--load-duration={duration:g}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if out.returncode not in (0, 1, 2):
+        sys.exit(f"run {name} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
+    print(f"  run {name}: exit {out.returncode} in {time.monotonic() - t0:.0f} s", flush=True)
+    return reports / "latest"
+
+
+def power(base_runs: list, checklist, trials: int, seed: int) -> dict[str, dict[float, float]]:
+    """Per figure and shift: the share of resampled comparisons called regressed."""
+    rng = random.Random(seed)
+    wanted = [(i, f, t) for i, fs in checklist.regression.tolerances.items() for f, t in fs.items()]
+    alpha_each = checklist.regression.alpha / len(wanted)
+    table: dict[str, dict[float, float]] = {}
+    for item, fig, tol in wanted:
+        kind = FIGURES[(item, fig)][0]
+        table[fig] = {}
+        for shift in SHIFTS:
+            hits = 0
+            for _ in range(trials):
+                a, b = rng.sample(base_runs, 2) if len(base_runs) > 1 else (base_runs[0], base_runs[0])
+                base = rng.choices(a.samples[kind], k=len(a.samples[kind]))
+                cand = [x * shift for x in rng.choices(b.samples[kind], k=len(b.samples[kind]))]
+                hits += compare_figure(item, fig, base, cand, tol, alpha_each).status == "regressed"
+            table[fig][shift] = hits / trials
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=int, default=20, help="baseline / A / B triples (default 20)")
+    p.add_argument("--quick", action="store_true", help="2 pairs and 40 resamples a power cell")
+    p.add_argument("--max-batch", type=int, default=2, help="the candidate's engine max_batch (shipped: 32)")
+    p.add_argument("--users", type=int, default=4, help="closed-loop load users of every run (default 4)")
+    p.add_argument("--duration", type=float, default=8.0, help="--load-duration of every run (default 8)")
+    p.add_argument("--scratch", type=Path, default=None, help="keep the runs' reports here")
+    args = p.parse_args(argv)
+    pairs, trials = (2, 40) if args.quick else (args.pairs, 200)
+    checklist = default_checklist()
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-compare-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    shipped, knob = cluster_file(scratch, None), cluster_file(scratch, args.max_batch)
+    print(f"bench_compare: {pairs} pairs, 6.2 at {args.users} users for {args.duration:g} s a run; candidate "
+          f"max_batch {args.max_batch}; reports in {scratch}")
+    aa, ab, bases = [], [], []
+    for k in range(1, pairs + 1):
+        base = load_run(one_run(scratch, shipped, f"base-{k}", args.users, args.duration))
+        same = load_run(one_run(scratch, shipped, f"same-{k}", args.users, args.duration))
+        slow = load_run(one_run(scratch, knob, f"knob-{k}", args.users, args.duration))
+        bases += [base, same]
+        for label, cand, into in (("A/A", same, aa), ("A/B", slow, ab)):
+            c = compare_runs(base, cand, checklist)
+            into.append(c)
+            print(f"pair {k} {label}: exit {c.exit_code}; " +
+                  ", ".join(f"{f.figure} {f.status} {f.ratio and round(f.ratio, 3)}" for f in c.figures), flush=True)
+    print(f"\nper figure over {pairs} pairs (alpha {checklist.regression.alpha:g} over the figures)")
+    print(f"{'figure':<12} {'A/A regressed':>13} {'A/A within':>10} {'A/B regressed':>13} {'A/B ratio median':>16}")
+    for fig in [f.figure for f in aa[0].figures]:
+        a_f = [next(f for f in c.figures if f.figure == fig) for c in aa]
+        b_f = [next(f for f in c.figures if f.figure == fig) for c in ab]
+        ratios = sorted(f.ratio for f in b_f if f.ratio is not None)
+        print(f"{fig:<12} {sum(f.status == 'regressed' for f in a_f):>13} "
+              f"{sum(f.status in ('within tolerance', 'improved') for f in a_f):>10} "
+              f"{sum(f.status == 'regressed' for f in b_f):>13} "
+              f"{ratios[len(ratios) // 2] if ratios else float('nan'):>16.3f}")
+    table = power(bases, checklist, trials, seed=0)
+    print(f"\npower: share called regressed, the baseline runs' samples resampled ({trials} a cell), one side x shift")
+    print(f"{'figure':<12} " + " ".join(f"{s:>6g}x" for s in SHIFTS) + "  smallest at 80 %")
+    for fig, row in table.items():
+        smallest = next((s for s in SHIFTS if row[s] >= 0.8), None)
+        print(f"{fig:<12} " + " ".join(f"{row[s]:>7.2f}" for s in SHIFTS) +
+              f"  {'> %gx' % SHIFTS[-1] if smallest is None else '%gx' % smallest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
