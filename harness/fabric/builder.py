@@ -341,11 +341,27 @@ def leftovers(ex: Executor | None = None, prefix: str = DEFAULT_PREFIX) -> list[
 
 
 def remove_prefixed(ex: Executor, prefix: str = DEFAULT_PREFIX) -> None:
-    """Delete every namespace (its veth ends and their peers go with it) and link with ``prefix``."""
+    """Delete every namespace (its veth ends and their peers go with it) and link with ``prefix``.
+    A process still inside a namespace is killed first: `ip netns del` only drops the name, and the
+    namespace lives on as long as any process holds it (an sshd session whose client went away with
+    the link waits forever for a FIN that cannot come: three were found holding deleted namespaces
+    after a CI run)."""
     for ns in list_netns(ex):
         if ns.startswith(prefix):
+            stop_processes_in(ex, ns)
             ex.run(["ip", "netns", "del", ns], timeout=IP_TIMEOUT_S, check=False)
     for link in list_links(ex):
         if link.startswith(prefix):
             ex.run(["ip", "link", "del", link], timeout=IP_TIMEOUT_S, check=False)
+
+
+def stop_processes_in(ex: Executor, netns: str) -> list[int]:
+    """SIGKILL every process still in ``netns`` (``ip netns pids``); returns their pids. Only the
+    fabric's own namespaces are passed here: whatever still runs in one at teardown is left over."""
+    res = ex.run(["ip", "netns", "pids", netns], timeout=IP_TIMEOUT_S, check=False)
+    pids = [int(p) for p in res.stdout.split() if p.isdigit()]
+    if pids:
+        log.warning("namespace %s still holds process(es) %s at teardown: killed", netns, pids)
+        ex.run(["kill", "-9", *map(str, pids)], timeout=IP_TIMEOUT_S, check=False)
+    return pids
 
