@@ -94,8 +94,12 @@ def undecided_by_size(window: dict) -> bool:
 def check_slo(slo: dict) -> None:
     """soak.slo as the honest cluster deserves it (module docstring)."""
     windows = slo["evidence"]["windows"]
-    assert windows and not any(w.get("beyond") for w in windows), windows
-    assert all(w["status"] in ("pass", "inconclusive") for w in windows), windows
+    assert windows and all(w["status"] in ("pass", "inconclusive") for w in windows), windows
+    # a window whose figure is past a limit while its interval is not wholly past it is evidence, not a
+    # fail (harness/checks/soak.py): on the honest cluster a fault's burst of slow requests can put a
+    # window's p99 point over 500 ms (CI 2026-12-06: window 3, TTFT p99 interval 68-733 ms); it must
+    # then be undecided, never passed
+    assert all(w["status"] == "inconclusive" for w in windows if w.get("beyond")), windows
     whole = [w for w in windows if w["window"] == "whole run"]
     assert len(whole) == 1 and (whole[0]["status"] == "pass" or starved_machine(slo) or undecided_by_size(whole[0])), \
         (whole, slo["reason"])
@@ -206,3 +210,20 @@ def test_a_window_undecided_by_its_size_is_excused_in_both_wordings_and_nothing_
     assert "resolution bound" in resolution["ttft"]["reason"] and not undecided_by_size(resolution)
     assert not undecided_by_size({"ttft": {"status": "fail", "reason": "straddles"}, "tpot": {"status": "pass"}})
     assert not undecided_by_size({"ttft": {"status": "pass"}, "tpot": {"status": "pass"}})
+
+
+def test_a_window_past_a_limit_on_its_point_but_not_its_interval_is_evidence_not_a_failure_of_the_honest_run():
+    """check_slo, the honest soak's rule for soak.slo: a window whose p99 point is past 500 ms while its
+    interval straddles (``beyond``, undecided by its size) is allowed, as the product treats it (CI
+    2026-12-06: window 3, 68-733 ms, failed the old check that forbade any such window). Planted
+    defects: the same window passed although its point is past the limit; a window that failed."""
+    close = _p99_window(lambda k: __import__("harness.stats.interval", fromlist=["Interval"]).Interval(
+        55.0, 717.0, 0.95, "order statistics", int(956 * k)))
+    beyond = {"window": 3, "status": "inconclusive", "beyond": ["TTFT p99"], **close}
+    whole = {"window": "whole run", "status": "pass", "beyond": [], "ttft": {"status": "pass"}, "tpot": {"status": "pass"}}
+    ok = {"status": "inconclusive", "reason": "window 3 straddles", "evidence": {"windows": [beyond, whole]}}
+    check_slo(ok)
+    with pytest.raises(AssertionError):
+        check_slo({**ok, "evidence": {"windows": [{**beyond, "status": "pass"}, whole]}})
+    with pytest.raises(AssertionError):
+        check_slo({**ok, "evidence": {"windows": [{**beyond, "status": "fail"}, whole]}})
