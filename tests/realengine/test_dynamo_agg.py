@@ -160,8 +160,9 @@ def _evidence_is_what_it_says(v612: dict, v614: dict) -> None:
     """Issue 33's evidence rules on Dynamo. 6.1.2: a sample only from a stream that moved, the k largest
     stalls, k = the rise of the ``ongoing_request`` series alone (planted: the counter summed over
     migration_type, ``new_request`` too: the counter named differs and more samples than the ongoing rises).
-    6.1.4: the first hang's new request is the open-loop probe's, served within half the 8 s stop, never
-    queued behind the load's blocked users (planted: no probe: +5.4 s was once reported; a later hang may
+    6.1.4: the first hang's new request (the open-loop probe's, or a load request sent after the fault and
+    served sooner) is served within half the 8 s stop, never queued behind the load's blocked users
+    (planted: no probe: +5.4 s was once reported; a later hang may
     follow a hang that cost the other worker its registration, a true finding: then nothing serves new
     requests until the stop ends: +8.06 s measured); every hung mocker's rejoin is not observed, never
     back by health alone (planted: the old rule, back by health: ``observable`` true). Checked on the run
@@ -175,7 +176,10 @@ def _evidence_is_what_it_says(v612: dict, v614: dict) -> None:
     assert len(moved) <= sum(rises), (rises, len(moved))
     hangs = [s for s in v614["evidence"]["samples"] if s["label"].startswith("hang ")]
     assert hangs and all(s["new_request"] is not None for s in hangs), hangs
-    assert hangs[0]["new_request"].startswith("newreq-") and hangs[0]["new_request_s"] < 4.0, hangs[0]
+    # the first success sent after the fault, whoever sent it: the probe's (newreq-...) guarantees one that
+    # no blocked user queues; a load request sent after the fault and served sooner counts as well (CI-like
+    # run 2026-12-06: load-168 at +0.19 s). Without the probe only queued load requests were left: +5.4 s
+    assert hangs[0]["new_request"].startswith(("newreq-", "load-")) and hangs[0]["new_request_s"] < 4.0, hangs[0]
     for r in v614["evidence"]["rejoin"]:
         if r["fault"].startswith("hang "):
             assert not r["observable"] and not r["back"] and "never taken as back by health alone" in r["sentence"], r
