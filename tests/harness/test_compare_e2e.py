@@ -1,9 +1,12 @@
-"""`python -m harness compare` on two real runs of the 6.2 suite on the bundled cluster (real
-subprocesses, real engine, the records the runs wrote): the candidate's engine prefills one prompt
-token a step (`bundled.engine.max_prefill_tokens: 1`, a real engine setting: chunked prefill with
-the smallest chunk; the cluster otherwise the same and named the same), so its first tokens come
-several times later: TTFT regressed, exit 1, named in the table and the JSON. (`max_batch: 1` was
-tried first and changed nothing under 4 users on 2 + 2 workers: TTFT 0.93 x.)"""
+"""`pytest suites/ --baseline=PATH` and `python -m harness compare` on two real runs of the 6.2 suite
+on the bundled cluster (real subprocesses, real engine, the records the runs wrote): the second run,
+given the first as its baseline, judges its figures against it in the run, into results.json, the
+JUnit file and its exit code, exactly as the command judges the two report folders afterwards.
+
+(An e2e with a true regression is not here yet: the two bundled engine settings tried as a slower
+candidate, `max_batch: 1` and `max_prefill_tokens: 1`, did not slow TTFT under 4 users on 2 + 2
+workers: 0.93 x and 0.88 x. The regression verdicts are tested on recorded-format runs in
+tests/test_compare.py and tests/harness/test_baseline.py.)"""
 
 from __future__ import annotations
 
@@ -13,40 +16,37 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, name: str, cluster: str, *extra: str) -> Path:
+def _run(tmp_path: Path, name: str, *extra: str) -> tuple[int, Path]:
     reports = tmp_path / name
     out = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider",
-                          f"--cluster={cluster}", f"--report-dir={reports}", "--live=off", "--load-duration=8", *extra],
+                          "--cluster=local", f"--report-dir={reports}", "--live=off", "--load-duration=8", *extra],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode in (0, 1, 2), out.stdout[-3000:] + out.stderr[-2000:]
-    return reports / "latest"
+    return out.returncode, reports / "latest"
 
 
-def test_a_candidate_that_prefills_a_token_a_step_regresses_ttft_against_the_baseline(tmp_path):
-    """Planted defect: the candidate compared as baseline (ratio inverted: TTFT 'improved'), or its
-    records not read (no samples: inconclusive, exit 2), or the runs refused as not comparable for
-    an engine setting (the very change a rollout tests), or --baseline judging other figures than
-    the command does."""
-    data = yaml.safe_load((ROOT / "clusters" / "local.yaml").read_text())
-    data.setdefault("bundled", {}).setdefault("engine", {})["max_prefill_tokens"] = 1
-    token_a_step = tmp_path / "local-candidate.yaml"
-    token_a_step.write_text(yaml.safe_dump(data))   # still named "local": the same cluster, another build
-    base = _run(tmp_path, "baseline", "local")
-    cand = _run(tmp_path, "candidate", str(token_a_step), f"--baseline={base}")   # judged against it in the run
+def test_a_run_given_a_baseline_judges_the_same_figures_the_same_way_as_the_command(tmp_path):
+    """Planted defects: --baseline ignored (no regression in results.json, no JUnit case); the run
+    judging other figures or other verdicts than `harness compare` on the same folders; the
+    comparison kept out of the exit code (a regressed figure with exit 0, an undecided one with 0)."""
+    _, base = _run(tmp_path, "baseline")
+    rc, cand = _run(tmp_path, "candidate", f"--baseline={base}")
+    results = json.loads((cand / "results.json").read_text())
+    in_run = results["regression"]
+    assert len(in_run["figures"]) == 4 and in_run["baseline"].endswith("results.json"), in_run
     out = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(cand), "--json",
                           str(tmp_path / "compare.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1, out.stdout + out.stderr
     got = json.loads((tmp_path / "compare.json").read_text())
-    by = {f["figure"]: f for f in got["figures"]}
-    assert by["ttft_p50_ms"]["status"] == "regressed" and by["ttft_p50_ms"]["interval"]["lo"] > 1.1, by["ttft_p50_ms"]
-    assert got["differences"] == [] and "ttft_p50_ms" in out.stdout and "exit 1" in out.stdout
-    # the candidate's own run, given --baseline, judged the same figures the same way
-    in_run = json.loads((cand / "results.json").read_text())["regression"]
+    assert out.returncode == got["exit_code"] == in_run["exit_code"], out.stdout + out.stderr
     assert {f["figure"]: f["status"] for f in in_run["figures"]} == {f["figure"]: f["status"] for f in got["figures"]}
-    assert in_run["exit_code"] == 1 and "regression.6.2.ttft" in (cand / "junit.xml").read_text()
+    junit = (cand / "junit.xml").read_text()
+    assert all(f'name="{f["figure"]}"' in junit for f in in_run["figures"]) and "regression.6.2.ttft" in junit
+    verdicts = {v["status"] for v in results["verdicts"]}
+    expected = 1 if "fail" in verdicts or in_run["exit_code"] == 1 else \
+        2 if "inconclusive" in verdicts or in_run["exit_code"] == 2 else 0
+    assert rc == results["exit_code"] == expected, (rc, results["exit_code"], verdicts, in_run["exit_code"])
