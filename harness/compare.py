@@ -177,7 +177,7 @@ def differences(base: Run, cand: Run) -> list[str]:
 
 
 def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+    return "?" if x is None else f"{x:.3g}"   # "?": no bound (too few samples), never a dash inside "[lo-hi]"
 
 
 def mover_ratio(num: Interval, num_point: float, den: Interval, den_point: float) -> Interval:
