@@ -165,12 +165,20 @@ def _server_count(api: str) -> float:
                if s.name in ("pdengine_requests_finished_total", "pdengine_http_errors_total"))
 
 
+def _cmdline(pid: str) -> str | None:
+    """A process's command line, or None when it ended between listing and reading (CI hit that race:
+    an SSH session process of the run exiting while the namespace's pids were read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def _nothing_left(st, state: Path) -> None:
     """No Locust process of the run on any host, no run folder left on any host."""
     for name, _, _ in st.endpoints():
         pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-        cmds = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in pids
-                if Path(f"/proc/{p}/cmdline").exists()]
+        cmds = [c for c in (_cmdline(p) for p in pids) if c is not None]
         assert not [c for c in cmds if "locust" in c], f"{name} still runs {cmds}"
     assert not list((state / "work").glob("*")), list((state / "work").iterdir())
     left = subprocess.run(["pgrep", "-f", f"master-port {MASTER_PORT}"], capture_output=True, text=True).stdout
