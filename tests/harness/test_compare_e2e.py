@@ -16,15 +16,31 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+MAX_LOAD_S = 16.0   # 6.2's load capped (the checklist's 90 s): CI paid ~60 s a run for decided verdicts this
+                    # test does not need; it checks the run and the command agree, whatever they decide
+
+
+def _cluster(tmp_path: Path) -> Path:
+    """clusters/local.yaml with 6.2's load capped at MAX_LOAD_S (one file for both runs: comparable)."""
+    path = tmp_path / "local-capped.yaml"
+    if not path.exists():
+        data = yaml.safe_load((ROOT / "clusters" / "local.yaml").read_text())
+        data.setdefault("thresholds", {})["6.2.ttft"] = {"max_load_s": MAX_LOAD_S}
+        path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def _run(tmp_path: Path, name: str, *extra: str) -> tuple[int, Path]:
     reports = tmp_path / name
     out = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider",
-                          "--cluster=local", f"--report-dir={reports}", "--live=off", "--load-duration=8", *extra],
+                          f"--cluster={_cluster(tmp_path)}", f"--report-dir={reports}", "--live=off",
+                          "--load-duration=8", *extra],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode in (0, 1, 2), out.stdout[-3000:] + out.stderr[-2000:]
     return out.returncode, reports / "latest"

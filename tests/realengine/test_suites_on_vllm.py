@@ -7,8 +7,12 @@ reach a pass or fail verdict with their evidence; nothing-lost is judged; every 
 inconclusive with a reason naming what is missing. A hung EngineCore (SIGSTOP 8 s) keeps /health
 at 200, so vllm-router does not route around it: the stall clients see is longer than 3 s and 6.1.4
 fails, saying so. A killed API server cuts the streams in flight on it with no error event: nothing-lost
-fails, naming them. 6.1.3 is driven by load against the levels the cluster file states (a 4096-token
-KV pool per instance). (Seen here: 6.1.4 fail, hang stall 8.1 s; kill cut load-1, load-3, load-4.)
+fails, naming them. (Seen here: 6.1.4 fail, hang stall 8.1 s; kill cut load-1, load-3, load-4.)
+
+6.1.3 is left out of this run (``--ignore=suites/test_item3_degradation.py``): it is judged on vLLM by
+test_degradation_on_vllm.py, on the tiny model that fills a 4096-token pool in seconds. On this slow
+model the pool fills slowly and then drains ~32 streams of 600 tokens a few at a time: 164 s of this
+test's 387 s in CI, to end "not reached" or a verdict the other test already asserts (issue 34: CI time).
 
 Issue 23's acceptance on the external side rides on the same run (one vLLM start-up, one restart):
 vllm-router's circuit breaker at its defaults decides when the killed instance gets traffic again; the
@@ -46,7 +50,8 @@ VLLM_KV_CACHE_TOKENS = 4096
 def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluster, tmp_path):
     reports = tmp_path / "reports"
     cmd = [sys.executable, "-m", "pytest", "suites/", "-p", "no:cacheprovider", "--cluster=vllm-agg",
-           f"--report-dir={reports}", "--kills=1", "--load-rate=4", "--load-users=48", "--live=plain"]
+           f"--report-dir={reports}", "--kills=1", "--load-rate=4", "--load-users=48", "--live=plain",
+           "--ignore=suites/test_item3_degradation.py"]   # 6.1.3 on vLLM: test_degradation_on_vllm.py
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=2400)
     # the launcher's log says when an instance died, restarted and came back (a slow restart fails 6.1.4's revert)
     out = proc.stdout[-6000:] + proc.stderr[-3000:] + "\n--- launcher log ---\n" + vllm_cluster.launcher_log()[-2000:]
@@ -91,11 +96,8 @@ def test_the_main_job_judges_6_2_and_6_1_4_on_vllm_and_never_exits_3(vllm_cluste
         assert lost and counted >= len(cut), (cut, lost)
         assert set(cut) <= listed or (len(listed) >= 20 and listed & set(cut)), (cut, listed)
 
-    # 6.1.3 by load against the file's stated levels: judged, or (the slow model fills the pool slowly)
-    # inconclusive naming the level it could not reach and the KV use it saw, never a missing capability
-    [v613] = verdicts["6.1.3"]
-    assert v613["status"] in ("pass", "fail") or "not reached" in v613["reason"] or starved(v613), v613["reason"]
-    assert v613["evidence"]["levels"] and v613["evidence"]["kv_use_series"], v613["evidence"]
+    assert "6.1.3" not in verdicts, verdicts["6.1.3"]   # its suite was left out (the docstring says why)
+    assert "6.1.3" in data["coverage"]["not_run"], data["coverage"]   # and the report says it was not run
 
     # every other item: inconclusive, naming the missing capability
     for item in ("6.1.1", "6.1.2", "6.1.5", "nic-flap", "ecc"):
