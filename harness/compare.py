@@ -41,10 +41,18 @@ from harness.stats import nearest_rank
 from harness.stats.interval import Interval, more_to_decide
 from harness.stats.intervals import percentile_interval
 
-# figure (a threshold key of its item) -> (client sample, percentile)
+# figure (a threshold key of its item, or a compare-only figure: harness/checklists COMPARE_ONLY_FIGURES)
+# -> (sample, percentile)
 FIGURES: dict[tuple[str, str], tuple[str, float]] = {
     ("6.2.ttft", "ttft_p50_ms"): ("ttft", 50), ("6.2.ttft", "ttft_p99_ms"): ("ttft", 99),
     ("6.2.tpot", "tpot_p50_ms"): ("tpot", 50), ("6.2.tpot", "tpot_p99_ms"): ("tpot", 99),
+    ("6.1.4", "reschedule_p50_s"): ("reschedule", 50), ("6.1.4", "reschedule_p95_s"): ("reschedule", 95),
+}
+# each sample: the verdict it comes from, what one sample is, and what a run needs to measure it
+SOURCES: dict[str, tuple[str, str, str]] = {
+    "ttft": ("6.2.ttft", "requests", "the 6.2 suite (`pytest suites/test_62_slo.py`)"),
+    "tpot": ("6.2.ttft", "requests", "the 6.2 suite (`pytest suites/test_62_slo.py`)"),
+    "reschedule": ("6.1.4", "faults", "the 6.1.4 suite (`pytest suites/test_item4_reschedule.py`)"),
 }
 STATUSES = ("regressed", "inconclusive", "within tolerance", "improved")
 
@@ -55,8 +63,8 @@ class Run:
 
     results_path: Path
     results: dict[str, Any]
-    samples: dict[str, list[float]]      # "ttft" / "tpot": ms of each ok request, in send order
-    requests: int
+    samples: dict[str, list[float]]      # "ttft" / "tpot": ms of each ok request, in send order; "reschedule":
+    requests: int                        # s of each 6.1.4 fault, in injection order (a source the run lacks: absent)
     records_files: list[str]
 
     @property
@@ -90,6 +98,7 @@ class Comparison:
     alpha: float
     figures: list[FigureResult]
     differences: list[str] = field(default_factory=list)   # compared anyway (--force)
+    not_compared: list[str] = field(default_factory=list)  # "item.figure" neither run measured
 
     @property
     def exit_code(self) -> int:
@@ -99,7 +108,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"baseline": str(self.baseline.results_path), "candidate": str(self.candidate.results_path),
                 "alpha": self.alpha, "exit_code": self.exit_code, "differences": self.differences,
-                "figures": [f.to_dict() for f in self.figures],
+                "figures": [f.to_dict() for f in self.figures], "not_compared": self.not_compared,
                 "method": "MOVER on the log scale: each run's percentile interval (order statistics, from the "
                           "effective samples of its send-ordered stream), their margins added in quadrature; "
                           "each figure's bounds at alpha / figures one-sided"}
@@ -131,10 +140,19 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
     """:func:`load_run` of results already in memory (a run judging itself against a baseline
     before its results.json is written); the records are read beside ``results_path``."""
     rf = results_path
-    v62 = [v for v in results.get("verdicts") or () if v.get("item") == "6.2.ttft"]
+    verdicts = results.get("verdicts") or ()
+    v62 = [v for v in verdicts if v.get("item") == "6.2.ttft"]
+    v614 = [v for v in verdicts if v.get("item") == "6.1.4"]
+    if not v62 and not v614:
+        raise ConfigError(f"{rf}: the run has no 6.2.ttft and no 6.1.4 verdict, so no figure to compare",
+                          fix="run the 6.2 or 6.1.4 suite in both runs (`pytest suites/test_62_slo.py "
+                              "suites/test_item4_reschedule.py`, or the whole suites/)")
+    samples: dict[str, list[float]] = {}
+    if v614:   # each fault's rescheduling time (s), as the verdict judged it; a fault never rescheduled has none
+        samples["reschedule"] = [float(x["value"]) for x in (v614[0].get("evidence") or {}).get("samples") or ()
+                                 if isinstance(x, dict) and isinstance(x.get("value"), (int, float))]
     if not v62:
-        raise ConfigError(f"{rf}: the run has no 6.2.ttft verdict, so no TTFT or TPOT samples to compare",
-                          fix="run the 6.2 suite in both runs (`pytest suites/test_62_slo.py`, or the whole suites/)")
+        return Run(rf, results, samples, 0, [])
     links = [link for link in (v62[0].get("evidence") or {}).get("links") or () if link.endswith(".jsonl")]
     if not links:
         raise ConfigError(f"{rf}: the 6.2.ttft verdict links no request records (evidence.links): the run predates "
@@ -148,7 +166,7 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
         records.extend(read_records(f))
     # in send order, as the verdicts took them (the dependence estimate reads the order)
     requests, ttft, tpot = client_samples(sorted(records, key=lambda r: r.start_wall_ns()))
-    return Run(rf, results, {"ttft": ttft, "tpot": tpot}, requests, links)
+    return Run(rf, results, {"ttft": ttft, "tpot": tpot, **samples}, requests, links)
 
 
 def _thresholds(results: dict[str, Any]) -> dict[str, float]:
@@ -166,12 +184,21 @@ def _shape(results: dict[str, Any]) -> dict[str, Any]:
             "model": cluster.get("model"),
             "workers": sorted((w.get("name"), w.get("role")) for w in cluster.get("workers") or ()),
             "load": load, "load options": {k: options.get(k) for k in ("load_users", "load_rate", "load_duration")},
-            "6.2 thresholds": _thresholds(results)}
+            "6.2 thresholds": _thresholds(results),
+            # 6.1.4's faults: how many of each kind per role (the slowest of more faults is slower)
+            "kills": options.get("kills")}
+
+
+def _has(results: dict[str, Any], item: str) -> bool:
+    return any(v.get("item") == item for v in results.get("verdicts") or ())
 
 
 def differences(base: Run, cand: Run) -> list[str]:
-    """Each setting the two runs differ in, as "what: baseline X, candidate Y"."""
+    """Each setting the two runs differ in, as "what: baseline X, candidate Y". ``kills`` counts only
+    when both runs measured 6.1.4 (it does not change a 6.2 figure)."""
     a, b = _shape(base.results), _shape(cand.results)
+    if not (_has(base.results, "6.1.4") and _has(cand.results, "6.1.4")):
+        a.pop("kills"), b.pop("kills")
     return [f"{key}: baseline {json.dumps(a[key], default=str)}, candidate {json.dumps(b[key], default=str)}"
             for key in a if a[key] != b[key]]
 
@@ -212,17 +239,21 @@ def compare_figure(item: str, figure: str, base: list[float], cand: list[float],
                    alpha_each: float) -> FigureResult:
     """One figure: the candidate/baseline ratio of the percentile, its interval (each bound at
     ``alpha_each`` one-sided), judged against 1 + ``max_increase``."""
-    _, q = FIGURES[(item, figure)]
+    source, q = FIGURES[(item, figure)]
+    _, noun, _ = SOURCES[source]
     limit = 1 + max_increase
     if not base or not cand:
         which = "baseline" if not base else "candidate"
         return FigureResult(item, figure, None, None, None, None, max_increase, "inconclusive",
-                            f"the {which} has no sample of {figure} (no request completed with it)")
+                            f"the {which} has no sample of {figure} (no {noun[:-1]} measured it)")
     b, c = nearest_rank(base, q), nearest_rank(cand, q)
-    iv = mover_ratio(percentile_interval(cand, q, alpha_lo=alpha_each, alpha_hi=alpha_each, noun="requests",
-                                         in_order=True), c,
-                     percentile_interval(base, q, alpha_lo=alpha_each, alpha_hi=alpha_each, noun="requests",
-                                         in_order=True), b)
+    # requests: a send-ordered stream whose serial dependence counts (effective samples); faults: each
+    # injected and judged on its own, after the cluster was whole again
+    in_order = noun == "requests"
+    iv = mover_ratio(percentile_interval(cand, q, alpha_lo=alpha_each, alpha_hi=alpha_each, noun=noun,
+                                         in_order=in_order), c,
+                     percentile_interval(base, q, alpha_lo=alpha_each, alpha_hi=alpha_each, noun=noun,
+                                         in_order=in_order), b)
     ratio = c / b if b > 0 else None
     said = (f"candidate {figure} {c:.3g} against the baseline's {b:.3g}: {_fmt(ratio)}x "
             f"[{_fmt(iv.lo)}-{_fmt(iv.hi)}], allowed <= {limit:g}x (+{max_increase:.0%})")
@@ -233,12 +264,12 @@ def compare_figure(item: str, figure: str, base: list[float], cand: list[float],
         return FigureResult(item, figure, b, c, ratio, iv, max_increase, status, said)
     more = more_to_decide(iv, limit, lambda x: x <= limit)
     if more is not None:
-        why = f"undecided: about {more} more requests in each run would decide it"
+        why = f"undecided: about {more} more {noun} in each run would decide it"
     elif iv.lo is None or iv.hi is None:
-        why = (f"undecided: too few requests for a p{q:g} bound at this level (each run needs "
+        why = (f"undecided: too few {noun} for a p{q:g} bound at this level (each run needs "
                f"{iv.needs_n or 'more'})")
     else:
-        why = "undecided: more than 10x the requests would be needed to decide it (the figures are near the limit)"
+        why = f"undecided: more than 10x the {noun} would be needed to decide it (the figures are near the limit)"
     return FigureResult(item, figure, b, c, ratio, iv, max_increase, "inconclusive", f"{said}; {why}")
 
 
@@ -258,10 +289,29 @@ def compare_runs(base: Run, cand: Run, checklist: Checklist, *, force: bool = Fa
     if unknown:
         raise ConfigError(f"{checklist.path}: regression figures {', '.join(unknown)} cannot be compared yet",
                           fix="use " + ", ".join(f"{i}.{f}" for i, f in FIGURES))
+    # a figure neither run measured is not compared (a 6.2-only pair is not undecided on 6.1.4); one
+    # measured by one run only is undecided, naming what the other run lacks
+    skipped = [f"{item}.{fig}" for item, fig, _ in wanted
+               if FIGURES[(item, fig)][0] not in base.samples and FIGURES[(item, fig)][0] not in cand.samples]
+    wanted = [w for w in wanted if f"{w[0]}.{w[1]}" not in skipped]
     alpha_each = checklist.regression.alpha / max(1, len(wanted))
-    results = [compare_figure(item, fig, base.samples[FIGURES[(item, fig)][0]], cand.samples[FIGURES[(item, fig)][0]],
-                              tol, alpha_each) for item, fig, tol in wanted]
-    return Comparison(base, cand, checklist.regression.alpha, results, diff)
+    results = []
+    for item, fig, tol in wanted:
+        source = FIGURES[(item, fig)][0]
+        lacking = [name for name, run in (("baseline", base), ("candidate", cand)) if source not in run.samples]
+        if lacking:
+            results.append(FigureResult(item, fig, None, None, None, None, tol, "inconclusive",
+                                        f"the {lacking[0]} did not measure {item} (run {SOURCES[source][2]} in both)"))
+            continue
+        results.append(compare_figure(item, fig, base.samples[source], cand.samples[source], tol, alpha_each))
+    return Comparison(base, cand, checklist.regression.alpha, results, diff, skipped)
+
+
+def _measured(run: Run) -> str:
+    parts = [f"{run.requests} requests"] if "ttft" in run.samples else []
+    if "reschedule" in run.samples:
+        parts.append(f"{len(run.samples['reschedule'])} faults rescheduled")
+    return ", ".join(parts)
 
 
 def render_text(comp: Comparison) -> str:
@@ -272,12 +322,14 @@ def render_text(comp: Comparison) -> str:
         rows.append((f.figure, _fmt(f.baseline), _fmt(f.candidate), _fmt(f.ratio), iv,
                      f"<= {1 + f.max_increase:g}x", f.status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"baseline  {comp.baseline.label}: {comp.baseline.requests} requests ({comp.baseline.results_path})",
-             f"candidate {comp.candidate.label}: {comp.candidate.requests} requests ({comp.candidate.results_path})",
+    lines = [f"baseline  {comp.baseline.label}: {_measured(comp.baseline)} ({comp.baseline.results_path})",
+             f"candidate {comp.candidate.label}: {_measured(comp.candidate)} ({comp.candidate.results_path})",
              ""]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.append("")
     lines += [f"{f.figure}: {f.reason}" for f in comp.figures if f.status == "inconclusive"]
+    if comp.not_compared:
+        lines.append("not compared (neither run measured them): " + ", ".join(comp.not_compared))
     if comp.differences:
         lines.append("compared anyway (--force), though the runs differ in: " + "; ".join(comp.differences))
     meaning = {0: "every figure within tolerance", 1: "a figure regressed beyond its tolerance",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.checklists import Checklist, default_checklist
-from harness.compare import compare_figure, compare_runs, load_run
+from harness.compare import compare_figure, compare_runs, load_run, render_text
 from harness.errors import ConfigError
 from harness.probes.client.records import RequestRecord, write_records
 
@@ -38,11 +38,25 @@ def run_records(n: int, seed: int, *, ttft_ms: float = 40.0, tpot_ms: float = 5.
     return out
 
 
-def report_folder(folder: Path, records: list[RequestRecord], *, users: int = 16, links: bool = True) -> Path:
-    """A report folder as a run writes it: results.json and the records its 6.2 verdict links."""
+def report_folder(folder: Path, records: list[RequestRecord] | None, *, users: int = 16, links: bool = True,
+                  reschedule_s: list[float | None] | None = None, kills: int = 3) -> Path:
+    """A report folder as a run writes it: results.json and the records its 6.2 verdict links (None:
+    no 6.2 suite ran); with ``reschedule_s``, a 6.1.4 verdict whose samples are those faults' times
+    (None: a fault never rescheduled), as harness/checks/reschedule.py writes them."""
+    folder.mkdir(parents=True)
+    checklist = default_checklist()
+    v614 = [] if reschedule_s is None else [
+        {"item": "6.1.4", "status": "pass", "reason": "",
+         "evidence": {"samples": [{"label": f"{'kill' if i % 2 == 0 else 'hang'} decode-{i % 2}", "value": v}
+                                  for i, v in enumerate(reschedule_s)]}}]
+    if records is None:
+        (folder / "results.json").write_text(json.dumps(
+            {"run_id": folder.name, "environment": {"git_commit": "abc1234"}, "verdicts": v614,
+             "cluster": {"name": "local", "kind": "bundled", "engine": "bundled", "model": "tiny", "workers": []},
+             "options": {"load_users": users, "load_rate": None, "load_duration": None, "kills": kills}}))
+        return folder
     (folder / LINK).parent.mkdir(parents=True)
     write_records(folder / LINK, records)
-    checklist = default_checklist()
     measurements = [{"key": k, "threshold": checklist.threshold(item, k).value}
                     for item, keys in (("6.2.ttft", ("ttft_p50_ms", "ttft_p99_ms")),
                                        ("6.2.tpot", ("tpot_p50_ms", "tpot_p99_ms"))) for k in keys]
@@ -52,10 +66,10 @@ def report_folder(folder: Path, records: list[RequestRecord], *, users: int = 16
                               "load": {"mode": "closed", "users": users, "rate": None, "runs_s": [15.0],
                                        "max_tokens": 16, "prompt_chars": [16, 96]}}}
                 for item in ("6.2.ttft", "6.2.tpot")]
-    results = {"run_id": folder.name, "environment": {"git_commit": "abc1234"}, "verdicts": verdicts,
+    results = {"run_id": folder.name, "environment": {"git_commit": "abc1234"}, "verdicts": verdicts + v614,
                "cluster": {"name": "local", "kind": "bundled", "engine": "bundled", "model": "tiny",
                            "workers": [{"name": "decode-0", "role": "decode"}, {"name": "prefill-0", "role": "prefill"}]},
-               "options": {"load_users": users, "load_rate": None, "load_duration": None}}
+               "options": {"load_users": users, "load_rate": None, "load_duration": None, "kills": kills}}
     (folder / "results.json").write_text(json.dumps(results))
     return folder
 
@@ -155,3 +169,60 @@ def test_the_command_prints_the_table_writes_json_and_exits_by_the_worst_figure(
     bad = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(tmp_path / "none")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 3 and "no results.json" in bad.stderr
+
+
+def reschedule_times(n: int, seed: int, median_s: float = 0.6) -> list[float]:
+    """n faults' rescheduling times, lognormal around ``median_s`` (a kill's and a hang's alike)."""
+    rng = random.Random(seed)
+    return [round(median_s * rng.lognormvariate(0, 0.25), 4) for _ in range(n)]
+
+
+def test_rescheduling_twice_as_slow_regresses_and_a_6_2_only_pair_does_not_compare_6_1_4(tmp_path):
+    """6.1.4's median rescheduling time is compared from the faults' own samples. Planted defects:
+    the 6.1.4 samples ignored (rescheduling twice as slow, 0.6 -> 1.2 s over 60 faults a run, not
+    called regressed); a pair of 6.2-only runs made undecided by a 6.1.4 figure neither run measured
+    (exit 2 where every compared figure is within tolerance); a run without 6.1.4 compared with one
+    that has it read as within tolerance; faults never rescheduled (no value) taken as 0 s."""
+    base = load_run(report_folder(tmp_path / "base", None, reschedule_s=reschedule_times(60, 1) + [None]))
+    assert base.samples == {"reschedule": reschedule_times(60, 1)} and base.requests == 0
+    slow = load_run(report_folder(tmp_path / "slow", None, reschedule_s=reschedule_times(60, 2, median_s=1.2)))
+    comp = compare_runs(base, slow, default_checklist())
+    [f] = comp.figures
+    assert (f.item, f.figure, f.status) == ("6.1.4", "reschedule_p50_s", "regressed") and f.interval.lo > 1.25, f
+    assert 1.7 < f.ratio < 2.3 and comp.exit_code == 1 and comp.not_compared == [
+        "6.2.ttft.ttft_p50_ms", "6.2.ttft.ttft_p99_ms", "6.2.tpot.tpot_p50_ms", "6.2.tpot.tpot_p99_ms"]
+    assert "faults" in render_text(comp) and "60 faults rescheduled" in render_text(comp)
+    same = load_run(report_folder(tmp_path / "same", None, reschedule_s=reschedule_times(60, 3)))
+    assert compare_runs(base, same, default_checklist()).figures[0].status in ("within tolerance", "inconclusive")
+
+    a = load_run(report_folder(tmp_path / "a", run_records(3000, 1)))
+    b = load_run(report_folder(tmp_path / "b", run_records(3000, 2)))
+    pair = compare_runs(a, b, default_checklist())
+    assert [f.figure for f in pair.figures] == ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"]
+    assert pair.not_compared == ["6.1.4.reschedule_p50_s"] and "neither run measured" in render_text(pair)
+    with_614 = load_run(report_folder(tmp_path / "c", run_records(3000, 2), reschedule_s=reschedule_times(12, 4)))
+    mixed = {f.figure: f for f in compare_runs(a, with_614, default_checklist()).figures}
+    assert mixed["reschedule_p50_s"].status == "inconclusive" and "baseline did not measure 6.1.4" in \
+        mixed["reschedule_p50_s"].reason
+
+
+def test_a_dozen_faults_leave_a_small_change_undecided_saying_how_many_would_decide(tmp_path):
+    """The shipped main job's 12 faults cannot resolve 25 %: the figure is inconclusive, naming the
+    faults that would decide, never a verdict. Planted defect: the fault samples judged with the
+    requests' dependence model or noun (the reason says requests)."""
+    base = load_run(report_folder(tmp_path / "base", None, reschedule_s=reschedule_times(12, 5)))
+    cand = load_run(report_folder(tmp_path / "cand", None, reschedule_s=reschedule_times(12, 6, median_s=0.7)))
+    [f] = compare_runs(base, cand, default_checklist()).figures
+    assert f.status == "inconclusive" and "faults" in f.reason and "requests" not in f.reason, f.reason
+
+
+def test_runs_with_other_fault_counts_are_refused_only_when_both_measured_6_1_4(tmp_path):
+    """Planted defect: a 6.1.4 median of --kills=1 compared with one of --kills=3 as if alike; or a
+    6.2-only pair refused for a --kills option that changed nothing they measured."""
+    base = load_run(report_folder(tmp_path / "base", None, reschedule_s=reschedule_times(12, 1), kills=3))
+    other = load_run(report_folder(tmp_path / "other", None, reschedule_s=reschedule_times(4, 2), kills=1))
+    with pytest.raises(ConfigError, match="kills: baseline 3, candidate 1"):
+        compare_runs(base, other, default_checklist())
+    a = load_run(report_folder(tmp_path / "a", run_records(400, 1), kills=3))
+    b = load_run(report_folder(tmp_path / "b", run_records(400, 2), kills=1))
+    assert compare_runs(a, b, default_checklist()).differences == []

@@ -96,6 +96,9 @@ def _print_regression(console: Console, regression: dict) -> None:
         console.print(Text(f"  {f['figure']}: {f['status']}: {f['reason']}", style=styles.get(f["status"], "")))
     for difference in regression.get("differences") or ():
         console.print(f"  compared anyway, though the runs differ in {difference}")
+    if regression.get("not_compared"):
+        console.print(Text("  not compared (neither run measured them): " + ", ".join(regression["not_compared"]),
+                           style="dim"))
 
 
 def _print_coverage(console: Console, coverage: dict) -> None:
