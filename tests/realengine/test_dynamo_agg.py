@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from harness.checks.migration_blackbox import crossing
 from harness.errors import ConfigError
@@ -77,8 +78,14 @@ def test_the_62_suite_measures_ttft_and_tpot_and_nothing_is_lost(dynamo_cluster,
     (planted: a 1 ms ``ttft_p50_ms`` in a copy of the cluster file: 6.2.ttft fails and so does this;
     checked once: 'client TTFT p50 was 51.93 ms ..., required < 1 ms', the status assertion failed)."""
     reports = tmp_path / "reports"
+    # clusters/dynamo-agg.yaml with 6.2's load capped at 30 s (the checklist's 90 s): the p50s decide within
+    # seconds; a p99 left straddling after 30 s stays so at 90 s on this machine (CI 2026-12-06), 60 s of CI
+    cluster = tmp_path / "dynamo-agg-capped.yaml"
+    data = yaml.safe_load((REPO / "clusters" / "dynamo-agg.yaml").read_text())
+    data.setdefault("thresholds", {})["6.2.ttft"] = {"max_load_s": 30}
+    cluster.write_text(yaml.safe_dump(data))
     proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_62_slo.py", "-p", "no:cacheprovider",
-                           "--cluster=dynamo-agg", f"--report-dir={reports}", "--load-duration=5", "--load-users=8",
+                           f"--cluster={cluster}", f"--report-dir={reports}", "--load-duration=5", "--load-users=8",
                            "--live=plain"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     out = proc.stdout[-4000:] + proc.stderr[-2000:]
