@@ -2,6 +2,8 @@
 
     python -m clusters.vllm.launch agg     # two aggregated vLLMs behind vllm-router, supervised
     python -m clusters.vllm.launch pd      # one prefill + one decode vLLM (file KV connector), router PD mode
+    python -m clusters.vllm.launch pd-nixl # prefill and decode on two emulated hosts, KV over NIXL (root;
+                                           # the project's Python: clusters/vllm/nixl_hosts.py)
 
 Standard library only: run it with any Python 3.10+ (the project's or the vLLM venv's). It makes the
 model when missing (``clusters.vllm.make_model``), starts every process with ``subprocess.Popen``, waits
@@ -38,6 +40,8 @@ SERVED_NAME = "tiny-llama"
 PORTS = {
     "agg": {"router": 8100, "instances": {"vllm-0": 8101, "vllm-1": 8102}, "router_metrics": 8109},
     "pd": {"router": 8200, "instances": {"prefill-0": 8201, "decode-0": 8202}, "router_metrics": 8209},
+    # the instances listen on their hosts' control addresses (clusters/vllm/nixl_hosts.py), the router on loopback
+    "pd-nixl": {"router": 8400, "instances": {"prefill-0": 8401, "decode-0": 8402}, "router_metrics": 8409},
 }
 # VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's "auto" binding pins every instance's engine to the same
 # core (core 0 on a 2-core machine, through GOMP_CPU_AFFINITY, which the spawned EngineCore inherits).
@@ -58,14 +62,14 @@ def ensure_model(python: Path, model_dir: Path, preset: str) -> None:
                    cwd=REPO, check=True)
 
 
-def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str]) -> list[str]:
+def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str], host: str = "127.0.0.1") -> list[str]:
     # --dtype float32: in bfloat16 on a CPU with AMX, vLLM's CPU attention runs AMX tile instructions
     # without asking Linux for the AMX state first (arch_prctl ARCH_REQ_XCOMP_PERM), and the kernel
     # kills its worker with SIGILL ("Fatal Python error: Illegal instruction" in
     # cpu_attention_with_kv_cache, seen on the first request whose KV the decode instance loaded with
     # a 576-token prompt). vLLM takes AMX only for bfloat16; the tiny model's weights are random.
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", SERVED_NAME, "--host", host, "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16", "--enforce-eager",
             "--dtype", "float32", "--disable-uvicorn-access-log", *extra]
 
@@ -94,32 +98,46 @@ def rpc_dir(run_dir: Path) -> Path:
 
 
 def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
-          kv_cache_tokens: int | None = None) -> tuple[list[Instance], Instance]:
+          kv_cache_tokens: int | None = None, hosts: object = None) -> tuple[list[Instance], Instance]:
+    """The instances and the router of ``mode``; pd-nixl places each instance on one of ``hosts``
+    (clusters/vllm/nixl_hosts.py ``Hosts``: prefill-0 on the first, decode-0 on the second)."""
     python, router_bin = venv / "bin" / "python", venv / "bin" / "vllm-router"
     for need in (python, router_bin):
         if not need.exists():
             raise LaunchError(f"{need} is missing: make the vLLM venv first with clusters/vllm/setup.sh {venv}")
     ports = PORTS[mode]
-    instances = []
+    instances, urls = [], []
     pool = kv_pool_args(kv_cache_tokens)
-    for name, port in ports["instances"].items():
+    for i, (name, port) in enumerate(ports["instances"].items()):
         extra: list[str] = list(pool)
+        prefix: list[str] = []
+        host, placed = "127.0.0.1", {}
         if mode == "pd":
             kv_dir = run_dir / "kv-store"
             extra = (pool or ["--block-size", str(KV_BLOCK_SIZE)]) + ["--kv-transfer-config", json.dumps({
                 "kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}})]
+        elif mode == "pd-nixl":
+            from clusters.vllm.nixl_hosts import kv_transfer_config, ucx_env
+
+            h = hosts.hosts[i]  # type: ignore[attr-defined]
+            prefix, host, placed = h.exec_prefix(), h.control_ip, ucx_env(h.fabric_ip, name)
+            extra = (pool or ["--block-size", str(KV_BLOCK_SIZE)]) + [
+                "--kv-transfer-config", json.dumps(kv_transfer_config(name))]
         rpc_dir(run_dir).mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **ENGINE_ENV, "VLLM_PROCESS_NAME_PREFIX": name, "VLLM_RPC_BASE_PATH": str(rpc_dir(run_dir)),
                "TMPDIR": str(rpc_dir(run_dir)), "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
-                   "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))}
-        instances.append(Instance(name, vllm_argv(python, model_dir, port, extra), env,
-                                  run_dir / f"{name}.log", f"http://127.0.0.1:{port}/health", run_dir))
-    urls = [f"http://127.0.0.1:{p}" for p in ports["instances"].values()]
+                   "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")),
+               **placed}
+        instances.append(Instance(name, [*prefix, *vllm_argv(python, model_dir, port, extra, host)], env,
+                                  run_dir / f"{name}.log", f"http://{host}:{port}/health", run_dir))
+        urls.append(f"http://{host}:{port}")
     if mode == "agg":
         topology = ["--worker-urls", *urls, "--policy", "round_robin"]
     else:
         topology = ["--vllm-pd-disaggregation", "--prefill", urls[0], "--decode", urls[1]]
+        if mode == "pd-nixl":
+            topology += ["--kv-connector", "nixl"]
     router_argv = [str(router_bin), "--host", "127.0.0.1", "--port", str(ports["router"]), *topology,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["router_metrics"]),
                    "--worker-startup-timeout-secs", "600"]
@@ -132,7 +150,8 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusters.vllm.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=sorted(PORTS), help="agg: 2 aggregated + router; pd: 1P1D + router")
+    parser.add_argument("mode", choices=sorted(PORTS), help="agg: 2 aggregated + router; pd: 1P1D + router; "
+                        "pd-nixl: 1P1D on two emulated hosts, KV over NIXL (root)")
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm", help="made by clusters/vllm/setup.sh")
     parser.add_argument("--model-preset", choices=("tiny", "slow"), default="tiny",
                         help="tiny: ~2 ms per token; slow: ~30 ms per token, so streams are in flight when "
@@ -154,18 +173,36 @@ def main(argv: list[str] | None = None) -> int:
     supervise.LOG_PREFIX[0] = "vllm-launch"
 
     def bring_up(register) -> dict:
-        instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens)
         ports = PORTS[args.mode]
-        check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
-                          **ports["instances"]})
+        hosts = None
+        if args.mode == "pd-nixl":   # the instances' ports are on the hosts' own addresses: only the router's here
+            from clusters.vllm.nixl_hosts import Hosts, HostedSupervisor
+
+            hosts = Hosts(run_dir)
+            check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"]})
+        else:
+            check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
+                              **ports["instances"]})
         ensure_model(venv / "bin" / "python", model_dir, args.model_preset)
-        supervisor = Supervisor(instances, router, args.startup_timeout)
+        if hosts is None:
+            instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens)
+            supervisor = Supervisor(instances, router, args.startup_timeout)
+        else:   # the hosts are built (by start) before the instances that run on them
+            instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens, hosts)
+            supervisor = HostedSupervisor(hosts, instances, router, args.startup_timeout)
         register(supervisor)
         supervisor.start()
+        warmed = {}
+        if hosts is not None:   # NIXL's first handshake done before READY (clusters/vllm/nixl_hosts.py warm_up)
+            from clusters.vllm.nixl_hosts import warm_up
+
+            warmed = {"warm_up": warm_up(f"http://127.0.0.1:{ports['router']}", SERVED_NAME,
+                                         run_dir / "decode-0.log")}
         return {"mode": args.mode, "model": SERVED_NAME, "api": f"http://127.0.0.1:{ports['router']}",
                 "router_metrics": f"http://127.0.0.1:{ports['router_metrics']}/metrics", "run_dir": str(run_dir),
                 "instances": {i.name: {"api": i.health_url.rsplit("/", 1)[0], "pid": i.popen.pid,
-                                       "engine_pid": i.engine_pid} for i in instances}}
+                                       "engine_pid": i.engine_pid} for i in instances},
+                **(hosts.describe() if hosts is not None else {}), **warmed}
 
     # the file connector's KV (about 1 KB per token) and vLLM's IPC sockets are the run's scratch,
     # removed at start and stop

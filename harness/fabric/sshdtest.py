@@ -76,8 +76,10 @@ class SshdTest:
 
     def __init__(self, state_dir: str | os.PathLike[str] = "state", *, hosts: int = 3, loopback: bool = False,
                  sabotaged: bool = False, line_rate_bps: float = 1e9, engine: bool = False,
-                 prefix: str = PREFIX, fabric_subnet: str = FABRIC_SUBNET, control_subnet: str = CONTROL_SUBNET) -> None:
-        """``prefix`` and the subnets: another set of hosts beside the default one (a test of its own)."""
+                 prefix: str = PREFIX, fabric_subnet: str = FABRIC_SUBNET, control_subnet: str = CONTROL_SUBNET,
+                 lossless_ports: tuple[int, ...] | None = None) -> None:
+        """``prefix`` and the subnets: another set of hosts beside the default one (a test of its own);
+        ``lossless_ports``: the fabric's lossless-class ports (default 7471, 7472)."""
         if reason := unavailable_reason():
             raise HarnessError(f"sshd-test: {reason}", fix="install OpenSSH and run as root")
         if loopback and (engine or sabotaged):
@@ -98,7 +100,9 @@ class SshdTest:
 
             self.fabric = Fabric(FabricConfig(hosts=hosts, prefix=prefix, fabric_subnet=fabric_subnet,
                                               control_subnet=control_subnet,
-                                              shaping=ShapingSpec(line_rate_bps=line_rate_bps, tcp_in_lossless=sabotaged)))
+                                              shaping=ShapingSpec(line_rate_bps=line_rate_bps, tcp_in_lossless=sabotaged,
+                                                                  **({"lossless_ports": tuple(lossless_ports)}
+                                                                     if lossless_ports else {}))))
 
     @property
     def pid_file(self) -> Path:

@@ -159,6 +159,11 @@ def stop(cluster: StartedCluster) -> None:
     else:
         left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
     _kill(left)
+    if cluster.mode == "pd-nixl":   # its emulated hosts: namespaces, links and sshds gone with the launcher
+        from harness.fabric.builder import leftovers
+
+        remains = leftovers(prefix="pvn-")
+        assert not remains, f"the pd-nixl launcher left its hosts behind: {remains}"
     assert cluster.launcher.returncode == 0, cluster.launcher_log()[-4000:]
     assert not left, f"the launcher left processes behind after SIGTERM: {left} of {pids or 'its processes'}"
     assert cluster.engine == "vllm" or len(pids) == len(cluster.ready["workers"]) + 1, \

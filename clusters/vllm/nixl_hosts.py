@@ -1,0 +1,154 @@
+"""``python -m clusters.vllm.launch pd-nixl``: vLLM prefill and decode on two emulated hosts, KV over NIXL.
+
+Each instance runs in its own network namespace of an emulated fabric (harness/fabric/builder.py, as
+``harness sshd-test`` builds it: prefix ``pvn-``, fabric 198.18.31.0/24 on a shaped ``fab0`` with a
+lossless and a TCP class, control 198.18.32.0/24, an OpenSSH server on each host's control address).
+vLLM's ``NixlConnector`` moves the prompt's KV from prefill to decode with NIXL's UCX backend over TCP
+through the hosts' ``fab0`` links: the KV crosses the shaped link in the lossless class, where the
+fabric faults (PFC storm, NIC flap) act on it. vllm-router (PD mode, ``--kv-connector nixl``) stays in
+the root namespace and reaches the instances over the control bridge. Needs root and iproute2, and
+the project's Python (this module imports harness; the rest of the launcher is standard library).
+
+The UCX settings that make the KV take the fabric (measured here, 2026-12-06):
+
+- ``UCX_TLS=tcp,self``: with ``sm`` allowed, UCX sees both processes on one machine and moves the KV
+  through shared memory, across namespaces, bypassing the link entirely (6.5 MB of KV moved, 1.8 KB
+  crossed ``fab0``). Without it the link's lossless class carried 6.56 MB for NIXL's 6.49 MB.
+- ``UCX_NET_DEVICES=fab0``: the fabric NIC, never the control one.
+- ``UCX_TCP_PORT_RANGE``: UCX's TCP listeners take ports of the lossless class. With a two-port range
+  (7471-7472) vLLM's NIXL worker hung at start-up (no free port for its listeners, retried forever);
+  the fabric here classifies 7471-7486 as lossless and UCX takes 7473-7486, leaving 7471/7472 to the
+  harness's own KV bench and incast floods (6.1.1, 6.1.5).
+- NIXL's side channel (the handshake that exchanges agent metadata) listens on each instance's fabric
+  address (``VLLM_NIXL_SIDE_CHANNEL_HOST``), ports 5611 (prefill) and 5612 (decode): TCP class.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from clusters.supervise import Instance, LaunchError, Supervisor, log
+
+PREFIX = "pvn-"
+FABRIC_SUBNET, CONTROL_SUBNET = "198.18.31.0/24", "198.18.32.0/24"
+LINE_RATE_BPS = 1e9
+LOSSLESS_PORTS = tuple(range(7471, 7487))   # 7471/7472: the harness's KV bench; 7473-7486: UCX
+UCX_PORT_RANGE = "7473-7486"
+SIDE_CHANNEL_PORTS = {"prefill-0": 5611, "decode-0": 5612}
+ROLES = {"prefill-0": "kv_producer", "decode-0": "kv_consumer"}
+
+
+def ucx_env(fabric_ip: str, name: str) -> dict[str, str]:
+    """What one instance needs for its KV to cross its host's fabric link (the module doc says why)."""
+    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "fab0", "UCX_TCP_PORT_RANGE": UCX_PORT_RANGE,
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": fabric_ip, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(SIDE_CHANNEL_PORTS[name])}
+
+
+def kv_transfer_config(name: str) -> dict[str, Any]:
+    return {"kv_connector": "NixlConnector", "kv_role": ROLES[name], "kv_buffer_device": "cpu"}
+
+
+class Hosts:
+    """The two emulated hosts with an sshd each (harness.fabric.sshdtest.SshdTest), keys under
+    ``state_dir/sshd-test/``; built by :meth:`start`, removed by :meth:`stop` (namespaces, links,
+    sshds and any process still in a namespace)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        from harness.errors import HarnessError
+        from harness.fabric.builder import fabric_unavailable_reason
+
+        if reason := fabric_unavailable_reason():
+            raise LaunchError(f"pd-nixl builds two emulated hosts: {reason}; run the launcher as root")
+        from harness.fabric.sshdtest import SshdTest
+
+        try:
+            self.sshd = SshdTest(state_dir, hosts=2, prefix=PREFIX, fabric_subnet=FABRIC_SUBNET,
+                                 control_subnet=CONTROL_SUBNET, line_rate_bps=LINE_RATE_BPS,
+                                 lossless_ports=LOSSLESS_PORTS)
+        except HarnessError as exc:
+            raise LaunchError(f"pd-nixl: {exc} ({exc.fix})") from None
+        self.state_dir = state_dir
+
+    def start(self) -> None:
+        from harness.errors import HarnessError
+
+        try:
+            self.sshd.start()
+        except HarnessError as exc:
+            self.sshd.stop()
+            raise LaunchError(f"pd-nixl hosts: {exc} ({exc.fix})") from None
+
+    def stop(self) -> None:
+        from harness.errors import HarnessError
+
+        try:
+            self.sshd.stop()
+        except HarnessError as exc:   # logged, never a traceback; `python -m harness fabric down --force` removes it
+            log(f"error: pd-nixl hosts not fully removed: {exc} ({exc.fix})")
+
+    @property
+    def hosts(self) -> list[Any]:
+        return self.sshd.fabric.hosts
+
+    def describe(self) -> dict[str, Any]:
+        return {"hosts": {f"nx-h{h.index}": {"netns": h.netns, "fabric_ip": h.fabric_ip, "control_ip": h.control_ip}
+                          for h in self.hosts},
+                "ssh": {"key_file": str(self.sshd.key), "known_hosts": str(self.sshd.known_hosts)},
+                "fabric": {"line_rate_bps": LINE_RATE_BPS, "lossless_ports": list(LOSSLESS_PORTS),
+                           "ucx_port_range": UCX_PORT_RANGE}}
+
+
+class HostedSupervisor(Supervisor):
+    """A Supervisor whose instances live on :class:`Hosts`: the hosts come up before the instances and
+    go after them, on every exit path (serve() stops what it registered)."""
+
+    def __init__(self, hosts: Hosts, instances: list[Instance], router: Instance, startup_timeout_s: float) -> None:
+        super().__init__(instances, router, startup_timeout_s)
+        self.hosts = hosts
+
+    def start(self) -> None:
+        self.hosts.start()
+        super().start()
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):   # the namespaces must go, whatever arrives now
+                signal.signal(sig, signal.SIG_IGN)
+            self.hosts.stop()
+
+
+WARMUP_TRIES = 3
+
+
+def warm_up(api: str, model: str, decode_log: Path, tries: int = WARMUP_TRIES) -> dict[str, Any]:
+    """One completion through the router until one succeeds (at most ``tries``): its KV crosses the
+    fabric, so NIXL's handshake between the two instances is done before READY. vLLM gives that first
+    handshake 5 s (``_nixl_handshake``'s receive timeout) and fails the request when it runs out (seen
+    here once under the test machine's load: "handshake_setup_failed", HTTP 500); a later request
+    handshakes again. Returns what happened; raises LaunchError when every try failed."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    errors = []
+    for k in range(1, tries + 1):
+        body = json.dumps({"model": model, "prompt": "warm-up " + "the quick brown fox jumps " * 20,
+                           "max_tokens": 2}).encode()
+        req = urllib.request.Request(f"{api}/v1/completions", data=body, headers={"content-type": "application/json"})
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                resp.read()
+            log(f"warm-up request {k}: KV moved prefill -> decode in {time.monotonic() - t0:.1f} s")
+            return {"tries": k, "errors": errors}
+        except (urllib.error.URLError, OSError) as exc:
+            errors.append(f"try {k}: {exc}")
+            log(f"warm-up request {k} failed ({exc}); {'again' if k < tries else 'giving up'}")
+            time.sleep(2.0)
+    raise LaunchError(f"no request crossed prefill -> decode in {tries} tries ({'; '.join(errors)}): "
+                      f"see {decode_log} (NIXL handshake or transfer errors)")

@@ -1,0 +1,96 @@
+"""vLLM prefill and decode on two emulated hosts, KV over NIXL (``python -m clusters.vllm.launch pd-nixl``,
+clusters/vllm-pd-nixl.yaml; issue 35 items 1 and 2): each instance in its own network namespace with a
+shaped fabric NIC, vLLM's NixlConnector moving the prompt's KV over UCX TCP through that link, vllm-router
+in PD mode in front. The proof that the KV crossed the fabric, and in the lossless class: decode's own
+NIXL counters (``vllm:nixl_xfer_time_seconds_count``, ``vllm:nixl_bytes_transferred_sum``) and the
+prefill host's ``fab0`` traffic classes read over SSH as the cluster file says (the lossless class sent
+at least the bytes NIXL counted, the TCP class a small part of them). Slow: two vLLM starts; root.
+
+Its own cluster (tests/realengine/pool.py): the only module in this mode. The pool's stop checks that
+the launcher leaves no vLLM process behind; the last test here checks the launcher's hosts are what the
+cluster file names."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.clusterfile.load import load_cluster
+from harness.fabric.builder import fabric_unavailable_reason
+from harness.fabric.shaping import parse_classes
+from harness.hosts import SSHExecutor, SSHTarget
+from tests.realengine.conftest import REPO, scrape, stream_chat
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(1200)]
+VLLM_MODE = "pd-nixl"
+LOSSLESS, TCP = "1:10", "1:20"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_root():
+    if reason := fabric_unavailable_reason():
+        pytest.skip(reason)
+
+
+def _metric(url: str, name: str) -> float:
+    return sum(v for k, v in scrape(url).items() if k.startswith(name + "{") or k == name)
+
+
+def _host(name: str) -> tuple[SSHExecutor, str]:
+    """An SSH executor for the cluster file's host ``name`` (strict host keys, the launcher's key), and
+    its fabric interface."""
+    spec = load_cluster(REPO / "clusters" / "vllm-pd-nixl.yaml")
+    host = next(h for h in spec.hosts if h.name == name)
+    target = SSHTarget(host=host.address, port=host.ssh.port, user=host.ssh.user, key_filename=str(host.ssh.key_file),
+                       known_hosts_file=str(host.ssh.known_hosts))
+    return SSHExecutor(target), host.fabric.interface
+
+
+def _classes(ex: SSHExecutor, dev: str) -> dict:
+    res = ex.run(["tc", "-s", "class", "show", "dev", dev], timeout=20)
+    assert res.rc == 0, res.stderr
+    return parse_classes(res.stdout)
+
+
+def test_the_prompt_kv_crosses_the_prefill_host_s_fabric_link_in_the_lossless_class(vllm_cluster):
+    """Planted defects it catches: UCX allowed shared memory (``UCX_TLS`` with ``sm``: the KV moves
+    between the namespaces through memory, 1.8 KB crossed fab0 for 6.5 MB of KV, checked), UCX
+    listening outside the lossless ports (the KV in the TCP class), no KV moved at all (decode
+    prefilling itself: NIXL's counters stay still)."""
+    decode = vllm_cluster.worker("decode-0")
+    prefill_host, dev = _host("nx-h0")
+    try:
+        before = _classes(prefill_host, dev)
+        xfers0 = _metric(decode["metrics"], "vllm:nixl_xfer_time_seconds_count")
+        bytes0 = _metric(decode["metrics"], "vllm:nixl_bytes_transferred_sum")
+        for i in range(3):   # a few hundred tokens each, different each time (no prefix-cache hit)
+            prompt = f"request {i}: " + " ".join(f"the quick brown fox {j} jumps over the lazy dog" for j in range(12))
+            stream_chat(vllm_cluster.api, vllm_cluster.spec["model"], prompt, 16)   # all 16 tokens, then [DONE]
+        after = _classes(prefill_host, dev)
+    finally:
+        prefill_host.close()
+    xfers = _metric(decode["metrics"], "vllm:nixl_xfer_time_seconds_count") - xfers0
+    moved = _metric(decode["metrics"], "vllm:nixl_bytes_transferred_sum") - bytes0
+    assert xfers >= 3 and moved > 3 * 200_000, (xfers, moved)   # one transfer a request, its prompt's KV
+    lossless = after[LOSSLESS].sent_bytes - before[LOSSLESS].sent_bytes
+    tcp = after[TCP].sent_bytes - before[TCP].sent_bytes
+    # the KV left the prefill host on its fabric NIC in the lossless class (headers on top of NIXL's bytes)
+    assert moved <= lossless <= 1.2 * moved + 200_000, (moved, lossless, tcp)
+    assert tcp < 0.1 * moved, (moved, lossless, tcp)   # the side channel's handshakes, not the KV
+
+
+def test_the_cluster_file_names_the_hosts_the_launcher_built(vllm_cluster):
+    """The cluster file's hosts are reachable over SSH with its keys and strict host keys, and each
+    host's fabric interface carries the fabric address it states (planted: a file naming the other
+    host's address, or a launcher writing its keys elsewhere)."""
+    spec = load_cluster(REPO / "clusters" / "vllm-pd-nixl.yaml")
+    ready_hosts = vllm_cluster.ready["hosts"]
+    for host in spec.hosts:
+        ex, dev = _host(host.name)
+        try:
+            res = ex.run(["ip", "-br", "addr", "show", "dev", dev], timeout=20)
+        finally:
+            ex.close()
+        assert res.rc == 0 and f"{host.fabric.address}/" in res.stdout, res.stdout + res.stderr
+        assert ready_hosts[host.name]["fabric_ip"] == host.fabric.address
+        assert ready_hosts[host.name]["control_ip"] == host.address
+    assert {w.name: w.host for w in spec.workers} == {"prefill-0": "nx-h0", "decode-0": "nx-h1"}
