@@ -16,7 +16,7 @@ from harness.stats.intervals import (bootstrap_interval, measured_within, percen
                                    ratio_interval, ratio_of_medians)
 from harness.stats import nearest_rank
 from harness.checklists import Checklist
-from harness.checks.verdict import Measurement, Verdict, inconclusive, judge
+from harness.checks.verdict import Measurement, Status, Verdict, inconclusive, judge
 from harness.fabric.bandwidth import BandwidthResult
 from harness.fabric.kvbandwidth import KVCurve
 from harness.fabric.linerate import LineRate
@@ -117,7 +117,10 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
     if floor is None:
         floor_evidence["what"] = ("not measured: the calm p99 is judged as measured, with no floor"
                                   + (f" ({errors[0]})" if errors else ""))
-    return judge(checklist.item(ITEM_PFC_ISOLATION), [
+    # no bulk flow fell in a calm gap yet (flows started over SSH can keep in step with the storm's groups:
+    # vLLM over NIXL, 2026-12-06, 16 flows, 4 in storm groups, 0 calm): more rounds, not "moved nothing"
+    no_calm_flow = not before.throughputs_bps and bool(during.throughputs_bps)
+    verdict = judge(checklist.item(ITEM_PFC_ISOLATION), [
         Measurement(t["tcp_p99_latency_ratio"], during.rtt_p99_ms / base_p99 if base_p99 > 0 else None,
                     f"TCP-class p99 round trip during the storm ({during.rtt_p99_ms:.3f} ms vs {calm})", latency),
         Measurement(t["tcp_throughput_ratio"], during.throughput_bps / base_tput if base_tput > 0 else None,
@@ -125,7 +128,13 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
                     f"{base_tput / 1e9:.3f} Gbit/s, medians)", throughput)],
         evidence={"samples": [s.to_dict() for s in (before, during, after) if s is not None], "storm": dict(storm),
                   "rtt_floor": floor_evidence, "rtt_noise_floor_ms": floor, "calm_p99_used_ms": base_p99},
-        inconclusive_because=None if base_tput > 0 else "the TCP class moved nothing even before the storm")
+        inconclusive_because=None if base_tput > 0 else
+        (f"no TCP bulk flow fell in a calm gap yet ({len(during.throughputs_bps)} during the storm)" if no_calm_flow
+         else "the TCP class moved nothing even before the storm"))
+    if no_calm_flow and verdict.status is Status.INCONCLUSIVE:   # the extension loop measures more rounds
+        verdict.evidence.setdefault("undecided", []).append(
+            {"key": "tcp_throughput_ratio", "more_to_decide": None, "noun": "bulk flows", "n": 0})
+    return verdict
 
 
 def flap_recovery_verdict(checklist: Checklist, before: Sequence[float], after: Sequence[tuple[float, float, float]],

@@ -45,7 +45,7 @@ class HostFabric(StrictModel):
                                        default=None)
     lossless_ports: tuple[int, ...] = field_with_fix("write e.g. `lossless_ports: [7472]`", "TCP ports classified "
                                            "into the lossless class (the raw bench and storm flood use the "
-                                           "first)", default=(), strict=False)
+                                           "last: one no KV listener of the engine holds)", default=(), strict=False)
     rdma_device: Text | None = field_with_fix("write e.g. `rdma_device: mlx5_0`", "RDMA CA: ib_write_bw is used "
                                     "when set and installed", default=None)
     python: Text = field_with_fix("write e.g. `python: /usr/bin/python3`", "interpreter for the TCP probe ends",

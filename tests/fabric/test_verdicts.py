@@ -81,6 +81,24 @@ def test_pfc_isolation_fails_when_tcp_stalls_with_the_lossless_class():
     assert "rtts_ms" not in merged.to_dict() and "floor_rtts_ms" not in merged.to_dict()
 
 
+def test_no_calm_bulk_flow_yet_asks_for_more_rounds_and_a_calm_class_that_moved_nothing_does_not():
+    """Flows started over SSH can keep in step with the storm's groups so that none falls in a calm gap
+    (vLLM over NIXL, 2026-12-06: 16 flows, 4 in storm groups, 0 calm). Planted defect: that read as "the
+    TCP class moved nothing even before the storm", a final inconclusive that stopped the extension
+    loop after one round; while calm flows that measured 0 bit/s stay final."""
+    from dataclasses import replace
+
+    from harness.checks.verdict import undecided
+
+    before = replace(_sample("before", 0.4, 0.95, n=1700), throughputs_bps=(), throughput_bps=0.0)
+    v = pfc_isolation_verdict(CHECKLIST, before, _sample("during", 0.5, 0.93, n=700), None, {})
+    assert v.status == Status.INCONCLUSIVE and "no TCP bulk flow fell in a calm gap yet (8 during" in v.reason
+    assert [u["key"] for u in undecided(v)] == ["tcp_throughput_ratio"]   # the loop measures another round
+    dead = replace(before, throughputs_bps=(0.0,) * 8)
+    v = pfc_isolation_verdict(CHECKLIST, dead, _sample("during", 0.5, 0.93, n=700), None, {})
+    assert v.status == Status.INCONCLUSIVE and "moved nothing even before the storm" in v.reason and not undecided(v)
+
+
 def test_a_doubled_p99_fails_when_the_calm_side_is_above_its_measured_floor():
     """Planted defect: a fixed 1 ms floor under the calm p99 (the old RTT_NOISE_FLOOR_MS). Calm
     0.6 ms, storm 1.2 ms is a 2x ratio: floored at 1 ms it read 1.2x and passed; the floor measured
