@@ -183,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
                               **ports["instances"]})
+        # build() first: it names a missing venv before ensure_model would try to run its Python
+        instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens, hosts)
         ensure_model(venv / "bin" / "python", model_dir, args.model_preset)
         if hosts is None:
-            instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens)
             supervisor = Supervisor(instances, router, args.startup_timeout)
         else:   # the hosts are built (by start) before the instances that run on them
-            instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens, hosts)
             supervisor = HostedSupervisor(hosts, instances, router, args.startup_timeout)
         register(supervisor)
         supervisor.start()
