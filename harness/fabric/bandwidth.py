@@ -61,6 +61,9 @@ class BandwidthResult:
     port: int
     sender: str
     receiver: str
+    # the receiver's wall clock at the first and last byte (its host's clock; None: the tool gives none)
+    first_wall: float | None = None
+    last_wall: float | None = None
 
     def to_dict(self) -> dict:
         return {**asdict(self), "gbit_per_s": self.bps / 1e9}
@@ -77,20 +80,20 @@ def measure_bulk(sender: Station, receiver: Station, *, port: int, duration_s: f
     if tool == "auto":
         tool = "iperf3" if shutil.which("iperf3") else "python"
     run = _iperf3 if tool == "iperf3" else _python
-    bps, nbytes, seconds = run(sender, receiver, port, duration_s, timeout_s)
+    bps, nbytes, seconds, walls = run(sender, receiver, port, duration_s, timeout_s)
     if (nbytes <= 0 or seconds <= 0) and allow_zero:
-        bps, nbytes, seconds = 0.0, 0, duration_s
+        bps, nbytes, seconds, walls = 0.0, 0, duration_s, (None, None)
     elif nbytes <= 0 or seconds <= 0:
         raise ProbeError(f"bulk transfer {sender.name} -> {receiver.name} moved nothing",
                          fix="check that the fabric link between them is up")
     result = BandwidthResult(bps, nbytes, seconds, tool, port, sender.name or sender.address,
-                             receiver.name or receiver.address)
+                             receiver.name or receiver.address, *walls)
     log.info("raw bulk %s -> %s: %.3f Gbit/s (%s)", result.sender, result.receiver, bps / 1e9, tool)
     return result
 
 
 def _iperf3(sender: Station, receiver: Station, port: int, duration_s: float,
-            timeout_s: float) -> tuple[float, int, float]:
+            timeout_s: float) -> tuple[float, int, float, tuple[None, None]]:
     with HostProcess.on(receiver, ["iperf3", "-s", "-1", "-B", receiver.address, "-p", str(port), "--forceflush"],
                         name=f"iperf3 server in {receiver.name}") as server:
         while "listening" not in server.readline(timeout_s):
@@ -100,7 +103,7 @@ def _iperf3(sender: Station, receiver: Station, port: int, duration_s: float,
             out = client.read_rest(timeout_s)
         server.wait(timeout_s)
     result = parse_iperf3_json(out, f"iperf3 {sender.name} -> {receiver.name}")
-    return result["bps"], result["bytes"], result["seconds"]
+    return result["bps"], result["bytes"], result["seconds"], (None, None)
 
 
 def parse_iperf3_json(text: str, what: str = "iperf3") -> dict[str, Any]:
@@ -129,7 +132,7 @@ def parse_iperf3_json(text: str, what: str = "iperf3") -> dict[str, Any]:
 
 
 def _python(sender: Station, receiver: Station, port: int, duration_s: float,
-            timeout_s: float) -> tuple[float, int, float]:
+            timeout_s: float) -> tuple[float, int, float, tuple[float | None, float | None]]:
     with HostProcess.on(receiver, receiver.ends("bulk-serve", receiver.address, str(port), f"{duration_s + 20:g}"),
                         name=f"bulk receiver in {receiver.name}") as server:
         if server.readline(timeout_s) != "listening":
@@ -139,7 +142,8 @@ def _python(sender: Station, receiver: Station, port: int, duration_s: float,
             client.wait(timeout_s)
         result = json.loads(server.readline(timeout_s + duration_s + 20))
     seconds = result["seconds"]
-    return (result["bytes"] * 8 / seconds if seconds > 0 else 0.0), result["bytes"], seconds
+    return ((result["bytes"] * 8 / seconds if seconds > 0 else 0.0), result["bytes"], seconds,
+            (result.get("first_wall"), result.get("last_wall")))
 
 
 class LosslessFlood:

@@ -127,14 +127,17 @@ def bulk_serve(host: str, port: int, accept_timeout_s: float) -> None:
         conn.settimeout(accept_timeout_s)
         with conn:
             view = memoryview(bytearray(CHUNK))
-            total, first, last = 0, None, None
+            total, first, last, first_wall, last_wall = 0, None, None, None, None
             while n := _recv_or_zero(conn, view):
-                last = time.perf_counter()
+                last, last_wall = time.perf_counter(), time.time()
                 if first is None:
-                    first = last  # time from the first byte: connection setup is not bandwidth
+                    first, first_wall = last, last_wall  # from the first byte: connection setup is not bandwidth
                 total += n
     seconds = (last - first) if first is not None and last is not None else 0.0
-    print(json.dumps({"bytes": total, "seconds": seconds}), flush=True)
+    # first_wall / last_wall: this host's wall clock at the first and last byte, the data's own span (a
+    # flow started over SSH spends seconds more in starting its ends than in moving data)
+    print(json.dumps({"bytes": total, "seconds": seconds, "first_wall": first_wall, "last_wall": last_wall}),
+          flush=True)
 
 
 def _recv_or_zero(conn: socket.socket, view: memoryview) -> int:

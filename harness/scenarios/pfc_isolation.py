@@ -110,9 +110,14 @@ class InterleavedStorm:
             calm0, storm0 = (len(x.throughputs_bps) for x in self.sides())
             while len(mine) < self.bulk_most:
                 t0 = time.time()
-                bps = measure_bulk(self.client, self.server, port=self.probe_port + 1, duration_s=BULK_S,
-                                   tool="python", allow_zero=True).bps
-                mine.append((t0, time.time(), bps))
+                flow = measure_bulk(self.client, self.server, port=self.probe_port + 1, duration_s=BULK_S,
+                                    tool="python", allow_zero=True)
+                # the data's own span, by the receiver's clock (clock_margin_s covers another host's): the
+                # SSH call around it (starting both ends, collecting) took 2-3 s on a loaded machine,
+                # longer than a calm gap less its settle, so no flow over SSH fell on the calm side
+                span = ((flow.first_wall, flow.last_wall) if flow.first_wall is not None and flow.last_wall is not None
+                        else (t0, time.time()))   # nothing arrived: the whole call, as before
+                mine.append((*span, flow.bps))
                 self.flows.append(mine[-1])
                 calm, during = self.sides()
                 if (len(calm.throughputs_bps) - calm0 >= self.bulk_each

@@ -21,8 +21,9 @@ On an external cluster with ``ssh:`` + ``fabric:`` hosts the same storm runs ove
 prefill host's ``fabric.lossless_class`` (a tc class) is paused in bursts by the PfcStorm fault
 on that host while the probe ends (``python3`` there) flood the lossless port towards a second
 decode host and sample the TCP class towards the first. Round trips are timed by the stormed
-host's clock, as the storm's transitions are; bulk flows by the harness's, with a margin of
-CLOCK_MARGIN_S.
+host's clock, as the storm's transitions are; bulk flows by their receiver's (its first and last
+byte: the SSH calls that start and collect a flow's ends take seconds more than its data), with a
+margin of CLOCK_MARGIN_S.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from harness.scenarios.pfc_isolation import (BULK_EACH, BULK_S, GAP_MS, GROUP, P
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.5"), pytest.mark.slow]
 
-CLOCK_MARGIN_S = 0.1            # over SSH bulk flows are timed by the harness's clock, the storm by the host's
+CLOCK_MARGIN_S = 0.1            # over SSH bulk flows are timed by their receiver's clock, the storm by its host's
 
 
 def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultRunner, conformance: Conformance,
