@@ -66,6 +66,8 @@ class Run:
     samples: dict[str, list[float]]      # "ttft" / "tpot": ms of each ok request, in send order; "reschedule":
     requests: int                        # s of each 6.1.4 fault, in injection order (a source the run lacks: absent)
     records_files: list[str]
+    # samples a source lacks because the event never ended: 6.1.4 faults never rescheduled
+    never: dict[str, int] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -148,11 +150,13 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
                           fix="run the 6.2 or 6.1.4 suite in both runs (`pytest suites/test_62_slo.py "
                               "suites/test_item4_reschedule.py`, or the whole suites/)")
     samples: dict[str, list[float]] = {}
+    never: dict[str, int] = {}
     if v614:   # each fault's rescheduling time (s), as the verdict judged it; a fault never rescheduled has none
-        samples["reschedule"] = [float(x["value"]) for x in (v614[0].get("evidence") or {}).get("samples") or ()
-                                 if isinstance(x, dict) and isinstance(x.get("value"), (int, float))]
+        faults = [x for x in (v614[0].get("evidence") or {}).get("samples") or () if isinstance(x, dict)]
+        samples["reschedule"] = [float(x["value"]) for x in faults if isinstance(x.get("value"), (int, float))]
+        never["reschedule"] = len(faults) - len(samples["reschedule"])
     if not v62:
-        return Run(rf, results, samples, 0, [])
+        return Run(rf, results, samples, 0, [], never)
     links = [link for link in (v62[0].get("evidence") or {}).get("links") or () if link.endswith(".jsonl")]
     if not links:
         raise ConfigError(f"{rf}: the 6.2.ttft verdict links no request records (evidence.links): the run predates "
@@ -166,7 +170,7 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
         records.extend(read_records(f))
     # in send order, as the verdicts took them (the dependence estimate reads the order)
     requests, ttft, tpot = client_samples(sorted(records, key=lambda r: r.start_wall_ns()))
-    return Run(rf, results, {"ttft": ttft, "tpot": tpot, **samples}, requests, links)
+    return Run(rf, results, {"ttft": ttft, "tpot": tpot, **samples}, requests, links, never)
 
 
 def _thresholds(results: dict[str, Any]) -> dict[str, float]:
@@ -302,6 +306,14 @@ def compare_runs(base: Run, cand: Run, checklist: Checklist, *, force: bool = Fa
         if lacking:
             results.append(FigureResult(item, fig, None, None, None, None, tol, "inconclusive",
                                         f"the {lacking[0]} did not measure {item} (run {SOURCES[source][2]} in both)"))
+            continue
+        unended = [f"{name} {run.never[source]} of {run.never[source] + len(run.samples[source])}"
+                   for name, run in (("baseline", base), ("candidate", cand)) if run.never.get(source)]
+        if unended:   # a percentile of the rest would hide them; the item's own verdict fails them
+            results.append(FigureResult(item, fig, None, None, None, None, tol, "inconclusive",
+                                        f"faults never rescheduled ({', '.join(unended)}): no time to compare "
+                                        f"them by, and a {fig} of the others would hide them (the {item} verdict "
+                                        "of that run judges them)"))
             continue
         results.append(compare_figure(item, fig, base.samples[source], cand.samples[source], tol, alpha_each))
     return Comparison(base, cand, checklist.regression.alpha, results, diff, skipped)

@@ -182,9 +182,15 @@ def test_rescheduling_twice_as_slow_regresses_and_a_6_2_only_pair_does_not_compa
     the 6.1.4 samples ignored (rescheduling twice as slow, 0.6 -> 1.2 s over 60 faults a run, not
     called regressed); a pair of 6.2-only runs made undecided by a 6.1.4 figure neither run measured
     (exit 2 where every compared figure is within tolerance); a run without 6.1.4 compared with one
-    that has it read as within tolerance; faults never rescheduled (no value) taken as 0 s."""
-    base = load_run(report_folder(tmp_path / "base", None, reschedule_s=reschedule_times(60, 1) + [None]))
+    that has it read as within tolerance; faults never rescheduled (no value) taken as 0 s, or left out
+    so that the median of the others hides them (a candidate that never rescheduled 20 of 60 faults
+    read as within tolerance)."""
+    base = load_run(report_folder(tmp_path / "base", None, reschedule_s=reschedule_times(60, 1)))
     assert base.samples == {"reschedule": reschedule_times(60, 1)} and base.requests == 0
+    stuck = load_run(report_folder(tmp_path / "stuck", None, reschedule_s=reschedule_times(40, 4) + [None] * 20))
+    assert stuck.samples == {"reschedule": reschedule_times(40, 4)} and stuck.never == {"reschedule": 20}
+    [f] = compare_runs(base, stuck, default_checklist()).figures
+    assert f.status == "inconclusive" and "never rescheduled (candidate 20 of 60)" in f.reason, f.reason
     slow = load_run(report_folder(tmp_path / "slow", None, reschedule_s=reschedule_times(60, 2, median_s=1.2)))
     comp = compare_runs(base, slow, default_checklist())
     [f] = comp.figures

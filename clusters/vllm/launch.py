@@ -196,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if hosts is not None:   # NIXL's first handshake done before READY (clusters/vllm/nixl_hosts.py warm_up)
             from clusters.vllm.nixl_hosts import warm_up
 
+            decode = next(i for i in instances if i.name == "decode-0")
             warmed = {"warm_up": warm_up(f"http://127.0.0.1:{ports['router']}", SERVED_NAME,
-                                         run_dir / "decode-0.log")}
+                                         run_dir / "decode-0.log", decode.health_url.rsplit("/", 1)[0] + "/metrics")}
         return {"mode": args.mode, "model": SERVED_NAME, "api": f"http://127.0.0.1:{ports['router']}",
                 "router_metrics": f"http://127.0.0.1:{ports['router_metrics']}/metrics", "run_dir": str(run_dir),
                 "instances": {i.name: {"api": i.health_url.rsplit("/", 1)[0], "pid": i.popen.pid,

@@ -25,7 +25,6 @@ The UCX settings that make the KV take the fabric (measured here, 2026-12-06):
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +73,9 @@ class Hosts:
     def start(self) -> None:
         from harness.errors import HarnessError
 
-        try:
+        try:   # a half-built host is removed by stop(), which serve() calls on every exit path
             self.sshd.start()
         except HarnessError as exc:
-            self.sshd.stop()
             raise LaunchError(f"pd-nixl hosts: {exc} ({exc.fix})") from None
 
     def stop(self) -> None:
@@ -112,24 +110,36 @@ class HostedSupervisor(Supervisor):
         self.hosts.start()
         super().start()
 
-    def stop(self) -> None:
+    def stop(self) -> None:   # serve() ignores SIGTERM/SIGINT from here on: the namespaces always go
         try:
             super().stop()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):   # the namespaces must go, whatever arrives now
-                signal.signal(sig, signal.SIG_IGN)
             self.hosts.stop()
 
 
 WARMUP_TRIES = 3
 
 
-def warm_up(api: str, model: str, decode_log: Path, tries: int = WARMUP_TRIES) -> dict[str, Any]:
-    """One completion through the router until one succeeds (at most ``tries``): its KV crosses the
-    fabric, so NIXL's handshake between the two instances is done before READY. vLLM gives that first
-    handshake 5 s (``_nixl_handshake``'s receive timeout) and fails the request when it runs out (seen
-    here once under the test machine's load: "handshake_setup_failed", HTTP 500); a later request
-    handshakes again. Returns what happened; raises LaunchError when every try failed."""
+XFERS = "vllm:nixl_xfer_time_seconds_count"
+
+
+def nixl_transfers(metrics_url: str) -> float:
+    """decode's count of NIXL transfers (``vllm:nixl_xfer_time_seconds_count``, summed over its labels)."""
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(XFERS + "{") or line.startswith(XFERS + " "))
+
+
+def warm_up(api: str, model: str, decode_log: Path, decode_metrics: str, tries: int = WARMUP_TRIES) -> dict[str, Any]:
+    """One completion through the router until one succeeds and decode's NIXL transfer count rose (at
+    most ``tries``): its KV crossed the fabric, so NIXL's handshake between the two instances is done
+    before READY. vLLM gives that first handshake 5 s (``_nixl_handshake``'s receive timeout) and fails
+    the request when it runs out (seen here once under the test machine's load:
+    "handshake_setup_failed", HTTP 500); a later request handshakes again. Returns what happened;
+    raises LaunchError when every try failed."""
     import json
     import time
     import urllib.error
@@ -142,11 +152,15 @@ def warm_up(api: str, model: str, decode_log: Path, tries: int = WARMUP_TRIES) -
         req = urllib.request.Request(f"{api}/v1/completions", data=body, headers={"content-type": "application/json"})
         t0 = time.monotonic()
         try:
+            before = nixl_transfers(decode_metrics)
             with urllib.request.urlopen(req, timeout=120) as resp:
                 resp.read()
-            log(f"warm-up request {k}: KV moved prefill -> decode in {time.monotonic() - t0:.1f} s")
-            return {"tries": k, "errors": errors}
-        except (urllib.error.URLError, OSError) as exc:
+            moved = nixl_transfers(decode_metrics) - before
+            if moved < 1:   # served, but decode computed the prompt itself: no KV crossed
+                raise OSError(f"served with no NIXL transfer on decode ({XFERS} rose by {moved:g})")
+            log(f"warm-up request {k}: KV moved prefill -> decode over NIXL in {time.monotonic() - t0:.1f} s")
+            return {"tries": k, "errors": errors, "nixl_transfers": moved}
+        except (urllib.error.URLError, OSError, ValueError) as exc:
             errors.append(f"try {k}: {exc}")
             log(f"warm-up request {k} failed ({exc}); {'again' if k < tries else 'giving up'}")
             time.sleep(2.0)

@@ -94,3 +94,5 @@ def test_the_cluster_file_names_the_hosts_the_launcher_built(vllm_cluster):
         assert ready_hosts[host.name]["fabric_ip"] == host.fabric.address
         assert ready_hosts[host.name]["control_ip"] == host.address
     assert {w.name: w.host for w in spec.workers} == {"prefill-0": "nx-h0", "decode-0": "nx-h1"}
+    # READY came after a request whose KV crossed (decode's NIXL count rose), not after /health alone
+    assert vllm_cluster.ready["warm_up"]["nixl_transfers"] >= 1, vllm_cluster.ready["warm_up"]
