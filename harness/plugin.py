@@ -252,6 +252,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error: str) -> None:
     """A suite that crashed still gives each of its items a row: "error: ..." (never "no suite of
     this run reported on it"). Items the test already judged keep their verdicts."""
+    from harness.checks import reasons
     from harness.checks.capabilities import item_marker
     from harness.checks.verdict import Verdict
 
@@ -265,7 +266,8 @@ def _record_crash_rows(item: pytest.Item, state: HarnessState, when: str, error:
         if item_id in have or item_id not in checklist.items:
             continue
         verdict = Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.ERROR,
-                          reason=reason[:600], test=item.nodeid, evidence={"error": error, "phase": when})
+                          causes=(reasons.cause("error", text=reason[:600]),), test=item.nodeid,
+                          evidence={"error": error, "phase": when})
         state.result.verdicts.append(verdict)
         state.verdicts_by_test.setdefault(item.nodeid, []).append(verdict)
 

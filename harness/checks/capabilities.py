@@ -17,7 +17,8 @@ from pathlib import Path
 from itertools import product
 from typing import Any, Iterable, Sequence
 
-from harness.checks.verdict import Status, Verdict, inconclusive
+from harness.checks import reasons
+from harness.checks.verdict import Status, Verdict
 from harness.errors import ConfigError
 
 # capability -> what would provide it (the second half of every "needs ..." reason)
@@ -93,20 +94,20 @@ class Capabilities:
     def missing(self, needs: Iterable[str]) -> list[str]:
         return [c for c in dict.fromkeys(needs) if not self.provided.get(c, False)]
 
+    def cause(self, missing_per_way: Sequence[Sequence[str]]) -> dict[str, Any]:
+        """The ``capability`` cause (harness/checks/reasons.py): per way the item could be judged, each
+        missing capability, why it is missing here and what would provide it."""
+        return reasons.cause("capability", missing=[
+            [{"capability": cap, "why_not": self.why_not.get(cap) or None, "provided_by": PROVIDERS[cap]} for cap in way]
+            for way in missing_per_way])
+
     def reason(self, missing: Sequence[str]) -> str:
         """One line naming each missing capability, why it is missing here and what would provide it."""
-        parts = []
-        for cap in missing:
-            why = f" ({self.why_not[cap]})" if self.why_not.get(cap) else ""
-            parts.append(f"needs {cap}{why}, provided by {PROVIDERS[cap]}")
-        return "not judged on this cluster: " + "; ".join(parts)
+        return self.reason_any([missing])
 
     def reason_any(self, missing_per_way: Sequence[Sequence[str]]) -> str:
         """:meth:`reason` for an item with several ways to be judged: each way's gaps, joined by "or"."""
-        if len(missing_per_way) == 1:
-            return self.reason(missing_per_way[0])
-        ways = [self.reason(m).removeprefix("not judged on this cluster: ") for m in missing_per_way if m]
-        return "not judged on this cluster: " + "; or ".join(ways)
+        return reasons.render([self.cause(missing_per_way)])
 
     def to_dict(self) -> dict[str, Any]:
         return {c: {"provided": self.provided.get(c, False), "why_not": self.why_not.get(c),
@@ -215,12 +216,13 @@ def not_supported(checklist: Any, items: Sequence[str], caps: Capabilities, miss
     """One INCONCLUSIVE verdict per item, naming the missing capabilities and their providers
     (``other_ways``: what each other way of judging the items lacks, named after "or")."""
     ways = [list(missing), *(list(m) for m in other_ways)]
-    reason = caps.reason_any(ways)
+    why = caps.cause(ways)
     every = list(dict.fromkeys(c for m in ways for c in m))
     evidence: dict[str, Any] = {"missing_capabilities": list(missing), "provided_by": {c: PROVIDERS[c] for c in every}}
     if other_ways:
         evidence["missing_per_way"] = ways
-    return [inconclusive(checklist, item, reason, **evidence) for item in items]
+    return [Verdict(item=item, title=checklist.item(item).title, status=Status.INCONCLUSIVE, causes=(why,),
+                    evidence=dict(evidence)) for item in items]
 
 
 def coverage(verdicts: Iterable[Verdict], checklist_items: Iterable[str] = ()) -> dict[str, Any]:

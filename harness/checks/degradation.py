@@ -126,9 +126,8 @@ def degradation_verdict(steps: Sequence[Step], events: Iterable[dict[str, Any]],
         # a level that never came is a failure of the cluster, not missing evidence
         verdict = judge(item, [m for m in measurements if m.value is not None], evidence=evidence)
     if verdict.status.value == "fail" and (problems or actions):
-        verdict.reason += f" First problem: {(problems + actions)[0]}"
-        if not controller_enabled:
-            verdict.reason += " (router.degradation_enabled is false)"
+        verdict.add("note", sep=" First problem: ", text=f"{(problems + actions)[0]}"
+                    + ("" if controller_enabled else " (router.degradation_enabled is false)"))
     return verdict
 
 

@@ -251,11 +251,11 @@ def load_degradation_verdict(levels: Sequence[Any], drive: DriveResult, checklis
         evidence["not_judged"] = gaps
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because="; ".join(gaps) or None)
     if verdict.status.value == "fail" and violations:
-        verdict.reason += f" First problem: {violations[0]}"
+        verdict.add("note", sep=" First problem: ", text=str(violations[0]))
     elif verdict.status.value == "pass":
-        verdict.reason += " Levels: " + "; ".join(
+        verdict.add("note", sep=" Levels: ", text="; ".join(
             f"{r.level} (KV use above {r.kv_use_above:.2f}, up to {r.kv_max or 0:.2f}): {r.requests} requests in flight, "
-            f"{', '.join(k for k, v in r.expect.items() if v)} held" for r in results) + "."
+            f"{', '.join(k for k, v in r.expect.items() if v)} held" for r in results) + ".")
     return verdict
 
 

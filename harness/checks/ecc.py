@@ -95,8 +95,8 @@ def ecc_verdict(poisonings: Sequence[Poisoning], checklist: Checklist) -> Verdic
     # judge() words the first failing measurement only; a reader should see the others too
     failing = [m for m in measurements if m.value is not None and not m.threshold.holds(m.value)]
     if len(failing) > 1:
-        verdict.reason = verdict.reason.rstrip(".") + "".join(
-            f"; also {m.what}: {m.value:.4g} {m.threshold.unit}" for m in failing[1:])
+        verdict.add("note", text="; ".join(f"also {m.what}: {m.value:.4g} {m.threshold.unit}" for m in failing[1:]),
+                    strip=True)
     return verdict
 
 

@@ -82,8 +82,8 @@ def dcgm_verdict(injections: Sequence[Injection], checklist: Checklist) -> Verdi
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=because)
     if missed and verdict.status.value == "fail":
         i = missed[0]
-        verdict.reason += (f" {i.worker} (GPU {i.gpu} on {i.host}) kept serving after a double-bit ECC error was "
-                           f"injected into its monitoring ({WHAT_IT_EXERCISES.split(':')[0]}).")
+        verdict.add("note", sep=" ", text=f"{i.worker} (GPU {i.gpu} on {i.host}) kept serving after a double-bit ECC "
+                    f"error was injected into its monitoring ({WHAT_IT_EXERCISES.split(':')[0]}).")
     return verdict
 
 

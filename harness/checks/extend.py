@@ -56,7 +56,7 @@ def measure_until_decided(judge_all: Callable[[], Sequence[Verdict]], measure_mo
         if isinstance(v.evidence.get("error_control"), dict):
             v.evidence["error_control"]["looks_used"] = rounds + 1
         if undecided(v) and rounds:
-            v.reason += f" (after {rounds} extension(s); {stopped})"
+            v.add("extended", rounds=rounds, stopped=stopped)
     return verdicts
 
 

@@ -33,7 +33,7 @@ RTT_FLOOR_WHAT = ("p99 of the same probe's round trips over the stormed host's l
 
 def skipped(checklist: Checklist, item_id: str, reason: str) -> Verdict:
     reason = reason if reason.startswith("skipped:") else f"skipped: {reason}"
-    return inconclusive(checklist, item_id, reason, skipped=reason)
+    return inconclusive(checklist, item_id, reason, code="skipped", skipped=reason)
 
 
 def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str, Any] | None:

@@ -120,13 +120,11 @@ def nothing_lost_verdict(check: HistoryCheck, checklist: Checklist) -> Verdict:
                               "usage), not token by token; wrong tokens with HTTP 200 cannot be seen")
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=thin)
     if verdict.status is Status.PASS and check.oracle:  # say what the history held, not just zero counts
-        verdict.reason = (f"all {check.total} requests ended cleanly: {check.verified} completed token-exact, "
-                          f"{check.rejected} rejected and {check.failed_clear} failed with a clear error; "
-                          "none hung, none silently wrong")
+        verdict = verdict.restated("ended_cleanly", total=check.total, verified=check.verified,
+                                   rejected=check.rejected, failed_clear=check.failed_clear)
     elif verdict.status is Status.PASS:
-        verdict.reason = (f"all {check.total} requests ended cleanly: {check.completed} completed consistently "
-                          f"(no oracle for this engine: not checked token by token), {check.rejected} rejected "
-                          f"and {check.failed_clear} failed with a clear error; none hung, none cut silently")
+        verdict = verdict.restated("ended_cleanly", total=check.total, completed=check.completed,
+                                   rejected=check.rejected, failed_clear=check.failed_clear)
     return verdict
 
 

@@ -393,7 +393,7 @@ def _with_context(verdict: Verdict, fits: list[_Fit], rules: Rules, measured: bo
     if n and not measured:
         extra.append("no process readings: growth not measured")
     if extra:
-        verdict.reason = f"{verdict.reason}; {'; '.join(extra)}"
+        verdict.add("note", text="; ".join(extra))
     return verdict
 
 

@@ -150,16 +150,14 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
     if not reasons or timing is None:
         return replace(verdict, evidence={**verdict.evidence, "machine": machine})
     if verdict.status is Status.INCONCLUSIVE:  # undecided anyway: say that the machine was starved too
-        return replace(verdict, reason=f"{verdict.reason}; {reasons[0]}",
-                       evidence={**verdict.evidence, "machine": machine})
+        return _layered(verdict, machine, action="noted", starved=reasons[0])
     failing = _failing_keys(verdict)
     baseline = verdict.evidence.get("same_run_baseline") or {}
     if verdict.status is Status.FAIL and baseline.get("explains_failure") is False:
         # the same run, on the same starved machine, outside the faults, stayed far inside the
         # limit: the machine does not explain the failure (a hang's 8 s stall is the hang's)
         machine["kept"] = f"the fail stands: {baseline['sentence']}"
-        return replace(verdict, reason=f"{verdict.reason}; {reasons[0]}, but {baseline['sentence']}",
-                       evidence={**verdict.evidence, "machine": machine})
+        return _layered(verdict, machine, action="kept", starved=reasons[0], baseline=baseline["sentence"])
     if verdict.status is Status.FAIL and (failing is None or failing <= timing):
         why = "would have failed"
     elif verdict.status is Status.PASS and verdict.item in COMPARED_ITEMS:
@@ -167,6 +165,10 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
     else:
         return replace(verdict, evidence={**verdict.evidence, "machine": machine})
     machine["gated"] = {"from": verdict.status.value, "reason": verdict.reason}
-    reason = f"inconclusive: {reasons[0]} while it was measured ({why}: {verdict.reason})"
-    return replace(verdict, status=Status.INCONCLUSIVE, reason=reason,
-                   evidence={**verdict.evidence, "machine": machine})
+    return _layered(replace(verdict, status=Status.INCONCLUSIVE), machine, action="gated", starved=reasons[0], would=why)
+
+
+def _layered(verdict: Verdict, machine: dict[str, Any], **fields: Any) -> Verdict:
+    """A copy of ``verdict`` with the machine's evidence and its ``machine`` cause (harness/checks/reasons.py)."""
+    out = replace(verdict, evidence={**verdict.evidence, "machine": machine})
+    return out.add("machine", **fields)

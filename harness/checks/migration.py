@@ -217,9 +217,9 @@ def migration_verdict(samples: Sequence[MigrationSample] | Assessment, failures:
             because += f"; {len(unmeasured)} attempt(s) could not be measured, first: {unmeasured[0]}"
     verdict = judge(item, measurements, evidence=evidence, inconclusive_because=because)
     if verdict.status.value == "fail" and failures:
-        verdict.reason += f" First failure: {' '.join(failures[0].split())}"
+        verdict.add("note", sep=" First failure: ", text=" ".join(failures[0].split()))
     elif unmeasured and verdict.status.value != "inconclusive":
-        verdict.reason += f" ({len(unmeasured)} attempt(s) unmeasured, not counted as failures)"
+        verdict.add("note", sep=" ", text=f"({len(unmeasured)} attempt(s) unmeasured, not counted as failures)")
     return verdict
 
 

@@ -282,7 +282,7 @@ def client_view_verdict(samples: Sequence[ClientRescheduleSample], checklist: Ch
     if not_judged and samples and verdict.status.value == "fail":
         extra.append("not judged: " + "; ".join(not_judged.values()))
     if extra:
-        verdict.reason = f"{verdict.reason.rstrip('.')}; {'; '.join(extra)}"
+        verdict.add("note", text="; ".join(extra), strip=True)
     return verdict
 
 

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
 from harness.checks.slo import slo_verdicts_of
+from harness.checks import reasons
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.stats import levels
 from harness.stats.intervals import across
@@ -150,15 +151,16 @@ def faults_verdict(checklist: Checklist, outcomes: Sequence[SoakOutcome], sample
     status = judged_verdict.status
     if status is Status.FAIL and failed:
         worst = failed[0]
-        reason = (f"{len(failed)} fault(s) not recovered, first #{worst.outcome.fault.index + 1} "
-                  f"{worst.outcome.fault.kind} {worst.outcome.fault.target}: {worst.why}; {summary}: {item.why}")
+        why = reasons.cause("faults_not_recovered", failed=len(failed), why=worst.why, summary=summary, item_why=item.why,
+                            first=f"#{worst.outcome.fault.index + 1} {worst.outcome.fault.kind} {worst.outcome.fault.target}")
+        causes: tuple[dict[str, Any], ...] = (why,)
     elif status is not Status.PASS:   # a fail no fault's rule names cannot happen; judge()'s own words then
-        reason = f"inconclusive: {because}" if because and status is Status.INCONCLUSIVE else judged_verdict.reason
+        causes = ((reasons.cause("undecided", because=because),) if because and status is Status.INCONCLUSIVE
+                  else judged_verdict.causes)
     else:
-        reason = f"{summary}: every one by its rule (rescheduling <= {limit_s:g} s, traffic again <= {rejoin_s:g} s)"
-        if missing:
-            reason += f"; {len(missing)} not injected (named in the evidence)"
-    verdict = Verdict(item=FAULTS_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
+        causes = (reasons.cause("faults_recovered", summary=summary, reschedule_limit_s=limit_s, rejoin_limit_s=rejoin_s,
+                                not_injected=len(missing)),)
+    verdict = Verdict(item=FAULTS_ITEM, title=item.title, status=status, causes=causes,
                       measured=float(len(failed)), threshold=t["faults_not_recovered"].value,
                       unit=t["faults_not_recovered"].unit, op=t["faults_not_recovered"].op,
                       evidence=judged_verdict.evidence)
@@ -229,20 +231,20 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
         which = "ttft" if w["ttft"]["status"] == "fail" else "tpot"
         status = Status.FAIL
         label = "the whole run" if w["window"] == "whole run" else f"window {w['window']} (+{w['start_s']:.0f}-{w['end_s']:.0f} s)"
-        reason = f"{len(failed)} of {len(rows)} windows missed 6.2; {label}: {w[which]['reason']}"
+        why = reasons.cause("windows_missed", failed=len(failed), windows=len(rows), where=label,
+                            first_reason=w[which]["reason"])
     elif open_:
         w = open_[0]
         which = "ttft" if w["ttft"]["status"] == "inconclusive" else "tpot"
         label = "the whole run" if w["window"] == "whole run" else f"window {w['window']}"
-        why = w[which]["reason"].removeprefix("inconclusive: ")
-        status, reason = Status.INCONCLUSIVE, f"inconclusive: {label}: {why}"
+        status = Status.INCONCLUSIVE
+        why = reasons.cause("undecided", because=f"{label}: {w[which]['reason'].removeprefix('inconclusive: ')}")
     else:
         whole = rows[-1]
         status = Status.PASS
-        reason = (f"TTFT and TPOT within 6.2 in each of {len(windows)} windows of {window_s:g} s and over the whole run "
-                  f"(whole run: TTFT p99 {whole['ttft']['p99_ms']} ms, TPOT p99 {whole['tpot']['p99_ms']} ms, "
-                  f"{whole['requests']} requests)")
-    return Verdict(item=SLO_ITEM, title=item.title, status=status, reason=" ".join(reason.split()),
+        why = reasons.cause("windows_met", windows=len(windows), window_s=window_s, ttft_p99_ms=whole["ttft"]["p99_ms"],
+                            tpot_p99_ms=whole["tpot"]["p99_ms"], requests=whole["requests"])
+    return Verdict(item=SLO_ITEM, title=item.title, status=status, causes=(why,),
                    measured=float(len([r for r in windows if r["status"] == "fail"])), threshold=t.value, unit=t.unit,
                    op=t.op, evidence={"window_s": window_s, "windows": rows,
                                       "error_control": control.to_dict(control.fail_alpha, pass_alpha,

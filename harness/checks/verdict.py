@@ -1,7 +1,11 @@
 """Verdicts: what a check concluded about one checklist item, and the run's exit code.
 
 A verdict is JSON-able and self-explaining: measured value, threshold, unit, evidence and a
-one-line reason that says what was measured, against what, and why it matters. The exit code
+one-line reason that says what was measured, against what, and why it matters. The reason is
+data first (``causes``: codes plus fields, harness/checks/reasons.py) and its text is rendered
+from them, once. The status is decided in one place and order: :func:`judge` (or, for an item
+not measured, :func:`inconclusive`), then the extension loop (harness/checks/extend.py), then the
+machine gate (harness/checks/machine.py); each adds its layer of causes. The exit code
 of a whole run follows from its verdicts plus two harness-level facts (a harness error, a
 failed revert); see ``docs/exit-codes.md``.
 """
@@ -12,11 +16,12 @@ import enum
 import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from harness.stats import levels
 from harness.stats.intervals import Interval, decide, more_to_decide
 from harness.checklists import ChecklistItem, Threshold
+from harness.checks import reasons
 from harness.errors import ConfigError
 
 
@@ -37,10 +42,15 @@ class ExitCode(enum.IntEnum):
 
 @dataclass
 class Verdict:
+    """``causes`` (harness/checks/reasons.py) say why, as data: a head, then layers; ``reason`` is
+    their rendering, set here and by :meth:`add` only. A verdict built with ``reason`` alone (a
+    user's own suite, a results.json older than causes) keeps those words as a ``summary`` head;
+    the harness's own code always passes causes (a test checks)."""
+
     item: str                 # checklist item id, e.g. "6.1.4"
     title: str
     status: Status
-    reason: str               # one line: measured what, against what, why it matters
+    reason: str = ""          # one line, rendered from causes: measured what, against what, why it matters
     measured: float | None = None
     threshold: float | None = None
     unit: str = ""
@@ -48,6 +58,7 @@ class Verdict:
     evidence: dict[str, Any] = field(default_factory=dict)
     test: str | None = None   # pytest node id that recorded it
     interval: dict[str, Any] | None = None   # the headline measurement's Interval.to_dict(), when it has one
+    causes: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -56,25 +67,70 @@ class Verdict:
         if "\n" in self.reason:
             raise ConfigError(f"verdict {self.item}: reason must be one line, got {self.reason!r}",
                               fix="put details in evidence, keep reason to one line")
+        if not self.causes:
+            if not self.reason.strip():
+                raise ConfigError(f"verdict {self.item}: no reason", fix="pass causes= (harness/checks/reasons.py) or reason=")
+            causes: Any = (reasons.cause("summary", text=self.reason),)
+        else:
+            causes = self.causes
+        causes = reasons.check(causes)
+        rendered = reasons.render(causes)
+        if self.reason and " ".join(self.reason.split()) != rendered:
+            raise ConfigError(f"verdict {self.item}: reason {self.reason!r} is not what its causes say ({rendered!r})",
+                              fix="change the causes (Verdict.add, Verdict.restated), never the text")
+        object.__setattr__(self, "causes", causes)
+        object.__setattr__(self, "reason", rendered)
         if self.measured is not None and not math.isfinite(float(self.measured)):
             raise ConfigError(f"verdict {self.item}: measured value {self.measured!r} is not finite",
                               fix="report an inconclusive verdict with measured=None instead")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("reason", "causes") and "causes" in self.__dict__ and isinstance(self.__dict__["causes"], tuple) \
+                and self.__dict__.get("reason"):
+            raise AttributeError(f"verdict {self.item}: the reason is rendered from its causes once; "
+                                 "add a layer with Verdict.add() or restate the head with Verdict.restated()")
+        super().__setattr__(name, value)
+
+    @property
+    def cause(self) -> dict[str, Any]:
+        """The head cause: what decided the verdict (``code`` and its fields)."""
+        return self.causes[0]
+
+    def layer(self, code: str) -> dict[str, Any] | None:
+        """The last layer of ``code`` ("extended", "machine", "note"), or None."""
+        return next((c for c in reversed(self.causes[1:]) if c["code"] == code), None)
+
+    def add(self, code: str, **fields: Any) -> "Verdict":
+        """Add a layer (extension, machine gate, a detail the item adds) and render the reason again."""
+        causes = reasons.check((*self.causes, reasons.cause(code, **fields)))
+        object.__setattr__(self, "causes", causes)
+        object.__setattr__(self, "reason", reasons.render(causes))
+        return self
+
+    def restated(self, code: str, **fields: Any) -> "Verdict":
+        """A copy whose head is ``code`` (the item says the same outcome in its own terms: a
+        nothing-lost pass names its counts); the layers are kept."""
+        causes = reasons.check((reasons.cause(code, **fields), *self.causes[1:]))
+        return replace(self, causes=causes, reason=reasons.render(causes))
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
+        data["causes"] = [dict(c) for c in self.causes]
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Verdict":
+    def from_dict(cls, data: Mapping[str, Any]) -> "Verdict":
+        """A verdict read back (a results.json older than causes keeps its text as a ``summary``)."""
         return cls(**data)
 
 
-def inconclusive(checklist: Any, item_id: str, reason: str, **evidence: Any) -> Verdict:
-    """The verdict of an item that was not measured (a dry run, a cluster too small for it);
-    ``checklist``: the cluster's thresholds (harness.checklists.Checklist)."""
-    return Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.INCONCLUSIVE, reason=reason,
-                   evidence=evidence)
+def inconclusive(checklist: Any, item_id: str, reason: str, *, code: str = "not_judged", **evidence: Any) -> Verdict:
+    """The verdict of an item that was not measured (a dry run, a cluster too small for it, a fault
+    that could not be made); ``checklist``: the cluster's thresholds (harness.checklists.Checklist);
+    ``code``: which of those (harness/checks/reasons.py), ``reason`` its words."""
+    return Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.INCONCLUSIVE,
+                   causes=(reasons.cause(code, text=" ".join(reason.split())),), evidence=evidence)
 
 
 def exit_code_for(verdicts: Iterable[Verdict], *, harness_error: bool = False,
@@ -128,18 +184,14 @@ class Measurement:
         text = "not measured" if self.value is None else f"{self.value:.4g} {self.threshold.unit}".strip()
         return text if self.interval is None or self.value is None else f"{text} {self.interval.brackets()}"
 
-    def straddles(self) -> str:
-        """One clause: what straddles which threshold and what would decide it."""
+    def straddles(self) -> dict[str, Any]:
+        """The ``straddles`` cause: what straddles which threshold and what would decide it."""
         i = self.interval
         assert i is not None
-        more = self.more_to_decide()
-        if more is not None:
-            then = f"about {more} more {i.noun} would decide"
-        elif i.extrapolate is None:
-            then = f"more {i.noun} would not narrow it (a resolution bound)"
-        else:
-            then = f"more than 10x the {i.noun} would be needed to decide (the figure is that close to it)"
-        return f"{self.what} {i.describe(self.threshold.unit)} straddles {self.threshold.describe()}; {then}"
+        return reasons.cause("straddles", key=self.threshold.key, what=self.what,
+                             interval=i.describe(self.threshold.unit), threshold=self.threshold.describe(),
+                             more_to_decide=self.more_to_decide(), noun=i.noun,
+                             resolution_bound=i.extrapolate is None)
 
     def to_dict(self) -> dict[str, Any]:
         decision = self.decision()
@@ -202,23 +254,21 @@ def judge(item: ChecklistItem, measurements: Sequence[Measurement], *,
                             "n": m.interval.n} for m in straddling if m.interval is not None]
     if failing:
         status = Status.FAIL
-        reason = f"{head.what} was {head.figure()}, required {t.describe()}: {item.why}"
+        head_cause = reasons.cause("missed", key=t.key, what=head.what, figure=head.figure(),
+                                   threshold=t.describe(), why=item.why)
     elif undecided or inconclusive_because:
         status = Status.INCONCLUSIVE
         if inconclusive_because:
-            because = inconclusive_because
+            head_cause = reasons.cause("thin", key=t.key, because=inconclusive_because, threshold=t.describe())
         elif head.value is None:
-            because = f"{head.what} could not be measured"
+            head_cause = reasons.cause("not_measured", key=t.key, what=head.what, threshold=t.describe())
         else:
-            because = head.straddles()
-        reason = f"inconclusive: {because}" + ("" if head.value is not None and not inconclusive_because
-                                                else f" (required {t.describe()})")
+            head_cause = head.straddles()
     else:
         status = Status.PASS
-        reason = f"{head.what} was {head.figure()}, within {t.describe()}"
-        if len(measurements) > 1:
-            reason += f" (and {len(measurements) - 1} more threshold(s) met)"
-    return Verdict(item=item.id, title=item.title, status=status, reason=" ".join(reason.split()),
+        head_cause = reasons.cause("met", key=t.key, what=head.what, figure=head.figure(), threshold=t.describe(),
+                                   more_met=len(measurements) - 1)
+    return Verdict(item=item.id, title=item.title, status=status, causes=(head_cause,),
                    measured=head.value, threshold=t.value, unit=t.unit, op=t.op, evidence=ev,
                    interval=None if head.interval is None else head.interval.to_dict())
 

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.stats.intervals import brackets
+from harness.checks import reasons
 from harness.checks.verdict import Status, Verdict
 from harness.report.result import RunResult
 from harness.report.suites import suite_label
@@ -35,16 +36,11 @@ def _cut(text: str, width: int) -> str:
 
 
 def short_reason(v: Verdict) -> str:
-    """The reason's own words for the end table, without the figure and threshold its columns show:
-    what was measured (``p100 rescheduling time over 12 fault(s)``), or an inconclusive's why; the
-    whole reason stays in the lines above, the report and results.json."""
-    reason = v.reason.removeprefix("inconclusive: ")
-    if v.measured is not None and " was " in reason and v.status in (Status.PASS, Status.FAIL):
-        what, _, rest = reason.partition(" was ")
-        more = rest.rsplit("(and ", 1)
-        tail = f" (and {more[1]}" if len(more) == 2 and more[1].endswith(")") else ""
-        return what + tail
-    return reason
+    """The reason's own words for the end table, rendered from its causes without the figure and
+    threshold its columns show: what was measured (``p100 rescheduling time over 12 fault(s)``),
+    a capability's names (its why and fix in the report), an inconclusive's why, a starved
+    machine as three words; the whole reason stays in the lines above, the report and results.json."""
+    return reasons.render_short(v.causes)
 
 
 def print_summary(console: Console, result: RunResult, run_dir: Path | None) -> None:

@@ -88,13 +88,13 @@ def test_poisoned_kv_pages_are_quarantined_and_never_served(cluster: ClusterHand
     if harness_options.dry_run and dry_run.reads_no_admin_api(cluster):
         conformance.show_plan([dry_run.unread_targets(cluster, "ecc_poison", "each healthy decode worker",
                                                       f"{BLOCKS_PER_POISONING} blocks poisoned while it decodes")])
-        conformance.record(inconclusive(checklist, ITEM, "dry run: the poisonings were planned, none injected"))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: the poisonings were planned, none injected"))
         return
     if harness_options.dry_run:  # print the poisoning's plan on each decode worker
         for w in _healthy_decodes(timeline):
             faults.inject(EccPoison(admin_url=cluster.admin_url, worker_id=w.id, count=BLOCKS_PER_POISONING))
         faults.revert_all()
-        conformance.record(inconclusive(checklist, ITEM, "dry run: the poisonings were planned, none injected"))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: the poisonings were planned, none injected"))
         return
     n = int(item.thresholds["min_poisonings"].value) + 1  # poisonings that hit a running request
     tries = MAX_TRIES_PER_BITE * n  # one can miss: the worker's requests may all end before it lands
@@ -170,7 +170,7 @@ def _through_dcgm(cluster: ClusterHandle, load: Load, faults: FaultRunner, confo
         auth_headers=cluster.auth_headers(), load_s=harness_options.load_duration)
     if harness_options.dry_run:
         scenario.rehearse()
-        conformance.record(inconclusive(checklist, ITEM, "dry run: the ECC injection was planned, not made",
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: the ECC injection was planned, not made",
                                         plan=scenario.plan, what_this_exercises=WHAT_IT_EXERCISES))
         return
     if not scenario.drain_visible:
@@ -186,7 +186,7 @@ def _through_dcgm(cluster: ClusterHandle, load: Load, faults: FaultRunner, confo
         return
     done = scenario.run()
     if done.injection is None:
-        conformance.record(inconclusive(checklist, ITEM, f"the ECC injection could not be made: {done.not_made}",
+        conformance.record(inconclusive(checklist, ITEM, f"the ECC injection could not be made: {done.not_made}", code="not_made",
                                         plan=scenario.plan))
         return
     verdict = dcgm_verdict([done.injection], checklist)

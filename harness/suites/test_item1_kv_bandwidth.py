@@ -86,7 +86,7 @@ def test_kv_transfer_reaches_80_percent_of_line_rate(cluster: ClusterHandle, con
 def _planned(cluster: ClusterHandle, conformance: Conformance, what: str) -> None:
     conformance.show_plan([f"{what}: transfers of {', '.join(f'{s} MiB' for s in SIZES_MIB)}, the largest repeated "
                            "until its interval decides (no fault; it loads the fabric)"])
-    conformance.record(inconclusive(cluster.thresholds, ITEM_KV_BANDWIDTH, "dry run: the bandwidth probes were "
+    conformance.record(inconclusive(cluster.thresholds, ITEM_KV_BANDWIDTH, code="dry_run", reason="dry run: the bandwidth probes were "
                                                                            "planned, not run"))
 
 

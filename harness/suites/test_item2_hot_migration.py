@@ -130,7 +130,7 @@ def test_hot_migration_ttft_delta(cluster: ClusterHandle, load: Load, faults: Fa
     checklist = cluster.thresholds
     t = checklist.item(ITEM).thresholds
     if harness_options.dry_run:  # no fault to plan: migrations go through the admin API
-        conformance.record(inconclusive(checklist, ITEM, "dry run: no stream was migrated"))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: no stream was migrated"))
         return
     if len(_decode_workers(timeline)) < 2:
         conformance.record(inconclusive(checklist, ITEM, "live migration needs at least two healthy decode workers"))
@@ -200,7 +200,7 @@ def _on_worker_loss(cluster: ClusterHandle, load: Load, faults: FaultRunner, con
         from harness.dry_run import safety_word
 
         conformance.show_plan([f"{plan[0]} [{safety_word(cluster.spec, 'process_kill')}]"])
-        conformance.record(inconclusive(checklist, ITEM, "dry run: no worker was killed", plan=plan))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: no worker was killed", plan=plan))
         return
     try:
         cluster.check_fault_allowed("process_kill")
@@ -243,7 +243,7 @@ def _on_worker_loss(cluster: ClusterHandle, load: Load, faults: FaultRunner, con
     except FaultError as exc:  # the fault runner has reverted what it injected
         failed_kill = exc
     if failed_kill is not None:
-        verdict = inconclusive(checklist, ITEM, f"a kill could not be made or undone: {failed_kill}", plan=plan,
+        verdict = inconclusive(checklist, ITEM, f"a kill could not be made or undone: {failed_kill}", code="not_made", plan=plan,
                                kills=len(windows))
     else:
         # every stream in flight at a kill, the load's too: the engine's migration counter counts them all, so

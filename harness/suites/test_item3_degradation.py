@@ -103,7 +103,7 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster: ClusterHandle, 
     if harness_options.dry_run and dry_run.reads_no_admin_api(cluster):
         conformance.show_plan([dry_run.unread_targets(cluster, "hbm_fill", "each decode worker", "filled in steps "
                                                       "to the engine's Level 2 then Level 3 KV-use thresholds")])
-        conformance.record(inconclusive(checklist, ITEM, "dry run: the HBM fills were planned, none injected"))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: the HBM fills were planned, none injected"))
         return
     state = _degradation(admin)
     if harness_options.dry_run:  # print each fill's plan (the shares depend on the load: the first plateau's)
@@ -111,7 +111,7 @@ def test_level2_then_level3_trigger_at_their_thresholds(cluster: ClusterHandle, 
         for w in _decodes(timeline):
             faults.inject(HbmFill(admin_url=admin, worker_id=w.id, share=share))
         faults.revert_all()
-        conformance.record(inconclusive(checklist, ITEM, "dry run: the HBM fills were planned, none injected"))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: the HBM fills were planned, none injected"))
         return
     # on through the fault runner (safety-checked, in the ledger, reverted however the test ends),
     # so that Level 2's action has something to turn off
@@ -223,7 +223,7 @@ def _by_load(cluster: ClusterHandle, conformance: Conformance, harness_options: 
         refused = (" [REFUSED: the cluster is marked safety.production, a real run does not overload it]"
                    if cluster.safety.production else "")
         conformance.show_plan([load_line + refused, *described])
-        conformance.record(inconclusive(checklist, ITEM, "dry run: the KV-use drive was planned, no load was sent",
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason="dry run: the KV-use drive was planned, no load was sent",
                                         plan=[load_line, *described]))
         return
     if cluster.safety.production:

@@ -50,7 +50,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandl
         plan = fault_plan(harness_options.kills)
         conformance.show_plan([dry_run.unread_targets(cluster, kind, f"one {role} worker", f"fault {i + 1}/{len(plan)}")
                                for i, (kind, role) in enumerate(plan)])
-        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(plan)} faults planned, none injected"))
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason=f"dry run: {len(plan)} faults planned, none injected"))
         return
     lone = lone_roles(timeline.workers())
     plan = fault_plan(harness_options.kills, [r for r in PD_ROLES if r not in lone])
@@ -62,7 +62,7 @@ def test_killed_and_hung_workers_are_rescheduled_within_3s(cluster: ClusterHandl
                                    load_run_s=harness_options.load_duration or LOAD_RUN_S)
     if harness_options.dry_run:
         scenario.rehearse()  # prints each fault's plan; nothing is signalled
-        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(plan)} faults planned, none injected",
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason=f"dry run: {len(plan)} faults planned, none injected",
                                         plan=[f"{k} {r}" for k, r in plan]))
         return
 
@@ -100,7 +100,7 @@ def _blackbox(cluster: ClusterHandle, checklist: Checklist, load: Load, faults: 
         lines += [f"not faulted: {why}" for why in not_judged.values()]
         conformance.show_plan(lines)
         refused = sum(word.startswith("REFUSED") for word in safety)
-        conformance.record(inconclusive(checklist, ITEM, f"dry run: {len(steps)} faults planned, none injected"
+        conformance.record(inconclusive(checklist, ITEM, code="dry_run", reason=f"dry run: {len(steps)} faults planned, none injected"
                                         + (f" ({refused} refused by the cluster's safety settings)" if refused else ""),
                                         plan=lines))
         return

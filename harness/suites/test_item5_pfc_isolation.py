@@ -112,8 +112,8 @@ def test_pfc_storm_does_not_spread_to_tcp(cluster: ClusterHandle, faults: FaultR
         (verdict,) = repeat_until_decided(judged, run.more, lambda: len(run.rounds), first=1, most=most,
                                           noun="rounds of TCP-class samples under the storm")
         if run.ended_under and verdict.status is Status.INCONCLUSIVE:
-            verdict.reason += (f"; the storm's bursts ended under round {run.ended_under[0]} (its figures left out), "
-                               "so no more could be measured under it")
+            verdict.add("note", text=f"the storm's bursts ended under round {run.ended_under[0]} (its figures left "
+                        "out), so no more could be measured under it")
         counters_end = storm.counters(ex)
         storm_evidence = {**run.evidence(), **fixed}
     finally:

@@ -127,7 +127,7 @@ def test_soak(cluster: ClusterHandle, checklist: Checklist, load: Load, faults: 
         say(line)
     if opts.dry_run:
         for item in ITEMS:
-            conformance.record(inconclusive(checklist, item, f"dry run: {len(schedule.faults)} faults scheduled "
+            conformance.record(inconclusive(checklist, item, code="dry_run", reason=f"dry run: {len(schedule.faults)} faults scheduled "
                                             f"(seed {seed}), none injected", plan=schedule.lines()))
         return
 

@@ -93,7 +93,9 @@ def test_not_supported_records_one_inconclusive_verdict_per_item_naming_the_capa
     verdicts = not_supported(handle.thresholds, ["6.1.3", "nothing-lost"], caps, ["admin_api", "fault_hooks"])
     assert [(v.item, v.status) for v in verdicts] == [("6.1.3", Status.INCONCLUSIVE),
                                                        ("nothing-lost", Status.INCONCLUSIVE)]
-    assert "needs admin_api (no endpoints.admin in the cluster file)" in verdicts[0].reason
+    first = verdicts[0].cause
+    assert first["code"] == "capability" and [m["capability"] for m in first["missing"][0]] == ["admin_api", "fault_hooks"]
+    assert first["missing"][0][0]["why_not"] == "no endpoints.admin in the cluster file"
     assert verdicts[0].evidence["missing_capabilities"] == ["admin_api", "fault_hooks"]
 
 
@@ -153,9 +155,10 @@ def test_without_stated_levels_or_a_kv_metric_the_reason_names_every_way(tmp_pat
     missing = [caps.missing(w) for w in ways_of(["6.1.3"])]
     assert missing == [["admin_api", "fault_hooks"], ["degradation_expectations"]]
     [verdict] = not_supported(handle.thresholds, ["6.1.3"], caps, missing[0], missing[1:])
-    assert verdict.reason.startswith("not judged on this cluster: needs admin_api")
-    assert ("; or needs degradation_expectations (the cluster file states no degradation expectations "
-            "(degradation.levels))") in verdict.reason
+    ways = verdict.cause["missing"]
+    assert [[m["capability"] for m in way] for way in ways] == missing
+    assert ways[1][0]["why_not"] == "the cluster file states no degradation expectations (degradation.levels)"
+    assert verdict.reason.startswith("not judged on this cluster: needs admin_api")   # rendered from them
     assert verdict.evidence["missing_per_way"] == missing
     openai = capabilities_of(_handle(_external(tmp_path, "engine: openai\n" + LEVELS),
                                      metrics="http://127.0.0.1:9/metrics"))

@@ -117,7 +117,10 @@ def test_a_timing_fail_in_a_starved_window_is_inconclusive_naming_the_machine(it
     assert original.status is Status.FAIL
     gated = gate(original, [STARVED])
     assert gated.status is Status.INCONCLUSIVE
-    assert "test machine CPU-starved" in gated.reason and original.reason in gated.reason
+    assert gated.cause == original.cause   # the would-be failure's head kept under the gate's layer
+    machine = gated.layer("machine")
+    assert machine["action"] == "gated" and machine["would"] == "would have failed"
+    assert machine["starved"].startswith("test machine CPU-starved: PSI some 100 %")
     assert gated.evidence["machine"]["gated"] == {"from": "fail", "reason": original.reason}
     assert gated.evidence["measurements"] == original.evidence["measurements"]  # the would-be failure kept
     assert original.status is Status.FAIL  # gate() returns a new verdict
@@ -134,7 +137,8 @@ def test_a_timing_fail_on_a_quiet_machine_stays_failed_with_the_figures(item):
 def test_a_pass_in_a_starved_window_stays_only_when_absolute(item):
     gated = gate(passing(item), [QUIET, STARVED])  # one starved window of two is enough
     if item in COMPARED_ITEMS:
-        assert gated.status is Status.INCONCLUSIVE and "flatter" in gated.reason
+        assert gated.status is Status.INCONCLUSIVE and gated.layer("machine")["action"] == "gated"
+        assert gated.layer("machine")["would"] == "would have passed, but starvation can flatter a comparison"
     else:
         assert gated.status is Status.PASS and gated.evidence["machine"]["starved"].startswith("test machine")
 
@@ -161,14 +165,15 @@ def test_an_inconclusive_timing_verdict_also_names_a_starved_machine():
     v = Verdict(item="6.2.ttft", title="t", status=Status.INCONCLUSIVE, reason="p99 480-560 ms straddles 500 ms")
     gated = gate(v, [STARVED])
     assert gated.status is Status.INCONCLUSIVE and gated.evidence["machine"]["gated"] is None
-    assert gated.reason.startswith("p99 480-560 ms straddles 500 ms; test machine CPU-starved: PSI some 100 %")
-    assert gate(v, [QUIET]).reason == v.reason
+    assert gated.layer("machine")["action"] == "noted" and gated.cause == v.cause
+    assert gated.reason == f"p99 480-560 ms straddles 500 ms; {gated.layer('machine')['starved']}"  # rendered once
+    assert gate(v, [QUIET]).causes == v.causes
 
 
 def test_an_error_stays_as_it_is():
     v = Verdict(item="6.2.ttft", title="t", status=Status.ERROR, reason="could not measure")
     gated = gate(v, [STARVED])
-    assert gated.status is Status.ERROR and gated.reason == "could not measure"
+    assert gated.status is Status.ERROR and gated.causes == v.causes
 
 
 def test_a_verdict_without_measurements_is_gated_whole():
@@ -205,8 +210,8 @@ def test_a_fail_the_same_runs_baseline_does_not_explain_stands_on_a_starved_mach
     original = failing("6.1.4")
     original.evidence["same_run_baseline"] = baseline
     kept = gate(original, [STARVED])
-    assert kept.status is Status.FAIL and "test machine CPU-starved" in kept.reason
-    assert "outside the faults, in the same run, clients' longest gap was 0.20 s" in kept.reason
+    assert kept.status is Status.FAIL and kept.layer("machine")["action"] == "kept"
+    assert kept.layer("machine")["baseline"].startswith("outside the faults, in the same run, clients' longest gap was 0.20 s")
     assert kept.evidence["machine"]["gated"] is None
     # a baseline that itself came close to the limit explains nothing away: gated as before
     original.evidence["same_run_baseline"] = {**baseline, "explains_failure": True}

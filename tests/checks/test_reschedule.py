@@ -89,11 +89,11 @@ def test_verdict_pass_fail_and_inconclusive():
     assert v.status is Status.PASS and v.measured == pytest.approx(2.4)
     assert [s["label"] for s in v.evidence["samples"]][-1] == "hang decode-0"
     v = reschedule_verdict(_samples(plan(4.2)), cl)
-    assert v.status is Status.FAIL and v.measured == pytest.approx(4.2) and "required <= 3 s" in v.reason
+    assert v.status is Status.FAIL and v.measured == pytest.approx(4.2) and v.cause["threshold"] == "<= 3 s"
     v = reschedule_verdict(_samples(plan(1.0)[:2] + plan(1.0)[3:]), cl)
-    assert v.status is Status.INCONCLUSIVE and "kill prefill x2" in v.reason
+    assert v.status is Status.INCONCLUSIVE and v.cause["code"] == "thin" and "kill prefill x2" in v.cause["because"]
     v = reschedule_verdict(_samples(plan(1.0)[:-2]), cl)  # the minimum applies to hangs too
-    assert v.status is Status.INCONCLUSIVE and "hang decode x1" in v.reason, v.reason
+    assert v.status is Status.INCONCLUSIVE and "hang decode x1" in v.cause["because"], v.reason
 
 
 def test_a_fault_never_rescheduled_fails_the_item():
@@ -116,12 +116,12 @@ def test_each_time_is_known_within_its_inject_step_and_the_clock_resolution():
     # p100 2.95 s, inject step 0.2 s: the true time is in [2.749, 2.951]: every upper bound is within 3 s
     v = reschedule_verdict(_with_inject(_samples(plan(2.95)), 0.2), cl)
     assert v.status is Status.PASS and v.interval["hi"] == pytest.approx(2.951)
-    assert v.interval["method"] == "measurement resolution" and "[2.75-2.95, bounds]" in v.reason
+    assert v.interval["method"] == "measurement resolution" and v.cause["figure"].endswith("[2.75-2.95, bounds]")
     assert v.evidence["per_fault"][-1]["interval"]["lo"] == pytest.approx(2.749)
     # p100 3.1 s after a 0.2 s inject step: it may have been 2.9 s: not a fail, not a pass
     v = reschedule_verdict(_with_inject(_samples(plan(3.1)), 0.2), cl)
-    assert v.status is Status.INCONCLUSIVE and "straddles <= 3 s" in v.reason
-    assert "a resolution bound" in v.reason
+    assert v.status is Status.INCONCLUSIVE and (v.cause["code"], v.cause["threshold"]) == ("straddles", "<= 3 s")
+    assert v.cause["resolution_bound"] and v.cause["more_to_decide"] is None
     # 3.3 s: even its lower bound (3.099 s) is beyond the budget
     v = reschedule_verdict(_with_inject(_samples(plan(3.3)), 0.2), cl)
     assert v.status is Status.FAIL

@@ -57,11 +57,11 @@ def test_verdicts_pass_and_fail_on_the_whole_interval_of_the_client_values():
     assert ttft.status is Status.PASS and tpot.status is Status.PASS
     assert ttft.item == "6.2.ttft" and ttft.measured == pytest.approx(49)
     assert ttft.interval["method"] == "order statistics" and ttft.interval["n"] == 600
-    assert "[" in ttft.reason and "99.9875/99.5833 %]" in ttft.reason   # fail-side (lower) / pass-side (upper) levels
+    assert ttft.cause["figure"].endswith("99.9875/99.5833 %]")   # fail-side (lower) / pass-side (upper) levels
     # a slow tail: 3 % of the requests at 700 ms puts the whole p99 interval beyond 500 ms
     slow_tail = fast[:-18] + [rec(700 + i, ttft_ms=700, tpot_ms=5) for i in range(18)]
     ttft, _ = slo_verdicts(slow_tail, cl)
-    assert ttft.status is Status.FAIL and "p99" in ttft.reason and ttft.measured == pytest.approx(700)
+    assert ttft.status is Status.FAIL and ttft.cause["key"] == "ttft_p99_ms" and ttft.measured == pytest.approx(700)
     slow_tokens = [rec(i, ttft_ms=50, tpot_ms=40) for i in range(40)]
     _, tpot = slo_verdicts(slow_tokens, cl)   # p50 of 40 has both bounds, all of them at 40 ms: fails
     assert tpot.status is Status.FAIL and tpot.measured == pytest.approx(40, abs=0.1)
@@ -74,8 +74,8 @@ def test_a_tail_near_the_target_straddles_and_says_what_would_decide():
     records = [rec(i, ttft_ms=460 + 10 * (i // 50) if i % 50 == 49 else 50, tpot_ms=5) for i in range(600)]
     ttft, tpot = slo_verdicts(records, cl)
     assert ttft.status is Status.INCONCLUSIVE and tpot.status is Status.PASS
-    assert "client TTFT p99" in ttft.reason and "straddles < 500 ms" in ttft.reason
-    assert "(lower 99.9875 %, upper 99.5833 %, order statistics, n=600)" in ttft.reason
+    assert (ttft.cause["code"], ttft.cause["what"], ttft.cause["threshold"]) == ("straddles", "client TTFT p99", "< 500 ms")
+    assert ttft.cause["interval"].endswith("(lower 99.9875 %, upper 99.5833 %, order statistics, n=600)")
     assert ttft.evidence["undecided"][0]["key"] == "ttft_p99_ms"
 
 
@@ -106,13 +106,14 @@ def test_a_slow_tail_in_one_burst_counts_as_fewer_requests_than_the_same_tail_sp
 def test_too_few_requests_for_a_p99_or_no_server_metrics_is_said_not_hidden():
     cl = Checklist.load()
     ttft, tpot = slo_verdicts([rec(i, 50, 5) for i in range(60)], cl)   # a p99 of 60 requests is not a p99
-    assert ttft.status is Status.INCONCLUSIVE and "no upper bound" in ttft.reason and "n >= 546" in ttft.reason
-    assert "more requests would decide" in ttft.reason
+    assert ttft.status is Status.INCONCLUSIVE and ttft.cause["code"] == "straddles"
+    assert "no upper bound" in ttft.cause["interval"] and "n >= 546" in ttft.cause["interval"]
+    assert ttft.cause["more_to_decide"] is not None and ttft.cause["noun"] == "requests"
     ttft, _ = slo_verdicts([rec(i, 50, 5) for i in range(600)], cl, server_note="engine 'openai' exposes no metrics")
     assert ttft.status is Status.PASS          # the client verdict stands without the server
     assert ttft.evidence["server"] is None and "openai" in ttft.evidence["server_note"]
     nothing, _ = slo_verdicts([rec(i, 0, 0, status="http_error") for i in range(5)], cl)
-    assert nothing.status is Status.INCONCLUSIVE and "could not be measured" in nothing.reason
+    assert nothing.status is Status.INCONCLUSIVE and nothing.cause["code"] == "not_measured"
 
 
 def test_histogram_delta_holds_only_the_observations_between_the_scrapes():

@@ -43,7 +43,7 @@ def test_every_fault_recovered_by_its_rule_passes():
     samples = [sample(o, 0.4) for o in outs if o.fault.kind.startswith("process")]
     v, judged = faults_verdict(CHECKLIST, outs, samples)
     assert v.status == Status.PASS, v.reason
-    assert "6 of 6 scheduled faults injected (6 kinds" in v.reason
+    assert v.cause["code"] == "faults_recovered" and v.cause["summary"].startswith("6 of 6 scheduled faults injected (6 kinds")
     assert v.evidence["by_kind"]["process_kill"] == {"scheduled": 1, "recovered": 1, "not recovered": 0,
                                                      "undecided": 0, "not injected": 0}
     assert [j.reschedule_s for j in judged if j.outcome.fault.kind == "process_kill"] == [0.4]
@@ -52,19 +52,21 @@ def test_every_fault_recovered_by_its_rule_passes():
 def test_a_slow_reschedule_or_a_worker_never_back_fails_naming_it():
     outs = [outcome(i) for i in range(5)] + [outcome(5, kind="process_kill", target="decode-1")]
     v, _ = faults_verdict(CHECKLIST, outs, [sample(outs[-1], 4.2)])
-    assert v.status == Status.FAIL and "#6 process_kill decode-1: rescheduled in 4.20 s > 3 s" in v.reason, v.reason
+    assert v.status == Status.FAIL and v.cause["code"] == "faults_not_recovered", v.reason
+    assert v.cause["first"] == "#6 process_kill decode-1" and v.cause["why"].startswith("rescheduled in 4.20 s > 3 s")
     outs = [outcome(i) for i in range(5)] + [outcome(5, back_s=None)]
     v, _ = faults_verdict(CHECKLIST, outs, [])
-    assert v.status == Status.FAIL and "decode-0 never carried traffic again" in v.reason, v.reason
+    assert v.status == Status.FAIL and "decode-0 never carried traffic again" in v.cause["why"], v.reason
     outs = [outcome(i) for i in range(5)] + [outcome(5, back_s=75.0)]
     v, _ = faults_verdict(CHECKLIST, outs, [])
-    assert v.status == Status.FAIL and "75.0 s after it was healthy (> 60 s)" in v.reason, v.reason
+    assert v.status == Status.FAIL and "75.0 s after it was healthy (> 60 s)" in v.cause["why"], v.reason
 
 
 def test_too_few_faults_or_a_stopped_schedule_is_inconclusive_never_a_pass():
     outs = [outcome(i) for i in range(3)] + [outcome(3, not_injected="decode-0 was not healthy and free within 120 s")]
     v, _ = faults_verdict(CHECKLIST, outs, [])
-    assert v.status == Status.INCONCLUSIVE and "3 faults injected, 5 needed" in v.reason and "not healthy" in v.reason
+    assert v.status == Status.INCONCLUSIVE and v.cause["code"] == "undecided"
+    assert v.cause["because"].startswith("3 faults injected, 5 needed") and "not healthy" in v.cause["because"]
     v, _ = faults_verdict(CHECKLIST, [outcome(i) for i in range(6)], [], stopped="stopped: a revert failed")
     assert v.status == Status.INCONCLUSIVE and "a revert failed" in v.reason
 
@@ -88,10 +90,11 @@ def test_windows_split_requests_by_send_time_and_a_slow_window_fails_soak_slo():
     digest = RecordDigest().add(records)
     assert [digest.client_samples(a, b)[0] for a, b in window_edges(t0, t1, 400)] == [400, 400, 400]
     v = slo_windows_verdict(CHECKLIST, records, t0, t1, 400)
-    assert v.status == Status.FAIL and "window 3 (+800-1200 s)" in v.reason and "TTFT" in v.reason, v.reason
+    assert v.status == Status.FAIL and v.cause["code"] == "windows_missed", v.reason
+    assert v.cause["where"] == "window 3 (+800-1200 s)" and "TTFT" in v.cause["first_reason"]
     assert [w["status"] for w in v.evidence["windows"]][:2] == ["pass", "pass"]
     v = slo_windows_verdict(CHECKLIST, fast, t0, t0 + 800, 400)
-    assert v.status == Status.PASS and "each of 2 windows" in v.reason, v.reason
+    assert v.status == Status.PASS and (v.cause["code"], v.cause["windows"]) == ("windows_met", 2), v.reason
 
 
 def test_on_a_starved_machine_a_slow_recovery_is_inconclusive_but_a_worker_never_back_still_fails():
@@ -102,7 +105,7 @@ def test_on_a_starved_machine_a_slow_recovery_is_inconclusive_but_a_worker_never
     slow, _ = faults_verdict(CHECKLIST, outs, [sample(outs[-1], 4.2)])
     assert slow.status == Status.FAIL
     gated = gate(slow, [STARVED])
-    assert gated.status == Status.INCONCLUSIVE and "would have failed" in gated.reason, gated.reason
+    assert gated.status == Status.INCONCLUSIVE and gated.layer("machine")["would"] == "would have failed", gated.reason
     never, _ = faults_verdict(CHECKLIST, [outcome(i) for i in range(5)] + [outcome(5, back_s=None)], [])
     assert {m["key"]: m["holds"] for m in never.evidence["measurements"]}["faults_not_recovered"] is False
     assert gate(never, [STARVED]).status == Status.FAIL
@@ -166,7 +169,7 @@ def test_soak_slo_still_fails_a_slow_window_among_many():
     digest = _Drawn(rng, 30, 600, 100.0)
     digest.rows[12] = (rng.lognormal(np.log(280.0), 0.3, 600), digest.rows[12][1])
     v = slo_windows_verdict(CHECKLIST, digest, 0.0, 9000.0, 300.0)
-    assert v.status == Status.FAIL and "window 13 (+3600-3900 s)" in v.reason, v.reason
+    assert v.status == Status.FAIL and v.cause["where"] == "window 13 (+3600-3900 s)", v.reason
 
 
 def test_soak_slo_counts_the_planned_windows_fixed_before_the_run():

@@ -20,23 +20,27 @@ def test_pass_reason_says_what_and_against_what(item4):
     v = judge(item4, [_m(item4, "reschedule_p100_s", 1.25), _m(item4, "reschedule_p95_s", 1.0, "p95")])
     assert v.status is Status.PASS
     assert (v.measured, v.threshold, v.unit, v.op) == (1.25, 3.0, "s", "<=")
-    assert "1.25 s" in v.reason and "<= 3 s" in v.reason
+    assert v.cause == {"code": "met", "key": "reschedule_p100_s", "what": "p100 rescheduling time",
+                       "figure": "1.25 s", "threshold": "<= 3 s", "more_met": 1}
     assert [m["holds"] for m in v.evidence["measurements"]] == [True, True]
 
 
 def test_any_missed_threshold_fails_and_headlines_it(item4):
     v = judge(item4, [_m(item4, "reschedule_p100_s", 2.0), _m(item4, "reschedule_p95_s", 3.5, "p95 time")])
     assert v.status is Status.FAIL
-    assert v.measured == 3.5 and "p95 time was 3.5 s, required <= 3 s" in v.reason
-    assert item4.why in v.reason  # why it matters
+    assert v.measured == 3.5
+    assert v.cause == {"code": "missed", "key": "reschedule_p95_s", "what": "p95 time", "figure": "3.5 s",
+                       "threshold": "<= 3 s", "why": item4.why}   # why it matters
     assert "\n" not in v.reason
 
 
 def test_missing_measurement_or_thin_evidence_is_inconclusive(item4):
     v = judge(item4, [_m(item4, "reschedule_p100_s", None)])
     assert v.status is Status.INCONCLUSIVE and v.measured is None
+    assert (v.cause["code"], v.cause["key"]) == ("not_measured", "reschedule_p100_s")
     v = judge(item4, [_m(item4, "reschedule_p100_s", 1.0)], inconclusive_because="only 1 kill per role")
-    assert v.status is Status.INCONCLUSIVE and "only 1 kill" in v.reason
+    assert v.status is Status.INCONCLUSIVE and v.cause["code"] == "thin"
+    assert v.cause["because"] == "only 1 kill per role"
 
 
 def test_verdict_round_trips_through_json(item4):
@@ -100,9 +104,10 @@ def test_an_interval_passes_or_fails_only_as_a_whole(ttft, op, good, bad, stradd
     t = _threshold(op)
     assert judge(ttft, [Measurement(t, sum(good) / 2, "p99", _iv(*good))]).status is Status.PASS
     failed = judge(ttft, [Measurement(t, sum(bad) / 2, "p99", _iv(*bad))])
-    assert failed.status is Status.FAIL and "[" in failed.reason and "95 %]" in failed.reason
+    assert failed.status is Status.FAIL and failed.cause["code"] == "missed"
+    assert failed.cause["figure"].endswith("95 %]")   # the figure carries its interval
     v = judge(ttft, [Measurement(t, 500.0, "client TTFT p99", _iv(*straddling))])
-    assert v.status is Status.INCONCLUSIVE and "straddles" in v.reason
+    assert v.status is Status.INCONCLUSIVE and v.cause["code"] == "straddles"
     assert v.evidence["undecided"][0]["key"] == "ttft_p99_ms"
     assert v.evidence["measurements"][0]["holds"] is None
 
@@ -127,17 +132,18 @@ def test_a_straddle_names_the_interval_and_what_would_decide(ttft):
     iv = percentile_interval(values, 99, noun="requests")
     v = judge(ttft, [Measurement(_threshold("<", 199.5), 198.0, "client TTFT p99", iv)])
     assert v.status is Status.INCONCLUSIVE
-    assert v.reason.startswith("inconclusive: client TTFT p99 195-200 ms (lower 99.975 %, upper 99.5833 %, order "
-                               "statistics, n=600) straddles < 199.5 ms; about "), v.reason
+    assert v.cause["interval"] == "195-200 ms (lower 99.975 %, upper 99.5833 %, order statistics, n=600)"
+    assert (v.cause["code"], v.cause["threshold"], v.cause["noun"]) == ("straddles", "< 199.5 ms", "requests")
     more = v.evidence["undecided"][0]["more_to_decide"]
-    assert f"about {more} more requests would decide" in v.reason and 600 < more < 5400
+    assert v.cause["more_to_decide"] == more and 600 < more < 5400 and not v.cause["resolution_bound"]
     oriented = iv.at(v.interval["alpha_lo"], v.interval["alpha_hi"])
     assert oriented.to_dict() == v.interval and Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
     assert oriented.extrapolate((600 + more) / 600).hi < 199.5        # that many more would pass it
     assert oriented.extrapolate((600 + more // 2) / 600).hi >= 199.5  # half as many would not
     at_p99 = judge(ttft, [Measurement(_threshold("<", 198.0), 198.0, "client TTFT p99", iv)])
     assert at_p99.status is Status.INCONCLUSIVE and at_p99.evidence["undecided"][0]["more_to_decide"] is None
-    assert "more than 10x the requests would be needed to decide" in at_p99.reason, at_p99.reason
+    assert at_p99.cause["more_to_decide"] is None and not at_p99.cause["resolution_bound"]
+    assert "more than 10x the requests would be needed to decide" in at_p99.reason   # its rendering, once
 
 
 def test_a_fail_anywhere_wins_over_a_straddle_and_exact_counts_are_judged_as_before(item4):
@@ -148,4 +154,4 @@ def test_a_fail_anywhere_wins_over_a_straddle_and_exact_counts_are_judged_as_bef
     v = judge(item4, [p100, Measurement(item4.thresholds["faults_not_rescheduled"], 0, "never")])
     assert v.status is Status.INCONCLUSIVE and v.interval["hi"] == 3.1
     ok = judge(item4, [Measurement(item4.thresholds["reschedule_p100_s"], 1.0, "p100", _iv(0.9, 1.1))])
-    assert ok.status is Status.PASS and "1 s [0.9-1.1, 95 %]" in ok.reason
+    assert ok.status is Status.PASS and ok.cause["figure"] == "1 s [0.9-1.1, 95 %]"
