@@ -148,6 +148,22 @@ def render(causes: Iterable[Mapping[str, Any]]) -> str:
     return " ".join(text.split())
 
 
+def render_line(causes: Iterable[Mapping[str, Any]]) -> str:
+    """The terminal's line as a verdict is recorded: the whole reason, except that a capability
+    cause (600-1,500 characters when every way is spelled out) names the first way's missing
+    capabilities and what would provide the first of them; each way's why stays in the report."""
+    head, *layers = check(causes)
+    if head["code"] != "capability" or layers:
+        return render(causes)
+    ways = [way for way in head["missing"] if way]
+    first = ways[0]
+    text = (f"not judged on this cluster: needs {', '.join(m['capability'] for m in first)}; "
+            f"fix: {first[0]['provided_by']}")
+    if len(ways) > 1:
+        text += f" (or {len(ways) - 1} other way(s): the report names each)"
+    return " ".join(text.split())
+
+
 def render_short(causes: Iterable[Mapping[str, Any]]) -> str:
     """For the end table, whose columns show the figure and threshold: the head without them (what
     was measured; a capability's names only, its why and fix in the report) and a machine gate's
@@ -164,4 +180,4 @@ def render_short(causes: Iterable[Mapping[str, Any]]) -> str:
     return " ".join(text.split())
 
 
-__all__ = ["CODES", "HEADS", "LAYERS", "Cause", "cause", "check", "render", "render_short"]
+__all__ = ["CODES", "HEADS", "LAYERS", "Cause", "cause", "check", "render", "render_line", "render_short"]

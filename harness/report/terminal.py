@@ -23,7 +23,7 @@ def verdict_line(v: Verdict) -> Text:
     line = Text()
     line.append(f"[{v.status.value.upper():>12}] ", style=_STYLE[v.status])
     line.append(f"{v.item} ", style="bold")
-    line.append(v.reason)
+    line.append(reasons.render_line(v.causes))
     return line
 
 

@@ -13,7 +13,7 @@ from harness.checks.extend import measure_until_decided
 from harness.checks.machine import gate
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.errors import ConfigError
-from harness.report.terminal import short_reason
+from harness.report.terminal import short_reason, verdict_line
 from harness.stats.intervals import Interval
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,6 +152,8 @@ def test_the_end_table_renders_the_short_form_from_the_causes(ttft_item):
         "capability", missing=[[{"capability": "emulated_fabric", "why_not": why, "provided_by": "hosts[].fabric"}]]),))
     assert len(cap.reason) > 600
     assert short_reason(cap) == "not judged on this cluster: needs emulated_fabric"
+    line = verdict_line(cap).plain   # as recorded: one line with the fix, the why in the report
+    assert line.endswith("6.1.1 not judged on this cluster: needs emulated_fabric; fix: hosts[].fabric") and len(line) < 120
 
 
 def test_causes_round_trip_and_an_older_results_file_reads_back(ttft_item):
