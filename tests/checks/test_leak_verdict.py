@@ -56,9 +56,10 @@ def test_an_honest_run_passes_stating_its_figures(checklist):
     """Catches a growth rule that fails (or cannot pass) a flat, noisy run: every unit must pass."""
     v = leak_verdict(checklist, run(20), idle_before=IDLE, idle_after=dict(IDLE))
     assert v.status is Status.PASS, v.reason
-    assert v.reason.startswith("KV blocks held once the load drained above idle before the run, the most of 3 "
-                               "workers (decode-0: 0 vs 0 before) was 0 blocks, within <= 0 blocks (and 13 more")
-    assert "steepest RSS growth" in v.reason and "MB/h [" in v.reason
+    assert v.cause["code"] == "met" and v.cause["what"] == ("KV blocks held once the load drained above idle before "
+                                                            "the run, the most of 3 workers (decode-0: 0 vs 0 before)")
+    assert (v.cause["figure"], v.cause["threshold"], v.cause["more_met"]) == ("0 blocks", "<= 0 blocks", 13)
+    assert v.layer("note")["text"].startswith("steepest RSS growth") and "MB/h [" in v.layer("note")["text"]
     procs = v.evidence["processes"]
     assert len(procs) == 3
     for p in procs:   # every interval wholly below its limit, and near the true slope (0)
@@ -80,8 +81,9 @@ def test_a_planted_kv_leak_fails_naming_the_worker_and_its_blocks(checklist):
     v = leak_verdict(checklist, run(3), idle_before=IDLE, idle_after={**IDLE, "decode-1": 16, "decode-0": 8})
     assert v.status is Status.FAIL
     assert v.measured == 16 and v.threshold == 0 and v.unit == "blocks"
-    assert "on decode-1 (16 vs 0 before; also over on decode-0: 8) was 16 blocks, required <= 0 blocks" in v.reason
-    assert "A leak of a few blocks per recovery" in v.reason   # the item's why
+    assert v.cause["code"] == "missed" and v.cause["what"].endswith("on decode-1 (16 vs 0 before; also over on decode-0: 8)")
+    assert (v.cause["figure"], v.cause["threshold"]) == ("16 blocks", "<= 0 blocks")
+    assert "A leak of a few blocks per recovery" in v.cause["why"]   # the item's why
     check_json(v)
 
 
@@ -97,9 +99,9 @@ def test_a_steep_rss_slope_over_20_minutes_fails(checklist):
     worker's own fit (across its restarts) must fail, naming it."""
     v = leak_verdict(checklist, run(20, rss_mb_per_h={"decode-0": 1200.0}), idle_before=IDLE, idle_after=dict(IDLE))
     assert v.status is Status.FAIL
-    assert v.reason.startswith("RSS growth of decode-0 (pid 1001), one slope across restarts over 19.0 min after "
-                               "each process's first 60 s was "), v.reason
-    assert "MB/h [" in v.reason and "required <= 256 MB/h" in v.reason and "early fail" not in v.reason
+    assert v.cause["code"] == "missed" and v.cause["what"].startswith(
+        "RSS growth of decode-0 (pid 1001), one slope across restarts over 19.0 min after each process's first 60 s"), v.reason
+    assert "MB/h [" in v.cause["figure"] and v.cause["threshold"] == "<= 256 MB/h" and "early fail" not in v.reason
     assert 1000 < v.measured < 1400 and v.interval["lo"] > 256
     other = next(p for p in v.evidence["processes"] if p["worker"] == "decode-1")
     assert other["rss_growth_mb_per_h"]["interval"]["hi"] < 256
@@ -191,7 +193,8 @@ def test_a_slope_whose_interval_straddles_the_limit_is_undecided(checklist):
         for w in s.workers)) for i, s in enumerate(samples)]
     v = leak_verdict(checklist, noisy, idle_before=IDLE, idle_after=dict(IDLE))
     assert v.status is Status.INCONCLUSIVE, v.reason
-    assert "RSS growth of decode-0 (pid 1001)" in v.reason and "straddles <= 256 MB/h" in v.reason
+    assert v.cause["code"] == "straddles" and v.cause["what"].startswith("RSS growth of decode-0 (pid 1001)")
+    assert v.cause["threshold"] == "<= 256 MB/h"
     assert [u["key"] for u in undecided(v)] == ["rss_growth_mb_per_h"]
 
 
@@ -201,7 +204,7 @@ def test_remote_workers_without_process_readings_are_judged_on_kv_alone(checklis
                                                                   w.kv_blocks_total, w.num_running, w.active_requests)
                                                 for w in s.workers)) for s in run(3)]
     v = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE))
-    assert v.status is Status.PASS and "no process readings: growth not measured" in v.reason
+    assert v.status is Status.PASS and v.layer("note")["text"] == "no process readings: growth not measured"
     assert v.evidence["series"]["decode-0"][0][1:4] == [None, None, None]
 
 
