@@ -206,6 +206,26 @@ def test_unknown_request_is_refused_without_retries(receiver):
     assert 1 <= sent <= LAYERS and rx_stats.snapshot()["rejected"]["unknown_request"] == sent
 
 
+def test_a_layer_sent_twice_is_written_once(receiver):
+    """The buffered path takes a resent layer as the direct path does: once. Under load a cut
+    stream's last whole frame may be read after the retry's QUERY was answered, so the sender
+    resends it (seen in the truncated-connection test below on a loaded machine: layer 0 written
+    twice). Planted defect: _accept_data without its duplicate check (the sink gets layer 0 twice)."""
+    sink, stats, fabric, _ = receiver
+    sink.expect("rdup")
+    kv = make_kv()
+    with socket.create_connection((fabric.host, fabric.port)) as conn:
+        for _ in range(2):
+            send_frame(conn, *encode_frame(Frame.from_tensor("rdup", 0, kv[0:1])))
+        pause = threading.Event()
+        for _ in range(200):   # the receiver reads the two frames in order on its own thread
+            if stats.snapshot()["rejected"].get("duplicate") or len(written_layers(sink)) > 1:
+                break
+            pause.wait(0.05)
+    assert stats.snapshot()["rejected"].get("duplicate") == 1
+    assert written_layers(sink).count(0) == 1
+
+
 def test_truncated_connection_resends_only_missing_layers(receiver):
     """A real TCP proxy cuts the first connection mid-frame; the retry asks what is missing."""
     sink, rx_stats, fabric, control = receiver
@@ -267,7 +287,7 @@ def test_truncated_connection_resends_only_missing_layers(receiver):
     assert not result.fallback and result.retries in (0, 1)
     assert rx_stats.snapshot()["rejected"].get("truncated") == 1
     assert torch.equal(sink.assembled("r5"), kv)
-    assert written_layers(sink) == [0, 1, 2, 3]  # layer 0 was not sent twice
+    assert written_layers(sink) == [0, 1, 2, 3]  # layer 0 written once (resent only if the QUERY beat its frame)
 
 
 # ---------------------------------------------------------------- idle connections

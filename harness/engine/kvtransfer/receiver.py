@@ -201,6 +201,13 @@ class KVReceiver:
             self.stats.rejected("unknown_request")
             release()
             return
+        with self._lock:   # a resend of layers that arrived (a QUERY answered before a cut stream's last
+            # frame was read): never write over KV that was verified, as the direct path (_into) does not
+            duplicate = self._have.get(frame.request_id, set()).issuperset(range(frame.layer_start, frame.layer_end))
+        if duplicate:
+            self.stats.rejected("duplicate")
+            release()
+            return
         want = (frame.layer_end - frame.layer_start, 2, layout.num_tokens, layout.num_kv_heads, layout.head_dim)
         if (frame.dtype != layout.dtype or tuple(frame.shape) != want or frame.layer_start < 0
                 or frame.layer_end > layout.num_layers):
