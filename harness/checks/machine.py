@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Sequence
 
+from harness.checks import reasons as reason_codes
 from harness.checks.verdict import Status, Verdict
 
 # item -> its timing quantities (threshold keys): a FAIL is gated only when every failing
@@ -165,10 +166,12 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
     else:
         return replace(verdict, evidence={**verdict.evidence, "machine": machine})
     machine["gated"] = {"from": verdict.status.value, "reason": verdict.reason}
-    return _layered(replace(verdict, status=Status.INCONCLUSIVE), machine, action="gated", starved=reasons[0], would=why)
+    return _layered(verdict, machine, Status.INCONCLUSIVE, action="gated", starved=reasons[0], would=why)
 
 
-def _layered(verdict: Verdict, machine: dict[str, Any], **fields: Any) -> Verdict:
-    """A copy of ``verdict`` with the machine's evidence and its ``machine`` cause (harness/checks/reasons.py)."""
-    out = replace(verdict, evidence={**verdict.evidence, "machine": machine})
-    return out.add("machine", **fields)
+def _layered(verdict: Verdict, machine: dict[str, Any], status: Status | None = None, **fields: Any) -> Verdict:
+    """A copy of ``verdict`` with the machine's evidence, its ``machine`` cause
+    (harness/checks/reasons.py) and the status that cause implies."""
+    causes = reason_codes.check((*verdict.causes, reason_codes.cause("machine", **fields)))
+    return replace(verdict, status=status or verdict.status, causes=causes, reason=reason_codes.render(causes),
+                   evidence={**verdict.evidence, "machine": machine})

@@ -115,6 +115,26 @@ _SHORT: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 
 
+# the status a head decides (None: any, the words of a suite or an older file); a machine layer
+# with action "gated" makes any of them inconclusive
+IMPLIED_STATUS: dict[str, str | None] = {
+    "met": "pass", "faults_recovered": "pass", "windows_met": "pass", "ended_cleanly": "pass",
+    "missed": "fail", "faults_not_recovered": "fail", "windows_missed": "fail",
+    "straddles": "inconclusive", "not_measured": "inconclusive", "thin": "inconclusive", "undecided": "inconclusive",
+    "capability": "inconclusive", "dry_run": "inconclusive", "not_judged": "inconclusive",
+    "not_made": "inconclusive", "skipped": "inconclusive", "error": "error", "summary": None, "recorded": None,
+}
+NOT_MEASURED_CODES = ("dry_run", "not_judged", "not_made", "skipped")   # inconclusive()'s
+
+
+def implied_status(causes: Iterable[Mapping[str, Any]]) -> str | None:
+    """The status the causes say (``"pass"``, ...), or None where the head leaves it to its words."""
+    head, *layers = check(causes)
+    if any(c["code"] == "machine" and c["action"] == "gated" for c in layers):
+        return "inconclusive"
+    return IMPLIED_STATUS[head["code"]]
+
+
 def cause(code: str, **fields: Any) -> Cause:
     """One cause, checked: a known code and the fields its rendering needs."""
     if code not in CODES:
@@ -180,4 +200,5 @@ def render_short(causes: Iterable[Mapping[str, Any]]) -> str:
     return " ".join(text.split())
 
 
-__all__ = ["CODES", "HEADS", "LAYERS", "Cause", "cause", "check", "render", "render_line", "render_short"]
+__all__ = ["CODES", "HEADS", "IMPLIED_STATUS", "LAYERS", "NOT_MEASURED_CODES", "Cause", "cause", "check", "implied_status",
+           "render", "render_line", "render_short"]

@@ -78,6 +78,7 @@ class Verdict:
         if self.reason and " ".join(self.reason.split()) != rendered:
             raise ConfigError(f"verdict {self.item}: reason {self.reason!r} is not what its causes say ({rendered!r})",
                               fix="change the causes (Verdict.add, Verdict.restated), never the text")
+        self._check_status(causes)
         object.__setattr__(self, "causes", causes)
         object.__setattr__(self, "reason", rendered)
         if self.measured is not None and not math.isfinite(float(self.measured)):
@@ -91,6 +92,13 @@ class Verdict:
                                  "add a layer with Verdict.add() or restate the head with Verdict.restated()")
         super().__setattr__(name, value)
 
+    def _check_status(self, causes: tuple[dict[str, Any], ...]) -> None:
+        """The status is the one its causes say (judge's outcome, or the machine gate's): one path."""
+        implied = reasons.implied_status(causes)
+        if implied is not None and implied != self.status.value:
+            raise ConfigError(f"verdict {self.item}: status {self.status.value} but its causes say {implied} "
+                              f"({[c['code'] for c in causes]})", fix="decide the status through judge() and its layers")
+
     @property
     def cause(self) -> dict[str, Any]:
         """The head cause: what decided the verdict (``code`` and its fields)."""
@@ -103,6 +111,7 @@ class Verdict:
     def add(self, code: str, **fields: Any) -> "Verdict":
         """Add a layer (extension, machine gate, a detail the item adds) and render the reason again."""
         causes = reasons.check((*self.causes, reasons.cause(code, **fields)))
+        self._check_status(causes)
         object.__setattr__(self, "causes", causes)
         object.__setattr__(self, "reason", reasons.render(causes))
         return self
@@ -129,6 +138,9 @@ def inconclusive(checklist: Any, item_id: str, reason: str, *, code: str = "not_
     """The verdict of an item that was not measured (a dry run, a cluster too small for it, a fault
     that could not be made); ``checklist``: the cluster's thresholds (harness.checklists.Checklist);
     ``code``: which of those (harness/checks/reasons.py), ``reason`` its words."""
+    if code not in reasons.NOT_MEASURED_CODES:
+        raise ConfigError(f"inconclusive({item_id!r}): code {code!r} is not one for an item not measured",
+                          fix=f"use one of {', '.join(reasons.NOT_MEASURED_CODES)}")
     return Verdict(item=item_id, title=checklist.item(item_id).title, status=Status.INCONCLUSIVE,
                    causes=(reasons.cause(code, text=" ".join(reason.split())),), evidence=evidence)
 

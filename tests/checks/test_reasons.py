@@ -11,7 +11,7 @@ from harness.checklists import Checklist, Threshold
 from harness.checks import reasons
 from harness.checks.extend import measure_until_decided
 from harness.checks.machine import gate
-from harness.checks.verdict import Measurement, Status, Verdict, judge
+from harness.checks.verdict import Measurement, Status, Verdict, inconclusive, judge
 from harness.errors import ConfigError
 from harness.report.terminal import short_reason, verdict_line
 from harness.stats.intervals import Interval
@@ -95,9 +95,21 @@ def test_the_reason_is_never_written_by_hand(ttft_item):
         v.causes = ()
     with pytest.raises(ConfigError, match="not what its causes say"):
         replace(v, reason="all good")
-    assert replace(v, status=Status.FAIL).reason == v.reason   # other fields change freely
+    assert replace(v, evidence={"x": 1}).reason == v.reason   # other fields change freely
+    with pytest.raises(ConfigError, match="status fail but its causes say pass"):
+        replace(v, status=Status.FAIL)   # the status is the one its causes say: judge's, or the gate's
     v.add("note", text="3 workers")
     assert v.reason.endswith("; 3 workers") and v.layer("note") == {"code": "note", "text": "3 workers"}
+
+
+def test_an_item_not_measured_says_which_kind_of_not(ttft_item):
+    """Planted: inconclusive() accepting a judged outcome's code (a 'met' head on an inconclusive
+    verdict: the scorecard and compare would read it as measured)."""
+    checklist = Checklist.load()
+    v = inconclusive(checklist, "6.2.ttft", "dry run:   no load was sent", code="dry_run")
+    assert v.cause == {"code": "dry_run", "text": "dry run: no load was sent"} and v.status is Status.INCONCLUSIVE
+    with pytest.raises(ConfigError, match="not one for an item not measured"):
+        inconclusive(checklist, "6.2.ttft", "fine", code="met")
 
 
 def test_no_harness_code_builds_a_verdict_from_prose():
