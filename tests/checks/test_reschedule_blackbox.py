@@ -117,7 +117,8 @@ def test_each_fault_window_ends_at_the_next_fault_and_the_distribution_is_neares
     ev = client_view_evidence(samples)
     assert ev["reschedule_s"]["p50"] == pytest.approx(1.0) and ev["reschedule_s"]["p100"] == pytest.approx(2.0)
     v = client_view_verdict(samples, Checklist.load())   # three kills and no hang: too little to pass
-    assert v.status is Status.INCONCLUSIVE and "hang decode x0 (need 3 of each kind per role)" in v.reason
+    assert v.status is Status.INCONCLUSIVE and v.cause["code"] == "thin"
+    assert "hang decode x0 (need 3 of each kind per role)" in v.cause["because"]
 
 
 def test_longest_stall_counts_only_gaps_that_overlap_the_window():
@@ -156,7 +157,7 @@ def test_enough_faults_of_each_kind_pass_and_too_few_never_do_but_still_fail():
     assert client_view_verdict(quick_faults(), Checklist.load()).status is Status.PASS
     v = client_view_verdict(quick_faults(n=1), Checklist.load())
     assert v.status is Status.INCONCLUSIVE
-    assert "kill aggregated x1, hang aggregated x1 (need 3 of each kind per role)" in v.reason
+    assert "kill aggregated x1, hang aggregated x1 (need 3 of each kind per role)" in v.cause["because"]
     v = client_view_verdict(quick_faults(n=1, stall_s=8.0), Checklist.load())   # one 8 s stall is proof enough
     assert v.status is Status.FAIL
 
@@ -173,12 +174,13 @@ def test_a_cluster_that_keeps_a_healthy_worker_out_fails_naming_the_router_and_t
     kept = took + [("kill vllm-0", rejoin(104.4, worker="vllm-0"))]
     v = client_view_verdict(quick_faults(), Checklist.load(), rejoins=kept)
     assert v.status is Status.FAIL and v.measured == pytest.approx(104.4)
-    assert "vllm-router kept vllm-0 out for 104 s after it was healthy" in v.reason
+    assert v.cause["code"] == "missed" and v.cause["key"] == "rejoin_limit_s"
+    assert "vllm-router kept vllm-0 out for 104 s after it was healthy" in v.cause["what"]
 
     never = [("kill vllm-1", rejoin(None, watched_s=300.2))]     # still out when the watch gave up
     v = client_view_verdict(quick_faults(stall_s=8.0), Checklist.load(), rejoins=never)
-    assert v.status is Status.FAIL and v.reason.startswith("p100 client-view rescheduling time")   # the headline ...
-    assert "also: vllm-router kept vllm-1 out for 300+ s after it was healthy" in v.reason   # ... and the rejoin named
+    assert v.status is Status.FAIL and v.cause["what"].startswith("p100 client-view rescheduling time")   # the headline ...
+    assert "also: vllm-router kept vllm-1 out for 300+ s after it was healthy" in v.layer("note")["text"]   # ... and the rejoin
 
 
 def test_a_rejoin_that_cannot_be_observed_keeps_the_item_from_passing_naming_why():
@@ -186,7 +188,8 @@ def test_a_rejoin_that_cannot_be_observed_keeps_the_item_from_passing_naming_why
     no longer listed passed as back): every sample within 3 s, yet the item is inconclusive, naming it."""
     blind = [("kill vllm-1", rejoin(None, router="the cluster", watched=()))]
     v = client_view_verdict(quick_faults(), Checklist.load(), rejoins=blind)
-    assert v.status is Status.INCONCLUSIVE and "rejoin not observed after kill vllm-1: vllm-1 answers" in v.reason
+    assert v.status is Status.INCONCLUSIVE and v.cause["code"] == "thin"
+    assert "rejoin not observed after kill vllm-1: vllm-1 answers" in v.cause["because"]
     assert not [m for m in v.evidence["measurements"] if m["key"] == "rejoin_limit_s"]
     assert "its rejoin was not observed, never taken as back by health alone" in v.evidence["rejoin"][0]["sentence"]
     v = client_view_verdict(quick_faults(stall_s=8.0), Checklist.load(), rejoins=blind)
@@ -196,14 +199,14 @@ def test_a_rejoin_that_cannot_be_observed_keeps_the_item_from_passing_naming_why
 def test_a_role_without_a_survivor_is_named_and_a_stopped_plan_cannot_pass():
     lone = {"prefill": "only one prefill worker (prefill-0): nothing can take over"}
     v = client_view_verdict([], Checklist.load(), not_judged=lone)
-    assert v.status is Status.INCONCLUSIVE and "only one prefill worker (prefill-0): nothing can take over" in v.reason
+    assert v.status is Status.INCONCLUSIVE and "only one prefill worker (prefill-0): nothing can take over" in v.cause["because"]
     decode = quick_faults(role="decode", victim="decode-1")
     v = client_view_verdict(decode, Checklist.load(), roles=["decode"], not_judged=lone)
     # a pass over the decode workers does not cover the prefill role: inconclusive, naming why
-    assert v.status is Status.INCONCLUSIVE and "not judged: " + lone["prefill"] in v.reason
+    assert v.status is Status.INCONCLUSIVE and "not judged: " + lone["prefill"] in v.cause["because"]
     assert v.evidence["not_judged"] == lone
     v = client_view_verdict(decode, Checklist.load(), stopped="stopped after kill decode-1: ...")
-    assert v.status is Status.INCONCLUSIVE and "stopped after kill decode-1" in v.reason
+    assert v.status is Status.INCONCLUSIVE and "stopped after kill decode-1" in v.cause["because"]
 
 
 def test_the_first_success_sent_after_a_time():

@@ -48,7 +48,8 @@ def test_a_median_delta_near_the_limit_straddles_and_names_what_would_decide():
     phases = {**{f"i{n}": "idle" for n in range(8)}, **{f"l{n}": "loaded" for n in range(8)}}
     records = [record(rid, [5.0] * 12) for rid in phases]
     v = migration_verdict(measure(events, records, phases), [], CHECKLIST)
-    assert v.status.value == "inconclusive" and "straddles < 200 ms" in v.reason and "more migrations" in v.reason
+    assert v.status.value == "inconclusive" and (v.cause["code"], v.cause["threshold"]) == ("straddles", "< 200 ms")
+    assert v.cause["noun"] == "migrations" and v.cause["more_to_decide"] is not None
 
 
 def test_refused_migrations_fail_with_the_reason():
