@@ -2,27 +2,27 @@
 
 ``python -m harness compare BASE CAND`` reads two runs' report folders (or their ``results.json``),
 takes each compared figure's raw samples from both (6.2: every request's client TTFT and TPOT from
-the request records the 6.2 verdicts link to, in send order), and judges the candidate/baseline
-ratio of each figure against the checklist's ``regression:`` tolerances on an interval:
+the request records the 6.2 verdicts link to, in send order; the other items' from their verdicts'
+evidence: harness/compare_samples.py), and judges each figure against the checklist's
+``regression:`` tolerance on an interval of the candidate/baseline ratio (a share of requests: of
+the difference):
 
-- **regressed**: the ratio's lower bound above 1 + ``max_increase`` (the candidate is worse than
-  the tolerance allows, at the stated confidence);
-- **within tolerance**: its upper bound at or below 1 + ``max_increase`` (**improved** when also
-  below 1);
-- **inconclusive**: the interval straddles the limit, saying about how many requests a run would
+- **regressed**: the whole interval beyond the tolerance (above 1 + ``max_increase``, below
+  1 - ``max_decrease``, above + ``max_rise``);
+- **within tolerance**: the whole interval within it (**improved** when also on the better side of
+  no change);
+- **inconclusive**: the interval straddles the limit, saying about how many samples a run would
   decide it.
 
-The interval of a percentile ratio is the ratio of the two percentiles' order-statistic bounds
-(Bonferroni: no independence between the runs assumed; harness/stats/intervals.py), each built from
-the effective samples the stream's serial dependence leaves. The checklist's ``alpha`` is the
-chance, over all figures together, of calling one regressed that is within tolerance, and the same
-of the reverse: each figure's bounds at ``alpha / figures`` one-sided.
+Ratio intervals combine each run's own percentile interval by MOVER on the log scale
+(harness/stats/twosample.py); shares by Newcombe's hybrid score interval. The checklist's ``alpha``
+is the chance, over all figures together, of calling one regressed that is within tolerance, and
+the same of the reverse: each figure's bounds at ``alpha / figures`` one-sided.
 
-Two runs are comparable when they measured the same thing the same way: the same cluster (name,
-kind, engine, model, workers), the same load (users, rate, duration, shape) and the same
-thresholds. What differs is named and the comparison refused (exit 3) unless ``--force``, which
-compares anyway and states the differences beside the verdicts. Exit codes: 1 a figure regressed,
-2 none regressed but one is undecided, 0 every figure within tolerance, 3 an error.
+Two runs are comparable when they measured the same thing the same way (cluster, load, thresholds,
+each item's own settings); what differs is named and the comparison refused (exit 3) unless
+``--force``. Exit codes: 1 a figure regressed, 2 none regressed but one is undecided, 0 every
+figure within tolerance, 3 an error.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any
 
 from harness.checklists import Checklist
 from harness.checklists.models import NOT_COMPARABLE, TOLERANCE_KINDS
-from harness.compare_samples import FIGURES, NEVER, SOURCES, Counts, Missing, RttRatio, item_samples
+from harness.compare_samples import (FIGURES, NEVER, SOURCES, Counts, Missing, RttRatio, item_samples,
+                                     measured_text)
 from harness.checks.slo import client_samples
 from harness.errors import ConfigError
 from harness.probes.client.records import read_records
@@ -186,7 +187,21 @@ def _shape(results: dict[str, Any]) -> dict[str, Any]:
             "load": load, "load options": {k: options.get(k) for k in ("load_users", "load_rate", "load_duration")},
             "6.2 thresholds": _thresholds(results),
             # 6.1.4's faults: how many of each kind per role (the slowest of more faults is slower)
-            "kills": options.get("kills")}
+            "kills": options.get("kills"),
+            # 6.1.1's transfer sizes (a larger KV block moves nearer the line rate); 6.1.5's storm (a longer
+            # pause holds more round trips)
+            "6.1.1 preset": _evidence(results, "6.1.1").get("preset"),
+            "6.1.5 storm": {k: (_evidence(results, "6.1.5").get("storm") or {}).get(k)
+                            for k in ("pause_ms", "resume_ms", "group", "gap_ms")}}
+
+
+# settings that count only when both runs measured their item
+_ITEM_SETTINGS = {"kills": "6.1.4", "6.1.1 preset": "6.1.1", "6.1.5 storm": "6.1.5"}
+
+
+def _evidence(results: dict[str, Any], item: str) -> dict[str, Any]:
+    v = next((v for v in results.get("verdicts") or () if v.get("item") == item), {})
+    return v.get("evidence") or {}
 
 
 def _has(results: dict[str, Any], item: str) -> bool:
@@ -194,11 +209,13 @@ def _has(results: dict[str, Any], item: str) -> bool:
 
 
 def differences(base: Run, cand: Run) -> list[str]:
-    """Each setting the two runs differ in, as "what: baseline X, candidate Y". ``kills`` counts only
-    when both runs measured 6.1.4 (it does not change a 6.2 figure)."""
+    """Each setting the two runs differ in, as "what: baseline X, candidate Y". An item's own settings
+    (``kills``: 6.1.4's; 6.1.1's preset, 6.1.5's storm) count only when both runs measured that item
+    (they do not change a 6.2 figure)."""
     a, b = _shape(base.results), _shape(cand.results)
-    if not (_has(base.results, "6.1.4") and _has(cand.results, "6.1.4")):
-        a.pop("kills"), b.pop("kills")
+    for key, item in _ITEM_SETTINGS.items():
+        if not (_has(base.results, item) and _has(cand.results, item)):
+            a.pop(key), b.pop(key)
     return [f"{key}: baseline {json.dumps(a[key], default=str)}, candidate {json.dumps(b[key], default=str)}"
             for key in a if a[key] != b[key]]
 
@@ -342,16 +359,7 @@ def _figure(base: Run, cand: Run, item: str, fig: str, tol: float, alpha_each: f
 
 
 def _measured(run: Run) -> str:
-    parts = [f"{run.requests} requests"] if "ttft" in run.samples else []
-    for source, what in (("reschedule", "faults rescheduled"), ("migration_idle", "idle migrations"),
-                         ("migration_loaded", "loaded migrations"), ("line_rate", "KV transfers")):
-        if isinstance(run.samples.get(source), list):
-            parts.append(f"{len(run.samples[source])} {what}")
-    if isinstance(rtt := run.samples.get("rtt_ratio"), RttRatio):
-        parts.append(f"{len(rtt.during)} + {len(rtt.calm)} round trips (storm + calm)")
-    if isinstance(lost := run.samples.get("lost"), Counts):
-        parts.append(f"{sum(n for _, n in lost.by_test.values())} requests checked for loss")
-    return ", ".join(parts)
+    return ", ".join(([f"{run.requests} requests"] if "ttft" in run.samples else []) + measured_text(run.samples))
 
 
 def render_text(comp: Comparison) -> str:

@@ -181,3 +181,17 @@ def item_samples(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int
     rtt_ratio(results, samples)
     lost(results, samples)
     return samples, never
+
+
+def measured_text(samples: dict[str, Any]) -> list[str]:
+    """What a run measured beyond its 6.2 requests, for the comparison's header lines."""
+    parts = []
+    for source, what in (("reschedule", "faults rescheduled"), ("migration_idle", "idle migrations"),
+                         ("migration_loaded", "loaded migrations"), ("line_rate", "KV transfers")):
+        if isinstance(samples.get(source), list):
+            parts.append(f"{len(samples[source])} {what}")
+    if isinstance(rtt := samples.get("rtt_ratio"), RttRatio):
+        parts.append(f"{len(rtt.during)} + {len(rtt.calm)} round trips (storm + calm)")
+    if isinstance(lost := samples.get("lost"), Counts):
+        parts.append(f"{sum(n for _, n in lost.by_test.values())} requests checked for loss")
+    return parts

@@ -175,3 +175,18 @@ def test_the_6_1_5_verdict_keeps_every_round_trip_for_the_comparison(tmp_path):
         {**v.evidence, "measurements": [_m("tcp_p99_latency_ratio", 1.2)]}, default=str))})
     f = by_figure(compare_runs(base, base, default_checklist()))["tcp_p99_latency_ratio"]
     assert f.ratio == pytest.approx(1.0) and "no evidence" not in f.reason
+
+
+def test_runs_whose_6_1_1_presets_differ_are_refused_only_when_both_measured_it(tmp_path):
+    """Planted defects: 6.1.1's preset not compared (transfers of another size read as a bandwidth
+    change), or compared when one run did not measure 6.1.1 (a lost-requests pair refused for it)."""
+    def verdict(preset: str) -> dict:
+        v = line_rate_verdict(_lognormal(9, 0.95, 0.005, 1))
+        v["evidence"]["preset"] = preset
+        return v
+    tiny, small = run(tmp_path, "t", verdict("tiny")), run(tmp_path, "s", verdict("small"))
+    with pytest.raises(ConfigError, match=r'6\.1\.1 preset: baseline "tiny", candidate "small"'):
+        compare_runs(tiny, small, default_checklist())
+    only = run(tmp_path, "o", lost_verdict("t", 0, 100))
+    with_lost = run(tmp_path, "w", verdict("small"), lost_verdict("t", 0, 100))
+    assert compare_runs(only, with_lost, default_checklist()).differences == []
