@@ -103,6 +103,7 @@ class Comparison:
     differences: list[str] = field(default_factory=list)   # compared anyway (--force)
     not_compared: list[str] = field(default_factory=list)  # "item.figure" neither run measured
     not_comparable: dict[str, str] = field(default_factory=dict)  # item either run measured -> why no figure
+    tolerances_from: str = ""   # the checklist, and the cluster file that overrode some
 
     @property
     def exit_code(self) -> int:
@@ -113,7 +114,7 @@ class Comparison:
         return {"baseline": str(self.baseline.results_path), "candidate": str(self.candidate.results_path),
                 "alpha": self.alpha, "exit_code": self.exit_code, "differences": self.differences,
                 "figures": [f.to_dict() for f in self.figures], "not_compared": self.not_compared,
-                "not_comparable": self.not_comparable,
+                "not_comparable": self.not_comparable, "tolerances_from": self.tolerances_from,
                 "method": "MOVER on the log scale: each run's percentile interval (order statistics, from the "
                           "effective samples of its send-ordered stream), their margins added in quadrature; "
                           "shares of requests: Newcombe's hybrid score interval of the difference; "
@@ -327,7 +328,9 @@ def compare_runs(base: Run, cand: Run, checklist: Checklist, *, force: bool = Fa
     results = [_figure(base, cand, item, fig, tol, alpha_each) for item, fig, tol in wanted]
     not_comparable = {item: why for item, why in NOT_COMPARABLE.items()
                       if any(_has(run.results, item) for run in (base, cand))}
-    return Comparison(base, cand, checklist.regression.alpha, results, diff, skipped, not_comparable)
+    r = checklist.regression
+    origin = r.origin + (f", overridden by {r.overridden_by}" if r.overridden_by else "")
+    return Comparison(base, cand, r.alpha, results, diff, skipped, not_comparable, origin)
 
 
 def _figure(base: Run, cand: Run, item: str, fig: str, tol: float, alpha_each: float) -> FigureResult:
@@ -388,6 +391,7 @@ def render_text(comp: Comparison) -> str:
     meaning = {0: "every figure within tolerance", 1: "a figure regressed beyond its tolerance",
                2: "no figure regressed, but one is undecided"}[comp.exit_code]
     k = len(comp.figures)
+    lines.append(f"tolerances: {comp.tolerances_from}")
     lines.append(f"exit {comp.exit_code}: {meaning} (chance of a wrong 'regressed' over the {k} figures <= "
                  f"{comp.alpha:g}; each bound at {comp.alpha / max(1, k):.3g} one-sided)")
     return "\n".join(lines)

@@ -130,6 +130,24 @@ class RegressionEntry(StrictModel):
         return _text_keys(value)
 
 
+class RegressionOverrides(StrictModel):
+    """A cluster file's ``regression:`` section: its own alpha and tolerances over the checklist's."""
+
+    alpha: float | None = field_with_fix("write a chance such as 0.05", "replaces the checklist's regression alpha",
+                                         gt=0, lt=0.5, allow_inf_nan=False, default=None)
+    figures: dict[str, dict[str, ToleranceEntry]] = field_with_fix(
+        "write `figures: {\"6.2.ttft\": {ttft_p99_ms: {max_increase: 0.20}}}`", default_factory=dict)
+
+    @field_validator("figures", mode="before")
+    @classmethod
+    def _figure_items_are_text(cls, value: Any) -> Any:
+        return _text_keys(value)
+
+
+class _ClusterRegression(StrictModel):
+    regression: RegressionOverrides
+
+
 class ChecklistFile(StrictModel):
     """A checklist file (``checklists/section6.yaml``)."""
 
@@ -184,7 +202,8 @@ class Regression(_Frozen):
 
     alpha: float
     tolerances: Mapping[str, Mapping[str, float]]   # the value of each figure's kind (TOLERANCE_KINDS)
-    origin: str = ""                                 # the file the tolerances came from (a cluster file's overrides)
+    origin: str = ""                                 # the checklist file
+    overridden_by: str | None = None                 # a cluster file whose `regression:` changed alpha or a tolerance
 
 
 class Checklist(_Frozen):
@@ -213,22 +232,7 @@ class Checklist(_Frozen):
             for item_id, entry in parsed.items.items()}
         regression = None
         if (r := parsed.regression) is not None:
-            for item_id, figures in r.figures.items():
-                if item_id not in items:
-                    raise field_error(origin, f"regression.figures.{item_id}", "unknown checklist item",
-                                      f"use one of {', '.join(items)}")
-                if item_id in NOT_COMPARABLE:
-                    raise field_error(origin, f"regression.figures.{item_id}", "not comparable: " + NOT_COMPARABLE[item_id],
-                                      "remove it (docs/compare.md)")
-                for key, tol in figures.items():   # one of the item's thresholds (the same measurement), or compare-only
-                    allowed = [*items[item_id].thresholds, *COMPARE_ONLY_FIGURES.get(item_id, ())]
-                    if key not in allowed:
-                        raise field_error(origin, f"regression.figures.{item_id}.{key}", "unknown figure",
-                                          f"use one of {', '.join(allowed)}")
-                    check_tolerance(origin, item_id, key, tol)
-            regression = Regression(alpha=r.alpha, origin=origin,
-                                    tolerances={i: {k: t.kind_and_value()[1] for k, t in f.items()}  # type: ignore[index]
-                                                for i, f in r.figures.items()})
+            regression = Regression(alpha=r.alpha, origin=origin, tolerances=check_figures(origin, items, r.figures))
         return cls(path=origin, items=items, regression=regression)
 
     def item(self, item_id: str) -> ChecklistItem:
@@ -279,6 +283,27 @@ class Checklist(_Frozen):
             items[item_id] = item.model_copy(update={"thresholds": new})
         return self.model_copy(update={"items": items})
 
+    def with_regression(self, overrides: Any, *, origin: str | Path) -> "Checklist":
+        """A copy whose ``regression:`` alpha and tolerances are replaced (or figures added) from a
+        cluster file's ``regression:`` section, validated as the checklist's (errors name the field)."""
+        if overrides is None:
+            return self
+        try:
+            parsed = _ClusterRegression.model_validate({"regression": overrides}).regression
+        except ValidationError as exc:
+            raise config_error(exc, str(origin), _ClusterRegression, default_fix=_DOCS_FIX) from None
+        base = self.regression
+        if base is None and parsed.alpha is None:
+            raise field_error(origin, "regression.alpha", f"missing: {self.path} has no `regression:` section to "
+                              "take it from", "write `alpha: 0.05`")
+        tolerances = {i: dict(f) for i, f in (base.tolerances if base is not None else {}).items()}
+        for item_id, figures in check_figures(str(origin), self.items, parsed.figures).items():
+            tolerances.setdefault(item_id, {}).update(figures)
+        return self.model_copy(update={"regression": Regression(
+            alpha=parsed.alpha if parsed.alpha is not None else base.alpha,  # type: ignore[union-attr]
+            tolerances=tolerances, origin=base.origin if base is not None else str(origin),
+            overridden_by=str(origin))})
+
     def false_fail_budget(self) -> dict[str, float]:
         """{item: its false_fail_alpha} for the items in the error-controlled family, and
         ``"run"``: their sum, the run's chance of a wrong fail on a healthy cluster (union bound)."""
@@ -315,6 +340,26 @@ def json_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "PD conformance harness checklist"
     return schema
+
+
+def check_figures(origin: str, items: Mapping[str, ChecklistItem],
+                  figures: Mapping[str, Mapping[str, ToleranceEntry]]) -> dict[str, dict[str, float]]:
+    """{item: {figure: tolerance}} of a `regression:` section's figures, each checked: a known item that
+    can be compared, one of its thresholds or compare-only figures, a tolerance of its kind."""
+    for item_id, entries in figures.items():
+        if item_id not in items:
+            raise field_error(origin, f"regression.figures.{item_id}", "unknown checklist item",
+                              f"use one of {', '.join(items)}")
+        if item_id in NOT_COMPARABLE:
+            raise field_error(origin, f"regression.figures.{item_id}", "not comparable: " + NOT_COMPARABLE[item_id],
+                              "remove it (docs/compare.md)")
+        for key, tol in entries.items():   # one of the item's thresholds (the same measurement), or compare-only
+            allowed = [*items[item_id].thresholds, *COMPARE_ONLY_FIGURES.get(item_id, ())]
+            if key not in allowed:
+                raise field_error(origin, f"regression.figures.{item_id}.{key}", "unknown figure",
+                                  f"use one of {', '.join(allowed)}")
+            check_tolerance(origin, item_id, key, tol)
+    return {i: {k: t.kind_and_value()[1] for k, t in f.items()} for i, f in figures.items()}  # type: ignore[index]
 
 
 def check_tolerance(origin: str, item_id: str, key: str, tol: ToleranceEntry) -> None:
