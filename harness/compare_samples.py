@@ -73,8 +73,10 @@ class Missing:
     field: str
 
     def reason(self, run: str, item: str) -> str:
-        return (f"the {run}'s {item} verdict has no {self.field} (its results.json predates the raw samples a "
-                f"comparison needs): run {item} again with this harness")
+        name, _, what = self.field.partition(" (")
+        what = f", {what[:-1]}" if what else ""
+        return (f"the {run}'s {item} verdict has no {name} (its results.json predates the raw samples a comparison "
+                f"needs{what}): run {item} again with this harness")
 
 
 def _verdicts(results: dict[str, Any], item: str) -> list[dict[str, Any]]:

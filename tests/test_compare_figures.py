@@ -234,3 +234,14 @@ def test_a_cluster_files_regression_overrides_are_validated_naming_the_field(tmp
     from harness.clusterfile.load import load_cluster
     with pytest.raises(ConfigError, match=f"slowfabric.yaml: field `{field.replace('.', '[.]')}`"):
         load_cluster(_cluster_file(tmp_path, regression))
+
+
+def test_the_html_report_shows_a_long_list_of_numbers_as_one_line(tmp_path):
+    """Planted defect: the evidence's raw round trips dumped one per line into report.html (6.1.5's
+    thousands of round trips a side would make the report tens of thousands of lines longer)."""
+    from harness.checks.fabric import pfc_isolation_verdict
+    from tests.fabric.test_verdicts import _sample
+    v = pfc_isolation_verdict(default_checklist(), _sample("calm", 0.5, 1.0), _sample("during", 0.6, 1.0), None, {})
+    v.test = "suites/test_item5_pfc_isolation.py::test_pfc_storm_does_not_spread_to_tcp"
+    html = render_html(RunResult(run_id="r", started=0.0, verdicts=[v]))
+    assert "600 numbers, from" in html and html.count("0.4995") <= 2
