@@ -245,3 +245,17 @@ def test_the_html_report_shows_a_long_list_of_numbers_as_one_line(tmp_path):
     v.test = "suites/test_item5_pfc_isolation.py::test_pfc_storm_does_not_spread_to_tcp"
     html = render_html(RunResult(run_id="r", started=0.0, verdicts=[v]))
     assert "600 numbers, from" in html and html.count("0.4995") <= 2
+
+
+def test_a_comparison_of_every_kind_of_figure_validates_against_the_results_schema(tmp_path):
+    """Planted defects: the schema's `tolerance` typed as a number (it is {kind: value}), `difference`
+    missing from the schema's types (a share's difference could not be null), a status outside the enum."""
+    from tests.report.test_results_schema import SCHEMA, _check
+    base = run(tmp_path, "b", lost_verdict("t", 0, 3000), line_rate_verdict(_lognormal(9, 0.95, 0.005, 1)),
+               migration_verdict(_lognormal(16, 2.0, 0.2, 1), _lognormal(16, 20.0, 0.2, 2)))
+    cand = run(tmp_path, "c", lost_verdict("t", 90, 3000), line_rate_verdict(_lognormal(9, 0.80, 0.005, 2)),
+               migration_verdict(_lognormal(16, 2.0, 0.2, 3), _lognormal(16, 20.0, 0.2, 4)))
+    regression = json.loads(json.dumps(compare_runs(base, cand, default_checklist()).to_dict()))
+    assert {f["figure"] for f in regression["figures"]} >= {"line_rate_fraction", "requests_without_final_state",
+                                                             "ttft_delta_idle_ms"}
+    assert _check(regression, SCHEMA["properties"]["regression"]) == []
