@@ -76,3 +76,27 @@ def test_last_keeps_the_newest_runs_and_the_run_records_its_label(tmp_path, caps
     assert len(lines) == 2 and "run-a" in lines[1]
     options = HarnessOptions("local", tmp_path, False, 4, None, None, 3, 0, label="build 42").to_dict()
     assert options["label"] == "build 42"
+
+
+def test_a_figure_column_shows_each_runs_measurement_and_interval_newest_first(tmp_path, capsys):
+    """Planted defects: the column taking another measurement of the item (ttft_p50 for ttft_p99) or
+    dropping the interval, a run that did not measure it shown with a number, an unknown figure
+    printing an empty column (exit 0) instead of naming the measured ones (exit 3)."""
+    reports = tmp_path / "reports"
+    for i, (p99, started) in enumerate(((410.0, 1.0e9), (455.0, 3.0e9), (None, 2.0e9))):
+        folder = reports / f"run-{i}"
+        folder.mkdir(parents=True)
+        verdicts = [] if p99 is None else [{"item": "6.2.ttft", "status": "pass", "evidence": {"measurements": [
+            {"key": "ttft_p50_ms", "value": 100.0 + i, "interval": {"lo": 90.0, "hi": 110.0}},
+            {"key": "ttft_p99_ms", "value": p99, "interval": {"lo": p99 - 30, "hi": p99 + 40}}]}}]
+        (folder / "results.json").write_text(json.dumps({"run_id": folder.name, "started": started, "exit_code": 0,
+                                                         "cluster": {"name": "local"}, "verdicts": verdicts}))
+    assert main(["history", "--reports", str(reports), "--figure", "6.2.ttft.ttft_p99_ms"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "6.2.ttft.ttft_p99_ms" in lines[0]
+    assert "455 [425-495]" in lines[1] and "run-1" in lines[1]
+    col = lines[0].index("6.2.ttft.ttft_p99_ms")
+    assert "run-2" in lines[2] and lines[2][col:col + len("6.2.ttft.ttft_p99_ms")].strip() == "-"
+    assert "410 [380-450]" in lines[3]
+    assert main(["history", "--reports", str(reports), "--figure", "6.2.ttft.ttft_p98_ms"]) == 3
+    assert "use one of 6.2.ttft.ttft_p50_ms, 6.2.ttft.ttft_p99_ms" in capsys.readouterr().err
