@@ -61,7 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="window of the soak's per-window 6.2 verdicts (default: the checklist's soak.slo window_s, "
                          "at most a third of the run)")
     group.addoption("--baseline", default=None, type=baseline_path,
-                    help="a stored run (report folder or results.json) to judge this run against as well: a 6.2 "
+                    help="a stored run (report folder or results.json) to judge this run against as well: a "
                          "figure regressed beyond the checklist's regression: tolerance exits 1 (docs/compare.md)")
     group.addoption("--label", default=None, type=lambda t: t.strip() or Invalid("--label: empty value"),
                     help="a name for this run (the build or setting it tries), shown by `harness history`")
