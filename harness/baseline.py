@@ -1,8 +1,9 @@
 """``pytest suites/ --baseline=PATH``: a run judged against the checklist's thresholds and, in the
 same run, against a stored baseline run (harness/compare.py, docs/compare.md).
 
-At the end of the run, before its report is written, the run's 6.2 figures are compared with the
-baseline's on the checklist's ``regression:`` tolerances; the comparison goes into the results
+At the end of the run, before its report is written, the run's figures (6.2, 6.1.1, 6.1.2, 6.1.4,
+6.1.5, lost requests) are compared with the baseline's on the checklist's ``regression:`` tolerances
+(with the cluster file's overrides); the comparison goes into the results
 (``regression``), the report, the terminal summary and the JUnit file, and into the exit code: a
 regression beyond tolerance is not conformant (1), an undecided one inconclusive (2), a harness
 error or a failed revert keep their codes (3, 4). A baseline that cannot be read or compared

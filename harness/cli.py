@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sshd-test": ("harness.cli_hosts", "test sshd(s) in the emulated fabric's namespaces (or on loopback): up|down"),
     "gpu-fill": ("harness.cli_hosts", "hold N GiB (or a fraction) of a CUDA device's memory until killed"),
     "compare": ("harness.cli_compare", "a candidate run against a baseline run: regressed, within tolerance or undecided"),
+    "history": ("harness.history", "every run under a reports folder, newest first: label or commit, exit code, items"),
 }
 
 

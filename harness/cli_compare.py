@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from harness.checklists import Checklist, default_checklist
+from harness.clusterfile.load import load_cluster
 from harness.compare import compare_runs, load_run, render_text
 
 
@@ -24,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("candidate", help="the candidate run, the same way")
     parser.add_argument("--checklist", type=Path, default=None,
                         help="checklist with the `regression:` tolerances (default: the shipped section6.yaml)")
+    parser.add_argument("--cluster", default=None, metavar="NAME|PATH",
+                        help="apply this cluster file's `regression:` overrides of alpha and tolerances (as a run "
+                             "with --baseline on that cluster does)")
     parser.add_argument("--force", action="store_true",
                         help="compare runs that differ in cluster, load or thresholds (the differences are stated)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the comparison as JSON")
@@ -31,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     checklist = Checklist.load(args.checklist) if args.checklist else default_checklist()
+    if args.cluster is not None:   # its threshold overrides do not matter here, its tolerance overrides do
+        checklist = load_cluster(args.cluster, checklist=checklist).checklist(checklist)
     comparison = compare_runs(load_run(args.baseline), load_run(args.candidate), checklist, force=args.force)
     print(render_text(comparison))
     if args.json is not None:

@@ -2,27 +2,27 @@
 
 ``python -m harness compare BASE CAND`` reads two runs' report folders (or their ``results.json``),
 takes each compared figure's raw samples from both (6.2: every request's client TTFT and TPOT from
-the request records the 6.2 verdicts link to, in send order), and judges the candidate/baseline
-ratio of each figure against the checklist's ``regression:`` tolerances on an interval:
+the request records the 6.2 verdicts link to, in send order; the other items' from their verdicts'
+evidence: harness/compare_samples.py), and judges each figure against the checklist's
+``regression:`` tolerance on an interval of the candidate/baseline ratio (a share of requests: of
+the difference):
 
-- **regressed**: the ratio's lower bound above 1 + ``max_increase`` (the candidate is worse than
-  the tolerance allows, at the stated confidence);
-- **within tolerance**: its upper bound at or below 1 + ``max_increase`` (**improved** when also
-  below 1);
-- **inconclusive**: the interval straddles the limit, saying about how many requests a run would
+- **regressed**: the whole interval beyond the tolerance (above 1 + ``max_increase``, below
+  1 - ``max_decrease``, above + ``max_rise``);
+- **within tolerance**: the whole interval within it (**improved** when also on the better side of
+  no change);
+- **inconclusive**: the interval straddles the limit, saying about how many samples a run would
   decide it.
 
-The interval of a percentile ratio is the ratio of the two percentiles' order-statistic bounds
-(Bonferroni: no independence between the runs assumed; harness/stats/intervals.py), each built from
-the effective samples the stream's serial dependence leaves. The checklist's ``alpha`` is the
-chance, over all figures together, of calling one regressed that is within tolerance, and the same
-of the reverse: each figure's bounds at ``alpha / figures`` one-sided.
+Ratio intervals combine each run's own percentile interval by MOVER on the log scale
+(harness/stats/twosample.py); shares by Newcombe's hybrid score interval. The checklist's ``alpha``
+is the chance, over all figures together, of calling one regressed that is within tolerance, and
+the same of the reverse: each figure's bounds at ``alpha / figures`` one-sided.
 
-Two runs are comparable when they measured the same thing the same way: the same cluster (name,
-kind, engine, model, workers), the same load (users, rate, duration, shape) and the same
-thresholds. What differs is named and the comparison refused (exit 3) unless ``--force``, which
-compares anyway and states the differences beside the verdicts. Exit codes: 1 a figure regressed,
-2 none regressed but one is undecided, 0 every figure within tolerance, 3 an error.
+Two runs are comparable when they measured the same thing the same way (cluster, load, thresholds,
+each item's own settings); what differs is named and the comparison refused (exit 3) unless
+``--force``. Exit codes: 1 a figure regressed, 2 none regressed but one is undecided, 0 every
+figure within tolerance, 3 an error.
 """
 
 from __future__ import annotations
@@ -34,26 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.checklists import Checklist
+from harness.checklists.models import NOT_COMPARABLE, TOLERANCE_KINDS
+from harness.compare_samples import (FIGURES, NEVER, SOURCES, Counts, Missing, RttRatio, item_samples,
+                                     measured_text)
 from harness.checks.slo import client_samples
 from harness.errors import ConfigError
 from harness.probes.client.records import read_records
 from harness.stats import nearest_rank
 from harness.stats.interval import Interval, more_to_decide
-from harness.stats.intervals import percentile_interval
+from harness.stats.intervals import percentile_interval, ratio_interval
+from harness.stats.twosample import difference_interval, mover_ratio
 
-# figure (a threshold key of its item, or a compare-only figure: harness/checklists COMPARE_ONLY_FIGURES)
-# -> (sample, percentile)
-FIGURES: dict[tuple[str, str], tuple[str, float]] = {
-    ("6.2.ttft", "ttft_p50_ms"): ("ttft", 50), ("6.2.ttft", "ttft_p99_ms"): ("ttft", 99),
-    ("6.2.tpot", "tpot_p50_ms"): ("tpot", 50), ("6.2.tpot", "tpot_p99_ms"): ("tpot", 99),
-    ("6.1.4", "reschedule_p50_s"): ("reschedule", 50), ("6.1.4", "reschedule_p95_s"): ("reschedule", 95),
-}
-# each sample: the verdict it comes from, what one sample is, and what a run needs to measure it
-SOURCES: dict[str, tuple[str, str, str]] = {
-    "ttft": ("6.2.ttft", "requests", "the 6.2 suite (`pytest suites/test_62_slo.py`)"),
-    "tpot": ("6.2.ttft", "requests", "the 6.2 suite (`pytest suites/test_62_slo.py`)"),
-    "reschedule": ("6.1.4", "faults", "the 6.1.4 suite (`pytest suites/test_item4_reschedule.py`)"),
-}
 STATUSES = ("regressed", "inconclusive", "within tolerance", "improved")
 
 
@@ -63,10 +54,10 @@ class Run:
 
     results_path: Path
     results: dict[str, Any]
-    samples: dict[str, list[float]]      # "ttft" / "tpot": ms of each ok request, in send order; "reschedule":
-    requests: int                        # s of each 6.1.4 fault, in injection order (a source the run lacks: absent)
+    samples: dict[str, Any]              # "ttft" / "tpot": ms of each ok request, in send order; the other
+    requests: int                        # sources: harness/compare_samples.py (a source the run lacks: absent)
     records_files: list[str]
-    # samples a source lacks because the event never ended: 6.1.4 faults never rescheduled
+    # samples a source lacks because the event never ended: 6.1.4 faults never rescheduled, failed migrations
     never: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -83,14 +74,24 @@ class FigureResult:
     candidate: float | None
     ratio: float | None
     interval: Interval | None
-    max_increase: float
+    tolerance: float         # of the figure's kind (harness/checklists TOLERANCE_KINDS)
     status: str
     reason: str
+    kind: str = "max_increase"
+    difference: float | None = None   # max_rise: the candidate's share minus the baseline's (ratio None)
+
+    @property
+    def allowed(self) -> str:
+        return {"max_increase": f"<= {1 + self.tolerance:g}x", "max_decrease": f">= {1 - self.tolerance:g}x",
+                "max_rise": f"<= +{self.tolerance * 100:g} pt"}[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         return {"item": self.item, "figure": self.figure, "baseline": self.baseline, "candidate": self.candidate,
-                "ratio": self.ratio, "interval": None if self.interval is None else self.interval.to_dict(),
-                "max_increase": self.max_increase, "status": self.status, "reason": self.reason}
+                "ratio": self.ratio, "difference": self.difference,
+                "interval": None if self.interval is None else self.interval.to_dict(),
+                **({"max_increase": self.tolerance} if self.kind == "max_increase" else {}),
+                "tolerance": {self.kind: self.tolerance}, "allowed": self.allowed,
+                "status": self.status, "reason": self.reason}
 
 
 @dataclass
@@ -101,6 +102,8 @@ class Comparison:
     figures: list[FigureResult]
     differences: list[str] = field(default_factory=list)   # compared anyway (--force)
     not_compared: list[str] = field(default_factory=list)  # "item.figure" neither run measured
+    not_comparable: dict[str, str] = field(default_factory=dict)  # item either run measured -> why no figure
+    tolerances_from: str = ""   # the checklist, and the cluster file that overrode some
 
     @property
     def exit_code(self) -> int:
@@ -111,8 +114,10 @@ class Comparison:
         return {"baseline": str(self.baseline.results_path), "candidate": str(self.candidate.results_path),
                 "alpha": self.alpha, "exit_code": self.exit_code, "differences": self.differences,
                 "figures": [f.to_dict() for f in self.figures], "not_compared": self.not_compared,
+                "not_comparable": self.not_comparable, "tolerances_from": self.tolerances_from,
                 "method": "MOVER on the log scale: each run's percentile interval (order statistics, from the "
                           "effective samples of its send-ordered stream), their margins added in quadrature; "
+                          "shares of requests: Newcombe's hybrid score interval of the difference; "
                           "each figure's bounds at alpha / figures one-sided"}
 
 
@@ -144,17 +149,10 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
     rf = results_path
     verdicts = results.get("verdicts") or ()
     v62 = [v for v in verdicts if v.get("item") == "6.2.ttft"]
-    v614 = [v for v in verdicts if v.get("item") == "6.1.4"]
-    if not v62 and not v614:
-        raise ConfigError(f"{rf}: the run has no 6.2.ttft and no 6.1.4 verdict, so no figure to compare",
-                          fix="run the 6.2 or 6.1.4 suite in both runs (`pytest suites/test_62_slo.py "
-                              "suites/test_item4_reschedule.py`, or the whole suites/)")
-    samples: dict[str, list[float]] = {}
-    never: dict[str, int] = {}
-    if v614:   # each fault's rescheduling time (s), as the verdict judged it; a fault never rescheduled has none
-        faults = [x for x in (v614[0].get("evidence") or {}).get("samples") or () if isinstance(x, dict)]
-        samples["reschedule"] = [float(x["value"]) for x in faults if isinstance(x.get("value"), (int, float))]
-        never["reschedule"] = len(faults) - len(samples["reschedule"])
+    samples, never = item_samples(results)
+    if not v62 and not samples:
+        raise ConfigError(f"{rf}: the run has no verdict with a figure to compare (6.2, 6.1.1, 6.1.2, 6.1.4, 6.1.5, "
+                          "nothing-lost)", fix="run the same suites in both runs (`pytest suites/`, or one item's suite)")
     if not v62:
         return Run(rf, results, samples, 0, [], never)
     links = [link for link in (v62[0].get("evidence") or {}).get("links") or () if link.endswith(".jsonl")]
@@ -190,7 +188,21 @@ def _shape(results: dict[str, Any]) -> dict[str, Any]:
             "load": load, "load options": {k: options.get(k) for k in ("load_users", "load_rate", "load_duration")},
             "6.2 thresholds": _thresholds(results),
             # 6.1.4's faults: how many of each kind per role (the slowest of more faults is slower)
-            "kills": options.get("kills")}
+            "kills": options.get("kills"),
+            # 6.1.1's transfer sizes (a larger KV block moves nearer the line rate); 6.1.5's storm (a longer
+            # pause holds more round trips)
+            "6.1.1 preset": _evidence(results, "6.1.1").get("preset"),
+            "6.1.5 storm": {k: (_evidence(results, "6.1.5").get("storm") or {}).get(k)
+                            for k in ("pause_ms", "resume_ms", "group", "gap_ms")}}
+
+
+# settings that count only when both runs measured their item
+_ITEM_SETTINGS = {"kills": "6.1.4", "6.1.1 preset": "6.1.1", "6.1.5 storm": "6.1.5"}
+
+
+def _evidence(results: dict[str, Any], item: str) -> dict[str, Any]:
+    v = next((v for v in results.get("verdicts") or () if v.get("item") == item), {})
+    return v.get("evidence") or {}
 
 
 def _has(results: dict[str, Any], item: str) -> bool:
@@ -198,11 +210,13 @@ def _has(results: dict[str, Any], item: str) -> bool:
 
 
 def differences(base: Run, cand: Run) -> list[str]:
-    """Each setting the two runs differ in, as "what: baseline X, candidate Y". ``kills`` counts only
-    when both runs measured 6.1.4 (it does not change a 6.2 figure)."""
+    """Each setting the two runs differ in, as "what: baseline X, candidate Y". An item's own settings
+    (``kills``: 6.1.4's; 6.1.1's preset, 6.1.5's storm) count only when both runs measured that item
+    (they do not change a 6.2 figure)."""
     a, b = _shape(base.results), _shape(cand.results)
-    if not (_has(base.results, "6.1.4") and _has(cand.results, "6.1.4")):
-        a.pop("kills"), b.pop("kills")
+    for key, item in _ITEM_SETTINGS.items():
+        if not (_has(base.results, item) and _has(cand.results, item)):
+            a.pop(key), b.pop(key)
     return [f"{key}: baseline {json.dumps(a[key], default=str)}, candidate {json.dumps(b[key], default=str)}"
             for key in a if a[key] != b[key]]
 
@@ -211,70 +225,82 @@ def _fmt(x: float | None) -> str:
     return "?" if x is None else f"{x:.3g}"   # "?": no bound (too few samples), never a dash inside "[lo-hi]"
 
 
-def mover_ratio(num: Interval, num_point: float, den: Interval, den_point: float) -> Interval:
-    """Interval of num / den for two independent positive estimates from each one's own interval at
-    the same one-sided levels: MOVER on the log scale (Zou & Donner 2008, "method of variance
-    estimates recovery"): each bound's distance from its estimate is that side's margin of error, and
-    the two runs' margins add in quadrature, as independent errors do. The ratio of the bounds
-    (harness.stats.intervals.ratio_interval: no independence assumed) is far wider: at the
-    tolerance, with 600 requests a run, it called 0 of 400 regressed at a 1.25 % level and so missed
-    most real regressions. Extrapolation grows both runs alike."""
-    def ln(x: float | None) -> float | None:
-        return None if x is None or x <= 0 else math.log(x)
-
-    n_lo, n_hi, d_lo, d_hi = ln(num.lo), ln(num.hi), ln(den.lo), ln(den.hi)
-    n0, d0 = ln(num_point), ln(den_point)
-    lo = hi = None
-    if None not in (n0, d0, n_lo, d_hi):
-        lo = math.exp(n0 - d0 - math.hypot(n0 - n_lo, d_hi - d0))  # type: ignore[operator]
-    if None not in (n0, d0, n_hi, d_lo):
-        hi = math.exp(n0 - d0 + math.hypot(n_hi - n0, d0 - d_lo))  # type: ignore[operator]
-    extrapolate = None
-    if num.extrapolate is not None and den.extrapolate is not None:
-        ne, de = num.extrapolate, den.extrapolate
-        extrapolate = lambda k: mover_ratio(ne(k), num_point, de(k), den_point)  # noqa: E731
-    needs = max((x for x in (num.needs_n, den.needs_n) if x is not None), default=None)
-    return Interval(lo, hi, 1 - num.miss_lo - num.miss_hi, f"MOVER ratio of {num.method} intervals (log scale)",
-                    num.n, noun=num.noun, n2=den.n, needs_n=needs, extrapolate=extrapolate,
-                    alpha_lo=num.miss_lo, alpha_hi=num.miss_hi)
+def _statistic(sample: Any, q: float | None, a: float, noun: str) -> tuple[float | None, Interval]:
+    """One run's figure and its interval, each bound at one-sided ``a``."""
+    if isinstance(sample, RttRatio):   # p99 during the storm over the calm p99 (no lower than the floor), as 6.1.5
+        during, calm = nearest_rank(sample.during, 99), max(nearest_rank(sample.calm, 99), sample.floor)
+        iv = ratio_interval(percentile_interval(sample.during, 99, alpha_lo=a / 2, alpha_hi=a / 2, noun=noun),
+                            percentile_interval(sample.calm, 99, alpha_lo=a / 2, alpha_hi=a / 2, noun=noun),
+                            den_floor=sample.floor)
+        return (during / calm if calm > 0 else None), iv
+    # requests: a send-ordered stream whose serial dependence counts (effective samples); faults,
+    # migrations, transfers: each made and judged on its own
+    return nearest_rank(sample, q), percentile_interval(sample, q, alpha_lo=a, alpha_hi=a, noun=noun,
+                                                        in_order=noun == "requests")
 
 
-def compare_figure(item: str, figure: str, base: list[float], cand: list[float], max_increase: float,
-                   alpha_each: float) -> FigureResult:
-    """One figure: the candidate/baseline ratio of the percentile, its interval (each bound at
-    ``alpha_each`` one-sided), judged against 1 + ``max_increase``."""
+def _judge(kind: str, tol: float, iv: Interval) -> tuple[str | None, float, Any]:
+    """(status or None when undecided, the limit, what holds for more_to_decide)."""
+    lo = -math.inf if iv.lo is None else iv.lo
+    hi = math.inf if iv.hi is None else iv.hi
+    if kind == "max_decrease":   # a fall regresses
+        limit = 1 - tol
+        status = "regressed" if hi < limit else ("improved" if lo > 1 else "within tolerance") if lo >= limit else None
+        return status, limit, lambda x: x >= limit
+    limit, none = (tol, 0.0) if kind == "max_rise" else (1 + tol, 1.0)
+    status = "regressed" if lo > limit else ("improved" if hi < none else "within tolerance") if hi <= limit else None
+    return status, limit, lambda x: x <= limit
+
+
+def compare_figure(item: str, figure: str, base: Any, cand: Any, tolerance: float, alpha_each: float) -> FigureResult:
+    """One figure: the candidate/baseline ratio of the percentile (a share: their difference), its
+    interval (each bound at ``alpha_each`` one-sided), judged against the figure's tolerance
+    (TOLERANCE_KINDS: ``max_increase`` unless named there). ``base`` / ``cand``: a list of values,
+    an :class:`RttRatio`, or (events, n) of a share."""
     source, q = FIGURES[(item, figure)]
     _, noun, _ = SOURCES[source]
-    limit = 1 + max_increase
-    if not base or not cand:
-        which = "baseline" if not base else "candidate"
-        return FigureResult(item, figure, None, None, None, None, max_increase, "inconclusive",
-                            f"the {which} has no sample of {figure} (no {noun[:-1]} measured it)")
-    b, c = nearest_rank(base, q), nearest_rank(cand, q)
-    # requests: a send-ordered stream whose serial dependence counts (effective samples); faults: each
-    # injected and judged on its own, after the cluster was whole again
-    in_order = noun == "requests"
-    iv = mover_ratio(percentile_interval(cand, q, alpha_lo=alpha_each, alpha_hi=alpha_each, noun=noun,
-                                         in_order=in_order), c,
-                     percentile_interval(base, q, alpha_lo=alpha_each, alpha_hi=alpha_each, noun=noun,
-                                         in_order=in_order), b)
-    ratio = c / b if b > 0 else None
-    said = (f"candidate {figure} {c:.3g} against the baseline's {b:.3g}: {_fmt(ratio)}x "
-            f"[{_fmt(iv.lo)}-{_fmt(iv.hi)}], allowed <= {limit:g}x (+{max_increase:.0%})")
-    if iv.lo is not None and iv.lo > limit:
-        return FigureResult(item, figure, b, c, ratio, iv, max_increase, "regressed", said)
-    if iv.hi is not None and iv.hi <= limit:
-        status = "improved" if iv.hi < 1 else "within tolerance"
-        return FigureResult(item, figure, b, c, ratio, iv, max_increase, status, said)
-    more = more_to_decide(iv, limit, lambda x: x <= limit)
+    kind = TOLERANCE_KINDS.get((item, figure), "max_increase")
+
+    def result(b: float | None, c: float | None, ratio: float | None, iv: Interval | None, status: str, why: str,
+               diff: float | None = None) -> FigureResult:
+        return FigureResult(item, figure, b, c, ratio, iv, tolerance, status, why, kind, diff)
+
+    if isinstance(base, tuple):   # a share: (events, n) of each run
+        (xb, nb), (xc, nc) = base, cand
+        if not nb or not nc:
+            return result(None, None, None, None, "inconclusive", f"the {'baseline' if not nb else 'candidate'} sent "
+                          f"no {noun} in the tests both ran")
+        b, c = xb / nb, xc / nc
+        iv = difference_interval(xc, nc, xb, nb, alpha_lo=alpha_each, alpha_hi=alpha_each, noun=noun)
+        ratio, diff = None, c - b
+        said = (f"candidate {figure} {xc} of {nc} ({c:.2%}) against the baseline's {xb} of {nb} ({b:.2%}): "
+                f"{diff * 100:+.2g} pt [{iv.lo * 100:+.2g} to {iv.hi * 100:+.2g}], allowed <= +{tolerance * 100:g} pt")
+    else:
+        if not base or not cand or (isinstance(base, RttRatio) and not (base.during and base.calm)):
+            which = "baseline" if not base else "candidate"
+            return result(None, None, None, None, "inconclusive",
+                          f"the {which} has no sample of {figure} (no {noun[:-1]} measured it)")
+        (b, b_iv), (c, c_iv) = _statistic(base, q, alpha_each, noun), _statistic(cand, q, alpha_each, noun)
+        if b is None or c is None:
+            return result(b, c, None, None, "inconclusive", f"{figure}: a run's calm p99 is zero, so no ratio")
+        iv = mover_ratio(c_iv, c, b_iv, b)
+        ratio, diff = (c / b if b > 0 else None), None
+        limit_text = {"max_decrease": f">= {1 - tolerance:g}x (-{tolerance:.0%})"}.get(kind, f"<= {1 + tolerance:g}x "
+                                                                                            f"(+{tolerance:.0%})")
+        said = (f"candidate {figure} {c:.3g} against the baseline's {b:.3g}: {_fmt(ratio)}x "
+                f"[{_fmt(iv.lo)}-{_fmt(iv.hi)}], allowed {limit_text}")
+    status, limit, holds = _judge(kind, tolerance, iv)
+    if status is not None:
+        return result(b, c, ratio, iv, status, said, diff)
+    more = more_to_decide(iv, limit, holds)
     if more is not None:
         why = f"undecided: about {more} more {noun} in each run would decide it"
     elif iv.lo is None or iv.hi is None:
-        why = (f"undecided: too few {noun} for a p{q:g} bound at this level (each run needs "
+        why = (f"undecided: no bound at this level: too few {noun}, or a bound at or below zero (each run needs "
                f"{iv.needs_n or 'more'})")
     else:
         why = f"undecided: more than 10x the {noun} would be needed to decide it (the figures are near the limit)"
-    return FigureResult(item, figure, b, c, ratio, iv, max_increase, "inconclusive", f"{said}; {why}")
+    return result(b, c, ratio, iv, "inconclusive", f"{said}; {why}", diff)
 
 
 def compare_runs(base: Run, cand: Run, checklist: Checklist, *, force: bool = False) -> Comparison:
@@ -291,48 +317,65 @@ def compare_runs(base: Run, cand: Run, checklist: Checklist, *, force: bool = Fa
     wanted = [(item, fig, tol) for item, figs in checklist.regression.tolerances.items() for fig, tol in figs.items()]
     unknown = [f"{item}.{fig}" for item, fig, _ in wanted if (item, fig) not in FIGURES]
     if unknown:
-        raise ConfigError(f"{checklist.path}: regression figures {', '.join(unknown)} cannot be compared yet",
-                          fix="use " + ", ".join(f"{i}.{f}" for i, f in FIGURES))
+        raise ConfigError(f"{checklist.regression.origin or checklist.path}: regression figures {', '.join(unknown)} "
+                          "cannot be compared yet", fix="use " + ", ".join(f"{i}.{f}" for i, f in FIGURES))
     # a figure neither run measured is not compared (a 6.2-only pair is not undecided on 6.1.4); one
     # measured by one run only is undecided, naming what the other run lacks
     skipped = [f"{item}.{fig}" for item, fig, _ in wanted
                if FIGURES[(item, fig)][0] not in base.samples and FIGURES[(item, fig)][0] not in cand.samples]
     wanted = [w for w in wanted if f"{w[0]}.{w[1]}" not in skipped]
     alpha_each = checklist.regression.alpha / max(1, len(wanted))
-    results = []
-    for item, fig, tol in wanted:
-        source = FIGURES[(item, fig)][0]
-        lacking = [name for name, run in (("baseline", base), ("candidate", cand)) if source not in run.samples]
-        if lacking:
-            results.append(FigureResult(item, fig, None, None, None, None, tol, "inconclusive",
-                                        f"the {lacking[0]} did not measure {item} (run {SOURCES[source][2]} in both)"))
-            continue
-        unended = [f"{name} {run.never[source]} of {run.never[source] + len(run.samples[source])}"
-                   for name, run in (("baseline", base), ("candidate", cand)) if run.never.get(source)]
-        if unended:   # a percentile of the rest would hide them; the item's own verdict fails them
-            results.append(FigureResult(item, fig, None, None, None, None, tol, "inconclusive",
-                                        f"faults never rescheduled ({', '.join(unended)}): no time to compare "
-                                        f"them by, and a {fig} of the others would hide them (the {item} verdict "
-                                        "of that run judges them)"))
-            continue
-        results.append(compare_figure(item, fig, base.samples[source], cand.samples[source], tol, alpha_each))
-    return Comparison(base, cand, checklist.regression.alpha, results, diff, skipped)
+    results = [_figure(base, cand, item, fig, tol, alpha_each) for item, fig, tol in wanted]
+    not_comparable = {item: why for item, why in NOT_COMPARABLE.items()
+                      if any(_has(run.results, item) for run in (base, cand))}
+    r = checklist.regression
+    origin = r.origin + (f", overridden by {r.overridden_by}" if r.overridden_by else "")
+    return Comparison(base, cand, r.alpha, results, diff, skipped, not_comparable, origin)
+
+
+def _figure(base: Run, cand: Run, item: str, fig: str, tol: float, alpha_each: float) -> FigureResult:
+    source = FIGURES[(item, fig)][0]
+    kind = TOLERANCE_KINDS.get((item, fig), "max_increase")
+
+    def undecided(why: str) -> FigureResult:
+        return FigureResult(item, fig, None, None, None, None, tol, "inconclusive", why, kind)
+
+    lacking = [name for name, run in (("baseline", base), ("candidate", cand)) if source not in run.samples]
+    if lacking:
+        return undecided(f"the {lacking[0]} did not measure {item} (run {SOURCES[source][2]} in both)")
+    for name, run in (("baseline", base), ("candidate", cand)):
+        if isinstance(run.samples[source], Missing):
+            return undecided(run.samples[source].reason(name, item))
+    b, c = base.samples[source], cand.samples[source]
+    if isinstance(b, Counts):   # the tests both runs ran, pooled (another suite's load is another figure)
+        common = sorted(set(b.by_test) & set(c.by_test))
+        if not common:
+            return undecided(f"no test measured {fig} in both runs (baseline: {', '.join(sorted(b.by_test))}; "
+                             f"candidate: {', '.join(sorted(c.by_test))})")
+        return compare_figure(item, fig, b.pooled(common), c.pooled(common), tol, alpha_each)
+    unended = [f"{name} {run.never[source]} of {run.never[source] + len(run.samples[source])}"
+               for name, run in (("baseline", base), ("candidate", cand)) if run.never.get(source)]
+    if unended:   # a percentile of the rest would hide them; the item's own verdict fails them
+        return undecided(f"{NEVER[source]} ({', '.join(unended)}): no time to compare them by, and a {fig} of the "
+                         f"others would hide them (the {item} verdict of that run judges them)")
+    return compare_figure(item, fig, b, c, tol, alpha_each)
 
 
 def _measured(run: Run) -> str:
-    parts = [f"{run.requests} requests"] if "ttft" in run.samples else []
-    if "reschedule" in run.samples:
-        parts.append(f"{len(run.samples['reschedule'])} faults rescheduled")
-    return ", ".join(parts)
+    return ", ".join(([f"{run.requests} requests"] if "ttft" in run.samples else []) + measured_text(run.samples))
 
 
 def render_text(comp: Comparison) -> str:
     """The terminal table: one line per figure, then what differs and what the exit code means."""
-    rows = [("figure", "baseline", "candidate", "ratio", "interval", "allowed", "verdict")]
+    rows = [("figure", "baseline", "candidate", "change", "interval", "allowed", "verdict")]
     for f in comp.figures:
         iv = "-" if f.interval is None else f"[{_fmt(f.interval.lo)}-{_fmt(f.interval.hi)}]"
-        rows.append((f.figure, _fmt(f.baseline), _fmt(f.candidate), _fmt(f.ratio), iv,
-                     f"<= {1 + f.max_increase:g}x", f.status))
+        if f.kind == "max_rise":   # a share: the difference in points
+            iv = "-" if f.interval is None else f"[{f.interval.lo * 100:+.2g}, {f.interval.hi * 100:+.2g}] pt"
+            est = "?" if f.difference is None else f"{f.difference * 100:+.2g} pt"
+        else:
+            est = _fmt(f.ratio)
+        rows.append((f.figure, _fmt(f.baseline), _fmt(f.candidate), est, iv, f.allowed, f.status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"baseline  {comp.baseline.label}: {_measured(comp.baseline)} ({comp.baseline.results_path})",
              f"candidate {comp.candidate.label}: {_measured(comp.candidate)} ({comp.candidate.results_path})",
@@ -342,11 +385,13 @@ def render_text(comp: Comparison) -> str:
     lines += [f"{f.figure}: {f.reason}" for f in comp.figures if f.status == "inconclusive"]
     if comp.not_compared:
         lines.append("not compared (neither run measured them): " + ", ".join(comp.not_compared))
+    lines += [f"{item} not comparable: {why}" for item, why in comp.not_comparable.items()]
     if comp.differences:
         lines.append("compared anyway (--force), though the runs differ in: " + "; ".join(comp.differences))
     meaning = {0: "every figure within tolerance", 1: "a figure regressed beyond its tolerance",
                2: "no figure regressed, but one is undecided"}[comp.exit_code]
     k = len(comp.figures)
+    lines.append(f"tolerances: {comp.tolerances_from}")
     lines.append(f"exit {comp.exit_code}: {meaning} (chance of a wrong 'regressed' over the {k} figures <= "
                  f"{comp.alpha:g}; each bound at {comp.alpha / max(1, k):.3g} one-sided)")
     return "\n".join(lines)

@@ -61,8 +61,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="window of the soak's per-window 6.2 verdicts (default: the checklist's soak.slo window_s, "
                          "at most a third of the run)")
     group.addoption("--baseline", default=None, type=baseline_path,
-                    help="a stored run (report folder or results.json) to judge this run against as well: a 6.2 "
+                    help="a stored run (report folder or results.json) to judge this run against as well: a "
                          "figure regressed beyond the checklist's regression: tolerance exits 1 (docs/compare.md)")
+    group.addoption("--label", default=None, type=lambda t: t.strip() or Invalid("--label: empty value"),
+                    help="a name for this run (the build or setting it tries), shown by `harness history`")
     group.addoption("--live", default="auto", type=live_mode,
                     help="live progress while suites run: rich (a panel), plain (a status line every 10 s and "
                          "at each change), off; default auto: rich on a terminal, plain otherwise")
@@ -124,7 +126,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: end-to-end tests that start processes, clusters or browsers")
     config.addinivalue_line("markers", "root: needs root and iproute2 (network namespaces, tc)")
     names = ("cluster", "report_dir", "dry_run", "load_users", "load_rate", "load_duration", "kills", "harness_seed",
-             "soak", "soak_seed", "soak_faults_per_min", "soak_window", "baseline")
+             "soak", "soak_seed", "soak_faults_per_min", "soak_window", "baseline", "label")
     values = {n: config.getoption(n) for n in names}
     bad = [v.message for v in [*values.values(), config.getoption("live")] if isinstance(v, Invalid)]
     if bad:
@@ -136,7 +138,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = HarnessOptions(values["cluster"], report_dir, values["dry_run"], values["load_users"],
                              values["load_rate"], values["load_duration"], values["kills"], values["harness_seed"],
                              values["soak"], values["soak_seed"], values["soak_faults_per_min"], values["soak_window"],
-                             values["baseline"])
+                             values["baseline"], values["label"])
     state = HarnessState(options, RunResult(run_id=new_run_id(), started=time.time(), options=options.to_dict()))
     config.stash[STATE] = state
     config.pluginmanager.register(_RunWatcher(state), "harness-run-watcher")

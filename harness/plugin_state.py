@@ -36,13 +36,14 @@ class HarnessOptions:
     soak_faults_per_min: float = 2.5
     soak_window_s: float | None = None
     baseline: str | None = None          # --baseline: a stored run's results.json to compare this run with
+    label: str | None = None             # --label: what the run is (a build, a setting), for `harness history`
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "report_dir": str(self.report_dir), "dry_run": self.dry_run,
                 "load_users": self.load_users, "load_rate": self.load_rate, "load_duration": self.load_duration,
                 "kills": self.kills, "harness_seed": self.seed, "soak_s": self.soak_s, "soak_seed": self.soak_seed,
                 "soak_faults_per_min": self.soak_faults_per_min, "soak_window_s": self.soak_window_s,
-                "baseline": self.baseline}
+                "baseline": self.baseline, "label": self.label}
 
 
 @dataclass

@@ -83,14 +83,36 @@ class ItemEntry(StrictModel):
 # figures the rollout comparison measures that no threshold names: the median rescheduling time (the
 # checklist judges 6.1.4's p95 and p100, which a dozen faults a run cannot bound; the median they can)
 COMPARE_ONLY_FIGURES: dict[str, tuple[str, ...]] = {"6.1.4": ("reschedule_p50_s",)}
+# how a figure's tolerance is written when not `max_increase` (the candidate/baseline ratio may rise by at
+# most this): `max_decrease` where a higher figure is better (the ratio may fall by at most this),
+# `max_rise` for a share of requests (the candidate's share may exceed the baseline's by at most this many
+# points: a difference, as a ratio of two zeros is nothing)
+TOLERANCE_KINDS: dict[tuple[str, str], str] = {("6.1.1", "line_rate_fraction"): "max_decrease",
+                                               ("nothing-lost", "requests_without_final_state"): "max_rise"}
+# items whose figures a comparison cannot take, and why (a `regression:` entry for one is an error)
+NOT_COMPARABLE: dict[str, str] = {
+    "6.1.3": "a run measures each trigger level once (the KV use when Level 2 and Level 3 were entered; its "
+             "evidence.samples are the levels reached at each step, not repeated trigger readings): one value a "
+             "run has no interval, so no candidate/baseline ratio can be judged"}
 
 
 class ToleranceEntry(StrictModel):
     """How much worse than the baseline's a candidate's figure may be (``python -m harness compare``)."""
 
-    max_increase: float = field_with_fix("write a fraction such as 0.10 (at most 10 % higher than the baseline)",
-                                         "the candidate's figure over the baseline's may be at most 1 + this",
-                                         ge=0, allow_inf_nan=False)
+    max_increase: float | None = field_with_fix("write a fraction such as 0.10 (at most 10 % higher than the baseline)",
+                                                "the candidate's figure over the baseline's may be at most 1 + this",
+                                                ge=0, allow_inf_nan=False, default=None)
+    max_decrease: float | None = field_with_fix("write a fraction such as 0.10 (at least 90 % of the baseline's)",
+                                                "the candidate's figure over the baseline's must be at least 1 - this",
+                                                ge=0, lt=1, allow_inf_nan=False, default=None)
+    max_rise: float | None = field_with_fix("write a share such as 0.01 (at most 1 point more of the requests)",
+                                            "the candidate's share may exceed the baseline's by at most this",
+                                            ge=0, le=1, allow_inf_nan=False, default=None)
+
+    def kind_and_value(self) -> tuple[str, float] | None:
+        """(kind, value) of the one tolerance written; None when none or several are."""
+        given = [(k, v) for k in ("max_increase", "max_decrease", "max_rise") if (v := getattr(self, k)) is not None]
+        return given[0] if len(given) == 1 else None
 
 
 class RegressionEntry(StrictModel):
@@ -106,6 +128,24 @@ class RegressionEntry(StrictModel):
     @classmethod
     def _figure_items_are_text(cls, value: Any) -> Any:
         return _text_keys(value)
+
+
+class RegressionOverrides(StrictModel):
+    """A cluster file's ``regression:`` section: its own alpha and tolerances over the checklist's."""
+
+    alpha: float | None = field_with_fix("write a chance such as 0.05", "replaces the checklist's regression alpha",
+                                         gt=0, lt=0.5, allow_inf_nan=False, default=None)
+    figures: dict[str, dict[str, ToleranceEntry]] = field_with_fix(
+        "write `figures: {\"6.2.ttft\": {ttft_p99_ms: {max_increase: 0.20}}}`", default_factory=dict)
+
+    @field_validator("figures", mode="before")
+    @classmethod
+    def _figure_items_are_text(cls, value: Any) -> Any:
+        return _text_keys(value)
+
+
+class _ClusterRegression(StrictModel):
+    regression: RegressionOverrides
 
 
 class ChecklistFile(StrictModel):
@@ -161,7 +201,9 @@ class Regression(_Frozen):
     """Tolerances of the rollout comparison: {item: {figure: max_increase}} and the comparison's alpha."""
 
     alpha: float
-    tolerances: Mapping[str, Mapping[str, float]]
+    tolerances: Mapping[str, Mapping[str, float]]   # the value of each figure's kind (TOLERANCE_KINDS)
+    origin: str = ""                                 # the checklist file
+    overridden_by: str | None = None                 # a cluster file whose `regression:` changed alpha or a tolerance
 
 
 class Checklist(_Frozen):
@@ -190,17 +232,7 @@ class Checklist(_Frozen):
             for item_id, entry in parsed.items.items()}
         regression = None
         if (r := parsed.regression) is not None:
-            for item_id, figures in r.figures.items():
-                if item_id not in items:
-                    raise field_error(origin, f"regression.figures.{item_id}", "unknown checklist item",
-                                      f"use one of {', '.join(items)}")
-                for key in figures:   # one of the item's thresholds (the same measurement), or compare-only
-                    allowed = [*items[item_id].thresholds, *COMPARE_ONLY_FIGURES.get(item_id, ())]
-                    if key not in allowed:
-                        raise field_error(origin, f"regression.figures.{item_id}.{key}", "unknown figure",
-                                          f"use one of {', '.join(allowed)}")
-            regression = Regression(alpha=r.alpha, tolerances={i: {k: t.max_increase for k, t in f.items()}
-                                                               for i, f in r.figures.items()})
+            regression = Regression(alpha=r.alpha, origin=origin, tolerances=check_figures(origin, items, r.figures))
         return cls(path=origin, items=items, regression=regression)
 
     def item(self, item_id: str) -> ChecklistItem:
@@ -251,6 +283,27 @@ class Checklist(_Frozen):
             items[item_id] = item.model_copy(update={"thresholds": new})
         return self.model_copy(update={"items": items})
 
+    def with_regression(self, overrides: Any, *, origin: str | Path) -> "Checklist":
+        """A copy whose ``regression:`` alpha and tolerances are replaced (or figures added) from a
+        cluster file's ``regression:`` section, validated as the checklist's (errors name the field)."""
+        if overrides is None:
+            return self
+        try:
+            parsed = _ClusterRegression.model_validate({"regression": overrides}).regression
+        except ValidationError as exc:
+            raise config_error(exc, str(origin), _ClusterRegression, default_fix=_DOCS_FIX) from None
+        base = self.regression
+        if base is None and parsed.alpha is None:
+            raise field_error(origin, "regression.alpha", f"missing: {self.path} has no `regression:` section to "
+                              "take it from", "write `alpha: 0.05`")
+        tolerances = {i: dict(f) for i, f in (base.tolerances if base is not None else {}).items()}
+        for item_id, figures in check_figures(str(origin), self.items, parsed.figures).items():
+            tolerances.setdefault(item_id, {}).update(figures)
+        return self.model_copy(update={"regression": Regression(
+            alpha=parsed.alpha if parsed.alpha is not None else base.alpha,  # type: ignore[union-attr]
+            tolerances=tolerances, origin=base.origin if base is not None else str(origin),
+            overridden_by=str(origin))})
+
     def false_fail_budget(self) -> dict[str, float]:
         """{item: its false_fail_alpha} for the items in the error-controlled family, and
         ``"run"``: their sum, the run's chance of a wrong fail on a healthy cluster (union bound)."""
@@ -287,3 +340,36 @@ def json_schema() -> dict[str, Any]:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "PD conformance harness checklist"
     return schema
+
+
+def check_figures(origin: str, items: Mapping[str, ChecklistItem],
+                  figures: Mapping[str, Mapping[str, ToleranceEntry]]) -> dict[str, dict[str, float]]:
+    """{item: {figure: tolerance}} of a `regression:` section's figures, each checked: a known item that
+    can be compared, one of its thresholds or compare-only figures, a tolerance of its kind."""
+    for item_id, entries in figures.items():
+        if item_id not in items:
+            raise field_error(origin, f"regression.figures.{item_id}", "unknown checklist item",
+                              f"use one of {', '.join(items)}")
+        if item_id in NOT_COMPARABLE:
+            raise field_error(origin, f"regression.figures.{item_id}", "not comparable: " + NOT_COMPARABLE[item_id],
+                              "remove it (docs/compare.md)")
+        for key, tol in entries.items():   # one of the item's thresholds (the same measurement), or compare-only
+            allowed = [*items[item_id].thresholds, *COMPARE_ONLY_FIGURES.get(item_id, ())]
+            if key not in allowed:
+                raise field_error(origin, f"regression.figures.{item_id}.{key}", "unknown figure",
+                                  f"use one of {', '.join(allowed)}")
+            check_tolerance(origin, item_id, key, tol)
+    return {i: {k: t.kind_and_value()[1] for k, t in f.items()} for i, f in figures.items()}  # type: ignore[index]
+
+
+def check_tolerance(origin: str, item_id: str, key: str, tol: ToleranceEntry) -> None:
+    """One tolerance written, of the kind its figure takes (TOLERANCE_KINDS); a field error naming it."""
+    kind = TOLERANCE_KINDS.get((item_id, key), "max_increase")
+    given = tol.kind_and_value()
+    if given is None or given[0] != kind:
+        why = {"max_decrease": "a higher figure is better, so a fall regresses",
+               "max_rise": "a share of requests: the rise in points is judged, not a ratio",
+               "max_increase": "a higher figure is worse"}[kind]
+        raise field_error(origin, f"regression.figures.{item_id}.{key}", f"write exactly one `{kind}` ({why})",
+                          f"write `{key}: {{{kind}: ...}}` (docs/compare.md)")
+

@@ -127,7 +127,10 @@ def pfc_isolation_verdict(checklist: Checklist, before: TcpClassSample, during: 
                     f"TCP-class bulk throughput during the storm ({during.throughput_bps / 1e9:.3f} vs "
                     f"{base_tput / 1e9:.3f} Gbit/s, medians)", throughput)],
         evidence={"samples": [s.to_dict() for s in (before, during, after) if s is not None], "storm": dict(storm),
-                  "rtt_floor": floor_evidence, "rtt_noise_floor_ms": floor, "calm_p99_used_ms": base_p99},
+                  "rtt_floor": floor_evidence, "rtt_noise_floor_ms": floor, "calm_p99_used_ms": base_p99,
+                  # every round trip (to 0.1 us), for `harness compare` to recompute the p99 ratio (docs/compare.md)
+                  "rtts_ms": {"calm": [round(x, 4) for x in before.rtts_ms],
+                              "during": [round(x, 4) for x in during.rtts_ms]}},
         inconclusive_because=None if base_tput > 0 else
         (f"no TCP bulk flow fell in a calm gap yet ({len(during.throughputs_bps)} during the storm)" if no_calm_flow
          else "the TCP class moved nothing even before the storm"))

@@ -185,6 +185,9 @@ class ClusterFile(StrictModel):
     hosts: tuple[Host, ...] = field_with_fix("write `hosts:` followed by `- name: ...` entries", default=(), strict=False)
     thresholds: dict[str, Any] = field_with_fix('write `"6.1.4": {reschedule_p100_s: 3}`',
                                       "overrides of checklists/section6.yaml values", default_factory=dict)
+    regression: dict[str, Any] | None = field_with_fix('write `regression: {figures: {"6.2.ttft": {ttft_p99_ms: '
+                                                       '{max_increase: 0.2}}}}`', "overrides of the checklist's "
+                                                       "regression: alpha and tolerances (docs/compare.md)", default=None)
     safety: Safety = field_with_fix("write `safety: {production: false, allowed_faults: all}`", default_factory=Safety)
     fabric: FabricSettings = field_with_fix("write `fabric: {enabled: true}`", default_factory=FabricSettings)
     degradation: Degradation | None = field_with_fix("write `degradation: {levels: [{level: 2, kv_use_above: 0.8, "
@@ -283,9 +286,10 @@ class ClusterSpec(ClusterFile):
         return self.thresholds
 
     def checklist(self, base: Checklist | None = None) -> Checklist:
-        """The checklist thresholds with this cluster's overrides applied to ``base`` (the run's
-        parsed checklist; None: the shipped one)."""
-        return (base or default_checklist()).with_overrides(self.thresholds or None, origin=self.path)
+        """The checklist thresholds and regression tolerances with this cluster's overrides applied to
+        ``base`` (the run's parsed checklist; None: the shipped one)."""
+        return ((base or default_checklist()).with_overrides(self.thresholds or None, origin=self.path)
+                .with_regression(self.regression, origin=self.path))
 
     def api_key(self) -> str | None:
         """The API key from the environment variable named by ``auth.api_key_env`` (None: no auth)."""

@@ -26,6 +26,18 @@ from harness.report.text import fit_words
 _TEMPLATE_DIR = Path(__file__).parent
 
 
+def _brief(obj: Any, most: int = 50) -> Any:
+    """Evidence as the report shows it: a list of more than ``most`` numbers (6.1.5's raw round trips,
+    kept for `harness compare`) as one line saying how many, the rest as it is (results.json has them all)."""
+    if isinstance(obj, dict):
+        return {k: _brief(v, most) for k, v in obj.items()}
+    if isinstance(obj, list):
+        if len(obj) > most and all(isinstance(x, (int, float)) for x in obj):
+            return f"{len(obj)} numbers, from {min(obj):g} to {max(obj):g} (all in results.json)"
+        return [_brief(x, most) for x in obj]
+    return obj
+
+
 def render_html(result: RunResult) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATE_DIR), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -33,7 +45,7 @@ def render_html(result: RunResult) -> str:
     env.filters["rel"] = lambda t: "" if t is None else f"+{t - result.started:.2f} s"
     env.filters["num"] = _num
     env.filters["brackets"] = brackets   # a figure's interval beside it: "[450-510, 95 %]"
-    env.filters["pretty"] = lambda obj: json.dumps(obj, indent=2, default=str, ensure_ascii=False)
+    env.filters["pretty"] = lambda obj: json.dumps(_brief(obj), indent=2, default=str, ensure_ascii=False)
     env.filters["suite"] = suite_label
     spans = SuiteSpans.of(result.verdicts, result.tests)
     end = max([result.finished or result.started] + [w["end"] for w in result.fault_windows])

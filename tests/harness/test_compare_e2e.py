@@ -54,7 +54,10 @@ def test_a_run_given_a_baseline_judges_the_same_figures_the_same_way_as_the_comm
     rc, cand = _run(tmp_path, "candidate", f"--baseline={base}")
     results = json.loads((cand / "results.json").read_text())
     in_run = results["regression"]
-    assert len(in_run["figures"]) == 4 and in_run["baseline"].endswith("results.json"), in_run
+    # the 6.2 suite's four percentiles and its nothing-lost verdict's lost requests
+    assert [f["figure"] for f in in_run["figures"]] == ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+                                                        "requests_without_final_state"], in_run
+    assert in_run["baseline"].endswith("results.json"), in_run
     out = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(cand), "--json",
                           str(tmp_path / "compare.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     got = json.loads((tmp_path / "compare.json").read_text())

@@ -173,7 +173,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("evidence", ("harness.evidence",)),
     ("scenarios", ("harness.scenarios",)),
     ("checks", ("harness.checks",)),
-    ("report", ("harness.report", "harness.compare")),
+    ("report", ("harness.report", "harness.compare", "harness.compare_samples", "harness.history")),
     ("wiring", ("harness.fixtures", "harness.conformance", "harness.plugin", "harness.plugin_state", "harness.cli",
                 "harness.cli_hosts", "harness.cli_run", "harness.cli_fault", "harness.cli_compare", "harness.dry_run", "harness.baseline", "harness.plugin_options", "harness.cluster",
                 "harness.suites", "harness.__main__")),
