@@ -92,9 +92,13 @@ def _print_regression(console: Console, regression: dict) -> None:
         console.print(Text(f"  {f['figure']}: {f['status']}: {f['reason']}", style=styles.get(f["status"], "")))
     for difference in regression.get("differences") or ():
         console.print(f"  compared anyway, though the runs differ in {difference}")
+    for item, why in (regression.get("not_comparable") or {}).items():
+        console.print(Text(f"  {item} not comparable: {why}", style="dim"))
     if regression.get("not_compared"):
         console.print(Text("  not compared (neither run measured them): " + ", ".join(regression["not_compared"]),
                            style="dim"))
+    if regression.get("tolerances_from"):
+        console.print(Text(f"  tolerances: {regression['tolerances_from']}", style="dim"))
 
 
 def _print_coverage(console: Console, coverage: dict) -> None:
