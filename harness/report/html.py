@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 from harness.stats.intervals import brackets
 from harness.checklists import COMPARISONS
 from harness.report.result import RunResult
-from harness.report import item_plots, plots, run_plots
+from harness.report import fabric_plots, item_plots, plots, run_plots
 from harness.report.events import event_summary, unique_events
 from harness.report.item_plots import RunView
 from harness.report.run_plots import SLO_ITEMS, band_key, fault_bands, latency_plot, slo_lines
@@ -88,7 +88,7 @@ _EVIDENCE_PLOTS: dict[str, tuple[Callable[[Any, RunView], Markup | None], ...]] 
     # by level over time (the bundled engine); by load on a foreign engine
     "6.1.3": (item_plots.degradation_plot, _evidence(plots.kv_drive_plot)),
     "6.1.4": (_evidence(plots.reschedule_distribution),),
-    "6.1.5": (_evidence(plots.pfc_samples_plot),),
+    "6.1.5": (_evidence(fabric_plots.pfc_samples_plot),),
     "ecc": (item_plots.ecc_plot,),
     "nic-flap": (item_plots.flap_plot,),
 }

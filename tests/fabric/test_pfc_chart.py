@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 
-from harness.report import plots
+from harness.report import fabric_plots
 
 LIMITS = [{"key": "tcp_p99_latency_ratio", "threshold": 1.5}, {"key": "tcp_throughput_ratio", "threshold": 0.9}]
 
 
 def _titles(evidence: dict) -> list[str]:
-    return re.findall(r"<title>([^<]*)</title>", str(plots.pfc_samples_plot(evidence)))
+    return re.findall(r"<title>([^<]*)</title>", str(fabric_plots.pfc_samples_plot(evidence)))
 
 
 def _samples(calm_p99: float, storm_p99: float) -> list[dict]:
@@ -43,9 +43,9 @@ def test_more_throughput_under_the_storm_is_explained_under_the_chart():
     note missing (or shown when the storm side moved less, where there is nothing to explain)."""
     more = [{"label": "calm", "rtt_p99_ms": 0.3, "throughput_bps": 4.99e8},
             {"label": "during", "rtt_p99_ms": 0.4, "throughput_bps": 8.88e8}]
-    html = str(plots.pfc_samples_plot({"samples": more, "measurements": LIMITS}))
+    html = str(fabric_plots.pfc_samples_plot({"samples": more, "measurements": LIMITS}))
     note = re.search(r'<p class="chart-note" data-note="pfc-throughput">([^<]*)</p>', html)
     assert note is not None and "0.888 against 0.499 Gbit/s" in note.group(1)
     assert "borrows the whole link" in note.group(1)
     less = [dict(more[0], throughput_bps=9e8), dict(more[1], throughput_bps=8.5e8)]
-    assert "chart-note" not in str(plots.pfc_samples_plot({"samples": less, "measurements": LIMITS}))
+    assert "chart-note" not in str(fabric_plots.pfc_samples_plot({"samples": less, "measurements": LIMITS}))

@@ -8,7 +8,7 @@ from harness.checks.verdict import Measurement, judge
 from harness.report import RunResult
 from harness.report.events import event_summary
 from harness.report.html import render_html
-from harness.report import plots
+from harness.report import fabric_plots, plots
 
 
 def _points(svg: str, name: str) -> int:
@@ -37,7 +37,7 @@ def test_pfc_plot_draws_all_three_samples_with_limits():
     evidence = {"samples": samples, "rtt_noise_floor_ms": 0.5,
                 "measurements": [{"key": "tcp_p99_latency_ratio", "threshold": 2.0},
                                  {"key": "tcp_throughput_ratio", "threshold": 0.8}]}
-    svg = str(plots.pfc_samples_plot(evidence))
+    svg = str(fabric_plots.pfc_samples_plot(evidence))
     assert _points(svg, "pfc-latency") == 3 and _points(svg, "pfc-throughput") == 3
     assert {m for m in re.findall(r'class="bar" data-label="(\w+)"', svg)} == {"before", "during", "after"}
     assert "allowed 1 ms" in svg and "required 0.16 Gbit/s" in svg
