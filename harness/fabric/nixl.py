@@ -43,7 +43,7 @@ SOURCE = "nixl_metrics"
 # vllm-pd-nixl, 4 MB transfers, 2026-12-06); more means other traffic shared the class while it was
 # counted, and the link's count no longer says what NIXL moved.
 LINK_RATIO_MIN, LINK_RATIO_MAX = 1.0, 1.2
-PROMPT_WORDS = 300          # first guess; resized from the first response's prompt_tokens
+PROMPT_WORDS = 100          # first guess (well inside any context); resized from the first answer's prompt_tokens
 PROMPT_FILL = 0.9           # of the model's max_model_len (minus the tokens asked for)
 MAX_TOKENS = 2
 

@@ -238,5 +238,5 @@ def test_the_drive_scrapes_around_each_request_and_reads_the_link_around_each_ba
     assert [t.count for t in run.transfers] == [1] * 9 and all(t.bytes == 3_670_016 for t in run.transfers)
     assert all(t.seconds == pytest.approx(0.03) for t in run.transfers)
     assert len(run.links) == 3 and run.link.crossed and run.link.ratio == pytest.approx(1.0101, abs=1e-3)
-    assert engine.prompt_words[0] == 300 and engine.prompt_words[1] == int(300 * int(0.9 * 2046) / 1800)
+    assert engine.prompt_words[0] == 100 and engine.prompt_words[1] == int(100 * int(0.9 * 2046) / 600)
     assert run.requests == 9 and not run.errors and run.to_dict()["source"] == "nixl_metrics"
