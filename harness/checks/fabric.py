@@ -68,7 +68,8 @@ def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: Sequence[
                     f"raw {first.tool} bandwidth {first.sender} -> {first.receiver} (median of {len(bps)} "
                     f"{first.bytes / (1 << 20):.0f} MiB runs, of a {line.bps / 1e9:.3f} Gbit/s line rate)",
                     percentile_interval(bps, 50, noun="runs").scaled(1 / line.bps))]
-    evidence = {"line_rate": line.to_dict(), "raw_probe": {**first.to_dict(), "line_rate_fraction": first.bps / line.bps},
+    evidence = {"line_rate": line.to_dict(),
+                "raw_probe": {**first.to_dict(), "line_rate_fraction": first.bps / line.bps},
                 "repeats_line_rate_fraction": [b / line.bps for b in bps],
                 "curve": points, "kv_goodput": kv_goodput or {"unavailable": "the engine's metric profile has no "
                                                                              "KV transfer goodput"},
@@ -88,7 +89,8 @@ def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: Sequence[
     return verdict
 
 
-def nixl_measurement(checklist: Checklist, line: LineRate, run: NixlRun) -> tuple[Measurement, dict[str, Any], str | None]:
+def nixl_measurement(checklist: Checklist, line: LineRate,
+                     run: NixlRun) -> tuple[Measurement, dict[str, Any], str | None]:
     """6.1.1's figure from vLLM's own NIXL transfers: the median over transfers of bytes / seconds
     (each from decode's histograms, harness/fabric/nixl.py) as a fraction of the line rate, with its
     order-statistics interval (noun "NIXL transfers"). Not measured (value None) and the reason
@@ -106,8 +108,9 @@ def nixl_measurement(checklist: Checklist, line: LineRate, run: NixlRun) -> tupl
     median_bytes = sizes[(len(sizes) - 1) // 2] if sizes else 0.0
     wire_ms = 8e3 * median_bytes / line.bps
     link = run.link
-    evidence: dict[str, Any] = {**run.to_dict(), "line_rate_fractions": fractions, "median_transfer_bytes": median_bytes,
-                                "median_wire_ms_at_line_rate": wire_ms, "min_wire_ms": min_wire_ms}
+    evidence: dict[str, Any] = {**run.to_dict(), "line_rate_fractions": fractions,
+                                "median_transfer_bytes": median_bytes, "median_wire_ms_at_line_rate": wire_ms,
+                                "min_wire_ms": min_wire_ms}
     what = (f"vLLM's own KV transfers over NIXL (median of {len(transfers)} transfers of "
             f"{median_bytes / (1 << 20):.2f} MiB, bytes / time from decode's nixl histograms, of a "
             f"{line.bps / 1e9:.3f} Gbit/s line rate)")
@@ -118,8 +121,9 @@ def nixl_measurement(checklist: Checklist, line: LineRate, run: NixlRun) -> tupl
                    + (f" ({run.errors[0]})" if run.errors else "") + "; the raw probe alone cannot judge the engine")
     elif link is None or not link.crossed:
         ratio = None if link is None else link.ratio
-        because = (f"the KV bytes NIXL reported did not cross the measured link: {link.host if link else 'the prefill host'}'s "
-                   f"lossless class sent {ratio if ratio is None else f'{ratio:.3f}'} x NIXL's "
+        host = link.host if link else "the prefill host"
+        because = (f"the KV bytes NIXL reported did not cross the measured link: {host}'s "
+                   f"lossless class sent {'an unknown multiple' if ratio is None else f'{ratio:.3f} x'} of NIXL's "
                    f"{(link.nixl_bytes if link else 0) / 1e6:.2f} MB (accepted {LINK_RATIO_MIN:g}-{LINK_RATIO_MAX:g}: "
                    "below, the KV went another way; above, other traffic shared the class)")
     elif wire_ms < min_wire_ms:

@@ -58,8 +58,9 @@ def _run(fractions, nbytes=3_670_016.0, lossless_ratio=1.0103) -> NixlRun:
 
 def test_decode_s_recorded_nixl_histograms_are_read_as_bytes_seconds_and_transfers():
     """Planted defects it catches (each made by hand in parse_nixl and seen failing): the bytes
-    histogram's ``_count`` read as its bytes (16 "bytes"), the failure counter looked up without the ``_total`` suffix vLLM exports, and an instance whose
-    histograms are present but empty (prefill: the pull is counted on decode) taken as no NIXL."""
+    histogram's ``_count`` read as its bytes (16 "bytes"), the failure counter looked up without the
+    ``_total`` suffix vLLM exports, and an instance whose histograms are present but empty (prefill:
+    the pull is counted on decode) taken as no NIXL."""
     after = parse_nixl((DATA / "decode_after.prom").read_text())
     assert after.present and after.transfers == 16 and after.bytes == 41_156_608 and after.seconds == 58.941128
     assert after.post_seconds == pytest.approx(0.001056) and after.failed == 0
@@ -128,7 +129,8 @@ def test_nixl_transfers_are_a_second_figure_judged_on_their_interval():
     assert [u["key"] for u in recorded.evidence["undecided"]] == ["kv_transfer_line_rate_fraction"]
     # no NIXL run (a cluster without NixlConnector): the raw probe alone, as before
     raw_only = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, [])
-    assert raw_only.status is Status.PASS and raw_only.evidence["source"] == "raw_probe" and "nixl" not in raw_only.evidence
+    assert raw_only.status is Status.PASS and raw_only.evidence["source"] == "raw_probe"
+    assert "nixl" not in raw_only.evidence
 
 
 def test_transfers_too_small_to_time_the_link_are_inconclusive_not_a_fail():
