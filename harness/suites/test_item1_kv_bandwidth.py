@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Callable
 
 import pytest
 
-from harness.checks.extend import repeat_until_decided
+from harness.checks.extend import repeat_undecided, repeat_until_decided
 from harness.checks.fabric import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip, raw_bandwidth_verdict
-from harness.checks.verdict import Verdict, inconclusive, undecided
+from harness.checks.verdict import Verdict, inconclusive
 from harness.cluster import ClusterHandle
 from harness.fabric.bandwidth import Station, measure_bulk
 from harness.fabric.kvbandwidth import KVBench
@@ -119,12 +119,13 @@ def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRun
                                          nixl=None if drive is None else drive.run)]
         return last[0]
 
+    figures: dict[str, Callable[[int], object]] = {
+        "line_rate_fraction": lambda k: runs.extend(raw_timed(source, dest, ex, sizes_mib=SIZES_MIB) for _ in range(k))}
+    if drive is not None:
+        figures["kv_transfer_line_rate_fraction"] = drive.more
+
     def repeat(k: int) -> None:   # more of whichever figure is still undecided (both before the first judgment)
-        pending = {u["key"] for u in undecided(last[0])} if last else None
-        if pending is None or "line_rate_fraction" in pending:
-            runs.extend(raw_timed(source, dest, ex, sizes_mib=SIZES_MIB) for _ in range(k))
-        if drive is not None and (pending is None or "kv_transfer_line_rate_fraction" in pending):
-            drive.more(k)
+        repeat_undecided(last[0] if last else None, k, figures)
         rounds[0] += k
 
     verdict = _judged_with_repeats(cluster, judge_all, repeat, lambda: rounds[0])

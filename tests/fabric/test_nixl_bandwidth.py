@@ -17,6 +17,7 @@ import pytest
 
 from harness.checklists import Checklist
 from harness.checks.fabric import raw_bandwidth_verdict
+from harness.checks.extend import repeat_undecided
 from harness.checks.verdict import Status
 from harness.errors import ProbeError
 from harness.fabric.bandwidth import BandwidthResult
@@ -131,6 +132,18 @@ def test_nixl_transfers_are_a_second_figure_judged_on_their_interval():
     raw_only = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, [])
     assert raw_only.status is Status.PASS and raw_only.evidence["source"] == "raw_probe"
     assert "nixl" not in raw_only.evidence
+
+
+def test_only_the_figure_still_undecided_is_measured_more():
+    """The suite's extension: with the raw probe decided (0.99) and the NIXL transfers straddling (the
+    recorded series), only NIXL transfers are added; before the first judgment both. Planted: the
+    raw runs alone extended (the NIXL figure left straddling while its budget allows more)."""
+    made: dict[str, int] = {"line_rate_fraction": 0, "kv_transfer_line_rate_fraction": 0}
+    figures = {key: (lambda k, key=key: made.__setitem__(key, made[key] + k)) for key in made}
+    assert repeat_undecided(None, 8, figures) == list(made) and made == dict.fromkeys(made, 8)
+    straddling = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, [], nixl=_recorded_run())
+    assert repeat_undecided(straddling, 9, figures) == ["kv_transfer_line_rate_fraction"]
+    assert made == {"line_rate_fraction": 8, "kv_transfer_line_rate_fraction": 17}
 
 
 def test_transfers_too_small_to_time_the_link_are_inconclusive_not_a_fail():
