@@ -138,7 +138,7 @@ class LinkCount:
 class NixlRun:
     """vLLM's own NIXL transfers, driven by the harness, with the link's count beside them."""
 
-    metrics_url: str
+    metrics_urls: list[str]                                  # the workers whose NIXL histograms are summed
     transfers: list[NixlTransfer] = field(default_factory=list)
     links: list[LinkCount] = field(default_factory=list)     # one per batch of transfers
     failed: float = 0.0                                      # NIXL's failed-transfer count rose by this
@@ -159,7 +159,7 @@ class NixlRun:
 
     def to_dict(self) -> dict[str, Any]:
         link = self.link
-        return {"source": SOURCE, "metrics_url": self.metrics_url, "transfers": [t.to_dict() for t in self.transfers],
+        return {"source": SOURCE, "metrics_urls": self.metrics_urls, "transfers": [t.to_dict() for t in self.transfers],
                 "requests": self.requests, "failed_transfers": self.failed, "request_errors": self.errors[:10],
                 "prompt_tokens": self.prompt_tokens, "link": None if link is None else link.to_dict(),
                 "link_batches": [c.to_dict() for c in self.links],
@@ -174,19 +174,20 @@ def scrape(url: str, headers: dict[str, str] | None = None, timeout: float = 10.
     return resp.text
 
 
-def nixl_metrics_url(cluster: Any) -> str | None:
-    """The metrics URL of the instance whose NIXL histograms count the KV it pulled: a decode worker
-    exporting them (else any worker that does); None when no worker runs NixlConnector."""
-    workers = sorted(cluster.spec.workers, key=lambda w: 0 if w.role == "decode" else 1)
-    for w in workers:
-        if not w.metrics:
+def nixl_metrics_urls(cluster: Any) -> list[str]:
+    """The metrics URLs of the workers exporting NIXL's histograms, decode workers first (the pull is
+    counted where it is posted: on decode; prefill exports the same families at zero); their totals
+    are summed, so a transfer to any decode worker counts. Empty when no worker runs NixlConnector."""
+    found = []
+    for w in sorted(cluster.spec.workers, key=lambda w: 0 if w.role == "decode" else 1):
+        if not w.metrics or w.metrics in found:
             continue
         try:
             if parse_nixl(scrape(w.metrics, cluster.auth_headers())).present:
-                return w.metrics
+                found.append(w.metrics)
         except (httpx.HTTPError, ProbeError) as exc:
             log.info("no NIXL metrics from %s: %s", w.metrics, exc)
-    return None
+    return found
 
 
 class NixlDrive:
@@ -196,17 +197,19 @@ class NixlDrive:
     ``read_link()``: {"lossless": bytes, "tcp": bytes | None} sent so far by the prefill host's fabric NIC
     (over SSH); ``host``/``interface``/``lossless_class`` name it in the evidence."""
 
-    def __init__(self, cluster: Any, metrics_url: str, read_link: Callable[[], dict[str, int | None]], *,
+    def __init__(self, cluster: Any, metrics_urls: Sequence[str], read_link: Callable[[], dict[str, int | None]], *,
                  host: str, interface: str, lossless_class: str, seed: int = 0) -> None:
         self.cluster, self.read_link = cluster, read_link
-        self.run = NixlRun(metrics_url)
+        self.run = NixlRun(list(metrics_urls))
         self.host, self.interface, self.lossless_class = host, interface, lossless_class
         self.rng = random.Random(seed)
         self.words = PROMPT_WORDS
         self.target_tokens: int | None = None
 
     def _totals(self) -> NixlTotals:
-        return parse_nixl(scrape(self.run.metrics_url, self.cluster.auth_headers()))
+        each = [parse_nixl(scrape(url, self.cluster.auth_headers())) for url in self.run.metrics_urls]
+        return NixlTotals(any(t.present for t in each), *(sum(getattr(t, f) for t in each) for f in
+                                                          ("transfers", "bytes", "seconds", "post_seconds", "failed")))
 
     def _prompt(self) -> str:
         # unique words each time: no prefix-cache hit on decode (it would pull fewer blocks)
@@ -289,4 +292,4 @@ def median_rate(transfers: Sequence[NixlTransfer]) -> float:
 
 
 __all__ = ["NixlTotals", "NixlTransfer", "NixlRun", "NixlDrive", "LinkCount", "parse_nixl", "transfer_between",
-           "nixl_metrics_url", "tc_link_reader", "LINK_RATIO_MIN", "LINK_RATIO_MAX", "SOURCE"]
+           "nixl_metrics_urls", "tc_link_reader", "LINK_RATIO_MIN", "LINK_RATIO_MAX", "SOURCE"]

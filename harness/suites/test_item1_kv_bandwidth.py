@@ -149,13 +149,13 @@ def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRun
 def _nixl_drive(cluster: ClusterHandle, source: FabricNode, ex: object) -> "NixlDrive | None":
     """A drive of vLLM's own NIXL transfers when a worker exports NIXL's histograms, the link's
     counter read on the prefill host ``source`` over SSH; one transfer made (the rest as judged)."""
-    from harness.fabric.nixl import NixlDrive, nixl_metrics_url, tc_link_reader
+    from harness.fabric.nixl import NixlDrive, nixl_metrics_urls, tc_link_reader
 
-    url = nixl_metrics_url(cluster)
-    if url is None:
+    urls = nixl_metrics_urls(cluster)
+    if not urls:
         return None
     klass = source.lossless_class or "1:10"
-    drive = NixlDrive(cluster, url, tc_link_reader(ex, source.interface, klass), host=source.name,
+    drive = NixlDrive(cluster, urls, tc_link_reader(ex, source.interface, klass), host=source.name,
                       interface=source.interface, lossless_class=klass)
     drive.more(1)
     return drive

@@ -44,14 +44,14 @@ def _link(nixl_bytes: float, lossless: int) -> LinkCount:
 def _recorded_run() -> NixlRun:
     totals = _series_totals()
     before, after = (parse_classes((SERIES / f"tc_{w}.txt").read_text()) for w in ("before", "after"))
-    run = NixlRun("http://198.18.32.2:8402/metrics", requests=12)
+    run = NixlRun(["http://198.18.32.2:8402/metrics"], requests=12)
     run.transfers = [t for a, b in zip(totals, totals[1:]) if (t := transfer_between(a, b)) is not None]
     run.links = [_link(totals[-1].bytes - totals[0].bytes, after["1:10"].sent_bytes - before["1:10"].sent_bytes)]
     return run
 
 
 def _run(fractions, nbytes=3_670_016.0, lossless_ratio=1.0103) -> NixlRun:
-    run = NixlRun("http://decode/metrics", requests=len(fractions))
+    run = NixlRun(["http://decode/metrics"], requests=len(fractions))
     run.transfers = [NixlTransfer(nbytes, 8 * nbytes / (f * LINE.bps), 1) for f in fractions]
     run.links = [_link(nbytes * len(fractions), int(lossless_ratio * nbytes * len(fractions)))]
     return run
@@ -153,7 +153,7 @@ def test_transfers_too_small_to_time_the_link_are_inconclusive_not_a_fail():
     tiny = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, [], nixl=_run([0.3] * 25, nbytes=65_536))
     assert tiny.status is Status.INCONCLUSIVE and "too small to time the link" in tiny.reason, tiny.reason
     assert tiny.evidence["nixl"]["not_judged"]["value"] == pytest.approx(0.3)
-    none = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, [], nixl=NixlRun("http://decode/metrics", requests=9))
+    none = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, [], nixl=NixlRun(["http://decode/metrics"], requests=9))
     assert none.status is Status.INCONCLUSIVE and "no NIXL transfer finished in 9 requests" in none.reason
 
 
@@ -172,6 +172,32 @@ def test_the_6_1_1_chart_on_ssh_hosts_draws_the_nixl_transfers_and_names_its_sou
     assert "each NIXL transfer (12)" in svg and "raw iperf3 median 0.99" in svg
     raw_only = raw_bandwidth_verdict(CHECKLIST, LINE, RAW, raw_curve)
     assert "verdict from raw iperf3 probe" in str(plots.kv_bandwidth_plot(raw_only.evidence))
+
+
+def test_every_worker_exporting_nixl_histograms_is_read_decode_first_and_summed(monkeypatch):
+    """Workers found by scraping (decode first; prefill's zeros kept, an unreachable one skipped) and
+    their totals summed, so a transfer to any decode worker counts. Planted: only the first worker
+    read (with two decode workers half the transfers are missed and the link, counting all the KV
+    that left the prefill host, no longer matches NIXL's bytes: the cross-check fails for nothing)."""
+    import httpx
+    import harness.fabric.nixl as nixl
+
+    texts = {"http://p/m": DATA / "prefill.prom", "http://d0/m": DATA / "decode_before.prom",
+             "http://d1/m": DATA / "decode_after.prom"}
+
+    def fake_scrape(url, headers=None, timeout=10.0):
+        if url not in texts:
+            raise httpx.ConnectError("refused")
+        return texts[url].read_text()
+    monkeypatch.setattr(nixl, "scrape", fake_scrape)
+    workers = [SimpleNamespace(role=r, metrics=u) for r, u in
+               (("prefill", "http://p/m"), ("decode", "http://gone/m"), ("decode", "http://d0/m"),
+                ("decode", "http://d1/m"), ("decode", None))]
+    cluster = SimpleNamespace(spec=SimpleNamespace(workers=workers), auth_headers=lambda: {})
+    urls = nixl.nixl_metrics_urls(cluster)
+    assert urls == ["http://d0/m", "http://d1/m", "http://p/m"]
+    totals = NixlDrive(cluster, urls, dict, host="h", interface="fab0", lossless_class="1:10")._totals()
+    assert totals.present and totals.transfers == 15 + 16 and totals.bytes == 37_224_448 + 41_156_608
 
 
 # -- the drive, against a stand-in of the router and decode's /metrics ------------------------------------
@@ -245,7 +271,7 @@ def test_the_drive_scrapes_around_each_request_and_reads_the_link_around_each_ba
         return dict(link)
     read_link.seen = 0
     cluster = SimpleNamespace(api_url=engine.url, model="tiny-llama", auth_headers=lambda: {})
-    drive = NixlDrive(cluster, f"{engine.url}/metrics", read_link, host="nx-h0", interface="fab0",
+    drive = NixlDrive(cluster, [f"{engine.url}/metrics"], read_link, host="nx-h0", interface="fab0",
                       lossless_class="1:10")
     for k in (1, 3, 5):
         drive.more(k)

@@ -92,7 +92,7 @@ def test_the_6_1_1_drive_times_each_nixl_transfer_and_the_link_counts_its_bytes(
     prefill_host, dev = _host("nx-h0")
     cluster = SimpleNamespace(api_url=vllm_cluster.api, model=vllm_cluster.spec["model"], auth_headers=lambda: {})
     try:
-        drive = NixlDrive(cluster, decode["metrics"], tc_link_reader(prefill_host, dev, LOSSLESS), host="nx-h0",
+        drive = NixlDrive(cluster, [decode["metrics"]], tc_link_reader(prefill_host, dev, LOSSLESS), host="nx-h0",
                           interface=dev, lossless_class=LOSSLESS)
         drive.more(1)
         drive.more(2)
