@@ -205,6 +205,7 @@ class NixlDrive:
         self.rng = random.Random(seed)
         self.words = PROMPT_WORDS
         self.target_tokens: int | None = None
+        self.model: str | None = None
 
     def _totals(self) -> NixlTotals:
         each = [parse_nixl(scrape(url, self.cluster.auth_headers())) for url in self.run.metrics_urls]
@@ -215,16 +216,23 @@ class NixlDrive:
         # unique words each time: no prefix-cache hit on decode (it would pull fewer blocks)
         return " ".join(f"w{self.rng.randrange(10 ** 6)}" for _ in range(self.words))
 
-    def _max_model_len(self) -> int | None:
+    def _model_card(self) -> dict[str, Any]:
+        """The first of ``/v1/models`` (its ``id`` and, on vLLM, ``max_model_len``); {} when unreadable."""
         try:
             resp = httpx.get(f"{self.cluster.api_url}/v1/models", timeout=10, headers=self.cluster.auth_headers())
             cards = resp.json().get("data") or []
-            return int(cards[0]["max_model_len"]) if cards and cards[0].get("max_model_len") else None
+            return dict(cards[0]) if cards else {}
         except (httpx.HTTPError, ValueError, KeyError, TypeError, json.JSONDecodeError):
-            return None
+            return {}
+
+    def _max_model_len(self) -> int | None:
+        most = self._model_card().get("max_model_len")
+        return int(most) if most else None
 
     def _request(self) -> bool:
-        body = {"model": self.cluster.model, "prompt": self._prompt(), "max_tokens": MAX_TOKENS, "temperature": 0}
+        if self.model is None:   # the cluster file names none: the first the API serves
+            self.model = self.cluster.model or self._model_card().get("id")
+        body = {"model": self.model, "prompt": self._prompt(), "max_tokens": MAX_TOKENS, "temperature": 0}
         self.run.requests += 1
         try:
             resp = httpx.post(f"{self.cluster.api_url}/v1/completions", json=body, timeout=180,

@@ -211,6 +211,7 @@ class _Engine:
         self.template = (DATA / "decode_before.prom").read_text()
         self.n, self.lock = 0, threading.Lock()
         self.prompt_words: list[int] = []
+        self.models: set = set()
 
     def metrics(self) -> str:
         base = parse_nixl(self.template)
@@ -244,6 +245,7 @@ def engine():
             words = len(body["prompt"].split())
             with eng.lock:
                 eng.prompt_words.append(words)
+                eng.models.add(body["model"])
                 eng.n += 1
             self._send(json.dumps({"usage": {"prompt_tokens": 6 * words}}).encode())
 
@@ -261,8 +263,9 @@ def engine():
 def test_the_drive_scrapes_around_each_request_and_reads_the_link_around_each_batch(engine):
     """Three batches (1, 3, 5 requests): 9 transfers of 3.5 MiB at 30 ms each and three link counts,
     the prompt resized after the first answer to fill the model (0.9 x 2046 tokens, unique words so no
-    prefix-cache hit shortens the pull). Planted: decode scraped once a batch (3 transfers of several,
-    not 9), or the link read once for the whole drive (the batches' counts lost)."""
+    prefix-cache hit shortens the pull), the model the API's first where the cluster file names none.
+    Planted: decode scraped once a batch (3 transfers of several, not 9), or the link read once for the
+    whole drive (the batches' counts lost)."""
     link = {"lossless": 10_000, "tcp": 500}
 
     def read_link():
@@ -270,7 +273,7 @@ def test_the_drive_scrapes_around_each_request_and_reads_the_link_around_each_ba
         read_link.seen = engine.n
         return dict(link)
     read_link.seen = 0
-    cluster = SimpleNamespace(api_url=engine.url, model="tiny-llama", auth_headers=lambda: {})
+    cluster = SimpleNamespace(api_url=engine.url, model=None, auth_headers=lambda: {})   # the API's first model
     drive = NixlDrive(cluster, [f"{engine.url}/metrics"], read_link, host="nx-h0", interface="fab0",
                       lossless_class="1:10")
     for k in (1, 3, 5):
@@ -281,3 +284,4 @@ def test_the_drive_scrapes_around_each_request_and_reads_the_link_around_each_ba
     assert len(run.links) == 3 and run.link.crossed and run.link.ratio == pytest.approx(1.0101, abs=1e-3)
     assert engine.prompt_words[0] == 100 and engine.prompt_words[1] == int(100 * int(0.9 * 2046) / 600)
     assert run.requests == 9 and not run.errors and run.to_dict()["source"] == "nixl_metrics"
+    assert engine.models == {"tiny-llama"}
