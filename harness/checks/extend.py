@@ -81,3 +81,15 @@ def repeat_until_decided(judge_all: Callable[[], Sequence[Verdict]], repeat: Cal
         return count() > have   # no progress (e.g. nothing measurable any more): stop, never loop
 
     return measure_until_decided(judge_all, more, budget=f"at most {most} {noun}")
+
+
+def repeat_undecided(verdict: Verdict | None, k: int, repeats: dict[str, Callable[[int], object]]) -> list[str]:
+    """``k`` more of each figure of one verdict (``repeats``: threshold key -> make k more) whose
+    interval still straddles in ``verdict``; of all of them before the first judgment (None), or when
+    none is listed as undecided. Returns the keys repeated. A verdict with two figures (6.1.1: the raw
+    probe and the engine's own transfers) so spends no runs on the one already decided."""
+    pending = {u["key"] for u in undecided(verdict)} & set(repeats) if verdict is not None else set()
+    keys = [key for key in repeats if key in pending] or list(repeats)
+    for key in keys:
+        repeats[key](k)
+    return keys

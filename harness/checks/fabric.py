@@ -20,11 +20,14 @@ from harness.checks.verdict import Measurement, Status, Verdict, inconclusive, j
 from harness.fabric.bandwidth import BandwidthResult
 from harness.fabric.kvbandwidth import KVCurve
 from harness.fabric.linerate import LineRate
+from harness.fabric.nixl import LINK_RATIO_MAX, LINK_RATIO_MIN, NixlRun
 from harness.fabric.tcpprobe import TcpClassSample
 
 ITEM_KV_BANDWIDTH = "6.1.1"
 ITEM_PFC_ISOLATION = "6.1.5"
 ITEM_NIC_FLAP = "nic-flap"
+# which measurement of 6.1.1 came from where (evidence "source": the one the verdict's headline is)
+SOURCES = {"line_rate_fraction": "raw_probe", "kv_transfer_line_rate_fraction": "nixl_metrics"}
 RTT_FLOOR_WHAT = ("p99 of the same probe's round trips over the stormed host's loopback (127.0.0.1, no network), "
                   "timed on each side of the storm beside that side's round trips: what the host's timer, "
                   "scheduler, probe ends and the storm's own tc commands add to a round trip; the calm p99 is "
@@ -47,27 +50,91 @@ def placement_or_skip(cluster: Any, conformance: Any, item_id: str) -> dict[str,
 
 
 def raw_bandwidth_verdict(checklist: Checklist, line: LineRate, timed: Sequence[BandwidthResult],
-                          curve: Sequence[BandwidthResult], kv_goodput: dict[str, Any] | None = None) -> Verdict:
+                          curve: Sequence[BandwidthResult], kv_goodput: dict[str, Any] | None = None,
+                          nixl: NixlRun | None = None) -> Verdict:
     """Item 1 on named hosts: the raw fabric bandwidth (ib_write_bw, else iperf3) between them as
     a fraction of the line rate, the median of the repeated ``timed`` measurements, with the curve
     over transfer sizes; the engine's own KV goodput (from its metrics, where its profile has one)
-    is evidence beside it."""
+    is evidence beside it. With ``nixl`` (the cluster runs vLLM's NixlConnector: its own transfers,
+    harness/fabric/nixl.py) the verdict judges a second figure, ``kv_transfer_line_rate_fraction``
+    (:func:`nixl_measurement`), and ``evidence["source"]`` says which figures decided."""
     t = checklist.threshold(ITEM_KV_BANDWIDTH, "line_rate_fraction")
     first = timed[0]
     bps = [r.bps for r in timed]
     points = [{"size_bytes": r.bytes, "gbit_per_s": r.bps / 1e9, "seconds": r.seconds,
                "line_rate_fraction": r.bps / line.bps} for r in curve]
-    return judge(checklist.item(ITEM_KV_BANDWIDTH), [
+    measurements = [
         Measurement(t, nearest_rank(bps, 50) / line.bps,
                     f"raw {first.tool} bandwidth {first.sender} -> {first.receiver} (median of {len(bps)} "
                     f"{first.bytes / (1 << 20):.0f} MiB runs, of a {line.bps / 1e9:.3f} Gbit/s line rate)",
-                    percentile_interval(bps, 50, noun="runs").scaled(1 / line.bps))],
-        evidence={"line_rate": line.to_dict(), "raw_probe": {**first.to_dict(), "line_rate_fraction": first.bps / line.bps},
-                  "repeats_line_rate_fraction": [b / line.bps for b in bps],
-                  "curve": points, "kv_goodput": kv_goodput or {"unavailable": "the engine's metric profile has no "
-                                                                               "KV transfer goodput"},
-                  "definition": f"{first.tool} goodput between the hosts' fabric addresses on a lossless-class port, "
-                                "started and stopped over SSH; the verdict uses the median of the repeated timed runs"})
+                    percentile_interval(bps, 50, noun="runs").scaled(1 / line.bps))]
+    evidence = {"line_rate": line.to_dict(),
+                "raw_probe": {**first.to_dict(), "line_rate_fraction": first.bps / line.bps},
+                "repeats_line_rate_fraction": [b / line.bps for b in bps],
+                "curve": points, "kv_goodput": kv_goodput or {"unavailable": "the engine's metric profile has no "
+                                                                             "KV transfer goodput"},
+                "definition": f"{first.tool} goodput between the hosts' fabric addresses on a lossless-class port, "
+                              "started and stopped over SSH; the verdict uses the median of the repeated timed runs"}
+    because = None
+    if nixl is not None:
+        measurement, evidence["nixl"], because = nixl_measurement(checklist, line, nixl)
+        measurements.append(measurement)
+    verdict = judge(checklist.item(ITEM_KV_BANDWIDTH), measurements, evidence=evidence, inconclusive_because=because)
+    judged = verdict.evidence["measurements"]
+    # the figure the verdict's headline is (judge's order: the first that missed, else undecided, else the first)
+    head = next((m for m in judged if m["holds"] is False), None) or next((m for m in judged if m["holds"] is None),
+                                                                         judged[0])
+    verdict.evidence["source"] = SOURCES[head["key"]]
+    verdict.evidence["sources"] = {m["key"]: SOURCES[m["key"]] for m in judged}
+    return verdict
+
+
+def nixl_measurement(checklist: Checklist, line: LineRate,
+                     run: NixlRun) -> tuple[Measurement, dict[str, Any], str | None]:
+    """6.1.1's figure from vLLM's own NIXL transfers: the median over transfers of bytes / seconds
+    (each from decode's histograms, harness/fabric/nixl.py) as a fraction of the line rate, with its
+    order-statistics interval (noun "NIXL transfers"). Not measured (value None) and the reason
+    returned, for the verdict to say inconclusive, when the figure would not be the link's:
+    no transfer finished; the prefill host's lossless class did not count NIXL's bytes
+    (LINK_RATIO_MIN .. LINK_RATIO_MAX: the KV went another way, or other traffic shared the class);
+    or the median transfer is shorter at line rate than ``kv_transfer_min_wire_ms`` (then NIXL's
+    post and the engine's completion polling, not the link, set its time). Returns the measurement,
+    ``evidence["nixl"]`` and that reason (None: judged on its interval)."""
+    t = checklist.threshold(ITEM_KV_BANDWIDTH, "kv_transfer_line_rate_fraction")
+    min_wire_ms = checklist.threshold(ITEM_KV_BANDWIDTH, "kv_transfer_min_wire_ms").value
+    transfers = [x for x in run.transfers if x.seconds > 0]
+    fractions = [x.bps / line.bps for x in transfers]
+    sizes = sorted(x.bytes / x.count for x in transfers)
+    median_bytes = sizes[(len(sizes) - 1) // 2] if sizes else 0.0
+    wire_ms = 8e3 * median_bytes / line.bps
+    link = run.link
+    evidence: dict[str, Any] = {**run.to_dict(), "line_rate_fractions": fractions,
+                                "median_transfer_bytes": median_bytes, "median_wire_ms_at_line_rate": wire_ms,
+                                "min_wire_ms": min_wire_ms}
+    what = (f"vLLM's own KV transfers over NIXL (median of {len(transfers)} transfers of "
+            f"{median_bytes / (1 << 20):.2f} MiB, bytes / time from decode's nixl histograms, of a "
+            f"{line.bps / 1e9:.3f} Gbit/s line rate)")
+    value = nearest_rank(fractions, 50) if fractions else None
+    because = None
+    if not transfers:
+        because = (f"no NIXL transfer finished in {run.requests} requests through the router"
+                   + (f" ({run.errors[0]})" if run.errors else "") + "; the raw probe alone cannot judge the engine")
+    elif link is None or not link.crossed:
+        ratio = None if link is None else link.ratio
+        host = link.host if link else "the prefill host"
+        because = (f"the KV bytes NIXL reported did not cross the measured link: {host}'s "
+                   f"lossless class sent {'an unknown multiple' if ratio is None else f'{ratio:.3f} x'} of NIXL's "
+                   f"{(link.nixl_bytes if link else 0) / 1e6:.2f} MB (accepted {LINK_RATIO_MIN:g}-{LINK_RATIO_MAX:g}: "
+                   "below, the KV went another way; above, other traffic shared the class)")
+    elif wire_ms < min_wire_ms:
+        because = (f"NIXL's transfers are too small to time the link: {median_bytes / 1e3:.0f} kB takes "
+                   f"{wire_ms:.2f} ms at line rate, under {min_wire_ms:g} ms, so NIXL's post and decode's completion "
+                   f"polling set their time (median {value:.3f} x line rate, not judged)")
+    if because is not None:
+        evidence["not_judged"] = {"value": value, "because": because}
+        return Measurement(t, None, what), evidence, because
+    return (Measurement(t, value, what, percentile_interval(fractions, 50, noun="NIXL transfers")),
+            evidence, None)
 
 
 def kv_bandwidth_verdict(checklist: Checklist, line: LineRate, raw: BandwidthResult, curve: KVCurve) -> Verdict:

@@ -1,4 +1,5 @@
-"""6.1.5's evidence chart: the TCP class's p99 round trip and bulk throughput around the PFC storm."""
+"""The fabric items' evidence charts: 6.1.1 on named hosts (the raw probe and vLLM's own NIXL transfers)
+and 6.1.5 (the TCP class's p99 round trip and bulk throughput around the PFC storm)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,59 @@ from typing import Any, Mapping, Sequence
 
 from markupsafe import Markup
 
-from harness.report.plots import PALETTE, Axes, _threshold_value
+from harness.report.plots import PALETTE, Axes, _threshold_value, kv_bandwidth_plot, threshold_of
+
+NIXL_SOURCE = "vLLM's own NIXL transfers"
+
+
+def kv_bandwidth_chart(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.1's chart: the bundled engine's curve (harness/report/plots.py), or on named hosts the raw
+    probe per size and vLLM's own NIXL transfers (:func:`kv_bandwidth_hosts_plot`)."""
+    line_bps = (evidence.get("line_rate") or {}).get("bps")
+    if not evidence.get("kv_curve") and line_bps and (evidence.get("curve")
+                                                     or (evidence.get("nixl") or {}).get("transfers")):
+        return kv_bandwidth_hosts_plot(evidence)
+    return kv_bandwidth_plot(evidence)
+
+
+def kv_bandwidth_hosts_plot(evidence: Mapping[str, Any]) -> Markup | None:
+    """6.1.1 on named hosts (over SSH), drawn as the bundled engine's curve is: x line rate per transfer
+    size. The raw probe's curve (ib_write_bw or iperf3 at each size) and, where the cluster runs vLLM
+    over NIXL, each of the engine's own KV transfers as a dot (bytes / time from decode's histograms)
+    with their median; the title names the source the verdict's headline came from."""
+    line_bps = (evidence.get("line_rate") or {}).get("bps")
+    raw = [(p["size_bytes"] / (1 << 20), p["line_rate_fraction"]) for p in evidence.get("curve") or []
+           if p.get("size_bytes") and p.get("line_rate_fraction") is not None]
+    nixl = evidence.get("nixl") or {}
+    xfers = [(t["bytes"] / max(1, t.get("count") or 1) / (1 << 20), 8 * t["bytes"] / t["seconds"] / line_bps)
+             for t in nixl.get("transfers") or [] if t.get("seconds") and t.get("bytes")] if line_bps else []
+    if not line_bps or not (raw or xfers):
+        return None
+    need = _threshold_value(evidence, "line_rate_fraction", 0.8)
+    source = evidence.get("source") or "raw_probe"
+    tool = (evidence.get("raw_probe") or {}).get("tool") or "raw probe"
+    named = NIXL_SOURCE if source == "nixl_metrics" else f"raw {tool} probe"
+    sizes = [x for x, _ in raw + xfers]
+    ymax = max([1.0] + [y for _, y in raw + xfers]) * 1.15
+    line = line_bps / 1e9
+    ax = Axes("kv-bandwidth", f"KV transfer bandwidth vs transfer size (verdict from {named})",
+              "transfer size (MiB, log scale)", f"x line rate (1 = {line:.3g} Gbit/s)",
+              (min(sizes) / 1.5, max(sizes) * 1.5), (0, ymax), log_x=True,
+              x_tick_values=sorted({round(x, 2) for x, _ in raw} | ({round(xfers[0][0], 2)} if xfers else set())))
+    ax.hline(1.0, f"line rate ({line:.3g} Gbit/s)", "#111", "none")
+    ax.hline(need, f"{need:g} x line rate (required)", "#dc2626")
+    judged = threshold_of(evidence, "line_rate_fraction")
+    if judged and judged.get("value") is not None:
+        ax.hline(float(judged["value"]), f"raw {tool} median {float(judged['value']):.3g}", "#6b7280", "2 2")
+    if raw:
+        ax.series(sorted(raw), f"raw {tool} per size", "#6b7280")
+    if xfers:
+        ax.series(xfers, f"each NIXL transfer ({len(xfers)})", "#93c5fd", line=False)
+        nixl_m = threshold_of(evidence, "kv_transfer_line_rate_fraction")
+        if nixl_m and nixl_m.get("value") is not None:
+            mid = sorted(x for x, _ in xfers)[(len(xfers) - 1) // 2]
+            ax.series([(mid, float(nixl_m["value"]))], f"NIXL median {float(nixl_m['value']):.3g}", PALETTE[0])
+    return ax.render()
 
 
 def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
@@ -65,4 +118,4 @@ def _more_under_the_storm(samples: Sequence[Mapping[str, Any]], base: Mapping[st
         "share of the calm side's throughput.")
 
 
-__all__ = ["pfc_samples_plot"]
+__all__ = ["NIXL_SOURCE", "kv_bandwidth_chart", "kv_bandwidth_hosts_plot", "pfc_samples_plot"]

@@ -83,7 +83,7 @@ def _evidence(build: Callable[[Mapping[str, Any]], Markup | None]) -> Callable[[
 
 # checklist item -> plots drawn from its verdict (a verdict without the data draws none)
 _EVIDENCE_PLOTS: dict[str, tuple[Callable[[Any, RunView], Markup | None], ...]] = {
-    "6.1.1": (_evidence(plots.kv_bandwidth_plot),),
+    "6.1.1": (_evidence(fabric_plots.kv_bandwidth_chart),),
     "6.1.2": (_evidence(plots.migration_distribution),),
     # by level over time (the bundled engine); by load on a foreign engine
     "6.1.3": (item_plots.degradation_plot, _evidence(plots.kv_drive_plot)),

@@ -15,16 +15,22 @@ there, and the raw fabric bandwidth to a decode host with ``ib_write_bw`` (RDMA 
 perftest installed) or ``iperf3`` started and stopped on both hosts, timed (repeated as above)
 and over sizes; the
 engine's own KV goodput from its metrics is evidence where its profile counts transfer bytes and
-time (vLLM's NIXL histograms).
+time (vLLM's NIXL histograms). Where a worker runs vLLM's NixlConnector (its NIXL histograms are
+exported) the engine's own transfers are a second figure of the same verdict,
+``kv_transfer_line_rate_fraction``: requests with long prompts through the cluster's API one at a
+time, each transfer's bytes / time from decode's histograms, the median against the line rate with
+its interval, cross-checked with the prefill host's lossless-class byte counter over SSH
+(harness/fabric/nixl.py); each figure repeated while its own interval straddles. Evidence
+``source`` names the figure the headline is (``raw_probe`` or ``nixl_metrics``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
-from harness.checks.extend import repeat_until_decided
+from harness.checks.extend import repeat_undecided, repeat_until_decided
 from harness.checks.fabric import ITEM_KV_BANDWIDTH, kv_bandwidth_verdict, placement_or_skip, raw_bandwidth_verdict
 from harness.checks.verdict import Verdict, inconclusive
 from harness.cluster import ClusterHandle
@@ -36,6 +42,9 @@ from harness.faults import FaultRunner
 from harness.fixtures import Conformance
 from harness.hosts import LocalExecutor
 from harness.plugin_state import HarnessOptions
+
+if TYPE_CHECKING:
+    from harness.fabric.nixl import NixlDrive
 
 pytestmark = [pytest.mark.conformance, pytest.mark.item("6.1.1"), pytest.mark.slow]
 
@@ -57,7 +66,8 @@ def test_kv_transfer_reaches_80_percent_of_line_rate(cluster: ClusterHandle, con
     if (nodes := ssh_nodes(cluster, faults.audit)) is not None:
         if harness_options.dry_run:  # no fault, but the probes load the fabric: a dry run only says what they would do
             return _planned(cluster, conformance, f"raw bandwidth {nodes['source'].name} ({nodes['source'].interface})"
-                                                  f" -> {nodes['peer'].name} over SSH (ib_write_bw or iperf3)")
+                                                  f" -> {nodes['peer'].name} over SSH (ib_write_bw or iperf3), and "
+                                                  "vLLM's own NIXL transfers where its workers export them")
         return _over_ssh(cluster, conformance, faults, nodes)
     placed = placement_or_skip(cluster, conformance, ITEM_KV_BANDWIDTH)
     if placed is None:
@@ -100,9 +110,25 @@ def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRun
     line = read_line_rate(ex, source.interface)
     timed, curve = raw_curve(source, dest, ex, sizes_mib=SIZES_MIB)
     runs = [timed]
-    verdict = _judged_with_repeats(
-        cluster, lambda: raw_bandwidth_verdict(cluster.thresholds, line, runs, curve),
-        lambda k: runs.extend(raw_timed(source, dest, ex, sizes_mib=SIZES_MIB) for _ in range(k)), lambda: len(runs))
+    drive = _nixl_drive(cluster, source, ex)   # vLLM over NIXL: its own transfers are a second figure
+    last: list[Verdict] = []
+    rounds = [1]
+
+    def judge_all() -> Verdict:
+        last[:] = [raw_bandwidth_verdict(cluster.thresholds, line, runs, curve,
+                                         nixl=None if drive is None else drive.run)]
+        return last[0]
+
+    figures: dict[str, Callable[[int], object]] = {
+        "line_rate_fraction": lambda k: runs.extend(raw_timed(source, dest, ex, sizes_mib=SIZES_MIB) for _ in range(k))}
+    if drive is not None:
+        figures["kv_transfer_line_rate_fraction"] = drive.more
+
+    def repeat(k: int) -> None:   # more of whichever figure is still undecided (both before the first judgment)
+        repeat_undecided(last[0] if last else None, k, figures)
+        rounds[0] += k
+
+    verdict = _judged_with_repeats(cluster, judge_all, repeat, lambda: rounds[0])
     # the engine's own KV goodput where its metrics count it (vLLM NIXL), as evidence beside the raw path
     verdict.evidence["engine_kv_goodput"] = engine_kv_goodput(cluster, line.bps)
     folder = conformance.artifact_dir("kv-bandwidth-curve")
@@ -111,4 +137,25 @@ def _over_ssh(cluster: ClusterHandle, conformance: Conformance, faults: FaultRun
     rows += [f"timed,{r.bps / 1e9:.4f},{r.bps / line.bps:.4f},{r.tool}" for r in runs]
     (folder / "raw_curve.csv").write_text("\n".join(rows) + "\n")
     verdict.evidence["links"] = [f"artifacts/{folder.name}/raw_curve.csv"]
+    if drive is not None:
+        rows = ["bytes,seconds,count,gbit_per_s,line_rate_fraction"]
+        rows += [f"{t.bytes:.0f},{t.seconds:.6f},{t.count},{t.bps / 1e9:.4f},{t.bps / line.bps:.4f}"
+                 for t in drive.run.transfers]
+        (folder / "nixl_transfers.csv").write_text("\n".join(rows) + "\n")
+        verdict.evidence["links"].append(f"artifacts/{folder.name}/nixl_transfers.csv")
     conformance.record(verdict)
+
+
+def _nixl_drive(cluster: ClusterHandle, source: FabricNode, ex: object) -> "NixlDrive | None":
+    """A drive of vLLM's own NIXL transfers when a worker exports NIXL's histograms, the link's
+    counter read on the prefill host ``source`` over SSH; one transfer made (the rest as judged)."""
+    from harness.fabric.nixl import NixlDrive, nixl_metrics_urls, tc_link_reader
+
+    urls = nixl_metrics_urls(cluster)
+    if not urls:
+        return None
+    klass = source.lossless_class or "1:10"
+    drive = NixlDrive(cluster, urls, tc_link_reader(ex, source.interface, klass), host=source.name,
+                      interface=source.interface, lossless_class=klass)
+    drive.more(1)
+    return drive

@@ -216,3 +216,14 @@ def test_a_fail_the_same_runs_baseline_does_not_explain_stands_on_a_starved_mach
     # a baseline that itself came close to the limit explains nothing away: gated as before
     original.evidence["same_run_baseline"] = {**baseline, "explains_failure": True}
     assert gate(original, [STARVED]).status is Status.INCONCLUSIVE
+
+
+def test_a_nixl_transfer_figure_failing_on_a_starved_machine_is_inconclusive():
+    """vLLM's NIXL transfer time runs until decode's engine notices the transfer (one timed at 1.95 s
+    crossed the link in 0.13 s on a starved machine). Planted defect: kv_transfer_line_rate_fraction
+    missing from TIMING_ITEMS["6.1.1"] (its fail stood as the cluster's)."""
+    v = verdict("6.1.1", line_rate_fraction=0.95, kv_transfer_line_rate_fraction=0.3)
+    assert v.status is Status.FAIL
+    gated = gate(v, [STARVED])
+    assert gated.status is Status.INCONCLUSIVE and gated.layer("machine")["would"] == "would have failed"
+    assert gate(v, [QUIET]).status is Status.FAIL

@@ -78,6 +78,32 @@ def test_the_prompt_kv_crosses_the_prefill_host_s_fabric_link_in_the_lossless_cl
     assert tcp < 0.1 * moved, (moved, lossless, tcp)   # the side channel's handshakes, not the KV
 
 
+def test_the_6_1_1_drive_times_each_nixl_transfer_and_the_link_counts_its_bytes(vllm_cluster):
+    """harness/fabric/nixl.py's drive on the real pair: three long prompts one at a time give three
+    transfers (one per scrape delta), the later two over 3 MiB (the prompt resized to 0.9 of max_model_len) and
+    the prefill host's lossless class, read over SSH, counts 1.0-1.2 x NIXL's bytes. Planted defects:
+    UCX allowed shared memory (the cross-check fails: the KV skips the link), the prompt not resized
+    (the 100-word first guess kept: about 1.4 MB here)."""
+    from types import SimpleNamespace
+
+    from harness.fabric.nixl import NixlDrive, tc_link_reader
+
+    decode = vllm_cluster.worker("decode-0")
+    prefill_host, dev = _host("nx-h0")
+    cluster = SimpleNamespace(api_url=vllm_cluster.api, model=vllm_cluster.spec["model"], auth_headers=lambda: {})
+    try:
+        drive = NixlDrive(cluster, [decode["metrics"]], tc_link_reader(prefill_host, dev, LOSSLESS), host="nx-h0",
+                          interface=dev, lossless_class=LOSSLESS)
+        drive.more(1)
+        drive.more(2)
+    finally:
+        prefill_host.close()
+    run = drive.run
+    assert not run.errors and [t.count for t in run.transfers] == [1, 1, 1], run.to_dict()
+    assert all(t.bytes > 3 << 20 for t in run.transfers[1:]), run.to_dict()   # resized after the first answer
+    assert run.link.crossed and len(run.links) == 2, run.link.to_dict()
+
+
 def test_the_cluster_file_names_the_hosts_the_launcher_built(vllm_cluster):
     """The cluster file's hosts are reachable over SSH with its keys and strict host keys, and each
     host's fabric interface carries the fabric address it states (planted: a file naming the other
