@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from markupsafe import Markup
 
-from harness.report.plots import PALETTE, Axes, _threshold_value, kv_bandwidth_plot, threshold_of
+from harness.report.plots import PALETTE, Axes, threshold_value, kv_bandwidth_plot, threshold_of
 
 NIXL_SOURCE = "vLLM's own NIXL transfers"
 
@@ -35,7 +35,7 @@ def kv_bandwidth_hosts_plot(evidence: Mapping[str, Any]) -> Markup | None:
              for t in nixl.get("transfers") or [] if t.get("seconds") and t.get("bytes")] if line_bps else []
     if not line_bps or not (raw or xfers):
         return None
-    need = _threshold_value(evidence, "line_rate_fraction", 0.8)
+    need = threshold_value(evidence, "line_rate_fraction", 0.8)
     source = evidence.get("source") or "raw_probe"
     tool = (evidence.get("raw_probe") or {}).get("tool") or "raw probe"
     named = NIXL_SOURCE if source == "nixl_metrics" else f"raw {tool} probe"
@@ -78,8 +78,8 @@ def pfc_samples_plot(evidence: Mapping[str, Any]) -> Markup | None:
     used = float(used) if used is not None else max(base["rtt_p99_ms"], float(floor or 0.0))
     rtts = [s.get("rtt_p99_ms") for s in samples]
     tputs = [None if s.get("throughput_bps") is None else s["throughput_bps"] / 1e9 for s in samples]
-    lat_ratio = _threshold_value(evidence, "tcp_p99_latency_ratio")
-    tput_ratio = _threshold_value(evidence, "tcp_throughput_ratio")
+    lat_ratio = threshold_value(evidence, "tcp_p99_latency_ratio")
+    tput_ratio = threshold_value(evidence, "tcp_throughput_ratio")
     lat_limit = None if lat_ratio is None else lat_ratio * used
     tput_need = None if tput_ratio is None else tput_ratio * base["throughput_bps"] / 1e9
     rmax = max([v for v in rtts if v is not None] + [lat_limit or 0, float(floor or 0), 1e-6]) * 1.2

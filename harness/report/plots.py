@@ -222,7 +222,7 @@ def threshold_of(evidence: Mapping[str, Any], key: str) -> dict[str, Any] | None
     return None
 
 
-def _threshold_value(evidence: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
+def threshold_value(evidence: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
     m = threshold_of(evidence, key)
     return float(m["threshold"]) if m and m.get("threshold") is not None else default
 
@@ -236,7 +236,7 @@ def kv_bandwidth_plot(evidence: Mapping[str, Any]) -> Markup | None:
     if not curve or not line_bps:
         return None
     line = line_bps / 1e9
-    need = _threshold_value(evidence, "line_rate_fraction", 0.8)
+    need = threshold_value(evidence, "line_rate_fraction", 0.8)
     sizes = [p["size_mib"] for p in curve]
     ymax = max([1.0] + [g / line for p in curve for g in p.get("gbit_per_s") or [] if g is not None]) * 1.15
     ax = Axes("kv-bandwidth", "KV transfer bandwidth vs transfer size", "transfer size (MiB, log scale)",
@@ -286,7 +286,7 @@ def reschedule_distribution(evidence: Mapping[str, Any]) -> Markup | None:
         values.setdefault(kind, []).extend((f.get("replaced_s") or {}).values())
         faults[kind] = faults.get(kind, 0) + 1
     groups = {f"{kind}, {faults[kind]} fault{'s' if faults[kind] != 1 else ''}": vs for kind, vs in values.items()}
-    limit = _threshold_value(evidence, "reschedule_p100_s")
+    limit = threshold_value(evidence, "reschedule_p100_s")
     return ecdf_plot("reschedule-requests", "Per-request re-placement time after the fault", groups,
                      "seconds from the fault until the request was re-placed",
                      [(limit, f"rescheduling limit {limit:g} s")] if limit is not None else [], noun="requests")
@@ -300,7 +300,7 @@ def migration_distribution(evidence: Mapping[str, Any]) -> Markup | None:
             groups.setdefault(str(m.get("phase", "?")), []).append(m["excess_ms"])
     marks = [(v, f"{phase} limit {v:g} ms") for phase, key in (("idle", "ttft_delta_idle_ms"),
                                                                ("loaded", "ttft_delta_loaded_ms"))
-             if (v := _threshold_value(evidence, key)) is not None]
+             if (v := threshold_value(evidence, key)) is not None]
     return ecdf_plot("migration-requests", "Per-stream hot-migration TTFT delta", groups,
                      "TTFT delta added by the migration (ms)", marks)
 
