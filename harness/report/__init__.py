@@ -61,6 +61,7 @@ def write_reports(result: RunResult, report_dir: str | os.PathLike) -> Path:
     from harness.report.html import render_html
     from harness.report.jsonout import write_json
     from harness.report.junit import write_junit
+    from harness.report.trend import past_runs
 
     # each suite reads the engine's whole event log: an event a suite before it recorded is dropped
     result.timeline = unique_events(result.timeline)
@@ -69,7 +70,8 @@ def write_reports(result: RunResult, report_dir: str | os.PathLike) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(result, run_dir / "results.json")
     write_junit(result, run_dir / "junit.xml")
-    (run_dir / "report.html").write_text(render_html(result), encoding="utf-8")
+    past = past_runs(root, result.cluster.get("name"), result.run_id)   # the trend: earlier runs written here
+    (run_dir / "report.html").write_text(render_html(result, past), encoding="utf-8")
     _point_latest(root, result.run_id)
     log.info("report written to %s", run_dir)
     return run_dir

@@ -22,6 +22,7 @@ from harness.report.soak_section import soak_view
 from harness.report.scorecard import scorecard
 from harness.report.suites import SuiteSpans, item_statuses, status_counts, suite_label
 from harness.report.text import fit_words
+from harness.report.trend import trend_section
 
 _TEMPLATE_DIR = Path(__file__).parent
 
@@ -38,7 +39,9 @@ def _brief(obj: Any, most: int = 50) -> Any:
     return obj
 
 
-def render_html(result: RunResult) -> str:
+def render_html(result: RunResult, past: Sequence[Any] = ()) -> str:
+    """The report of ``result``; ``past``: earlier runs of the same cluster (harness/history.py
+    entries, oldest first) for the trend section (harness/report/trend.py)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATE_DIR), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["clock"] = lambda t: _clock(t)
@@ -74,7 +77,8 @@ def render_html(result: RunResult) -> str:
         r=result, charts=charts, band_key=band_key(bands, result.started), distributions=distributions,
         evidence_plots=evidence_plots, kv_plot=kv_level_chart(result), events=event_summary(run.events, spans, end),
         statuses=statuses, counts=status_counts(statuses), suites=spans.labels, machine_plot=machine_plot,
-        soak=soak_view(getattr(result, "soak", None)), score_rows=score_rows, machine_note=machine_note)
+        soak=soak_view(getattr(result, "soak", None)), score_rows=score_rows, machine_note=machine_note,
+        trends=trend_section(result.verdicts, past, str(result.cluster.get("name") or "?")), past_runs=len(past))
 
 
 def _evidence(build: Callable[[Mapping[str, Any]], Markup | None]) -> Callable[[Any, RunView], Markup | None]:
