@@ -32,6 +32,6 @@ def test_power_rises_with_the_shift_and_the_candidate_cluster_differs_only_in_it
     assert table["ttft_p50_ms"][1.05] <= table["ttft_p50_ms"][2.0]
     shipped = yaml.safe_load(bench.cluster_file(tmp_path, None).read_text())
     knob = yaml.safe_load(bench.cluster_file(tmp_path, 2).read_text())
-    assert knob["name"] == shipped["name"] == "local" and knob["bundled"]["engine"]["max_prefill_tokens"] == 2
+    assert knob["name"] == shipped["name"] == "local" and knob["bundled"]["engine"]["num_threads"] == 2
     assert {k: v for k, v in knob["bundled"].items() if k != "engine"} == \
         {k: v for k, v in shipped["bundled"].items() if k != "engine"}
