@@ -4,7 +4,6 @@ recovered fraction, 6.1.3's trigger, ECC and nothing-lost counts) copied as earl
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from pathlib import Path
@@ -19,7 +18,6 @@ DATA = Path(__file__).parent / "data" / "real_run_results.json"
 def _earlier(reports: Path, k: int, *, cluster: str = "local", flap: float) -> str:
     """An earlier run of the recorded one: ``k`` hours before it, nic-flap's headline figure ``flap``."""
     data = json.loads(DATA.read_text())
-    data = copy.deepcopy(data)
     data["run_id"] = f"20261201T0{k}0000Z-{k}"
     data["started"] -= 3600 * (10 - k)
     data["cluster"]["name"] = cluster
