@@ -19,9 +19,10 @@ distribution-free, so their rates do not depend on sigma; the bootstrap's do.
 
     .venv/bin/python bench/bench_error_rates.py                 # simulation (minutes, 1 core)
     .venv/bin/python bench/bench_error_rates.py --aa 20         # pytest suites/ 20 times (hours: heavy)
-    .venv/bin/python bench/bench_error_rates.py --planted 10    # each local-* sabotaged cluster 10 times
+    .venv/bin/python bench/bench_error_rates.py --planted 10    # each planted defect 10 times
 
---aa and --planted start clusters: run them alone on the machine (they take /tmp/heavy.lock).
+--aa and --planted start clusters: run them alone on the machine (they take /tmp/heavy.lock). They are
+bench/error_runs.py (its options: --only, --whole, --tally), which records every run in a ledger.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -316,53 +316,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 # -- A/A and planted defects: real runs (heavy) ----------------------------------------------------------
 
-PLANTED = {"local-fabric-sabotaged": ("6.1.5", []), "local-no-degradation": ("6.1.3", []),
-           "local-no-offload": ("6.1.3", []), "local-no-ecc": ("ecc", []), "local-no-migration": ("6.1.2", []),
-           "local-sabotaged": ("6.1.4", []), "local-leaky": ("soak.leaks", ["suites/test_soak.py", "--soak=3m"])}
-
-
-def _pytest(args: list[str], report_dir: Path) -> tuple[int, dict[str, str]]:
-    cmd = ["flock", "/tmp/heavy.lock", sys.executable, "-m", "pytest", *(args or ["suites/"]), "-p", "no:cacheprovider",
-           "-q", f"--report-dir={report_dir}"]
-    code = subprocess.run(cmd, cwd=ROOT).returncode
-    statuses: dict[str, str] = {}
-    for results in sorted(report_dir.glob("**/results.json")):
-        for v in json.loads(results.read_text())["verdicts"]:
-            # an item recorded twice (nothing-lost by several suites) is as bad as its worst
-            order = ["pass", "inconclusive", "fail", "error"]
-            statuses[v["item"]] = max(statuses.get(v["item"], "pass"), v["status"], key=order.index)
-    return code, statuses
-
-
-def run_aa(n: int, out: Path) -> int:
-    codes: Counter = Counter()
-    per_item: dict[str, Counter] = {}
-    for k in range(n):
-        code, statuses = _pytest([], out / f"aa-{k + 1}")
-        codes[code] += 1
-        for item, s in statuses.items():
-            per_item.setdefault(item, Counter())[s] += 1
-        print(f"A/A run {k + 1}: exit {code} {statuses}", flush=True)
-    print(f"exit codes {dict(codes)}")
-    for item, c in sorted(per_item.items()):
-        print(f"  {item:14} {dict(c)}")
-    bad = codes[1] + codes[3] + codes[4] or any(c["fail"] or c["inconclusive"] > max(2, n // 10)
-                                                for c in per_item.values())
-    return 1 if bad else 0
-
-
-def run_planted(n: int, out: Path) -> int:
-    missed = 0
-    for cluster, (item, args) in PLANTED.items():
-        got = Counter()
-        for k in range(n):
-            _, statuses = _pytest([*(args or ["suites/"]), f"--cluster={cluster}"], out / f"{cluster}-{k + 1}")
-            got[statuses.get(item, "not judged")] += 1
-        missed += n - got["fail"]
-        print(f"{cluster:24} expects {item} fail: {dict(got)}", flush=True)
-    return 1 if missed else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trials", type=int, default=2000, help="trials of each order-statistics loop (default 2000)")
@@ -371,12 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="simulate these items only")
     p.add_argument("--aa", type=int, metavar="N", help="run pytest suites/ N times on the bundled cluster")
     p.add_argument("--planted", type=int, metavar="N", help="each local-* sabotaged cluster N times")
-    p.add_argument("--out", type=Path, default=ROOT / "reports" / "error-rates")
     a = p.parse_args(argv)
-    if a.aa:
-        return run_aa(a.aa, a.out)
-    if a.planted:
-        return run_planted(a.planted, a.out)
+    if a.aa or a.planted:   # the live runs: bench/error_runs.py (its ledger, its options)
+        sys.path.insert(0, str(ROOT / "bench"))
+        from error_runs import main as live_main
+        return live_main(["--aa", str(a.aa)] if a.aa else ["--planted", str(a.planted)])
     rows = simulate(a.trials, a.boot_trials, a.seed, tuple(a.only))
     print_table(rows)
     over = [r["measurement"] for r in rows if r["wrong_fail"] > r["fail_level"] + 3 * math.sqrt(
