@@ -278,10 +278,11 @@ def compare_figure(item: str, figure: str, base: Any, cand: Any, tolerance: floa
         said = (f"candidate {figure} {xc} of {nc} ({c:.2%}) against the baseline's {xb} of {nb} ({b:.2%}): "
                 f"{diff * 100:+.2g} pt [{iv.lo * 100:+.2g} to {iv.hi * 100:+.2g}], allowed <= +{tolerance * 100:g} pt")
     else:
-        if not base or not cand or (isinstance(base, RttRatio) and not (base.during and base.calm)):
-            which = "baseline" if not base else "candidate"
+        empty = [name for name, s in (("baseline", base), ("candidate", cand))
+                 if not s or (isinstance(s, RttRatio) and not (s.during and s.calm))]   # 6.1.5: a side without any
+        if empty:
             return result(None, None, None, None, "inconclusive",
-                          f"the {which} has no sample of {figure} (no {noun[:-1]} measured it)")
+                          f"the {empty[0]} has no sample of {figure} (no {noun[:-1]} measured it)")
         (b, b_iv), (c, c_iv) = _statistic(base, q, alpha_each, noun), _statistic(cand, q, alpha_each, noun)
         if b is None or c is None:
             return result(b, c, None, None, "inconclusive", f"{figure}: a run's calm side is zero, so no ratio")

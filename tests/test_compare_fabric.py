@@ -49,14 +49,15 @@ def _side(label: str, gbit: float, seed: int, flows: int = 32) -> TcpClassSample
     rng = random.Random(seed)
     rtts = tuple(0.2 / 0.99 * (k + 0.5) / 600 for k in range(600))
     bps = tuple(gbit * 1e9 * rng.lognormvariate(0, 0.03) for _ in range(flows))
-    return TcpClassSample(label, 0.1, 0.2, 0.2, 600, nearest_rank(bps, 50), 0.0, 1.0, rtts, bps)
+    return TcpClassSample(label, 0.1, 0.2, 0.2, 600, nearest_rank(bps, 50) if bps else 0.0, 0.0, 1.0, rtts, bps)
 
 
-def pfc_verdict(storm_fraction: float, seed: int, flows: int = 32) -> dict:
-    """6.1.5 as its suite records it: the calm and storm sides, then the sample after the storm, here
-    as slow as the storm side (a class still draining)."""
-    v = pfc_isolation_verdict(default_checklist(), _side("calm", 1.0, seed, flows),
-                              _side("during", storm_fraction, seed + 1, flows), None, {"pause_ms": 50})
+def pfc_verdict(storm_fraction: float, seed: int, flows: int = 32, storm_flows: int | None = None) -> dict:
+    """6.1.5 as its suite records it: the calm and storm sides (``storm_flows``: the storm side's flows,
+    else ``flows``), then the sample after the storm, here as slow as the storm side (a class still
+    draining)."""
+    during = _side("during", storm_fraction, seed + 1, flows if storm_flows is None else storm_flows)
+    v = pfc_isolation_verdict(default_checklist(), _side("calm", 1.0, seed, flows), during, None, {"pause_ms": 50})
     v.evidence["samples"].append(_side("after", storm_fraction, seed + 2).to_dict())
     return json.loads(json.dumps(v.to_dict(), default=str))
 
@@ -94,7 +95,9 @@ def test_a_fall_of_the_tcp_throughput_under_the_storm_regresses(tmp_path):
 def test_a_throughput_ratio_near_the_limit_or_from_few_flows_is_undecided_naming_what_would_decide(tmp_path):
     """Planted defects: an undecided interval judged on its estimate (0.86 x, under the 0.9 x limit,
     read regressed though its interval reaches above the limit), the flows counted as another noun (the
-    reason says "more round trips": 5 flows a side have no median bound at 1.25 % a side, 7 do)."""
+    reason says "more round trips": 5 flows a side have no median bound at 1.25 % a side, 7 do), a run
+    with no flow on the storm side (its verdict's ratio 0) crashing the comparison or blamed on the
+    other run."""
     base = run(tmp_path, "b", pfc_verdict(1.0, 1))
     f = figure(compare_runs(base, run(tmp_path, "near", pfc_verdict(0.87, 41)), default_checklist()),
                "tcp_throughput_ratio")
@@ -103,6 +106,10 @@ def test_a_throughput_ratio_near_the_limit_or_from_few_flows_is_undecided_naming
     f = figure(compare_runs(base, few, default_checklist()), "tcp_throughput_ratio")
     assert f.status == "inconclusive" and f.interval.lo is None and f.interval.hi is None \
         and "more bulk flows in each run would decide" in f.reason
+    none = run(tmp_path, "none", pfc_verdict(1.0, 61, storm_flows=0))
+    for b, c, which in ((base, none, "candidate"), (none, base, "baseline")):
+        f = figure(compare_runs(b, c, default_checklist()), "tcp_throughput_ratio")
+        assert f.status == "inconclusive" and f"the {which} has no sample of tcp_throughput_ratio" in f.reason
 
 
 def test_an_older_6_1_5_verdict_without_its_flows_names_the_field(tmp_path):
