@@ -155,7 +155,8 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
     samples, never = item_samples(results)
     if not v62 and not samples:
         raise ConfigError(f"{rf}: the run has no verdict with a figure to compare (6.2, 6.1.1, 6.1.2, 6.1.4, 6.1.5, "
-                          "nic-flap, nothing-lost)", fix="run the same suites in both runs (`pytest suites/`, or one item's suite)")
+                          "nic-flap, nothing-lost)",
+                          fix="run the same suites in both runs (`pytest suites/`, or one item's suite)")
     if not v62:
         return Run(rf, results, samples, 0, [], never)
     links = [link for link in (v62[0].get("evidence") or {}).get("links") or () if link.endswith(".jsonl")]

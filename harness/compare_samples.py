@@ -33,7 +33,8 @@ FIGURES: dict[tuple[str, str], tuple[str, float | None]] = {
     ("6.1.4", "reschedule_p50_s"): ("reschedule", 50), ("6.1.4", "reschedule_p95_s"): ("reschedule", 95),
     ("6.1.2", "ttft_delta_idle_ms"): ("migration_idle", 50), ("6.1.2", "ttft_delta_loaded_ms"): ("migration_loaded", 50),
     ("6.1.1", "line_rate_fraction"): ("line_rate", 50),
-    ("6.1.5", "tcp_p99_latency_ratio"): ("rtt_ratio", 99), ("6.1.5", "tcp_throughput_ratio"): ("flow_ratio", 50),
+    ("6.1.5", "tcp_p99_latency_ratio"): ("rtt_ratio", 99),
+    ("6.1.5", "tcp_throughput_ratio"): ("flow_ratio", 50),
     ("nic-flap", "recovery_time_s"): ("recovery", None),
     ("nothing-lost", "requests_without_final_state"): ("lost", None),
 }

@@ -172,7 +172,7 @@ def test_an_older_nic_flap_verdict_without_bounds_names_the_field_and_other_flap
     assert f.status == "inconclusive" and "evidence.measurements[recovery_time_s].interval" in f.reason
     bigger = json.loads(json.dumps(FLAP))
     bigger["evidence"]["flaps"]["probe_mib"] = 64
-    with pytest.raises(ConfigError, match=r"nic-flap flaps: baseline .*\"probe_mib\": 32.*candidate .*\"probe_mib\": 64"):
+    with pytest.raises(ConfigError, match=r'nic-flap flaps: baseline .*"probe_mib": 32.*candidate .*"probe_mib": 64'):
         compare_runs(run(tmp_path, "b", FLAP), run(tmp_path, "big", bigger), default_checklist())
 
 

@@ -117,7 +117,8 @@ class ToleranceEntry(StrictModel):
 
     def kind_and_value(self) -> tuple[str, float] | None:
         """(kind, value) of the one tolerance written; None when none or several are."""
-        given = [(k, v) for k in ("max_increase", "max_decrease", "max_rise", "max_rise_s") if (v := getattr(self, k)) is not None]
+        given = [(k, v) for k in ("max_increase", "max_decrease", "max_rise", "max_rise_s")
+                 if (v := getattr(self, k)) is not None]
         return given[0] if len(given) == 1 else None
 
 
