@@ -35,14 +35,15 @@ from typing import Any
 
 from harness.checklists import Checklist
 from harness.checklists.models import NOT_COMPARABLE, TOLERANCE_KINDS
-from harness.compare_samples import (FIGURES, NEVER, SOURCES, Counts, Missing, RttRatio, item_samples,
+from harness.compare_fabric import change_cells, recovery_figure, window_ratio
+from harness.compare_samples import (FIGURES, NEVER, SOURCES, Counts, Missing, Recovery, RttRatio, item_samples,
                                      measured_text)
 from harness.checks.slo import client_samples
 from harness.errors import ConfigError
 from harness.probes.client.records import read_records
 from harness.stats import nearest_rank
 from harness.stats.interval import Interval, more_to_decide
-from harness.stats.intervals import percentile_interval, ratio_interval
+from harness.stats.intervals import percentile_interval
 from harness.stats.twosample import difference_interval, mover_ratio
 
 STATUSES = ("regressed", "inconclusive", "within tolerance", "improved")
@@ -78,12 +79,12 @@ class FigureResult:
     status: str
     reason: str
     kind: str = "max_increase"
-    difference: float | None = None   # max_rise: the candidate's share minus the baseline's (ratio None)
+    difference: float | None = None   # max_rise: the candidate's share minus the baseline's; max_rise_s: seconds
 
     @property
     def allowed(self) -> str:
         return {"max_increase": f"<= {1 + self.tolerance:g}x", "max_decrease": f">= {1 - self.tolerance:g}x",
-                "max_rise": f"<= +{self.tolerance * 100:g} pt"}[self.kind]
+                "max_rise": f"<= +{self.tolerance * 100:g} pt", "max_rise_s": f"<= +{self.tolerance:g} s"}[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         return {"item": self.item, "figure": self.figure, "baseline": self.baseline, "candidate": self.candidate,
@@ -91,7 +92,9 @@ class FigureResult:
                 "interval": None if self.interval is None else self.interval.to_dict(),
                 **({"max_increase": self.tolerance} if self.kind == "max_increase" else {}),
                 "tolerance": {self.kind: self.tolerance}, "allowed": self.allowed,
-                "status": self.status, "reason": self.reason}
+                "status": self.status, "reason": self.reason,
+                **({"change": " ".join(change_cells(self.kind, self.difference, self.interval) or ())}
+                   if self.kind == "max_rise_s" else {})}
 
 
 @dataclass
@@ -152,7 +155,8 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
     samples, never = item_samples(results)
     if not v62 and not samples:
         raise ConfigError(f"{rf}: the run has no verdict with a figure to compare (6.2, 6.1.1, 6.1.2, 6.1.4, 6.1.5, "
-                          "nothing-lost)", fix="run the same suites in both runs (`pytest suites/`, or one item's suite)")
+                          "nic-flap, nothing-lost)",
+                          fix="run the same suites in both runs (`pytest suites/`, or one item's suite)")
     if not v62:
         return Run(rf, results, samples, 0, [], never)
     links = [link for link in (v62[0].get("evidence") or {}).get("links") or () if link.endswith(".jsonl")]
@@ -193,11 +197,14 @@ def _shape(results: dict[str, Any]) -> dict[str, Any]:
             # pause holds more round trips)
             "6.1.1 preset": _evidence(results, "6.1.1").get("preset"),
             "6.1.5 storm": {k: (_evidence(results, "6.1.5").get("storm") or {}).get(k)
-                            for k in ("pause_ms", "resume_ms", "group", "gap_ms")}}
+                            for k in ("pause_ms", "resume_ms", "group", "gap_ms")},
+            # the flaps, and the probe transfer whose length is the recovery time's resolution
+            "nic-flap flaps": {k: (_evidence(results, "nic-flap").get("flaps") or {}).get(k)
+                               for k in ("period_s", "duty", "count", "probe_mib")}}
 
 
 # settings that count only when both runs measured their item
-_ITEM_SETTINGS = {"kills": "6.1.4", "6.1.1 preset": "6.1.1", "6.1.5 storm": "6.1.5"}
+_ITEM_SETTINGS = {"kills": "6.1.4", "6.1.1 preset": "6.1.1", "6.1.5 storm": "6.1.5", "nic-flap flaps": "nic-flap"}
 
 
 def _evidence(results: dict[str, Any], item: str) -> dict[str, Any]:
@@ -227,12 +234,8 @@ def _fmt(x: float | None) -> str:
 
 def _statistic(sample: Any, q: float | None, a: float, noun: str) -> tuple[float | None, Interval]:
     """One run's figure and its interval, each bound at one-sided ``a``."""
-    if isinstance(sample, RttRatio):   # p99 during the storm over the calm p99 (no lower than the floor), as 6.1.5
-        during, calm = nearest_rank(sample.during, 99), max(nearest_rank(sample.calm, 99), sample.floor)
-        iv = ratio_interval(percentile_interval(sample.during, 99, alpha_lo=a / 2, alpha_hi=a / 2, noun=noun),
-                            percentile_interval(sample.calm, 99, alpha_lo=a / 2, alpha_hi=a / 2, noun=noun),
-                            den_floor=sample.floor)
-        return (during / calm if calm > 0 else None), iv
+    if isinstance(sample, RttRatio):   # 6.1.5: the storm side over the calm side (harness/compare_fabric.py)
+        return window_ratio(sample, q, a, noun)   # type: ignore[arg-type]
     # requests: a send-ordered stream whose serial dependence counts (effective samples); faults,
     # migrations, transfers: each made and judged on its own
     return nearest_rank(sample, q), percentile_interval(sample, q, alpha_lo=a, alpha_hi=a, noun=noun,
@@ -243,7 +246,7 @@ def _judge(kind: str, tol: float, iv: Interval) -> tuple[str | None, float, Any]
     """(status or None when undecided, the limit, what holds for more_to_decide)."""
     lo = -math.inf if iv.lo is None else iv.lo
     hi = math.inf if iv.hi is None else iv.hi
-    if kind == "max_decrease":   # a fall regresses
+    if kind == "max_decrease":   # a fall regresses (max_rise_s: harness/compare_fabric.py judges bounds)
         limit = 1 - tol
         status = "regressed" if hi < limit else ("improved" if lo > 1 else "within tolerance") if lo >= limit else None
         return status, limit, lambda x: x >= limit
@@ -276,13 +279,14 @@ def compare_figure(item: str, figure: str, base: Any, cand: Any, tolerance: floa
         said = (f"candidate {figure} {xc} of {nc} ({c:.2%}) against the baseline's {xb} of {nb} ({b:.2%}): "
                 f"{diff * 100:+.2g} pt [{iv.lo * 100:+.2g} to {iv.hi * 100:+.2g}], allowed <= +{tolerance * 100:g} pt")
     else:
-        if not base or not cand or (isinstance(base, RttRatio) and not (base.during and base.calm)):
-            which = "baseline" if not base else "candidate"
+        empty = [name for name, s in (("baseline", base), ("candidate", cand))
+                 if not s or (isinstance(s, RttRatio) and not (s.during and s.calm))]   # 6.1.5: a side without any
+        if empty:
             return result(None, None, None, None, "inconclusive",
-                          f"the {which} has no sample of {figure} (no {noun[:-1]} measured it)")
+                          f"the {empty[0]} has no sample of {figure} (no {noun[:-1]} measured it)")
         (b, b_iv), (c, c_iv) = _statistic(base, q, alpha_each, noun), _statistic(cand, q, alpha_each, noun)
         if b is None or c is None:
-            return result(b, c, None, None, "inconclusive", f"{figure}: a run's calm p99 is zero, so no ratio")
+            return result(b, c, None, None, "inconclusive", f"{figure}: a run's calm side is zero, so no ratio")
         iv = mover_ratio(c_iv, c, b_iv, b)
         ratio, diff = (c / b if b > 0 else None), None
         limit_text = {"max_decrease": f">= {1 - tolerance:g}x (-{tolerance:.0%})"}.get(kind, f"<= {1 + tolerance:g}x "
@@ -347,6 +351,8 @@ def _figure(base: Run, cand: Run, item: str, fig: str, tol: float, alpha_each: f
         if isinstance(run.samples[source], Missing):
             return undecided(run.samples[source].reason(name, item))
     b, c = base.samples[source], cand.samples[source]
+    if isinstance(b, Recovery):   # bounds of one time each, not a sample
+        return FigureResult(item, fig, tolerance=tol, kind=kind, **recovery_figure(b, c, tol))
     if isinstance(b, Counts):   # the tests both runs ran, pooled (another suite's load is another figure)
         common = sorted(set(b.by_test) & set(c.by_test))
         if not common:
@@ -370,11 +376,7 @@ def render_text(comp: Comparison) -> str:
     rows = [("figure", "baseline", "candidate", "change", "interval", "allowed", "verdict")]
     for f in comp.figures:
         iv = "-" if f.interval is None else f"[{_fmt(f.interval.lo)}-{_fmt(f.interval.hi)}]"
-        if f.kind == "max_rise":   # a share: the difference in points
-            iv = "-" if f.interval is None else f"[{f.interval.lo * 100:+.2g}, {f.interval.hi * 100:+.2g}] pt"
-            est = "?" if f.difference is None else f"{f.difference * 100:+.2g} pt"
-        else:
-            est = _fmt(f.ratio)
+        est, iv = change_cells(f.kind, f.difference, f.interval) or (_fmt(f.ratio), iv)   # a share's points, seconds
         rows.append((f.figure, _fmt(f.baseline), _fmt(f.candidate), est, iv, f.allowed, f.status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"baseline  {comp.baseline.label}: {_measured(comp.baseline)} ({comp.baseline.results_path})",

@@ -8,7 +8,12 @@ harness/compare.py judges; this module reads. Each source is one kind of sample 
   ``excess_ms``), 6.1.1 line-rate fractions (``evidence.kv_curve``'s largest size, its
   ``gbit_per_s`` over ``line_rate.gbit_per_s``; on named hosts ``evidence.repeats_line_rate_fraction``);
 - :class:`RttRatio` (6.1.5): the TCP-class round trips during the storm and in the calm gaps
-  (``evidence.rtts_ms``) and the loopback floor the calm p99 counts at no less than;
+  (``evidence.rtts_ms``) and the loopback floor the calm p99 counts at no less than; :class:`FlowRatio`
+  (6.1.5): each TCP bulk flow's throughput in the calm gaps and during the storm
+  (``evidence.samples[].throughputs_bps`` of the ``calm`` and ``during`` sides);
+- :class:`Recovery` (nic-flap): each verdict's recovery time as bounds, not a sample (the verdict's
+  ``recovery_time_s`` interval: from the start of the last slow probe transfer to the end of the first
+  good one; not back: from the start of the last transfer, unbounded above);
 - :class:`Counts` (nothing-lost): per test, the requests without a final state and the requests sent.
 
 A run that did not measure an item has no entry for its sources; a run that measured it with a
@@ -29,6 +34,8 @@ FIGURES: dict[tuple[str, str], tuple[str, float | None]] = {
     ("6.1.2", "ttft_delta_idle_ms"): ("migration_idle", 50), ("6.1.2", "ttft_delta_loaded_ms"): ("migration_loaded", 50),
     ("6.1.1", "line_rate_fraction"): ("line_rate", 50),
     ("6.1.5", "tcp_p99_latency_ratio"): ("rtt_ratio", 99),
+    ("6.1.5", "tcp_throughput_ratio"): ("flow_ratio", 50),
+    ("nic-flap", "recovery_time_s"): ("recovery", None),
     ("nothing-lost", "requests_without_final_state"): ("lost", None),
 }
 # each sample: the verdict it comes from, what one sample is, and what a run needs to measure it
@@ -40,6 +47,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "migration_loaded": ("6.1.2", "migrations", "the 6.1.2 suite (`pytest suites/test_item2_hot_migration.py`)"),
     "line_rate": ("6.1.1", "transfers", "the 6.1.1 suite (`pytest suites/test_item1_kv_bandwidth.py`)"),
     "rtt_ratio": ("6.1.5", "round trips", "the 6.1.5 suite (`pytest suites/test_item5_pfc_isolation.py`)"),
+    "flow_ratio": ("6.1.5", "bulk flows", "the 6.1.5 suite (`pytest suites/test_item5_pfc_isolation.py`)"),
+    "recovery": ("nic-flap", "flaps", "the NIC flap suite (`pytest suites/test_nic_flap.py`)"),
     "lost": ("nothing-lost", "requests", "a suite that sends load (any of suites/)"),
 }
 # what a sample the run lacks because the event never ended is called (a median of the rest would hide it)
@@ -54,6 +63,27 @@ class RttRatio:
     during: list[float]
     calm: list[float]
     floor: float
+
+
+@dataclass(frozen=True)
+class FlowRatio(RttRatio):
+    """6.1.5's throughput ratio of one run: the median bulk flow (bit/s) during the storm over the calm
+    one (no floor)."""
+
+    floor: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """nic-flap: each verdict's recovery time (s after the last flap) as (lower, upper) bounds; upper
+    None: the bandwidth was not back by the last probe transfer."""
+
+    bounds: tuple[tuple[float, float | None], ...]
+
+    def slowest(self) -> tuple[float, float | None]:
+        """The slowest recovery's bounds (the max is monotone in each bound): [max lower, max upper]."""
+        highs = [hi for _, hi in self.bounds]
+        return max(lo for lo, _ in self.bounds), None if None in highs else max(highs)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -153,6 +183,48 @@ def rtt_ratio(results: dict[str, Any], samples: dict[str, Any]) -> None:
         return
 
 
+def flow_ratio(results: dict[str, Any], samples: dict[str, Any]) -> None:
+    """6.1.5: each TCP bulk flow's throughput (bit/s) in the calm gaps and during the storm."""
+    for v in _verdicts(results, "6.1.5"):
+        if not _measured(v, "tcp_throughput_ratio"):
+            continue   # no calm flow yet, or skipped: the verdict measured no ratio
+        sides = {s.get("label"): s for s in (v.get("evidence") or {}).get("samples") or () if isinstance(s, dict)}
+        calm, during = sides.get("calm", sides.get("before")), sides.get("during")   # "before": older runs
+        if not (calm and during and isinstance(calm.get("throughputs_bps"), list)
+                and isinstance(during.get("throughputs_bps"), list)):
+            samples["flow_ratio"] = Missing("evidence.samples[].throughputs_bps (each TCP bulk flow, calm and during "
+                                            "the storm)")
+            return
+        samples["flow_ratio"] = FlowRatio(_numbers(during["throughputs_bps"]), _numbers(calm["throughputs_bps"]))
+        return
+
+
+def recovery(results: dict[str, Any], samples: dict[str, Any]) -> None:
+    """nic-flap: each verdict's recovery time bounds (s after the last flap), as the verdict judged them."""
+    bounds: list[tuple[float, float | None]] = []
+    for v in _verdicts(results, "nic-flap"):
+        ev = v.get("evidence") or {}
+        m = next((m for m in ev.get("measurements") or () if m.get("key") == "recovery_time_s"), None)
+        base = ev.get("baseline_gbit_per_s")
+        if m is None or not isinstance(base, (int, float)) or base <= 0:
+            continue   # skipped, or no bandwidth before the flaps to recover to
+        iv = m.get("interval") or {}
+        if isinstance(m.get("value"), (int, float)):
+            if not (isinstance(iv.get("lo"), (int, float)) and isinstance(iv.get("hi"), (int, float))):
+                samples["recovery"] = Missing("evidence.measurements[recovery_time_s].interval (the bounds of the "
+                                              "recovery time: the probe transfers around it)")
+                return
+            bounds.append((float(iv["lo"]), float(iv["hi"])))
+            continue
+        after = [a for a in ev.get("after") or () if isinstance(a, dict)]
+        if after and not isinstance(after[-1].get("start_s"), (int, float)):
+            samples["recovery"] = Missing("evidence.after[].start_s (when each probe transfer after the flaps began)")
+            return
+        bounds.append((float(after[-1]["start_s"]) if after else 0.0, None))   # still slow when the last began
+    if bounds:
+        samples["recovery"] = Recovery(tuple(bounds))
+
+
 def lost(results: dict[str, Any], samples: dict[str, Any]) -> None:
     """nothing-lost: per test, the requests without a final state and the requests sent."""
     by_test: dict[str, tuple[int, int]] = {}
@@ -181,6 +253,8 @@ def item_samples(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int
     migration(results, samples, never)
     line_rate(results, samples)
     rtt_ratio(results, samples)
+    flow_ratio(results, samples)
+    recovery(results, samples)
     lost(results, samples)
     return samples, never
 
@@ -194,6 +268,10 @@ def measured_text(samples: dict[str, Any]) -> list[str]:
             parts.append(f"{len(samples[source])} {what}")
     if isinstance(rtt := samples.get("rtt_ratio"), RttRatio):
         parts.append(f"{len(rtt.during)} + {len(rtt.calm)} round trips (storm + calm)")
+    if isinstance(flows := samples.get("flow_ratio"), FlowRatio):
+        parts.append(f"{len(flows.during)} + {len(flows.calm)} TCP bulk flows (storm + calm)")
+    if isinstance(rec := samples.get("recovery"), Recovery):
+        parts.append(f"{len(rec.bounds)} NIC flap recover{'y' if len(rec.bounds) == 1 else 'ies'}")
     if isinstance(lost := samples.get("lost"), Counts):
         parts.append(f"{sum(n for _, n in lost.by_test.values())} requests checked for loss")
     return parts

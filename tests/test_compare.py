@@ -179,7 +179,8 @@ def reschedule_times(n: int, seed: int, median_s: float = 0.6) -> list[float]:
 
 # the shipped checklist's figures beyond 6.2 and 6.1.4 (tests/test_compare_figures.py)
 OTHERS = ["6.1.2.ttft_delta_idle_ms", "6.1.2.ttft_delta_loaded_ms", "6.1.1.line_rate_fraction",
-          "6.1.5.tcp_p99_latency_ratio", "nothing-lost.requests_without_final_state"]
+          "6.1.5.tcp_p99_latency_ratio", "6.1.5.tcp_throughput_ratio", "nic-flap.recovery_time_s",
+          "nothing-lost.requests_without_final_state"]
 
 
 def test_rescheduling_twice_as_slow_regresses_and_a_6_2_only_pair_does_not_compare_6_1_4(tmp_path):

@@ -86,9 +86,12 @@ COMPARE_ONLY_FIGURES: dict[str, tuple[str, ...]] = {"6.1.4": ("reschedule_p50_s"
 # how a figure's tolerance is written when not `max_increase` (the candidate/baseline ratio may rise by at
 # most this): `max_decrease` where a higher figure is better (the ratio may fall by at most this),
 # `max_rise` for a share of requests (the candidate's share may exceed the baseline's by at most this many
-# points: a difference, as a ratio of two zeros is nothing)
+# points: a difference, as a ratio of two zeros is nothing), `max_rise_s` for a time known only within
+# measurement-resolution bounds that may start at 0 (nic-flap's recovery: at most this many seconds longer)
 TOLERANCE_KINDS: dict[tuple[str, str], str] = {("6.1.1", "line_rate_fraction"): "max_decrease",
-                                               ("nothing-lost", "requests_without_final_state"): "max_rise"}
+                                               ("6.1.5", "tcp_throughput_ratio"): "max_decrease",
+                                               ("nothing-lost", "requests_without_final_state"): "max_rise",
+                                               ("nic-flap", "recovery_time_s"): "max_rise_s"}
 # items whose figures a comparison cannot take, and why (a `regression:` entry for one is an error)
 NOT_COMPARABLE: dict[str, str] = {
     "6.1.3": "a run measures each trigger level once (the KV use when Level 2 and Level 3 were entered; its "
@@ -108,10 +111,14 @@ class ToleranceEntry(StrictModel):
     max_rise: float | None = field_with_fix("write a share such as 0.01 (at most 1 point more of the requests)",
                                             "the candidate's share may exceed the baseline's by at most this",
                                             ge=0, le=1, allow_inf_nan=False, default=None)
+    max_rise_s: float | None = field_with_fix("write seconds such as 1.0 (at most 1 s longer than the baseline's)",
+                                              "the candidate's time may exceed the baseline's by at most this (s)",
+                                              ge=0, allow_inf_nan=False, default=None)
 
     def kind_and_value(self) -> tuple[str, float] | None:
         """(kind, value) of the one tolerance written; None when none or several are."""
-        given = [(k, v) for k in ("max_increase", "max_decrease", "max_rise") if (v := getattr(self, k)) is not None]
+        given = [(k, v) for k in ("max_increase", "max_decrease", "max_rise", "max_rise_s")
+                 if (v := getattr(self, k)) is not None]
         return given[0] if len(given) == 1 else None
 
 
@@ -369,6 +376,7 @@ def check_tolerance(origin: str, item_id: str, key: str, tol: ToleranceEntry) ->
     if given is None or given[0] != kind:
         why = {"max_decrease": "a higher figure is better, so a fall regresses",
                "max_rise": "a share of requests: the rise in points is judged, not a ratio",
+               "max_rise_s": "a time known within bounds that may start at 0: the rise in seconds is judged",
                "max_increase": "a higher figure is worse"}[kind]
         raise field_error(origin, f"regression.figures.{item_id}.{key}", f"write exactly one `{kind}` ({why})",
                           f"write `{key}: {{{kind}: ...}}` (docs/compare.md)")
