@@ -63,10 +63,12 @@ def test_address_in_use_on_another_port_is_not_called_the_side_channel():
     assert classify(excerpt("side_channel_port.prefill-0.log"), **{**CONTEXT, "side_port": "5612"}) is None
 
 
-def test_a_handshake_timeout_is_named_with_the_peer_to_check():
-    """Real (not planted): decode's 5 s handshake receive timeout ran out under load. Catches: the pattern
-    missing vLLM's "handshake_setup_failed", a fix that does not name the peer's address."""
-    f = named("handshake_timeout.decode-0.log", host="nx-h1", netns="pvn-h1")
+@pytest.mark.parametrize("name", ["fabric_unreachable.decode-0.log", "handshake_timeout.decode-0.log"])
+def test_a_handshake_timeout_is_named_with_the_peer_to_check(name):
+    """Planted: prefill's fabric address unreachable from decode's host (a prohibit route); and a real
+    timeout under load, not planted. Catches: the pattern missing vLLM's "handshake_setup_failed", a fix
+    that does not name the peer's address."""
+    f = named(name, host="nx-h1", netns="pvn-h1")
     assert f.what == "handshake" and "handshake_setup_failed" in f.line
     assert "198.18.31.1:5611" in f.fix and "ip netns exec pvn-h1 ping 198.18.31.1" in f.fix
 
