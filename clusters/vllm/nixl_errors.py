@@ -22,7 +22,7 @@ START_MARK = "==== start "   # clusters/supervise.py Instance.start writes it be
 @dataclass(frozen=True)
 class NixlFailure:
     what: str   # "NIXL agent", "NIXL plugins", "UCX transport", "UCX device", "side-channel port", "handshake"
-    line: str   # the decisive line of vLLM's log, stripped and cut to LINE_MAX characters
+    line: str   # the decisive line of vLLM's log, its blanks collapsed, cut to LINE_MAX characters
     fix: str
 
 
@@ -101,7 +101,7 @@ def message(instance: str, failure: NixlFailure, log_path: object) -> str:
 
 
 def _trim(line: str) -> str:
-    line = line.strip()
+    line = " ".join(line.split())   # UCX pads its lines with runs of spaces
     return line if len(line) <= LINE_MAX else line[:LINE_MAX - 3] + "..."
 
 

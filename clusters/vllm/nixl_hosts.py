@@ -25,10 +25,12 @@ The UCX settings that make the KV take the fabric (measured here, 2026-12-06):
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from clusters.supervise import Instance, LaunchError, Supervisor, log
+from clusters.supervise import Instance, LaunchError, Supervisor, healthy, log
+from clusters.vllm.nixl_errors import START_MARK, classify, last_error_line, message
 
 PREFIX = "pvn-"
 FABRIC_SUBNET, CONTROL_SUBNET = "198.18.31.0/24", "198.18.32.0/24"
@@ -135,15 +137,13 @@ class HostedSupervisor(Supervisor):
                 "peer": f"{peer.fabric_ip}:{SIDE_CHANNEL_PORTS[other]}", "peer_ip": peer.fabric_ip}
 
     def log_since_start(self, inst: Instance) -> str:
-        from clusters.vllm.nixl_errors import START_MARK
-
+        """``inst``'s log from its last start mark on (the log is appended to across runs and restarts)."""
         try:
             with open(inst.log_path, "rb") as f:
-                if inst.name not in self._log_from:   # the log is appended to across runs: this run's start
-                    data = f.read().decode(errors="replace")
-                    at = data.rfind(START_MARK)
-                    self._log_from[inst.name] = len(data[:max(at, 0)].encode(errors="replace"))
-                    return data[max(at, 0):]
+                if inst.name not in self._log_from:
+                    data = f.read()
+                    self._log_from[inst.name] = max(data.rfind(START_MARK.encode()), 0)
+                    return data[self._log_from[inst.name]:].decode(errors="replace")
                 f.seek(self._log_from[inst.name])
                 return f.read().decode(errors="replace")
         except OSError:
@@ -151,8 +151,6 @@ class HostedSupervisor(Supervisor):
 
     def named_failure(self, inst: Instance) -> str | None:
         """The launcher's one error for a known NIXL/UCX failure in ``inst``'s log, or None."""
-        from clusters.vllm.nixl_errors import classify, message
-
         if inst not in self.instances:
             return None
         failure = classify(self.log_since_start(inst), **self.context(inst))
@@ -161,11 +159,6 @@ class HostedSupervisor(Supervisor):
     def wait_healthy(self, procs: list[Instance]) -> None:
         """As Supervisor.wait_healthy, and a known NIXL/UCX failure in a starting instance's log stops
         the start at once, named (an exited instance's log is read once more for its last error line)."""
-        from clusters.supervise import healthy
-        from clusters.vllm.nixl_errors import last_error_line
-
-        import time
-
         self._log_from = {k: v for k, v in self._log_from.items() if k not in {p.name for p in procs}}
         deadline = time.monotonic() + self.startup_timeout_s
         pending = list(procs)
@@ -215,7 +208,6 @@ def warm_up(api: str, model: str, decode_log: Path, decode_metrics: str, tries: 
     raises LaunchError when every try failed: ``explain()`` (HostedSupervisor.named_failure of decode)
     names the handshake failure decode's log shows, when it shows one."""
     import json
-    import time
     import urllib.error
     import urllib.request
 

@@ -108,3 +108,34 @@ def test_an_unknown_failure_still_gets_its_last_exception_line():
     assert last_error_line(text) == ("RuntimeError: Engine core initialization failed. See root cause above. "
                                      "Failed core proc(s): {}")
     assert last_error_line(excerpt("healthy.decode-0.log")) is None
+
+
+def test_the_supervisor_names_only_this_start_s_failure_with_its_host_s_context(tmp_path):
+    """HostedSupervisor.named_failure on real excerpts in an appended log (no processes). Catches: an
+    earlier run's failure above the last start mark named again, the fix given the other host's port
+    or namespace, the router's log classified."""
+    from types import SimpleNamespace
+
+    from clusters.supervise import Instance
+    from clusters.vllm.nixl_hosts import HostedSupervisor
+
+    hosts = SimpleNamespace(hosts=[SimpleNamespace(index=i, netns=f"pvn-h{i}", fabric_ip=f"198.18.31.{i + 1}")
+                                   for i in range(2)])
+    py = "/srv/.venv-vllm/bin/python"
+    insts = [Instance(n, [py, "-m", "vllm"], {"UCX_TLS": "tcp,self"}, tmp_path / f"{n}.log", None, tmp_path)
+             for n in ("prefill-0", "decode-0")]
+    router = Instance("router", ["vllm-router"], {}, tmp_path / "router.log", None, tmp_path)
+    sup = HostedSupervisor(hosts, insts, router, 60.0)   # type: ignore[arg-type]
+    prefill, decode = insts
+    old = excerpt("side_channel_port.prefill-0.log")
+    prefill.log_path.write_text(f"{START_MARK}old\n{old}\n{START_MARK}new\n{excerpt('healthy.decode-0.log')}\n")
+    decode.log_path.write_text(f"{START_MARK}new\n{excerpt('fabric_unreachable.decode-0.log')}\n")
+    router.log_path.write_text(old)
+    assert sup.named_failure(prefill) is None and sup.named_failure(router) is None
+    with open(prefill.log_path, "a") as f:   # the same start goes on writing: read from its mark
+        f.write(old + "\n")
+    named = sup.named_failure(prefill)
+    assert named and named.startswith("prefill-0: side-channel port failed") and "ip netns exec pvn-h0 ss" in named
+    named = sup.named_failure(decode)
+    assert named and "decode-0: handshake failed" in named and "198.18.31.1:5611" in named
+    assert "ip netns exec pvn-h1 ping 198.18.31.1" in named and str(decode.log_path) in named
