@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="pd-nixl: UCX_TLS of both instances (default tcp,self: the KV on the fabric link; "
                              "it must include tcp; docs/vllm.md says why sm is left out)")
     args = parser.parse_args(argv)
+    if args.ucx_tls is not None and args.mode != "pd-nixl":
+        parser.error(f"--ucx-tls is for pd-nixl only (mode {args.mode} moves no KV over UCX)")
     run_dir = (args.run_dir or Path(f"/tmp/harness-vllm-{args.mode}")).resolve()
     venv = args.venv.absolute()
     model_dir = (args.model_dir or REPO / ".vllm-model" / f"{args.model_preset}-llama").resolve()
