@@ -98,7 +98,8 @@ def rpc_dir(run_dir: Path) -> Path:
 
 
 def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
-          kv_cache_tokens: int | None = None, hosts: object = None) -> tuple[list[Instance], Instance]:
+          kv_cache_tokens: int | None = None, hosts: object = None,
+          ucx_tls: str | None = None) -> tuple[list[Instance], Instance]:
     """The instances and the router of ``mode``; pd-nixl places each instance on one of ``hosts``
     (clusters/vllm/nixl_hosts.py ``Hosts``: prefill-0 on the first, decode-0 on the second)."""
     python, router_bin = venv / "bin" / "python", venv / "bin" / "vllm-router"
@@ -118,10 +119,10 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
                 "kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}})]
         elif mode == "pd-nixl":
-            from clusters.vllm.nixl_hosts import kv_transfer_config, ucx_env
+            from clusters.vllm.nixl_hosts import UCX_TLS, kv_transfer_config, ucx_env
 
             h = hosts.hosts[i]  # type: ignore[attr-defined]
-            prefix, host, placed = h.exec_prefix(), h.control_ip, ucx_env(h.fabric_ip, name)
+            prefix, host, placed = h.exec_prefix(), h.control_ip, ucx_env(h.fabric_ip, name, ucx_tls or UCX_TLS)
             extra = (pool or ["--block-size", str(KV_BLOCK_SIZE)]) + [
                 "--kv-transfer-config", json.dumps(kv_transfer_config(name))]
         rpc_dir(run_dir).mkdir(parents=True, exist_ok=True)
@@ -165,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"KV pool of each instance in tokens (at least {MAX_MODEL_LEN}; blocks of "
                              f"{KV_BLOCK_SIZE}, --num-gpu-blocks-override), so load fills it in seconds "
                              "(suites/test_item3_degradation.py); default: vLLM's own, about a million tokens")
+    parser.add_argument("--ucx-tls", default=None, metavar="LIST",
+                        help="pd-nixl: UCX_TLS of both instances (default tcp,self: the KV on the fabric link; "
+                             "it must include tcp; docs/vllm.md says why sm is left out)")
     args = parser.parse_args(argv)
+    if args.ucx_tls is not None and args.mode != "pd-nixl":
+        parser.error(f"--ucx-tls is for pd-nixl only (mode {args.mode} moves no KV over UCX)")
     run_dir = (args.run_dir or Path(f"/tmp/harness-vllm-{args.mode}")).resolve()
     venv = args.venv.absolute()
     model_dir = (args.model_dir or REPO / ".vllm-model" / f"{args.model_preset}-llama").resolve()
@@ -184,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             check_ports_free({"router": ports["router"], "router metrics": ports["router_metrics"],
                               **ports["instances"]})
         # build() first: it names a missing venv before ensure_model would try to run its Python
-        instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens, hosts)
+        instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens, hosts,
+                                  args.ucx_tls)
         ensure_model(venv / "bin" / "python", model_dir, args.model_preset)
         if hosts is None:
             supervisor = Supervisor(instances, router, args.startup_timeout)
@@ -198,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
 
             decode = next(i for i in instances if i.name == "decode-0")
             warmed = {"warm_up": warm_up(f"http://127.0.0.1:{ports['router']}", SERVED_NAME,
-                                         run_dir / "decode-0.log", decode.health_url.rsplit("/", 1)[0] + "/metrics")}
+                                         run_dir / "decode-0.log", decode.health_url.rsplit("/", 1)[0] + "/metrics",
+                                         explain=lambda: supervisor.named_failure(decode))}
         return {"mode": args.mode, "model": SERVED_NAME, "api": f"http://127.0.0.1:{ports['router']}",
                 "router_metrics": f"http://127.0.0.1:{ports['router_metrics']}/metrics", "run_dir": str(run_dir),
                 "instances": {i.name: {"api": i.health_url.rsplit("/", 1)[0], "pid": i.popen.pid,

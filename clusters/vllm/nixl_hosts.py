@@ -25,10 +25,12 @@ The UCX settings that make the KV take the fabric (measured here, 2026-12-06):
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from clusters.supervise import Instance, LaunchError, Supervisor, log
+from clusters.supervise import Instance, LaunchError, Supervisor, healthy, log
+from clusters.vllm.nixl_errors import START_MARK, classify, last_error_line, message
 
 PREFIX = "pvn-"
 FABRIC_SUBNET, CONTROL_SUBNET = "198.18.31.0/24", "198.18.32.0/24"
@@ -39,9 +41,13 @@ SIDE_CHANNEL_PORTS = {"prefill-0": 5611, "decode-0": 5612}
 ROLES = {"prefill-0": "kv_producer", "decode-0": "kv_consumer"}
 
 
-def ucx_env(fabric_ip: str, name: str) -> dict[str, str]:
-    """What one instance needs for its KV to cross its host's fabric link (the module doc says why)."""
-    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "fab0", "UCX_TCP_PORT_RANGE": UCX_PORT_RANGE,
+UCX_TLS = "tcp,self"
+
+
+def ucx_env(fabric_ip: str, name: str, tls: str = UCX_TLS) -> dict[str, str]:
+    """What one instance needs for its KV to cross its host's fabric link (the module doc says why);
+    ``tls``: the launcher's ``--ucx-tls`` (UCX must be given ``tcp``: the fabric is a TCP link)."""
+    return {"UCX_TLS": tls, "UCX_NET_DEVICES": "fab0", "UCX_TCP_PORT_RANGE": UCX_PORT_RANGE,
             "VLLM_NIXL_SIDE_CHANNEL_HOST": fabric_ip, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(SIDE_CHANNEL_PORTS[name])}
 
 
@@ -100,11 +106,15 @@ class Hosts:
 
 class HostedSupervisor(Supervisor):
     """A Supervisor whose instances live on :class:`Hosts`: the hosts come up before the instances and
-    go after them, on every exit path (serve() stops what it registered)."""
+    go after them, on every exit path (serve() stops what it registered). While the instances start it
+    reads their logs for a known NIXL/UCX failure (clusters/vllm/nixl_errors.py) and stops with that one
+    named error: one (a side-channel port taken) never makes vLLM exit, the others would otherwise read
+    "exited with code 1: see the log" over 80 lines of traceback."""
 
     def __init__(self, hosts: Hosts, instances: list[Instance], router: Instance, startup_timeout_s: float) -> None:
         super().__init__(instances, router, startup_timeout_s)
         self.hosts = hosts
+        self._log_from: dict[str, int] = {}
 
     def start(self) -> None:
         self.hosts.start()
@@ -115,6 +125,61 @@ class HostedSupervisor(Supervisor):
             super().stop()
         finally:
             self.hosts.stop()
+
+    def context(self, inst: Instance) -> dict[str, str]:
+        """What a fix names for ``inst``: its host, namespace, side-channel port, UCX_TLS, venv, peer."""
+        i = self.instances.index(inst)
+        h, peer = self.hosts.hosts[i], self.hosts.hosts[1 - i]
+        other = self.instances[1 - i].name
+        python = next((a for a in inst.argv if a.endswith("/bin/python")), "")
+        return {"host": f"nx-h{h.index}", "netns": h.netns, "side_port": str(SIDE_CHANNEL_PORTS[inst.name]),
+                "ucx_tls": inst.env.get("UCX_TLS", "?"), "venv": str(Path(python).parent.parent) if python else "?",
+                "peer": f"{peer.fabric_ip}:{SIDE_CHANNEL_PORTS[other]}", "peer_ip": peer.fabric_ip}
+
+    def log_since_start(self, inst: Instance) -> str:
+        """``inst``'s log from its last start mark on (the log is appended to across runs and restarts)."""
+        try:
+            with open(inst.log_path, "rb") as f:
+                if inst.name not in self._log_from:
+                    data = f.read()
+                    self._log_from[inst.name] = max(data.rfind(START_MARK.encode()), 0)
+                    return data[self._log_from[inst.name]:].decode(errors="replace")
+                f.seek(self._log_from[inst.name])
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def named_failure(self, inst: Instance) -> str | None:
+        """The launcher's one error for a known NIXL/UCX failure in ``inst``'s log, or None."""
+        if inst not in self.instances:
+            return None
+        failure = classify(self.log_since_start(inst), **self.context(inst))
+        return message(inst.name, failure, inst.log_path) if failure else None
+
+    def wait_healthy(self, procs: list[Instance]) -> None:
+        """As Supervisor.wait_healthy, and a known NIXL/UCX failure in a starting instance's log stops
+        the start at once, named (an exited instance's log is read once more for its last error line)."""
+        self._log_from = {k: v for k, v in self._log_from.items() if k not in {p.name for p in procs}}
+        deadline = time.monotonic() + self.startup_timeout_s
+        pending = list(procs)
+        while pending:
+            for p in list(pending):
+                alive = p.alive()
+                if named := self.named_failure(p):
+                    raise LaunchError(named)
+                if not alive:
+                    last = last_error_line(self.log_since_start(p))
+                    raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while starting"
+                                      + (f"; its last error: \"{last}\"" if last else "") + f": see {p.log_path}")
+                if healthy(p.health_url):
+                    log(f"{p.name} healthy after {time.monotonic() - p.started_at:.0f} s")
+                    pending.remove(p)
+            if pending and time.monotonic() > deadline:
+                raise LaunchError(f"{', '.join(p.name for p in pending)} not healthy after "
+                                  f"{self.startup_timeout_s:.0f} s: see their logs in {pending[0].log_path.parent}")
+            if self.stopping:
+                raise KeyboardInterrupt
+            time.sleep(1.0)
 
 
 WARMUP_TRIES = 3
@@ -133,15 +198,16 @@ def nixl_transfers(metrics_url: str) -> float:
                if line.startswith(XFERS + "{") or line.startswith(XFERS + " "))
 
 
-def warm_up(api: str, model: str, decode_log: Path, decode_metrics: str, tries: int = WARMUP_TRIES) -> dict[str, Any]:
+def warm_up(api: str, model: str, decode_log: Path, decode_metrics: str, tries: int = WARMUP_TRIES,
+            explain: Any = None) -> dict[str, Any]:
     """One completion through the router until one succeeds and decode's NIXL transfer count rose (at
     most ``tries``): its KV crossed the fabric, so NIXL's handshake between the two instances is done
     before READY. vLLM gives that first handshake 5 s (``_nixl_handshake``'s receive timeout) and fails
     the request when it runs out (seen here once under the test machine's load:
     "handshake_setup_failed", HTTP 500); a later request handshakes again. Returns what happened;
-    raises LaunchError when every try failed."""
+    raises LaunchError when every try failed: ``explain()`` (HostedSupervisor.named_failure of decode)
+    names the handshake failure decode's log shows, when it shows one."""
     import json
-    import time
     import urllib.error
     import urllib.request
 
@@ -164,5 +230,8 @@ def warm_up(api: str, model: str, decode_log: Path, decode_metrics: str, tries: 
             errors.append(f"try {k}: {exc}")
             log(f"warm-up request {k} failed ({exc}); {'again' if k < tries else 'giving up'}")
             time.sleep(2.0)
+    named = explain() if explain is not None else None
+    if named:
+        raise LaunchError(f"{named} (warm-up: no request crossed prefill -> decode in {tries} tries)")
     raise LaunchError(f"no request crossed prefill -> decode in {tries} tries ({'; '.join(errors)}): "
                       f"see {decode_log} (NIXL handshake or transfer errors)")
