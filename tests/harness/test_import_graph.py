@@ -201,6 +201,37 @@ def test_no_harness_file_is_over_the_line_limit():
                     "\n".join(f"{path}: {n}" for path, n in over.items()))
 
 
+#: the folders beside harness/ held to the same cap (suites/ is harness/suites/ through a link: above)
+CAPPED_FOLDERS = ("bench", "clusters", "tests")
+
+
+def files_over_the_cap(root: Path, folders: tuple[str, ...] = CAPPED_FOLDERS) -> dict[str, int]:
+    """Every .py file of ``folders`` (under ``root``) over MAX_LINES lines, with its line count."""
+    return {path: n for folder in folders for path, n in long_files(root, folder).items()}
+
+
+def test_no_file_of_bench_clusters_or_tests_is_over_the_line_limit():
+    """The house cap beyond harness/ (issue 34): every .py file of bench/, clusters/ and tests/ is at
+    most 400 lines (bench/bench_scale.py was 762, this file 484, tests/harness/test_plugin.py 420).
+    Planted defect: a 401-line file in bench/ fails this, named with its count (checked)."""
+    over = files_over_the_cap(ROOT)
+    if over:
+        pytest.fail(f"files over {MAX_LINES} lines in {', '.join(f + '/' for f in CAPPED_FOLDERS)} (fix: split each by "
+                    "what its parts are; a test file: move a group of its tests to a new file beside it):\n" +
+                    "\n".join(f"{path}: {n}" for path, n in over.items()))
+
+
+def test_the_cap_beyond_harness_finds_a_long_file_in_each_folder(tmp_path):
+    """Planted defects in a copy: a 401-line file in bench/, one in clusters/ and one two folders
+    down in tests/ are each found with its count; a file of exactly 400 lines is not."""
+    for rel, n in (("bench/planted.py", 401), ("bench/at_the_cap.py", 400), ("clusters/dynamo/planted.py", 401),
+                   ("tests/harness/deep/test_planted.py", 401)):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n" * n)
+    assert files_over_the_cap(tmp_path) == {"bench/planted.py": 401, "clusters/dynamo/planted.py": 401,
+                                            "tests/harness/deep/test_planted.py": 401}
+
+
 def test_fabric_reaches_hosts_without_the_fault_package():
     """Faults use the fabric (links, traffic classes); the fabric runs its commands through
     harness.hosts, never through harness.faults, so the two packages do not depend on each other."""
