@@ -10,17 +10,8 @@ sub-package, an engine sub-package or a top-level module per node), which must h
 Edges still wrong in files another change owns are listed once, in ``KNOWN_EXCEPTIONS``, with the
 owner; the entry goes when that change is merged.
 
-For the module-level cycle check below:
-
-The import graph is read from the source with ``ast`` (nothing is imported): an edge per module-level
-``import X`` / ``from X import Y`` (to ``X.Y`` when Y is a submodule), including those under ``try``,
-``with`` and ``if`` at module level and in class bodies. Imports inside functions do not count.
-Imports under ``if TYPE_CHECKING:`` do count for harness/: they never run, but a module that names
-another's types while that one imports it back is the two-way dependency the rule is about (the
-router <-> resilience <-> migration back-pointers were such a pair, hidden from Python's import
-machinery and not from the reader). An import of ``a.b.c`` is an edge to ``a.b.c`` only: its parent
-packages run first, but a package ``__init__`` that re-exports its own submodules is the usual
-layout, not a cycle.
+The graph itself is read from the source with ``ast`` by tests/harness/import_graph.py (its doc says
+which imports make which edges); the reader's own tests are in tests/harness/test_import_graph_reader.py.
 """
 
 from __future__ import annotations
@@ -31,130 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.import_graph import (MAX_LINES, all_imports, covers, fake_package, file_graph, find_cycles,
+                                        import_graph, long_files, module_names)
+
 ROOT = Path(__file__).resolve().parents[2]
-MAX_LINES = 400
-
-
-def module_names(root: Path, package: str) -> dict[str, Path]:
-    """Every module of ``package`` (a folder under ``root``) by dotted name."""
-    names = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        names[".".join(parts)] = path
-    return names
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _module_level(body: list[ast.stmt], type_checking: bool):
-    """Statements outside function bodies; ``if TYPE_CHECKING:`` blocks only when ``type_checking``."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        yield node
-        if isinstance(node, ast.If):
-            skip = _is_type_checking(node.test) and not type_checking
-            yield from _module_level(node.orelse if skip else node.body + node.orelse, type_checking)
-        elif isinstance(node, ast.Try):
-            yield from _module_level(node.body + node.orelse + node.finalbody +
-                                     [s for h in node.handlers for s in h.body], type_checking)
-        elif isinstance(node, (ast.With, ast.ClassDef, ast.For, ast.While)):
-            yield from _module_level(node.body + getattr(node, "orelse", []), type_checking)
-
-
-def _base_of_relative(module: str, is_package: bool, level: int) -> str:
-    parts = module.split(".") if is_package else module.split(".")[:-1]
-    return ".".join(parts[: len(parts) - (level - 1)])
-
-
-def import_graph(root: Path, package: str, *, type_checking: bool = True) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports outside functions (and under ``if TYPE_CHECKING:``
-    when ``type_checking``)."""
-    modules = module_names(root, package)
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in _module_level(tree.body, type_checking):
-            graph[name].update(t for t in _targets(node, name, path, modules) if t in modules and t != name)
-    return graph
-
-
-def _targets(node: ast.AST, name: str, path: Path, modules: Mapping[str, Path]) -> list[str]:
-    """The modules an import statement of module ``name`` names (``from X import Y`` -> ``X.Y`` when Y is
-    a submodule, else ``X``); [] for any other statement."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    if not isinstance(node, ast.ImportFrom):
-        return []
-    base = node.module or ""
-    if node.level:
-        prefix = _base_of_relative(name, path.name == "__init__.py", node.level)
-        base = f"{prefix}.{base}" if base else prefix
-    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-
-
-def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle (``[a, b, ..., a]``) through each strongly connected group of modules (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    groups: list[set[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = set()
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.add(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                groups.append(group)
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(_cycle_in(graph, group) for group in groups)
-
-
-def _cycle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
-    """A shortest path back to the group's first module, through the group only (breadth first)."""
-    start = min(group)
-    paths = {start: [start]}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for v in frontier:
-            for w in sorted(graph[v] & group):
-                if w == start:
-                    return paths[v] + [start]
-                if w not in paths:
-                    paths[w] = paths[v] + [w]
-                    nxt.append(w)
-        frontier = nxt
-    raise AssertionError(f"no cycle through {start} in {sorted(group)}")  # a strongly connected group has one
-
-
-def long_files(root: Path, package: str, limit: int = MAX_LINES) -> dict[str, int]:
-    counts = {str(p.relative_to(root)): len(p.read_text(encoding="utf-8").splitlines())
-              for p in module_names(root, package).values()}
-    return {path: n for path, n in sorted(counts.items()) if n > limit}
 
 
 # -- layers -------------------------------------------------------------------------------------------
@@ -186,12 +57,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
-def _covers(prefix: str, module: str) -> bool:
-    return module == prefix or module.startswith(prefix + ".")
-
-
 def excepted(src: str, dst: str, allowed: Mapping[tuple[str, str], str]) -> bool:
-    return any(_covers(a, src) and _covers(b, dst) for a, b in allowed)
+    return any(covers(a, src) and covers(b, dst) for a, b in allowed)
 
 
 def layer_of(module: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS) -> tuple[int, str] | None:
@@ -199,22 +66,10 @@ def layer_of(module: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS) ->
     best: tuple[int, int, str] | None = None
     for index, (name, prefixes) in enumerate(layers):
         for prefix in prefixes:
-            covers = _covers(prefix, module) if "." in prefix else module == prefix
-            if covers and (best is None or len(prefix) > best[0]):
+            matches = covers(prefix, module) if "." in prefix else module == prefix
+            if matches and (best is None or len(prefix) > best[0]):
                 best = (len(prefix), index, name)
     return None if best is None else (best[1], best[2])
-
-
-def all_imports(root: Path, package: str) -> list[tuple[str, int, str]]:
-    """(module, line, imported module of ``package``) for every import anywhere in each module:
-    module level, ``if TYPE_CHECKING:`` and function bodies alike."""
-    modules = module_names(root, package)
-    found = []
-    for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            found += [(name, node.lineno, t) for t in dict.fromkeys(_targets(node, name, path, modules))
-                      if t != name and _covers(package, t)]
-    return sorted(found)
 
 
 def upward_imports(root: Path, package: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS,
@@ -248,60 +103,11 @@ def package_graph(root: Path, package: str, allowed: Mapping[tuple[str, str], st
     return graph
 
 
-# -- the detector on small fake packages ------------------------------------------------------------
-
-
-def _package(tmp_path: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = tmp_path / "pkg" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
-
-
-def test_detector_finds_a_cycle_through_submodule_and_relative_imports(tmp_path):
-    root = _package(tmp_path, {
-        "__init__.py": "",
-        "a.py": "from pkg import b\n",                 # b is a submodule: an edge to pkg.b
-        "b.py": "try:\n    from .sub.c import thing\nexcept ImportError:\n    pass\n",
-        "sub/__init__.py": "",
-        "sub/c.py": "import pkg.a\n",
-        "d.py": "import pkg.a\n",                     # into the cycle, not part of it
-    })
-    assert find_cycles(import_graph(root, "pkg")) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
-
-
-def test_detector_passes_a_package_without_cycles(tmp_path):
-    root = _package(tmp_path, {
-        "__init__.py": "from pkg.a import x\n",      # re-exporting a submodule is not a cycle
-        "a.py": "from pkg.b import y\nx = y\n",
-        "b.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import x\ny = 1\n"
-                 "def later():\n    from pkg import a\n    return a\n"),
-    })
-    graph = import_graph(root, "pkg", type_checking=False)
-    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": set()}
-    assert find_cycles(graph) == []
-
-
-def test_detector_counts_type_checking_imports_unless_told_not_to(tmp_path):
-    root = _package(tmp_path, {
-        "__init__.py": "",
-        "router.py": "from pkg.migration import Manager\n",
-        "migration.py": ("from __future__ import annotations\nimport typing\nif typing.TYPE_CHECKING:\n"
-                         "    from pkg.router import Router\nelse:\n    import json\nclass Manager:\n"
-                         "    router: Router\n"),
-    })
-    assert find_cycles(import_graph(root, "pkg")) == [["pkg.migration", "pkg.router", "pkg.migration"]]
-    assert find_cycles(import_graph(root, "pkg", type_checking=False)) == []
-
-
-def test_detector_counts_lines_per_file(tmp_path):
-    root = _package(tmp_path, {"__init__.py": "", "short.py": "x = 1\n" * 3, "long.py": "x = 1\n" * 5})
-    assert long_files(root, "pkg", limit=4) == {"pkg/long.py": 5}
+# -- the layers on small fake packages ----------------------------------------------------------------
 
 
 def test_layers_flag_an_upward_import_inside_a_function_with_its_line(tmp_path):
-    root = _package(tmp_path, {
+    root = fake_package(tmp_path, {
         "__init__.py": "",
         "low/__init__.py": "",
         "low/a.py": "import json\ndef later():\n    from pkg.high import b\n    return b\n",
@@ -318,7 +124,7 @@ def test_layers_flag_an_upward_import_inside_a_function_with_its_line(tmp_path):
 
 
 def test_layers_count_type_checking_imports_and_take_the_longest_prefix(tmp_path):
-    root = _package(tmp_path, {
+    root = fake_package(tmp_path, {
         "__init__.py": "",
         "a/__init__.py": "",
         "a/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a.y import T\n",
@@ -331,7 +137,7 @@ def test_layers_count_type_checking_imports_and_take_the_longest_prefix(tmp_path
 
 
 def test_package_graph_counts_function_imports_and_leaves_out_allowed_edges(tmp_path):
-    root = _package(tmp_path, {
+    root = fake_package(tmp_path, {
         "__init__.py": "",
         "p/__init__.py": "from pkg.q import r\n",
         "q/__init__.py": "",
@@ -352,26 +158,6 @@ def test_harness_has_no_import_cycle():
     if cycles:
         pytest.fail(f"{len(cycles)} import cycle(s) in harness/ (fix: move what both sides need into a module "
                     "neither imports, or pass it in):\n" + "\n".join(" -> ".join(c) for c in cycles))
-
-
-def file_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports anywhere: module level, ``if TYPE_CHECKING:``
-    and inside functions (an import inside a function that closes a circle is still a circle)."""
-    graph: dict[str, set[str]] = {name: set() for name in module_names(root, package)}
-    for src, _, dst in all_imports(root, package):
-        if dst in graph:
-            graph[src].add(dst)
-    return graph
-
-
-def test_file_graph_finds_a_circle_closed_inside_a_function(tmp_path):
-    root = _package(tmp_path, {
-        "__init__.py": "",
-        "source.py": "def pick():\n    from pkg.promql import Prom\n    return Prom\n",  # the closing edge
-        "promql.py": "from pkg.source import Base\nclass Prom(Base): ...\n",
-    })
-    assert find_cycles(import_graph(root, "pkg")) == []  # invisible to the module-level rule
-    assert find_cycles(file_graph(root, "pkg")) == [["pkg.promql", "pkg.source", "pkg.promql"]]
 
 
 def test_no_two_harness_files_import_each_other_even_inside_functions():
@@ -416,6 +202,37 @@ def test_no_harness_file_is_over_the_line_limit():
                     "\n".join(f"{path}: {n}" for path, n in over.items()))
 
 
+#: the folders beside harness/ held to the same cap (suites/ is harness/suites/ through a link: above)
+CAPPED_FOLDERS = ("bench", "clusters", "tests")
+
+
+def files_over_the_cap(root: Path, folders: tuple[str, ...] = CAPPED_FOLDERS) -> dict[str, int]:
+    """Every .py file of ``folders`` (under ``root``) over MAX_LINES lines, with its line count."""
+    return {path: n for folder in folders for path, n in long_files(root, folder).items()}
+
+
+def test_no_file_of_bench_clusters_or_tests_is_over_the_line_limit():
+    """The house cap beyond harness/ (issue 34): every .py file of bench/, clusters/ and tests/ is at
+    most 400 lines (bench/bench_scale.py was 762, this file 484, tests/harness/test_plugin.py 420).
+    Planted defect: a 401-line file in bench/ fails this, named with its count (checked)."""
+    over = files_over_the_cap(ROOT)
+    if over:
+        pytest.fail(f"files over {MAX_LINES} lines in {', '.join(f + '/' for f in CAPPED_FOLDERS)} (fix: split each by "
+                    "what its parts are; a test file: move a group of its tests to a new file beside it):\n" +
+                    "\n".join(f"{path}: {n}" for path, n in over.items()))
+
+
+def test_the_cap_beyond_harness_finds_a_long_file_in_each_folder(tmp_path):
+    """Planted defects in a copy: a 401-line file in bench/, one in clusters/ and one two folders
+    down in tests/ are each found with its count; a file of exactly 400 lines is not."""
+    for rel, n in (("bench/planted.py", 401), ("bench/at_the_cap.py", 400), ("clusters/dynamo/planted.py", 401),
+                   ("tests/harness/deep/test_planted.py", 401)):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n" * n)
+    assert files_over_the_cap(tmp_path) == {"bench/planted.py": 401, "clusters/dynamo/planted.py": 401,
+                                            "tests/harness/deep/test_planted.py": 401}
+
+
 def test_fabric_reaches_hosts_without_the_fault_package():
     """Faults use the fabric (links, traffic classes); the fabric runs its commands through
     harness.hosts, never through harness.faults, so the two packages do not depend on each other."""
@@ -434,7 +251,7 @@ def test_fabric_reaches_hosts_without_the_fault_package():
 def checks_importing_scenarios(root: Path) -> list[str]:
     """Every import of harness.scenarios from harness.checks (module level, TYPE_CHECKING, functions)."""
     return [f"{src}:{line} imports {dst}" for src, line, dst in all_imports(root, "harness")
-            if _covers("harness.checks", src) and _covers("harness.scenarios", dst)]
+            if covers("harness.checks", src) and covers("harness.scenarios", dst)]
 
 
 def test_checks_judge_evidence_and_import_no_scenario(tmp_path):
