@@ -168,14 +168,26 @@ class Supervisor:
     def everyone(self) -> list[Instance]:
         return [*self.instances, self.router]
 
+    def starting_failure(self, p: Instance) -> str | None:
+        """A failure that starting instance ``p``'s log already shows, as the launcher's one error, or
+        None (here none; clusters/vllm/nixl_hosts.py's HostedSupervisor reads NIXL's and UCX's)."""
+        return None
+
+    def exit_detail(self, p: Instance) -> str:
+        """What to add to "exited while starting" about ``p`` (e.g. its log's last error line)."""
+        return ""
+
     def wait_healthy(self, procs: list[Instance]) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         pending = list(procs)
         while pending:
             for p in list(pending):
-                if not p.alive():
-                    raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while starting: "
-                                      f"see {p.log_path}")
+                alive = p.alive()
+                if named := self.starting_failure(p):
+                    raise LaunchError(named)
+                if not alive:
+                    raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while starting"
+                                      f"{self.exit_detail(p)}: see {p.log_path}")
                 if healthy(p.health_url):
                     log(f"{p.name} healthy after {time.monotonic() - p.started_at:.0f} s")
                     pending.remove(p)

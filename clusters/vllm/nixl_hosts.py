@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusters.supervise import Instance, LaunchError, Supervisor, healthy, log
+from clusters.supervise import Instance, LaunchError, Supervisor, log
 from clusters.vllm.nixl_errors import START_MARK, classify, last_error_line, message
 
 PREFIX = "pvn-"
@@ -156,30 +156,18 @@ class HostedSupervisor(Supervisor):
         failure = classify(self.log_since_start(inst), **self.context(inst))
         return message(inst.name, failure, inst.log_path) if failure else None
 
+    def starting_failure(self, p: Instance) -> str | None:
+        return self.named_failure(p)
+
+    def exit_detail(self, p: Instance) -> str:
+        last = last_error_line(self.log_since_start(p))
+        return f"; its last error: \"{last}\"" if last else ""
+
     def wait_healthy(self, procs: list[Instance]) -> None:
         """As Supervisor.wait_healthy, and a known NIXL/UCX failure in a starting instance's log stops
         the start at once, named (an exited instance's log is read once more for its last error line)."""
         self._log_from = {k: v for k, v in self._log_from.items() if k not in {p.name for p in procs}}
-        deadline = time.monotonic() + self.startup_timeout_s
-        pending = list(procs)
-        while pending:
-            for p in list(pending):
-                alive = p.alive()
-                if named := self.named_failure(p):
-                    raise LaunchError(named)
-                if not alive:
-                    last = last_error_line(self.log_since_start(p))
-                    raise LaunchError(f"{p.name} exited with code {p.popen.returncode} while starting"
-                                      + (f"; its last error: \"{last}\"" if last else "") + f": see {p.log_path}")
-                if healthy(p.health_url):
-                    log(f"{p.name} healthy after {time.monotonic() - p.started_at:.0f} s")
-                    pending.remove(p)
-            if pending and time.monotonic() > deadline:
-                raise LaunchError(f"{', '.join(p.name for p in pending)} not healthy after "
-                                  f"{self.startup_timeout_s:.0f} s: see their logs in {pending[0].log_path.parent}")
-            if self.stopping:
-                raise KeyboardInterrupt
-            time.sleep(1.0)
+        super().wait_healthy(procs)
 
 
 WARMUP_TRIES = 3
