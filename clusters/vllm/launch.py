@@ -52,6 +52,7 @@ ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_O
               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 MAX_MODEL_LEN = 2048
 KV_BLOCK_SIZE = 32  # tokens per KV block whenever the launcher sets the block size (pd mode, --kv-cache-tokens)
+MAX_NUM_SEQS = 16   # sequences each instance schedules at once (--max-num-seqs); more wait in its queue
 
 
 def ensure_model(python: Path, model_dir: Path, preset: str) -> None:
@@ -62,7 +63,8 @@ def ensure_model(python: Path, model_dir: Path, preset: str) -> None:
                    cwd=REPO, check=True)
 
 
-def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str], host: str = "127.0.0.1") -> list[str]:
+def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str], host: str = "127.0.0.1",
+              max_num_seqs: int = MAX_NUM_SEQS) -> list[str]:
     # --dtype float32: in bfloat16 on a CPU with AMX, vLLM's CPU attention runs AMX tile instructions
     # without asking Linux for the AMX state first (arch_prctl ARCH_REQ_XCOMP_PERM), and the kernel
     # kills its worker with SIGILL ("Fatal Python error: Illegal instruction" in
@@ -70,7 +72,7 @@ def vllm_argv(python: Path, model_dir: Path, port: int, extra: list[str], host: 
     # a 576-token prompt). vLLM takes AMX only for bfloat16; the tiny model's weights are random.
     return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", SERVED_NAME, "--host", host, "--port", str(port),
-            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "16", "--enforce-eager",
+            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs), "--enforce-eager",
             "--dtype", "float32", "--disable-uvicorn-access-log", *extra]
 
 
@@ -99,7 +101,7 @@ def rpc_dir(run_dir: Path) -> Path:
 
 def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
           kv_cache_tokens: int | None = None, hosts: object = None,
-          ucx_tls: str | None = None) -> tuple[list[Instance], Instance]:
+          ucx_tls: str | None = None, max_num_seqs: int = MAX_NUM_SEQS) -> tuple[list[Instance], Instance]:
     """The instances and the router of ``mode``; pd-nixl places each instance on one of ``hosts``
     (clusters/vllm/nixl_hosts.py ``Hosts``: prefill-0 on the first, decode-0 on the second)."""
     python, router_bin = venv / "bin" / "python", venv / "bin" / "vllm-router"
@@ -130,7 +132,8 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
                "TMPDIR": str(rpc_dir(run_dir)), "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
                    "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")),
                **placed}
-        instances.append(Instance(name, [*prefix, *vllm_argv(python, model_dir, port, extra, host)], env,
+        argv = [*prefix, *vllm_argv(python, model_dir, port, extra, host, max_num_seqs)]
+        instances.append(Instance(name, argv, env,
                                   run_dir / f"{name}.log", f"http://{host}:{port}/health", run_dir))
         urls.append(f"http://{host}:{port}")
     if mode == "agg":
@@ -146,6 +149,18 @@ def build(mode: str, venv: Path, model_dir: Path, run_dir: Path,
                       f"http://127.0.0.1:{ports['router']}/health", run_dir)
     return instances, router
 
+
+def positive_int(text: str) -> int:
+    """argparse type of --max-num-seqs: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: pass a positive integer such as "
+                                         f"{MAX_NUM_SEQS}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive: vLLM needs at least 1 sequence per step; "
+                                         f"pass a positive integer such as {MAX_NUM_SEQS}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ucx-tls", default=None, metavar="LIST",
                         help="pd-nixl: UCX_TLS of both instances (default tcp,self: the KV on the fabric link; "
                              "it must include tcp; docs/vllm.md says why sm is left out)")
+    parser.add_argument("--max-num-seqs", type=positive_int, default=MAX_NUM_SEQS, metavar="N",
+                        help=f"vLLM's --max-num-seqs of every instance: sequences scheduled at once, more wait "
+                             f"in its queue (default {MAX_NUM_SEQS}; a positive integer)")
     args = parser.parse_args(argv)
     if args.ucx_tls is not None and args.mode != "pd-nixl":
         parser.error(f"--ucx-tls is for pd-nixl only (mode {args.mode} moves no KV over UCX)")
@@ -191,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                               **ports["instances"]})
         # build() first: it names a missing venv before ensure_model would try to run its Python
         instances, router = build(args.mode, venv, model_dir, run_dir, args.kv_cache_tokens, hosts,
-                                  args.ucx_tls)
+                                  args.ucx_tls, args.max_num_seqs)
         ensure_model(venv / "bin" / "python", model_dir, args.model_preset)
         if hosts is None:
             supervisor = Supervisor(instances, router, args.startup_timeout)

@@ -146,3 +146,82 @@ def test_vllm_ipc_sockets_go_to_a_short_folder_of_the_run_that_serve_removes(tmp
     assert len(got["compile_cache"]) == 1 and not got["compile_cache"][0].startswith(got["rpc"])  # kept between runs
     assert len(f"{got['rpc']}/{'0' * 36}") <= 107
     assert got["at_start"] is False and got["at_stop"] is False   # removed at start and at stop
+
+
+def _stand_in_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("python", "vllm-router"):
+        (venv / "bin" / name).write_text("")
+    return venv
+
+
+def _max_num_seqs(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--max-num-seqs"]
+
+
+@pytest.mark.parametrize("mode", ["agg", "pd", "pd-nixl"])
+def test_max_num_seqs_reaches_every_instance_of_every_mode(tmp_path, mode):
+    """Planted defect: the option ignored (``--max-num-seqs 16`` hard-coded in vllm_argv, or build()
+    not passing it on): issue 36's acceptance pair (16 against 4) would compare a cluster with itself.
+    build() gives each instance's argv exactly one ``--max-num-seqs`` with the value asked, and the
+    default stays 16. Stand-in venv and hosts, no vLLM started."""
+    from types import SimpleNamespace
+
+    from clusters.vllm import launch
+
+    venv = _stand_in_venv(tmp_path)
+    hosts = SimpleNamespace(hosts=[SimpleNamespace(exec_prefix=lambda: [], control_ip=f"127.0.0.{i + 1}",
+                                                   fabric_ip=f"198.18.32.{i + 1}") for i in range(2)])
+    for asked, expected in ((4, "4"), (None, "16")):
+        kwargs = {} if asked is None else {"max_num_seqs": asked}
+        instances, router = launch.build(mode, venv, tmp_path / "model", tmp_path / f"run-{asked}",
+                                         hosts=hosts if mode == "pd-nixl" else None, **kwargs)
+        assert len(instances) == 2
+        for inst in instances:
+            assert _max_num_seqs(inst.argv) == [expected], (mode, inst.name, inst.argv)
+        assert "--max-num-seqs" not in router.argv
+
+
+def test_launcher_command_line_passes_max_num_seqs_to_build(tmp_path, monkeypatch):
+    """Planted defect: main() parses --max-num-seqs but does not hand it to build() (every instance
+    would get the default 16). The launcher's own main(), with serve() and build() replaced by
+    recorder around the real build(): no ports taken, no process started."""
+    from clusters import supervise
+    from clusters.vllm import launch
+
+    seen: dict = {}
+    real_build = launch.build
+
+    def record_build(*args, **kwargs):
+        seen["instances"], _ = real_build(*args, **kwargs)
+        raise LaunchError("recorded")   # stop before any process starts
+
+    def fake_serve(run_dir, ports, ready_file, scratch, bring_up):
+        with pytest.raises(LaunchError, match="recorded"):
+            bring_up(lambda supervisor: None)
+        return 0
+
+    monkeypatch.setattr(launch, "build", record_build)
+    monkeypatch.setattr(launch, "serve", fake_serve)
+    monkeypatch.setattr(launch, "check_ports_free", lambda ports: None)
+    monkeypatch.setattr(supervise, "LOG_PREFIX", list(supervise.LOG_PREFIX))   # main() sets it
+    assert launch.main(["agg", "--max-num-seqs", "4", "--run-dir", str(tmp_path / "run"),
+                        "--venv", str(_stand_in_venv(tmp_path))]) == 0
+    assert [_max_num_seqs(i.argv) for i in seen["instances"]] == [["4"], ["4"]]
+
+
+@pytest.mark.parametrize("bad, says", [("0", "0 is not positive"), ("-3", "-3 is not positive"),
+                                       ("four", "'four' is not a whole number"),
+                                       ("2.5", "'2.5' is not a whole number")])
+def test_launcher_refuses_a_max_num_seqs_that_is_not_a_positive_integer(bad, says, capsys, tmp_path):
+    """Planted defect: --max-num-seqs taken as given (0 or a negative reaches vLLM, which fails only
+    after the model loads, a minute later, or schedules nothing). The parser refuses it at once, exit 2,
+    naming the value and the fix. A missing venv, so that with the defect planted nothing starts."""
+    from clusters.vllm import launch
+
+    with pytest.raises(SystemExit) as stopped:
+        launch.main(["agg", "--max-num-seqs", bad, "--venv", str(tmp_path / "none"), "--run-dir", str(tmp_path)])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --max-num-seqs" in err and says in err and "pass a positive integer" in err
