@@ -8,6 +8,8 @@ drained (the soak runner reads both when nothing is in flight).
 - Growth per role, across restarts: every process of a role (prefill, decode; a worker id and a
   pid: a restarted worker is a new process) is one segment of the role's readings after that
   process's first ``warmup_s``. RSS, open fds and threads are reduced to 30 s medians per segment
+  (shorter, down to 10 s, while the unit has been seen under 9 minutes after the warmup: a 3-minute
+  soak then has 12 medians a process, not 4, too few for any bound; :meth:`Rules.bin_for`)
   and fitted with ONE slope per hour common to the segments, each keeping its own intercept
   (harness/stats/slope.py ``segmented_theil_sen``: pairwise slopes within a segment only, so a
   restart's drop is no slope and a restart does not reset the evidence), with its 95 % interval.
@@ -35,49 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from harness.checklists import Checklist, Threshold
+from harness.checks.leak_rules import (BIN_S, DEFINITIONS, ERROR_CONTROL, GROWTH, HOUR_S, MAX_FIT_POINTS,
+                                       MAX_SERIES_POINTS, MIN_JUDGED_S, Rules)
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.probes.workers.leaks import LeakSample
-from harness.stats.slope import SEGMENTED, THEIL_SEN, Slope, binned_medians, segmented_theil_sen, theil_sen
+from harness.stats.slope import THEIL_SEN, Slope, binned_medians, segmented_theil_sen, theil_sen
 
 ITEM = "soak.leaks"
-MIN_JUDGED_S = 600.0      # a role, worker or harness observed this long has a trend worth judging (10 minutes)
-BIN_S = 30.0              # readings are reduced to medians per bin before the fit ...
-MAX_FIT_POINTS = 720      # ... with wider bins on runs longer than 6 hours (the fit is O(n^2))
-MAX_SERIES_POINTS = 300   # per chart series
-HOUR_S = 3600.0
-# (reading field, threshold key, what it is, unit of the slope)
-GROWTH = (("rss_mb", "rss_growth_mb_per_h", "RSS", "MB/h"),
-          ("fds", "fds_growth_per_h", "open file descriptors", "fds/h"),
-          ("threads", "threads_growth_per_h", "threads", "threads/h"))
-DEFINITIONS = {
-    "kv_blocks_leaked": "kv_blocks_used of a worker read with nothing in flight after the load drained, minus "
-                        "the same read before the run",
-    "growth": f"{SEGMENTED} over {BIN_S:g} s medians of each process's readings after its first minute, one "
-              "slope per hour common to the processes of a role (or of a worker, across its restarts), each "
-              "process keeping its own intercept; the medians are taken as independent around the trend (a "
-              "cycle longer than a bin, e.g. a slow allocator sawtooth, makes the interval too narrow)",
-    "early_fail": "a role or worker observed under 10 minutes fails when its interval's lower bound is above "
-                  "early_factor times the limit, from at least early_points medians over at least early_span_s",
-    "per_request": "the role's slope per process times its workers, over the run's completed requests per hour "
-                   "(every request passes one worker of each role): evidence only",
-    "rss_mb": "VmRSS of /proc/PID/status in MB of 2**20 bytes",
-    "harness_rss_band": f"the harness's RSS rise over the run after its first minute ({THEIL_SEN} of its "
-                        f"{BIN_S:g} s medians times the span), over its first median then; interval scaled alike",
-}
-ERROR_CONTROL = {"method": f"{SEGMENTED}: 95 % intervals, each bound one-sided 2.5 %", "budget": "outside the run's "
-                 "false-fail budget (docs/soak.md, 'Error rate'): no share, no correction for several measurements"}
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The growth rules' figures (module docstring); tests of seconds scale them down."""
-
-    warmup_s: float = 60.0
-    bin_s: float = BIN_S
-    min_judged_s: float = MIN_JUDGED_S
-    early_factor: float = 4.0
-    early_points: int = 6       # one more than a Theil-Sen interval's fewest (5)
-    early_span_s: float = 90.0
+__all__ = ["BIN_S", "DEFINITIONS", "ERROR_CONTROL", "ITEM", "MIN_JUDGED_S", "Rules", "leak_verdict"]
 
 
 @dataclass
@@ -178,7 +145,7 @@ def _fit(name: str, procs: list[_Process], rules: Rules) -> _Fit:
     kept = [(p, k) for p, k in kept if k]
     life = sum(p.t[k[-1]] - p.t[k[0]] for p, k in kept)
     span = max((p.t[k[-1]] for p, k in kept), default=0.0) - min((p.t[k[0]] for p, k in kept), default=0.0)
-    bin_s = max(rules.bin_s, life / MAX_FIT_POINTS)
+    bin_s = max(rules.bin_for(span), life / MAX_FIT_POINTS)
     slopes, medians = {}, 0
     for name_ in [*(g[0] for g in GROWTH), "kv"]:
         segments = []
@@ -321,7 +288,7 @@ def leak_verdict(checklist: Checklist, samples: Iterable[LeakSample], *, idle_be
         "kv": kv_evidence, "roles": [f.to_dict() for f in fits], "processes": processes, "harness": harness,
         "samples_taken": run.n, "duration_s": None if run.t0 is None else _round(run.t_end - run.t0),
         "warmup_s": rules.warmup_s, "min_judged_s": rules.min_judged_s,
-        "rules": {"bin_s": rules.bin_s, "early_factor": rules.early_factor, "early_points": rules.early_points,
+        "rules": {"bin_s": rules.bin_s, "short_bin_s": rules.short_bin_s, "early_factor": rules.early_factor, "early_points": rules.early_points,
                   "early_span_s": rules.early_span_s},
         "per_request": _per_request(fits, run, requests), "definitions": DEFINITIONS, "error_control": ERROR_CONTROL,
         "series_columns": ["t_rel_s", "rss_mb", "fds", "threads", "kv_blocks_used"],

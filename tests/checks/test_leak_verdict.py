@@ -221,17 +221,24 @@ def test_the_verdict_says_it_is_outside_the_runs_false_fail_budget():
 
 def test_the_early_fail_needs_its_fewest_medians_and_span(checklist):
     """Catches the early fail's guards dropped (a bound from 5 medians, or from under early_span_s,
-    failing a short run): a leak of 24,000 MB/h whose worker has 5 medians over 120 s after its
-    warmup passes at the shipped rules (6 medians), fails when 5 are allowed, and passes again when
-    120 s is under the span asked for."""
+    failing a short run): with bins held at 30 s (``short_bin_s`` 30), a leak of 24,000 MB/h whose
+    worker has 5 medians over 120 s after its warmup passes (6 medians needed), fails when 5 are
+    allowed, and passes again when 120 s is under the span asked for. The shipped rules bin so short a
+    span at 10 s: 13 medians, and the same leak fails early (planted: bins fixed at 30 s)."""
     from harness.checks.leaks import Rules
 
     samples = run(3.0, rss_mb_per_h={"decode-0": 24000.0})
-    v = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE))
+    fixed = Rules(short_bin_s=30.0)
+    v = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE), rules=fixed)
     worker = next(r for r in v.evidence["roles"] if r["unit"] == "worker decode-0")
     assert (worker["medians"], worker["span_s"]) == (5, 120.0) and worker["rss_mb_per_h"]["interval"]["lo"] > 4 * 256
     assert v.status is Status.PASS, v.reason
-    five = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE), rules=Rules(early_points=5))
+    five = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE),
+                        rules=Rules(short_bin_s=30.0, early_points=5))
     assert five.status is Status.FAIL and "early fail" in five.reason and "5 medians" in five.reason
-    longer = Rules(early_points=5, early_span_s=121.0)
+    longer = Rules(short_bin_s=30.0, early_points=5, early_span_s=121.0)
     assert leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE), rules=longer).status is Status.PASS
+    shipped = leak_verdict(checklist, samples, idle_before=IDLE, idle_after=dict(IDLE))
+    worker = next(r for r in shipped.evidence["roles"] if r["unit"] == "worker decode-0")
+    assert (worker["medians"], worker["bin_s"]) == (13, 10.0), worker
+    assert shipped.status is Status.FAIL and "early fail" in shipped.reason, shipped.reason
