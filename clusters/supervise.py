@@ -122,6 +122,35 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def unpin_groups(pgids: set[int]) -> list[str]:
+    """Give every CPU this process may use back to each thread of the process groups ``pgids`` that
+    runs on fewer (``os.sched_setaffinity`` per thread id). Returns one line per thread changed:
+    its group, name, id and the CPUs it had. vLLM's NIXL worker on CPU pins its model thread to the
+    last core of each NUMA node (clusters/vllm/nixl_hosts.py says why that starves a small machine)."""
+    allowed = os.sched_getaffinity(0)
+    changed = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) not in pgids:
+                continue
+            tasks = list((stat.parent / "task").iterdir())
+        except (OSError, IndexError, ValueError):
+            continue
+        for task in tasks:
+            try:
+                tid = int(task.name)
+                cpus = os.sched_getaffinity(tid)
+                if cpus < allowed:
+                    os.sched_setaffinity(tid, allowed)
+                    name = (task / "comm").read_text().strip()
+                    changed.append(f"group {fields[2]}: {name} (thread {tid}) had CPUs "
+                                   f"{','.join(map(str, sorted(cpus)))}")
+            except (OSError, ValueError):  # the thread ended meanwhile
+                continue
+    return changed
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)

@@ -21,6 +21,13 @@ The UCX settings that make the KV take the fabric (measured here, 2026-12-06):
   harness's own KV bench and incast floods (6.1.1, 6.1.5).
 - NIXL's side channel (the handshake that exchanges agent metadata) listens on each instance's fabric
   address (``VLLM_NIXL_SIDE_CHANNEL_HOST``), ports 5611 (prefill) and 5612 (decode): TCP class.
+
+vLLM's NIXL worker on CPU pins its own model thread to the last core of each NUMA node ("reserve
+different cores for start_load_kv() from model_forward()", ``os.sched_setaffinity`` in
+``nixl/base_worker.py``), whatever ``VLLM_CPU_OMP_THREADS_BIND`` says: on a one-node machine both
+instances' models then share one core (measured here: ``prefill-0::Worker`` and ``decode-0::Worker``
+at ``Cpus_allowed_list: 1``, every other thread 0-1). The supervisor gives their threads every CPU back
+once they are up and after every restart (``clusters.supervise.unpin_groups``; logged per thread).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusters.supervise import Instance, LaunchError, Supervisor, log
+from clusters.supervise import Instance, LaunchError, Supervisor, log, unpin_groups
 from clusters.vllm.nixl_errors import START_MARK, classify, last_error_line, message
 
 PREFIX = "pvn-"
@@ -42,6 +49,7 @@ ROLES = {"prefill-0": "kv_producer", "decode-0": "kv_consumer"}
 
 
 UCX_TLS = "tcp,self"
+UNPIN_EVERY_S = 5.0   # how often supervision looks for pinned threads (a /proc scan)
 
 
 def ucx_env(fabric_ip: str, name: str, tls: str = UCX_TLS) -> dict[str, str]:
@@ -115,10 +123,23 @@ class HostedSupervisor(Supervisor):
         super().__init__(instances, router, startup_timeout_s)
         self.hosts = hosts
         self._log_from: dict[str, int] = {}
+        self._next_unpin = 0.0
 
     def start(self) -> None:
         self.hosts.start()
         super().start()
+        self.unpin()
+
+    def tick(self) -> None:
+        super().tick()
+        if time.monotonic() >= self._next_unpin:  # a restarted worker pins itself again while it starts
+            self._next_unpin = time.monotonic() + UNPIN_EVERY_S
+            self.unpin()
+
+    def unpin(self) -> None:
+        """Undo vLLM's NIXL pinning of the instances' threads (the module's docstring)."""
+        for line in unpin_groups({i.popen.pid for i in self.instances if i.popen is not None}):
+            log(f"unpinned {line}")
 
     def stop(self) -> None:   # serve() ignores SIGTERM/SIGINT from here on: the namespaces always go
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -225,3 +227,65 @@ def test_launcher_refuses_a_max_num_seqs_that_is_not_a_positive_integer(bad, say
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert "argument --max-num-seqs" in err and says in err and "pass a positive integer" in err
+
+
+# A stand-in for vLLM's NIXL Worker: a process in its own session whose second thread pins itself to
+# the last CPU (as nixl/base_worker.py pins the model thread), and a child that pins its main thread.
+PINNED = textwrap.dedent("""
+    import os, signal, subprocess, sys, threading, time
+    last = max(os.sched_getaffinity(0))
+    def worker():
+        os.sched_setaffinity(0, {last})
+        time.sleep(300)
+    threading.Thread(target=worker, name="model", daemon=True).start()
+    child = subprocess.Popen([sys.executable, "-c",
+                              f"import os, time; os.sched_setaffinity(0, {{{last}}}); time.sleep(300)"])
+    def stop(*_):  # the test's SIGTERM: the child goes first, waited for (no orphan left to init)
+        child.kill(); child.wait(); os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    time.sleep(300)
+""")
+
+
+def _pinned_threads(pgid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            out += [int(t.name) for t in (stat.parent / "task").iterdir()
+                    if len(os.sched_getaffinity(int(t.name))) < len(os.sched_getaffinity(0))]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def test_unpin_groups_gives_every_cpu_back_to_each_pinned_thread_of_the_group_and_no_other():
+    """clusters.supervise.unpin_groups on real processes: a session whose second thread and whose child
+    pinned themselves to the last CPU gets both back on every CPU, and a pinned process outside the
+    group is left as it is. Planted defects it catches: setting the affinity of the process id only
+    (the pinned thread is not the main one), looking at the group leader only (the child stays pinned),
+    matching the session by pid instead of the group (the outsider gets unpinned)."""
+    import time
+
+    from clusters.supervise import unpin_groups
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to pin away from")
+    group = subprocess.Popen([sys.executable, "-c", PINNED], start_new_session=True)
+    outsider = subprocess.Popen([sys.executable, "-c", PINNED], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (len(_pinned_threads(group.pid)) < 2
+                                               or len(_pinned_threads(outsider.pid)) < 2):
+            time.sleep(0.05)
+        assert len(_pinned_threads(group.pid)) == 2 and len(_pinned_threads(outsider.pid)) == 2
+        changed = unpin_groups({group.pid})
+        assert len(changed) == 2 and all(f"group {group.pid}:" in line for line in changed), changed
+        assert _pinned_threads(group.pid) == []
+        assert len(_pinned_threads(outsider.pid)) == 2
+        assert unpin_groups({group.pid}) == []   # nothing left to do: nothing logged again
+    finally:
+        for p in (group, outsider):
+            p.terminate()
+            p.wait(timeout=30)
