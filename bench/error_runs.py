@@ -79,6 +79,17 @@ def statuses_of(report_dir: Path) -> tuple[dict[str, str], list[str]]:
     return statuses, sorted(set(gated))
 
 
+def reasons_of(report_dir: Path, limit: int = 300) -> dict[str, list[str]]:
+    """Each verdict that did not pass, its reason as recorded (cut to ``limit`` characters), by item:
+    the ledger then says why an A/A item went inconclusive after its report is gone."""
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for results in sorted(report_dir.glob("**/results.json")):
+        for v in json.loads(results.read_text())["verdicts"]:
+            if v["status"] != "pass":
+                reasons[v["item"]].append(f"{v['status']}: {str(v.get('reason') or '')[:limit]}")
+    return dict(reasons)
+
+
 def one_run(mode: str, cluster: str, args: list[str], keep: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="error-runs-") as tmp:
         report_dir = keep / f"{cluster}-{int(time.time())}" if keep else Path(tmp)
@@ -87,9 +98,10 @@ def one_run(mode: str, cluster: str, args: list[str], keep: Path | None) -> dict
         started = time.time()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         statuses, gated = statuses_of(report_dir)
+        reasons = reasons_of(report_dir)
     return {"mode": mode, "cluster": cluster, "args": args, "commit": commit(), "host": socket.gethostname(),
             "cpus": os.cpu_count(), "started": round(started, 1), "seconds": round(time.time() - started, 1),
-            "exit": proc.returncode, "statuses": statuses, "machine_gated": gated,
+            "exit": proc.returncode, "statuses": statuses, "machine_gated": gated, "reasons": reasons,
             "tail": proc.stdout[-400:] if proc.returncode not in (0, 1, 2) else ""}
 
 
@@ -142,6 +154,9 @@ def tally(ledger: Path, commits: list[str] | None = None, aa_want: int = 20, pla
     for r in runs:
         if r["exit"] not in (0, 1, 2) or (r["mode"] == "planted" and r["statuses"].get(PLANTED[r["cluster"]][0]) != "fail"):
             print(f"  worth a look: {r['mode']} {r['cluster']} on {r['commit']} exit {r['exit']} {r['statuses']}")
+        elif r["mode"] == "aa" and r.get("reasons"):   # an A/A item that did not pass, and why (runs since 9e53131)
+            print(f"  A/A on {r['commit']} exit {r['exit']}: " +
+                  "; ".join(f"{item} {' | '.join(rs)}" for item, rs in sorted(r["reasons"].items())))
     print(f"acceptance: A/A {'met' if aa_ok else 'not met'} ({aa_want} runs wanted), planted "
           f"{'met' if pl_ok else 'not met'} ({planted_want} runs of each wanted)")
     return 0 if aa_ok and pl_ok else 1

@@ -62,6 +62,21 @@ def test_a_runs_statuses_are_each_items_worst_and_machine_gated_items_are_named(
     assert gated == ["6.1.2"]
 
 
+def test_the_reasons_of_every_verdict_that_did_not_pass_are_kept_by_item(tmp_path):
+    """What the ledger keeps of a run whose report is gone. Planted defects: passes recorded too, a
+    later file's reasons replacing an earlier one's, a reason kept uncut."""
+    for k, verdicts in enumerate([
+            [{"item": "nic-flap", "status": "inconclusive", "reason": "straddles " + "x" * 500},
+             {"item": "6.2.ttft", "status": "pass", "reason": "met"}],
+            [{"item": "nic-flap", "status": "fail", "reason": "never back"}]]):
+        (tmp_path / f"r{k}").mkdir()
+        (tmp_path / f"r{k}" / "results.json").write_text(json.dumps({"verdicts": verdicts}))
+    reasons = error_runs.reasons_of(tmp_path)
+    assert list(reasons) == ["nic-flap"]
+    assert reasons["nic-flap"][0].startswith("inconclusive: straddles") and len(reasons["nic-flap"][0]) == 14 + 300
+    assert reasons["nic-flap"][1] == "fail: never back"
+
+
 def test_the_ledger_keeps_every_line_and_tally_counts_the_chosen_commits(tmp_path, capsys):
     """Planted defects: record() overwriting the ledger instead of appending, --commits ignored."""
     ledger = tmp_path / "runs.jsonl"
