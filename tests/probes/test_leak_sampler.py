@@ -67,6 +67,7 @@ def test_read_process_is_none_for_a_zombie_and_for_a_reaped_process(sleeper):
 
 
 def test_take_sample_reads_proc_only_for_local_workers_with_a_pid(sleeper):
+    settled(sleeper.pid)  # before its exec the child may hold other descriptors (failed once under -n 2)
     local = take_sample([row("decode-0", sleeper.pid, kv=7), row("decode-1", None)], local=True)
     assert local.harness is not None and local.harness.pid == os.getpid()
     d0, d1 = local.workers
