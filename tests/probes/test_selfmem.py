@@ -25,7 +25,11 @@ def test_python_blocks_counts_live_objects_and_falls_when_they_are_freed():
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
 def test_trim_hands_freed_memory_back_to_the_system():
-    """Many small frees leave pages in the allocator (no single free returns them); trim gives them back."""
+    """Many small frees leave pages in the allocator (no single free returns them); trim gives them back.
+    Planted: trim() a no-op -> ``trimmed`` stays at ``grown``. The heap is trimmed before ``base``: free pages
+    left by earlier tests in this process would otherwise be reused unseen (CI under -n 2: grew 144 MB)."""
+    gc.collect()
+    selfmem.trim()
     base = read_process(os.getpid()).rss_bytes
     held = [bytes(1000 + i % 7) for i in range(200_000)]   # about 200 MB of small heap blocks
     grown = read_process(os.getpid()).rss_bytes
