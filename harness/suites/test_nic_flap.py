@@ -7,8 +7,10 @@ fallback path over the control network), and nothing may be lost: every request 
 token-exact against the oracle or fails with a clear error. After the last flap, the KV
 bandwidth from the prefill host to that host must be back to >= 95 % of its pre-fault figure
 within the checklist's recovery time (checklists/section6.yaml, item ``nic-flap``): the median of
-every transfer after the flaps against the median of ``min_repeats`` before them, with a 95 %
-bootstrap interval; more transfers after, up to ``max_repeats``, while it straddles.
+every transfer after the flaps against the median of those before them, with a 95 % bootstrap
+interval. Before the flaps, ``min_repeats`` transfers and more, up to ``max_repeats``, until the
+baseline's median is known to within half the margin (``flap_baseline_settled``: a rule on the
+baseline alone); after them, at least as many, more up to ``max_repeats`` while it straddles.
 
 On an external cluster with ``ssh:`` + ``fabric:`` hosts the flaps run on a decode host's named
 fabric interface over SSH (with the on-host safety timer that brings the link up by itself),
@@ -25,7 +27,8 @@ from typing import Callable
 import pytest
 
 from harness.checks.extend import repeat_until_decided
-from harness.checks.fabric import ITEM_NIC_FLAP, flap_recovery_verdict, placement_or_skip, skipped
+from harness.checks.fabric import (ITEM_NIC_FLAP, flap_baseline_settled, flap_recovery_verdict, placement_or_skip,
+                                   skipped)
 from harness.fabric.remote import ssh_nodes
 from harness.stats import nearest_rank
 from harness.checks.verdict import Verdict
@@ -50,12 +53,14 @@ LOAD_S = 60.0
 
 def _around_flaps(cluster: ClusterHandle, faults: FaultRunner, flap: NicFlap, probe: Callable[[], float],
                   flaps: dict[str, object]) -> tuple[Verdict, list[tuple[str, float]], float]:
-    """Probe transfers before the flaps, flap, then transfers after them until the bandwidth is
-    back (or twice the allowed recovery time) and at least as many as before, more while the
-    verdict straddles; the verdict and the flap transitions."""
+    """Probe transfers before the flaps until the baseline is settled, flap, then transfers after
+    them until the bandwidth is back (or twice the allowed recovery time) and at least
+    ``min_repeats``, more while the verdict straddles; the verdict and the flap transitions."""
     t = cluster.thresholds.item(ITEM_NIC_FLAP).thresholds
     first, most = int(t["min_repeats"].value), int(t["max_repeats"].value)
     before = [probe() for _ in range(first)]
+    while not flap_baseline_settled(cluster.thresholds, before):
+        before.append(probe())
     faults.inject(flap)
     transitions = flap.wait_done(faults.executor_factory(flap.host))
     faults.revert(flap)

@@ -13,7 +13,7 @@ from harness.fabric.bandwidth import BandwidthResult
 from harness.fabric.kvbandwidth import KVCurve, KVPoint
 from harness.fabric.linerate import LineRate
 from harness.fabric.tcpprobe import TcpClassSample
-from harness.checks.fabric import (flap_recovery_verdict, kv_bandwidth_verdict, pfc_isolation_verdict,
+from harness.checks.fabric import (flap_baseline_settled, flap_recovery_verdict, kv_bandwidth_verdict, pfc_isolation_verdict,
                                    placement_or_skip, raw_bandwidth_verdict)
 
 CHECKLIST = Checklist.load()
@@ -221,6 +221,22 @@ def test_flap_recovery_needs_bandwidth_back_in_time():
     assert late.evidence["measurements"][1]["interval"]["lo"] == pytest.approx(15.6)
     few = flap_recovery_verdict(CHECKLIST, BEFORE[:3], _after(1.0, 1.0), {})
     assert few.status == Status.INCONCLUSIVE   # too few transfers on either side for an interval
+
+
+def test_the_pre_flap_baseline_is_probed_until_its_median_is_known_to_half_the_margin():
+    """Planted: the old fixed 8 before (settled at ``min_repeats`` whatever the spread) -> the A/A run's
+    baseline below counts as settled; a rule that never settles -> the tight one and 30 do not."""
+    tight = [0.90, 0.901, 0.899, 0.9, 0.902, 0.898, 0.9, 0.901]
+    assert flap_baseline_settled(CHECKLIST, tight)
+    assert not flap_baseline_settled(CHECKLIST, tight[:7])            # fewer than min_repeats (8)
+    # the 8 before of an A/A main job whose verdict straddled 0.95 at a ratio of 1.011 (0.82-0.91 Gbit/s)
+    spread = [0.9, 0.85, 0.82, 0.83, 0.85, 0.88, 0.82, 0.91]
+    assert not flap_baseline_settled(CHECKLIST, spread)
+    assert flap_baseline_settled(CHECKLIST, (spread * 4)[:30])         # max_repeats ends it, settled or not
+    grown = list(spread)
+    while not flap_baseline_settled(CHECKLIST, grown):                # as the suite grows it, draws alike
+        grown.append(spread[len(grown) % len(spread)])
+    assert 8 < len(grown) <= 30
 
 
 def test_a_cluster_without_the_fabric_is_inconclusive_with_the_reason():
