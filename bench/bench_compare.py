@@ -13,8 +13,14 @@ the baseline runs' own samples resampled, one side scaled by a factor, judged th
 resampling draws independent requests, so it knows nothing of the streams' dependence: the real
 runs' power is at most this).
 
-    .venv/bin/python bench/bench_compare.py --pairs 20      # the acceptance: ~40 min here
-    .venv/bin/python bench/bench_compare.py --quick         # 2 pairs, ~5 min
+    .venv/bin/python bench/bench_compare.py --pairs 20      # the acceptance: ~40-80 min on 2 cores
+    .venv/bin/python bench/bench_compare.py --quick         # 2 pairs, ~5 min, not recorded
+    .venv/bin/python bench/bench_compare.py --tally         # every recorded pair with these settings
+
+Each pair is appended, as it ends, to bench/records/compare_pairs.jsonl (committed): its settings,
+commit and machine, both comparisons' figures, and the two baseline runs' TTFT/TPOT samples, so
+pairs from several sessions add up to the acceptance's 20 and ``--tally`` prints the same tables
+from them (``--commits`` to count only some; pairs of other settings are never mixed).
 
 Prints one line per comparison (exit code and each figure's verdict), then per figure the A/A
 false-regression count, the candidate's detections, and the power table. Nothing is timed:
@@ -24,12 +30,17 @@ the figures are error counts.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -38,6 +49,11 @@ sys.path.insert(0, str(ROOT))
 
 from harness.checklists import default_checklist  # noqa: E402
 from harness.compare import FIGURES, compare_figure, compare_runs, load_run  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from error_runs import commit  # noqa: E402  (the same commit label as the error-rate ledger: +dirty when edited)
+
+LEDGER = ROOT / "bench" / "records" / "compare_pairs.jsonl"
 
 SHIFTS = (1.05, 1.10, 1.15, 1.20, 1.30, 1.50, 2.0)   # candidate / baseline factors tried for power
 
@@ -89,44 +105,50 @@ def power(base_runs: list, checklist, trials: int, seed: int) -> dict[str, dict[
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", type=int, default=20, help="baseline / A / B triples (default 20)")
-    p.add_argument("--quick", action="store_true", help="2 pairs and 40 resamples a power cell")
-    p.add_argument("--threads", type=int, default=2,
-                   help="the candidate's torch threads per engine process (bundled.engine.num_threads; shipped: 1)")
-    p.add_argument("--users", type=int, default=4, help="closed-loop load users of every run (default 4)")
-    p.add_argument("--duration", type=float, default=8.0, help="--load-duration of every run (default 8)")
-    p.add_argument("--scratch", type=Path, default=None, help="keep the runs' reports here")
-    args = p.parse_args(argv)
-    pairs, trials = (2, 40) if args.quick else (args.pairs, 200)
-    checklist = default_checklist()
-    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-compare-"))
-    scratch.mkdir(parents=True, exist_ok=True)
-    shipped, knob = cluster_file(scratch, None), cluster_file(scratch, args.threads)
-    print(f"bench_compare: {pairs} pairs, 6.2 at {args.users} users for {args.duration:g} s a run; candidate "
-          f"num_threads {args.threads}; reports in {scratch}")
-    aa, ab, bases = [], [], []
-    for k in range(1, pairs + 1):
-        base = load_run(one_run(scratch, shipped, f"base-{k}", args.users, args.duration))
-        same = load_run(one_run(scratch, shipped, f"same-{k}", args.users, args.duration))
-        slow = load_run(one_run(scratch, knob, f"knob-{k}", args.users, args.duration))
-        bases += [base, same]
-        for label, cand, into in (("A/A", same, aa), ("A/B", slow, ab)):
-            c = compare_runs(base, cand, checklist)
-            into.append(c)
-            print(f"pair {k} {label}: exit {c.exit_code}; " +
-                  ", ".join(f"{f.figure} {f.status} {f.ratio and round(f.ratio, 3)}" for f in c.figures), flush=True)
-    print(f"\nper figure over {pairs} pairs (alpha {checklist.regression.alpha:g} over the figures)")
+def figure_rows(c) -> list[dict]:
+    """A comparison's figures as ledger rows: what --tally needs, no report folder."""
+    return [{"figure": f.figure, "status": f.status, "ratio": None if f.ratio is None else round(f.ratio, 4),
+             "lo": None if f.interval is None else f.interval.lo, "hi": None if f.interval is None else f.interval.hi}
+            for f in c.figures]
+
+
+def pair_line(k: int, settings: dict, base, same, aa, ab, started: float) -> dict:
+    """One pair's ledger line: both comparisons' figures and the two baseline runs' 6.2 samples (ms,
+    0.001 ms resolution) for the power table, with the commit and machine that ran it."""
+    return {"commit": commit(), "host": socket.gethostname(), "cpus": os.cpu_count(), "started": round(started, 1),
+            "seconds": round(time.time() - started, 1), "settings": settings, "pair": k,
+            "aa_exit": aa.exit_code, "ab_exit": ab.exit_code, "aa": figure_rows(aa), "ab": figure_rows(ab),
+            "base_samples": [{kind: [round(x, 3) for x in run.samples[kind]] for kind in ("ttft", "tpot")
+                              if isinstance(run.samples.get(kind), list)} for run in (base, same)]}
+
+
+def read_ledger(ledger: Path, settings: dict, commits: list[str] | None) -> list[dict]:
+    """The ledger's pairs run with these settings (and of these commits, when named)."""
+    if not ledger.exists():
+        return []
+    lines = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    return [x for x in lines if x["settings"] == settings and (not commits or x["commit"] in commits)]
+
+
+def summarize(lines: list[dict], checklist, trials: int) -> None:
+    """Per figure: A/A false regressions, A/B detections and the candidate's median ratio, then the
+    power table from the pairs' baseline samples."""
+    if not lines:
+        print("no pairs recorded with these settings")
+        return
+    figs = [r["figure"] for r in lines[0]["aa"]]
+    print(f"\nper figure over {len(lines)} pairs (alpha {checklist.regression.alpha:g} over the figures); "
+          f"A/A exit 1 in {sum(x['aa_exit'] == 1 for x in lines)}, A/B exit 1 in {sum(x['ab_exit'] == 1 for x in lines)}")
     print(f"{'figure':<12} {'A/A regressed':>13} {'A/A within':>10} {'A/B regressed':>13} {'A/B ratio median':>16}")
-    for fig in [f.figure for f in aa[0].figures]:
-        a_f = [next(f for f in c.figures if f.figure == fig) for c in aa]
-        b_f = [next(f for f in c.figures if f.figure == fig) for c in ab]
-        ratios = sorted(f.ratio for f in b_f if f.ratio is not None)
-        print(f"{fig:<12} {sum(f.status == 'regressed' for f in a_f):>13} "
-              f"{sum(f.status in ('within tolerance', 'improved') for f in a_f):>10} "
-              f"{sum(f.status == 'regressed' for f in b_f):>13} "
+    for fig in figs:
+        a_f = [r for x in lines for r in x["aa"] if r["figure"] == fig]
+        b_f = [r for x in lines for r in x["ab"] if r["figure"] == fig]
+        ratios = sorted(r["ratio"] for r in b_f if r["ratio"] is not None)
+        print(f"{fig:<12} {sum(r['status'] == 'regressed' for r in a_f):>13} "
+              f"{sum(r['status'] in ('within tolerance', 'improved') for r in a_f):>10} "
+              f"{sum(r['status'] == 'regressed' for r in b_f):>13} "
               f"{ratios[len(ratios) // 2] if ratios else float('nan'):>16.3f}")
+    bases = [SimpleNamespace(samples=s) for x in lines for s in x["base_samples"] if s]
     table = power(bases, checklist, trials, seed=0)
     print(f"\npower: share called regressed, the baseline runs' samples resampled ({trials} a cell), one side x shift")
     print(f"{'figure':<12} " + " ".join(f"{s:>6g}x" for s in SHIFTS) + "  smallest at 80 %")
@@ -134,6 +156,56 @@ def main(argv: list[str] | None = None) -> int:
         smallest = next((s for s in SHIFTS if row[s] >= 0.8), None)
         print(f"{fig:<12} " + " ".join(f"{row[s]:>7.2f}" for s in SHIFTS) +
               f"  {'> %gx' % SHIFTS[-1] if smallest is None else '%gx' % smallest}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=int, default=20, help="baseline / A / B triples (default 20)")
+    p.add_argument("--quick", action="store_true", help="2 pairs and 40 resamples a power cell, not recorded")
+    p.add_argument("--threads", type=int, default=2,
+                   help="the candidate's torch threads per engine process (bundled.engine.num_threads; shipped: 1)")
+    p.add_argument("--users", type=int, default=4, help="closed-loop load users of every run (default 4)")
+    p.add_argument("--duration", type=float, default=8.0, help="--load-duration of every run (default 8)")
+    p.add_argument("--scratch", type=Path, default=None, help="keep the runs' reports here")
+    p.add_argument("--ledger", type=Path, default=LEDGER, help=f"where each pair is appended (default {LEDGER})")
+    p.add_argument("--tally", action="store_true",
+                   help="run nothing: the ledger's pairs with these settings, their counts and the power table")
+    p.add_argument("--commits", nargs="*", default=None, help="with --tally, count only these commits' pairs")
+    args = p.parse_args(argv)
+    pairs, trials = (2, 40) if args.quick else (args.pairs, 200)
+    checklist = default_checklist()
+    settings = {"users": args.users, "duration": args.duration, "threads": args.threads}
+    if args.tally:
+        lines = read_ledger(args.ledger, settings, args.commits)
+        print(f"{args.ledger}: {len(lines)} pair(s) with {settings}; by commit "
+              f"{dict(Counter(x['commit'] for x in lines))}; this checkout {commit()}")
+        summarize(lines, checklist, trials)
+        return 0
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-compare-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    shipped, knob = cluster_file(scratch, None), cluster_file(scratch, args.threads)
+    print(f"bench_compare: {pairs} pairs, 6.2 at {args.users} users for {args.duration:g} s a run; candidate "
+          f"num_threads {args.threads}; reports in {scratch}" + ("" if args.quick else f"; each pair appended to {args.ledger}"))
+    lines = []
+    for k in range(1, pairs + 1):
+        started = time.time()
+        base = load_run(one_run(scratch, shipped, f"base-{k}", args.users, args.duration))
+        same = load_run(one_run(scratch, shipped, f"same-{k}", args.users, args.duration))
+        slow = load_run(one_run(scratch, knob, f"knob-{k}", args.users, args.duration))
+        aa, ab = compare_runs(base, same, checklist), compare_runs(base, slow, checklist)
+        for label, c in (("A/A", aa), ("A/B", ab)):
+            print(f"pair {k} {label}: exit {c.exit_code}; " +
+                  ", ".join(f"{f.figure} {f.status} {f.ratio and round(f.ratio, 3)}" for f in c.figures), flush=True)
+        line = pair_line(k, settings, base, same, aa, ab, started)
+        lines.append(line)
+        if not args.quick:   # recorded as it ends: a session cut short keeps every pair it finished
+            args.ledger.parent.mkdir(parents=True, exist_ok=True)
+            with args.ledger.open("a") as f:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+    summarize(lines, checklist, trials)
+    if not args.quick:
+        print(f"\nall pairs recorded with these settings: bench/bench_compare.py --tally "
+              f"--users {args.users} --duration {args.duration:g} --threads {args.threads}")
     return 0
 
 

@@ -35,3 +35,32 @@ def test_power_rises_with_the_shift_and_the_candidate_cluster_differs_only_in_it
     assert knob["name"] == shipped["name"] == "local" and knob["bundled"]["engine"]["num_threads"] == 2
     assert {k: v for k, v in knob["bundled"].items() if k != "engine"} == \
         {k: v for k, v in shipped["bundled"].items() if k != "engine"}
+
+
+def test_each_pair_is_recorded_and_the_tally_counts_only_pairs_of_the_same_settings(tmp_path, capsys):
+    """Planted defects: pairs of other settings counted (the tally says 3 pairs, not 2); the baseline
+    samples left out of the line (no power table from the ledger); an A/A regression not counted."""
+    import json
+
+    runs = [load_run(report_folder(tmp_path / f"r{k}", run_records(600, k))) for k in range(2)]
+    slowed = load_run(report_folder(tmp_path / "slow", run_records(600, 5, ttft_ms=80.0)))
+    checklist = default_checklist()
+    aa, ab = bench.compare_runs(runs[0], runs[1], checklist), bench.compare_runs(runs[0], slowed, checklist)
+    ledger = tmp_path / "pairs.jsonl"
+    mine, other = {"users": 4, "duration": 8.0, "threads": 2}, {"users": 8, "duration": 8.0, "threads": 2}
+    with ledger.open("a") as f:
+        for k, settings in ((1, mine), (2, mine), (3, other)):
+            f.write(json.dumps(bench.pair_line(k, settings, runs[0], runs[1], aa, ab, 0.0)) + "\n")
+    lines = bench.read_ledger(ledger, mine, None)
+    assert [x["pair"] for x in lines] == [1, 2]
+    assert len(lines[0]["base_samples"]) == 2 and len(lines[0]["base_samples"][0]["ttft"]) > 500
+    assert bench.read_ledger(ledger, mine, ["nope"]) == []
+    bench.summarize(lines, checklist, trials=10)
+    out = capsys.readouterr().out
+    assert "over 2 pairs" in out and "smallest at 80 %" in out, out
+    ttft_p50 = next(r for r in lines[0]["ab"] if r["figure"] == "ttft_p50_ms")
+    assert ttft_p50["status"] == "regressed", ttft_p50   # the doubled TTFT, as the live bench would see it
+    row = next(x for x in out.splitlines() if x.startswith("ttft_p50_ms "))
+    assert row.split()[3] == "2", row   # A/B regressed in both recorded pairs
+    assert bench.main(["--tally", "--quick", "--ledger", str(ledger), "--users", "8"]) == 0
+    assert "1 pair(s) with {'users': 8" in capsys.readouterr().out
