@@ -26,8 +26,8 @@ AGG = _module("test_dynamo_agg", DYNAMO_MODE="agg")
 DISAGG = _module("test_dynamo_disagg", DYNAMO_MODE="disagg")
 LAUNCHER = _module("test_dynamo_launcher")
 SOAK = _module("test_dynamo_soak", DYNAMO_MODE="agg")
-SUITES = _module("test_suites_on_vllm", VLLM_MODE="agg", VLLM_MODEL_PRESET="slow", VLLM_KV_CACHE_TOKENS=4096)
-VAGG = _module("test_vllm_agg", VLLM_MODE="agg", VLLM_MODEL_PRESET="slow", VLLM_KV_CACHE_TOKENS=4096)
+SUITES = _module("test_suites_on_vllm", VLLM_MODE="agg", VLLM_MODEL_PRESET="slow")
+VAGG = _module("test_vllm_agg", VLLM_MODE="agg", VLLM_MODEL_PRESET="slow")
 DEGR = _module("test_degradation_on_vllm", VLLM_MODE="agg", VLLM_KV_CACHE_TOKENS=4096)
 
 
@@ -44,7 +44,7 @@ def test_modules_that_share_a_cluster_run_one_after_another_and_the_rest_keep_th
 
 def test_the_key_names_mode_model_and_pool():
     """Fails when two modules that need different clusters (another preset or KV pool) get one key."""
-    assert pool.cluster_key(SUITES, "vllm") == pool.cluster_key(VAGG, "vllm") == ("vllm", "agg", "slow", 4096)
+    assert pool.cluster_key(SUITES, "vllm") == pool.cluster_key(VAGG, "vllm") == ("vllm", "agg", "slow", None)
     assert pool.cluster_key(DEGR, "vllm") == ("vllm", "agg", "tiny", 4096) != pool.cluster_key(SUITES, "vllm")
     assert pool.cluster_key(AGG, "dynamo") == pool.cluster_key(SOAK, "dynamo") != pool.cluster_key(DISAGG, "dynamo")
 
@@ -54,8 +54,8 @@ def test_the_next_module_to_use_the_fixture_decides_whether_the_cluster_is_kept(
                    (VAGG, "vllm_cluster", 2))
     session = SimpleNamespace(items=items)
     ask = lambda module, fixture: pool.next_user_key(SimpleNamespace(session=session, module=module), fixture)  # noqa: E731
-    assert ask(DEGR, "vllm_cluster") == ("vllm", "agg", "slow", 4096)   # another key: DEGR's is stopped
-    assert ask(SUITES, "vllm_cluster") == ("vllm", "agg", "slow", 4096)  # the same: kept for test_vllm_agg
+    assert ask(DEGR, "vllm_cluster") == ("vllm", "agg", "slow", None)   # another key: DEGR's is stopped
+    assert ask(SUITES, "vllm_cluster") == ("vllm", "agg", "slow", None)  # the same: kept for test_vllm_agg
     assert ask(VAGG, "vllm_cluster") is None and ask(AGG, "dynamo_cluster") is None
 
 

@@ -1,12 +1,11 @@
 """Two aggregated vLLM instances behind vllm-router, supervised (clusters/vllm-agg.yaml): the proof target
 of the black-box 6.2 and 6.1.4 suites. Slow: each vLLM start takes about a minute on 2 cores.
 
-Shares its started cluster (slow model, a 4096-token KV pool per instance) with test_suites_on_vllm.py,
+Shares its started cluster (slow model, vLLM's own KV pool per instance) with test_suites_on_vllm.py,
 which runs first on it (tests/realengine/pool.py): none of these tests needs a fresh one. Each reads the
 launcher's current state, not READY's first one (the EngineCore the launcher found for the current
 incarnation, the launcher's log from the test's own start), and the pool hands the cluster over only
-whole (every instance and the router answering /health). The pool of 4096 tokens holds every stream
-here (at most 300 tokens). test_degradation_on_vllm.py cannot share it (the tiny model: the slow one
+whole (every instance and the router answering /health). test_degradation_on_vllm.py cannot share it (the tiny model: the slow one
 fills the pool too slowly to reach its levels), nor test_vllm_pd.py (another mode)."""
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from tests.realengine.conftest import healthy, pgrep, scrape, stream_chat, strea
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # vLLM start-up and restarts take minutes under load
 VLLM_MODE = "agg"
 VLLM_MODEL_PRESET = "slow"  # ~30 ms per token: a stream is still in flight when its engine is killed
-VLLM_KV_CACHE_TOKENS = 4096  # test_suites_on_vllm.py's cluster: shared
+VLLM_KV_CACHE_TOKENS = None  # test_suites_on_vllm.py's cluster: shared
 
 
 def test_router_streams_completions(vllm_cluster):
