@@ -10,7 +10,7 @@ within the checklist's recovery time (checklists/section6.yaml, item ``nic-flap`
 every transfer after the flaps against the median of those before them, with a 95 % bootstrap
 interval. Before the flaps, ``min_repeats`` transfers and more, up to ``max_repeats``, until the
 baseline's median is known to within half the margin (``flap_baseline_settled``: a rule on the
-baseline alone); after them, at least as many, more up to ``max_repeats`` while it straddles.
+baseline alone); after them, at least ``min_repeats``, more up to ``max_repeats`` while it straddles.
 
 On an external cluster with ``ssh:`` + ``fabric:`` hosts the flaps run on a decode host's named
 fabric interface over SSH (with the on-host safety timer that brings the link up by itself),
