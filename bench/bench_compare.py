@@ -30,7 +30,6 @@ the figures are error counts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import socket
@@ -51,7 +50,7 @@ from harness.checklists import default_checklist  # noqa: E402
 from harness.compare import FIGURES, compare_figure, compare_runs, load_run  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from error_runs import commit  # noqa: E402  (the same commit label as the error-rate ledger: +dirty when edited)
+from error_runs import commit, read, record  # noqa: E402  (the error-rate ledger's commit label and line I/O)
 
 LEDGER = ROOT / "bench" / "records" / "compare_pairs.jsonl"
 
@@ -124,10 +123,7 @@ def pair_line(k: int, settings: dict, base, same, aa, ab, started: float) -> dic
 
 def read_ledger(ledger: Path, settings: dict, commits: list[str] | None) -> list[dict]:
     """The ledger's pairs run with these settings (and of these commits, when named)."""
-    if not ledger.exists():
-        return []
-    lines = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
-    return [x for x in lines if x["settings"] == settings and (not commits or x["commit"] in commits)]
+    return [x for x in read(ledger) if x["settings"] == settings and (not commits or x["commit"] in commits)]
 
 
 def summarize(lines: list[dict], checklist, trials: int) -> None:
@@ -199,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         line = pair_line(k, settings, base, same, aa, ab, started)
         lines.append(line)
         if not args.quick:   # recorded as it ends: a session cut short keeps every pair it finished
-            args.ledger.parent.mkdir(parents=True, exist_ok=True)
-            with args.ledger.open("a") as f:
-                f.write(json.dumps(line, sort_keys=True) + "\n")
+            record(line, args.ledger)
     summarize(lines, checklist, trials)
     if not args.quick:
         print(f"\nall pairs recorded with these settings: bench/bench_compare.py --tally "
