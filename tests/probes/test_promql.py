@@ -201,3 +201,32 @@ def test_endpoints_prometheus_selects_the_source_and_a_metrics_page_is_refused_w
         load_cluster(path)
     assert "`endpoints.prometheus`" in str(err.value) and "write the base URL, e.g. http://10.0.0.9:9090" in str(err.value)
     assert "prometheus" in json_schema()["$defs"]["Endpoints"]["properties"]
+
+
+def test_direct_scraping_times_each_endpoint_when_it_answered_not_when_the_read_began():
+    """Direct scraping reads the endpoints one after another; on a loaded machine a slow first endpoint held
+    the second one's answer seconds after the read began, and a ramp read that way looked late against
+    Prometheus' own scrape times (CI 2026-12-07, test_promql_server). Each endpoint's series point is timed
+    at its own request/answer midpoint. Fails if ``series`` stamps every endpoint with the read's start."""
+    from tests.probes.conftest import QuietHandler
+
+    class Slow(QuietHandler):
+        def do_GET(self):
+            time.sleep(0.6)
+            self.reply("vllm:kv_cache_usage_perc 0.25\n")
+
+    class Fast(QuietHandler):
+        def do_GET(self):
+            self.reply("vllm:kv_cache_usage_perc 0.5\n")
+
+    with http_server(Slow) as slow, http_server(Fast) as fast, ScrapeSource("vllm") as source:
+        urls = [f"{slow}/metrics", f"{fast}/metrics"]
+        reading = source.read(urls, ["kv_usage"])
+        assert reading.values == {urls[0]: {"kv_usage": 0.25}, urls[1]: {"kv_usage": 0.5}}
+        began = reading.t_wall_ns
+        assert 0.25e9 <= reading.time_of(urls[0]) - began <= 0.6e9, reading.times
+        assert reading.time_of(urls[1]) - began >= 0.55e9, reading.times
+        series = source.series(urls, "kv_usage", began, time.time_ns())
+        assert series == {urls[0]: [(reading.time_of(urls[0]), 0.25)], urls[1]: [(reading.time_of(urls[1]), 0.5)]}
+        # a window that ends before the slow endpoint answered holds neither endpoint's point
+        assert source.series(urls, "kv_usage", began, began + int(0.2e9)) == {urls[0]: [], urls[1]: []}

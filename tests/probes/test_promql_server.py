@@ -49,7 +49,10 @@ ENGINE_PORTS = (19111, 19112)
 KV_TOLERANCE = 0.05      # KV use (0..1): one block of the 8 MiB pool is 1/128
 # direct reads this close to a Prometheus sample count as the same moment: a scrape interval either side and
 # as much again for the scrape's own delay on a loaded 2-core machine (at 1 s, CI 2026-12-06 had 2 of 18
-# samples of a ramp rising 0.16 a second read a second "late": 0.164 against direct 0.32-0.56)
+# samples of a ramp rising 0.16 a second read a second "late": 0.164 against direct 0.32-0.56). CI 2026-12-07
+# had 2 of 18 outside it again: the direct reads were stamped when a read of all three endpoints began, and the
+# engine's answer came after the router's; each endpoint is now timed at its own answer (ScrapeSource). Beside
+# six CPU burners after that: 19/19, 19/19, 21/21 (one earlier run 19/20) inside.
 WINDOW_S = 2.0
 MIN_AGREEING = 0.9       # share of Prometheus samples inside the direct reads' envelope
 
@@ -125,8 +128,9 @@ def _envelope_agreement(prom: list[tuple[int, float]], direct: list[tuple[int, f
         compared += 1
         if min(near) - KV_TOLERANCE <= v <= max(near) + KV_TOLERANCE:
             agreeing += 1
-        else:
-            misses.append((round(t / 1e9, 3), v, min(near), max(near)))
+        else:   # the miss, the envelope, and the direct reads' offsets from its scrape time (s) with their values
+            misses.append((round(t / 1e9, 3), v, min(near), max(near),
+                           [(round((td - t) / 1e9, 2), round(d, 3)) for td, d in direct if abs(td - t) <= WINDOW_S * 2e9]))
     return agreeing, compared, misses
 
 

@@ -18,11 +18,19 @@ Series = dict[str, list[tuple[int, float]]]   # endpoint URL -> (wall ns, value)
 @dataclass
 class Reading:
     """One read of every endpoint: quantity -> value (summed over the endpoint's label sets) per URL, and
-    why an endpoint gave nothing. A quantity an endpoint does not expose is absent from its dict."""
+    why an endpoint gave nothing. A quantity an endpoint does not expose is absent from its dict.
+    ``t_wall_ns`` is when the read began; ``times`` when each endpoint's values held, where the source knows
+    it apart (direct scraping reads the endpoints one after another: on a loaded machine the later ones
+    answer seconds after the read began, CI 2026-12-07)."""
 
     t_wall_ns: int
     values: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    times: dict[str, int] = field(default_factory=dict)
+
+    def time_of(self, url: str) -> int:
+        """When ``url``'s values held (wall ns): its own time where known, else the read's."""
+        return self.times.get(url, self.t_wall_ns)
 
     def total(self, quantity: str) -> float | None:
         """``quantity`` summed over the endpoints that expose it (None: none does)."""

@@ -64,19 +64,24 @@ class ScrapeSource(MetricsSource):
         families = {q: self.family(q) for q in quantities}
         reading = Reading(time.time_ns())
         for url in urls:
+            sent = time.time_ns()
             try:
                 reading.values[url] = self._read_one(url, families)
             except ProbeError as exc:
                 reading.errors[url] = str(exc)
+                continue
+            # the endpoint rendered its values between the request and the answer: the midpoint
+            reading.times[url] = (sent + time.time_ns()) // 2
         with self._lock:
             self._history.append(reading)
         return reading
 
     def series(self, urls: Sequence[str], quantity: str, start_wall_ns: int, end_wall_ns: int) -> Series:
         with self._lock:
-            history = [r for r in self._history if start_wall_ns <= r.t_wall_ns <= end_wall_ns]
-        return {url: [(r.t_wall_ns, r.values[url][quantity]) for r in history
-                      if quantity in r.values.get(url, {})] for url in urls}
+            history = list(self._history)
+        return {url: [(r.time_of(url), r.values[url][quantity]) for r in history
+                      if quantity in r.values.get(url, {}) and start_wall_ns <= r.time_of(url) <= end_wall_ns]
+                for url in urls}
 
     def close(self) -> None:
         self._http.close()
