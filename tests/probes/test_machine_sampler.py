@@ -209,3 +209,24 @@ def test_a_gone_process_reads_as_none():
     reap(p)
     assert procfs.cpu_and_start_seconds(p.pid) is None and procfs.schedstat(p.pid) is None
     assert procfs.cmdline(p.pid) == [] and Path("/proc/self").exists()
+
+
+def test_a_steal_burst_is_the_worst_5_s_of_the_window_not_its_mean():
+    """100 samples of 0.5 s on 2 CPUs, the hypervisor taking 40 % of them for 6 s from t=20 s: the
+    window's steal is 4.8 %, its burst 40 % from 20 s. Fails if the burst is the window's mean, if its span
+    is shorter than 5 s (one noisy sample would be a burst), or if it is placed at the wrong time."""
+    from harness.probes.machine_health.machine import GROUPS, Sample, steal_burst, summarise
+
+    def sample(t: float, steal_s: float) -> Sample:
+        zero = {g: 0.0 for g in GROUPS}
+        return Sample(t=t, dt=0.5, lag_ms=0.1, load1=1.0, runnable=1, psi_some_us=0.0, psi_full_us=0.0,
+                      psi_some_avg10=0.0, steal_s=steal_s, cpu_s=zero, ran_s=zero, wait_s=zero,
+                      runs={g: 0 for g in GROUPS}, processes={}, engine_wait=())
+
+    samples = [sample(0.5 * (i + 1), 0.4 if 40 <= i < 52 else 0.0) for i in range(100)]
+    whole = summarise(samples, 2)
+    assert whole["steal_pct"] == pytest.approx(4.8, abs=0.01)
+    assert whole["steal_burst_pct"] == pytest.approx(40.0, abs=0.01) and whole["steal_burst_start"] == pytest.approx(20.0)
+    one = [sample(0.5 * (i + 1), 0.9 if i == 10 else 0.0) for i in range(100)]   # 90 % for half a second
+    assert steal_burst(one, 2)["steal_burst_pct"] == pytest.approx(9.0, abs=0.01)   # diluted over 5 s
+    assert steal_burst(samples[:9], 2) == {"steal_burst_pct": None, "steal_burst_start": None}   # under 5 s
