@@ -78,8 +78,9 @@ class MachineLimits:
     steal_pct: float = 20.0
     # the same over any 5 s of the window (``steal_burst_pct``): on 2026-12-07 this VM's hypervisor took
     # 20-50 % for 10-15 s at a time, 3 % over the whole 6.2 window, and TPOT's p99 exceedances all fell
-    # in the bursts. A burst never turns a pass into inconclusive (it can only slow the run down); it is
-    # named on an undecided timing verdict and makes a timing fail inconclusive, as a starved window does
+    # in the bursts. A burst is named on an undecided timing verdict; a pass or a fail stands: a burst
+    # is seconds long, and a planted defect's fail decided beside one (6.1.5's storm spreading to TCP) must
+    # stay a fail (the first version of this rule also stopped fails)
     steal_burst_pct: float = 20.0
     # together (:data:`COMBINED`): the machine had a runnable task without a CPU most of the window
     # AND the engine or the load generator, whose delays are the measured latencies, got a CPU for
@@ -171,8 +172,8 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
                                "starved": reasons[0] if reasons else None, "gated": None,
                                "steal_burst": bursts[0] if bursts else None}
     timing = TIMING_ITEMS.get(verdict.item)
-    if not reasons and bursts and verdict.status in (Status.INCONCLUSIVE, Status.FAIL):
-        reasons = bursts   # a burst names an undecided verdict and stops a fail, never a pass
+    if not reasons and bursts and verdict.status is Status.INCONCLUSIVE:
+        reasons = bursts   # a burst names an undecided verdict; a pass or a fail stands (its evidence holds it)
     if not reasons or timing is None:
         return replace(verdict, evidence={**verdict.evidence, "machine": machine})
     if verdict.status is Status.INCONCLUSIVE:  # undecided anyway: say that the machine was starved too

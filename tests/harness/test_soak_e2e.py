@@ -193,12 +193,12 @@ def test_the_starved_machine_allowance_reads_the_gate_s_evidence_not_the_reason(
     assert nothing["status"] == "inconclusive" and "test machine CPU-starved" in nothing["reason"]
     assert not starved_machine(nothing)
     assert not starved_machine(_gated(_ttft(100.0), STARVED_WINDOW))   # an absolute pass stays pass
-    # a VM steal burst the window's mean hides (quiet otherwise): its straddle and its fail are excused,
-    # and not once the windows no longer hold the burst
+    # a VM steal burst the window's mean hides (quiet otherwise): its straddle is excused, and not once
+    # the windows no longer hold the burst; a fail or a pass beside it stands
     burst = {**QUIET_WINDOW, "start": 1000.0, "steal_pct": 3.0, "steal_burst_pct": 44.0, "steal_burst_start": 1078.0}
     in_burst = _gated(_ttft(190.0, measured_within(190.0, below=20, above=20)), burst)
     assert in_burst["status"] == "inconclusive" and starved_machine(in_burst)
-    assert starved_machine(_gated(_ttft(900.0), burst)) and not starved_machine(_gated(_ttft(100.0), burst))
+    assert _gated(_ttft(900.0), burst)["status"] == "fail" and not starved_machine(_gated(_ttft(100.0), burst))
     burst_copied = {**in_burst, "evidence": {**in_burst["evidence"], "machine": {**in_burst["evidence"]["machine"],
                                                                                  "windows": [QUIET_WINDOW]}}}
     assert not starved_machine(burst_copied)
