@@ -129,7 +129,7 @@ def starved(window: Mapping[str, Any], limits: MachineLimits | None = None) -> s
     return "test machine CPU-starved: " + ", ".join(over + context)
 
 
-def steal_burst(window: Mapping[str, Any], limits: MachineLimits | None = None) -> str | None:
+def burst_starved(window: Mapping[str, Any], limits: MachineLimits | None = None) -> str | None:
     """"test machine CPU-starved in a burst: ..." when the hypervisor took over ``steal_burst_pct``
     of the CPUs over some 5 s of the window; None otherwise (or without the figure)."""
     limits = limits or LIMITS
@@ -167,7 +167,7 @@ def gate(verdict: Verdict, windows: Sequence[Mapping[str, Any]], limits: Machine
     ``evidence["machine"]`` holds the windows' figures, the limits and what the gate did."""
     limits = limits or LIMITS
     reasons = [r for w in windows if (r := starved(w, limits)) is not None]
-    bursts = [r for w in windows if (r := steal_burst(w, limits)) is not None]
+    bursts = [r for w in windows if (r := burst_starved(w, limits)) is not None]
     machine: dict[str, Any] = {"windows": [dict(w) for w in windows], "limits": limits.to_dict(),
                                "starved": reasons[0] if reasons else None, "gated": None,
                                "steal_burst": bursts[0] if bursts else None}

@@ -238,12 +238,12 @@ def test_a_steal_burst_the_window_mean_hides_names_an_undecided_verdict_and_leav
     under steal_pct's 20 %) and TPOT's p99 was undecided by the exceedances it caused (2026-12-07). Fails
     if the burst is ignored (the undecided verdict says nothing of the machine), or if it turns a pass or a
     fail into inconclusive (the first version stopped fails: a planted 6.1.5 defect must stay caught)."""
-    from harness.checks.machine import steal_burst
+    from harness.checks.machine import burst_starved
 
     assert starved(BURST) is None   # the window's own figures are quiet
-    said = steal_burst(BURST)
+    said = burst_starved(BURST)
     assert said is not None and "took 35 % of the CPUs over 5 s from +78 s" in said and "3.02 %" in said
-    assert steal_burst({**BURST, "steal_burst_pct": LIMITS.steal_burst_pct}) is None   # at the limit is not over
+    assert burst_starved({**BURST, "steal_burst_pct": LIMITS.steal_burst_pct}) is None   # at the limit is not over
     undecided = Verdict(item="6.2.tpot", title="t", status=Status.INCONCLUSIVE, reason="p99 >= 7.7 ms, no upper bound")
     noted = gate(undecided, [BURST])
     assert noted.status is Status.INCONCLUSIVE and noted.layer("machine")["action"] == "noted"

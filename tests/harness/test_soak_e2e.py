@@ -32,7 +32,7 @@ import json
 import pytest
 
 from harness.checklists import Checklist
-from harness.checks.machine import MachineLimits, gate, starved, steal_burst
+from harness.checks.machine import MachineLimits, burst_starved, gate, starved
 from harness.checks.verdict import Measurement, judge
 from harness.stats.intervals import measured_within
 from tests.harness.test_soak_dry_run import run
@@ -61,7 +61,7 @@ def starved_machine(verdict: dict) -> bool:
     windows = machine.get("windows", [])
     named = machine.get("starved") and any(starved(w, limits) for w in windows)
     # a VM steal burst the window's mean hides (harness/checks/machine.py steal_burst): named, not a mean
-    burst = machine.get("steal_burst") and any(steal_burst(w, limits) for w in windows)
+    burst = machine.get("steal_burst") and any(burst_starved(w, limits) for w in windows)
     if not (named or burst):
         return False
     if machine.get("gated") is not None:
