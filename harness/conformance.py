@@ -64,6 +64,16 @@ class Conformance:
         spans = windows or [(self.started, time.time())]
         return gate(verdict, [monitor.window(start, end, records) for start, end in spans])
 
+    def steal_bursts(self) -> list[tuple[float, float]]:
+        """Wall-clock spans since the test began in which the hypervisor took over the machine
+        gate's ``steal_leave_out_pct`` of the CPUs over some 5 s (none without a machine monitor)."""
+        monitor = self._config.stash.get(MACHINE, None)
+        if monitor is None:
+            return []
+        from harness.checks.machine import LIMITS
+
+        return monitor.steal_spans(LIMITS.steal_leave_out_pct, self.started)
+
     def show_plan(self, lines: Sequence[str]) -> None:
         """A dry run's plan lines (``[dry-run] ...``) on the terminal while the suite runs."""
         from harness.dry_run import show_lines

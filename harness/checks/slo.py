@@ -30,6 +30,7 @@ import httpx
 from harness.stats.intervals import percentile_interval
 from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
+from harness.checks.machine import LIMITS
 from harness.checks.verdict import Measurement, Verdict, judge
 from harness.probes.client.analysis import requests_frame
 from harness.errors import ProbeError
@@ -191,12 +192,54 @@ def disagreement(client_p50_ms: float | None, server: dict[str, Any] | None, min
 def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
                  server: dict[str, HistogramDelta | None] | None = None,
                  server_families: dict[str, str] | None = None,
-                 server_note: str | None = None) -> tuple[Verdict, Verdict]:
+                 server_note: str | None = None,
+                 steal_bursts: Sequence[tuple[float, float]] = ()) -> tuple[Verdict, Verdict]:
     """The 6.2.ttft and 6.2.tpot verdicts from the client records; ``server`` maps "ttft" and
     "tpot" to the engine's histogram deltas (evidence only), ``server_families`` to the metric
-    each came from, ``server_note`` says why there are none."""
-    return slo_verdicts_of(*client_samples(records), checklist, server=server, server_families=server_families,
-                           server_note=server_note)
+    each came from, ``server_note`` says why there are none. ``steal_bursts``: wall-clock spans in
+    which the hypervisor took the test machine's CPUs (MachineMonitor.steal_spans): the requests in
+    flight then are left out of the percentiles, said in each verdict (:func:`outside_bursts`)."""
+    kept, left_out = outside_bursts(records, steal_bursts)
+    verdicts = slo_verdicts_of(*client_samples(kept), checklist, server=server, server_families=server_families,
+                               server_note=server_note)
+    if steal_bursts:
+        seconds = sum(end - start for start, end in steal_bursts)
+        bursts = {"spans": [[round(a, 3), round(b, 3)] for a, b in steal_bursts], "seconds": round(seconds, 1),
+                  "left_out": left_out, "requests": len(records), "limit_pct": LIMITS.steal_leave_out_pct,
+                  "rule": BURST_RULE}
+        for v in verdicts:
+            v.evidence["steal_bursts"] = bursts
+            if left_out:
+                v.add("note", text=f"{left_out} of {len(records)} requests left out: in flight during {seconds:.0f} s "
+                                   f"of VM steal bursts (over {LIMITS.steal_leave_out_pct:g} % of the test machine's CPUs "
+                                   "over 5 s)")
+    return verdicts
+
+
+BURST_RULE = ("a request in flight (send to last byte) while the hypervisor took over steal_leave_out_pct of the test "
+              "machine's CPUs over some 5 s is left out of the percentiles: those seconds time the test machine, "
+              "not the cluster (docs/load-and-metrics.md, 'Steal in bursts'); nothing-lost still counts it")
+
+
+def outside_bursts(records: Sequence[RequestRecord],
+                   spans: Sequence[tuple[float, float]]) -> tuple[list[RequestRecord], int]:
+    """The records of requests whose time in flight (scheduled send to end; to now when unfinished)
+    overlaps none of ``spans`` (wall-clock seconds), and how many of the sent ones were left out.
+    Records never sent are kept (they are no sample)."""
+    if not spans:
+        return list(records), 0
+    kept, left_out = [], 0
+    for r in records:
+        if r.error_class == NOT_SENT or not r.sent_ns:
+            kept.append(r)
+            continue
+        begin = r.start_wall_ns() / 1e9
+        end = r.anchor.perf_to_wall(r.end_ns) / 1e9 if r.end_ns else math.inf
+        if any(begin <= b and a <= end for a, b in spans):
+            left_out += 1
+        else:
+            kept.append(r)
+    return kept, left_out
 
 
 def slo_verdicts_of(requests: int, ttft_ms: Sequence[float], tpot_ms: Sequence[float], checklist: Checklist, *,

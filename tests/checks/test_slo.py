@@ -240,3 +240,39 @@ def test_server_histograms_are_summed_over_the_router_and_every_worker():
             httpd.server_close()
     assert server.urls == urls and server.note is None
     assert deltas["ttft"].count == 10 and deltas["tpot"].count == 10
+
+
+def _clustered(slow_tpot_ms):
+    """1500 requests a second apart, TPOT 4-6 ms, except 60 in a row (700-759 s) at 50-70 ms: a steal
+    burst's slow minute."""
+    return [rec(i, ttft_ms=40 + i % 7, tpot_ms=(50 + i % 21) if 700 <= i < 760 else slow_tpot_ms + (i % 3))
+            for i in range(1500)]
+
+
+def test_requests_in_a_steal_burst_are_left_out_said_and_a_slow_cluster_still_fails():
+    """Without the burst's span, its 60 slow requests in a row hold every p99 exceedance, the
+    serial dependence leaves too few effective requests for an upper bound, and 6.2 TPOT stays
+    undecided (as on 2026-12-07's A/A runs); given the span they are left out, counted in the evidence
+    and the reason, and the rest decides a pass. A cluster slow everywhere (TPOT 100 ms) still fails
+    with the same span. Fails if the span is ignored, if requests outside it are dropped too, or if
+    leaving requests out could turn a slow cluster's fail into a pass."""
+    from harness.checks.slo import outside_bursts
+
+    cl = Checklist.load()
+    records = _clustered(4)
+    _, tpot = slo_verdicts(records, cl)
+    assert tpot.status is Status.INCONCLUSIVE and tpot.cause["code"] == "straddles", tpot.reason
+    span = [(699.5, 759.9)]
+    kept, left_out = outside_bursts(records, span)
+    assert left_out == 60 and len(kept) == 1440
+    assert all(not 700 <= r.sent_ns / 1e9 < 760 for r in kept)
+    ttft, tpot = slo_verdicts(records, cl, steal_bursts=span)
+    assert tpot.status is Status.PASS and ttft.status is Status.PASS, tpot.reason
+    assert tpot.evidence["steal_bursts"]["left_out"] == 60 and tpot.evidence["steal_bursts"]["requests"] == 1500
+    assert tpot.evidence["client"]["requests"] == 1440
+    assert "60 of 1500 requests left out" in tpot.reason
+    _, slow = slo_verdicts(_clustered(100), cl, steal_bursts=span)
+    assert slow.status is Status.FAIL, slow.reason
+    # no span: nothing left out, nothing said
+    _, plain = slo_verdicts(_clustered(4)[:600], cl, steal_bursts=())
+    assert "steal_bursts" not in plain.evidence and "left out" not in plain.reason

@@ -230,3 +230,25 @@ def test_a_steal_burst_is_the_worst_5_s_of_the_window_not_its_mean():
     one = [sample(0.5 * (i + 1), 0.9 if i == 10 else 0.0) for i in range(100)]   # 90 % for half a second
     assert steal_burst(one, 2)["steal_burst_pct"] == pytest.approx(9.0, abs=0.01)   # diluted over 5 s
     assert steal_burst(samples[:9], 2) == {"steal_burst_pct": None, "steal_burst_start": None}   # under 5 s
+
+
+def test_steal_spans_are_the_times_some_5_s_held_a_burst_merged_and_a_noisy_sample_is_none():
+    """The same 40 % burst for 6 s from t=20 s: every 5 s of samples over 20 % (a majority of them in
+    the burst) lies in 18-28 s, one merged span; a half-second at 90 % is no span. Fails if spans are
+    not merged (many overlapping spans), if one sample's steal makes a span, or if the span misses the
+    burst's seconds (requests timed then would stay in 6.2's percentiles)."""
+    from harness.probes.machine_health.machine import GROUPS, Sample, steal_spans
+
+    def sample(t: float, steal_s: float) -> Sample:
+        zero = {g: 0.0 for g in GROUPS}
+        return Sample(t=t, dt=0.5, lag_ms=0.1, load1=1.0, runnable=1, psi_some_us=0.0, psi_full_us=0.0,
+                      psi_some_avg10=0.0, steal_s=steal_s, cpu_s=zero, ran_s=zero, wait_s=zero,
+                      runs={g: 0 for g in GROUPS}, processes={}, engine_wait=())
+
+    samples = [sample(0.5 * (i + 1), 0.4 if 40 <= i < 52 else 0.0) for i in range(100)]
+    assert steal_spans(samples, 2, 20.0) == [pytest.approx((18.0, 28.0))]
+    assert steal_spans(samples, 2, 45.0) == []   # the burst's 40 % is under this limit
+    two = [sample(0.5 * (i + 1), 0.4 if 40 <= i < 52 or 80 <= i < 92 else 0.0) for i in range(120)]
+    assert steal_spans(two, 2, 20.0) == [pytest.approx((18.0, 28.0)), pytest.approx((38.0, 48.0))]
+    one = [sample(0.5 * (i + 1), 0.9 if i == 10 else 0.0) for i in range(100)]
+    assert steal_spans(one, 2, 20.0) == []

@@ -250,6 +250,11 @@ class MachineMonitor:
         out.update(send_lateness(records or [], start, end))
         return out
 
+    def steal_spans(self, limit_pct: float, start: float | None = None) -> list[tuple[float, float]]:
+        """:func:`steal_spans` of the samples taken since wall ``start`` (all by default)."""
+        chosen = [s for s in self.samples() if s.steal_s is not None and (start is None or s.t - s.dt >= start)]
+        return steal_spans(chosen, self.cpus, limit_pct)
+
     def series(self, max_points: int = 300) -> list[dict[str, Any]]:
         """The run's samples for a chart, merged into at most ``max_points`` consecutive buckets."""
         samples = self.samples()
@@ -326,6 +331,27 @@ def steal_burst(samples: Sequence[Sample], cpus: int, span_s: float = STEAL_BURS
         if covered >= span_s and (best is None or stolen / (covered * cpus) * 100 > best):
             best, start = _pct(stolen, covered * cpus), samples[j].t - samples[j].dt
     return {"steal_burst_pct": best, "steal_burst_start": start}
+
+
+def steal_spans(samples: Sequence[Sample], cpus: int, limit_pct: float,
+                span_s: float = STEAL_BURST_SPAN_S) -> list[tuple[float, float]]:
+    """Wall-clock ``(start, end)`` spans, merged, covered by some ``span_s`` of consecutive samples
+    in which the hypervisor took over ``limit_pct`` of the machine's CPU capacity: the times a
+    request was timed in a steal burst (6.2 leaves such requests out, harness/checks/slo.py)."""
+    spans: list[tuple[float, float]] = []
+    j, stolen, covered = 0, 0.0, 0.0
+    for s in samples:
+        stolen, covered = stolen + (s.steal_s or 0.0), covered + s.dt
+        while j < len(samples) and covered - samples[j].dt >= span_s:
+            stolen, covered = stolen - (samples[j].steal_s or 0.0), covered - samples[j].dt
+            j += 1
+        if covered >= span_s and stolen / (covered * cpus) * 100 > limit_pct:
+            start = samples[j].t - samples[j].dt
+            if spans and start <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], s.t)
+            else:
+                spans.append((start, s.t))
+    return spans
 
 
 def _waits(samples: Sequence[Sample], key: str, groups: Sequence[str]) -> dict[str, float | None]:
