@@ -1,9 +1,8 @@
 """The rollout comparison: a candidate run against a baseline run of the same suites (docs/compare.md).
 
 ``python -m harness compare BASE CAND`` reads two runs' report folders (or their ``results.json``),
-takes each compared figure's raw samples from both (6.2: every request's client TTFT and TPOT from
-the request records the 6.2 verdicts link to, in send order; the other items' from their verdicts'
-evidence: harness/compare_samples.py), and judges each figure against the checklist's
+takes each compared figure's raw samples from both (6.2: the client TTFT and TPOT of the requests its
+verdicts judged, in send order; the other items' from their verdicts' evidence: harness/compare_samples.py), and judges each figure against the checklist's
 ``regression:`` tolerance on an interval of the candidate/baseline ratio (a share of requests: of
 the difference):
 
@@ -38,7 +37,7 @@ from harness.checklists.models import NOT_COMPARABLE, TOLERANCE_KINDS
 from harness.compare_fabric import change_cells, recovery_figure, window_ratio
 from harness.compare_samples import (FIGURES, NEVER, SOURCES, Counts, Missing, Recovery, RttRatio, item_samples,
                                      measured_text)
-from harness.checks.slo import client_samples
+from harness.checks.slo import client_samples, outside_bursts
 from harness.errors import ConfigError
 from harness.probes.client.records import read_records
 from harness.stats import nearest_rank
@@ -170,8 +169,10 @@ def run_of(results: dict[str, Any], results_path: Path) -> Run:
             raise ConfigError(f"{rf}: its request records {link} are missing",
                               fix="keep the report folder whole (results.json with its artifacts/ folder)")
         records.extend(read_records(f))
-    # in send order, as the verdicts took them (the dependence estimate reads the order)
-    requests, ttft, tpot = client_samples(sorted(records, key=lambda r: r.start_wall_ns()))
+    # the requests the verdicts judged (those timed in VM steal bursts left out: harness/checks/slo.py), in
+    # send order, as the verdicts took them (the dependence estimate reads the order)
+    spans = [tuple(s) for s in ((v62[0].get("evidence") or {}).get("steal_bursts") or {}).get("spans") or ()]
+    requests, ttft, tpot = client_samples(sorted(outside_bursts(records, spans)[0], key=lambda r: r.start_wall_ns()))
     return Run(rf, results, {"ttft": ttft, "tpot": tpot, **samples}, requests, links, never)
 
 
