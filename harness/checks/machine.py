@@ -84,8 +84,9 @@ class MachineLimits:
     steal_burst_pct: float = 20.0
     # 6.2 leaves out the requests in flight while any 5 s held more steal than this (harness/checks/slo.py):
     # quiet 5 s on this VM read 0-3 %; in the bursts' shoulders (10-20 %) the client's TPOT median went from
-    # 4 to 6 ms and a third of the p99 exceedances fell there (replay of 5 undecided A/A runs: leaving out
-    # over 20 % decided 3, over 10 % all 5; docs/load-and-metrics.md, "Steal in bursts")
+    # 4 to 6 ms and half of one run's p99 exceedances fell there (bench/replay_steal_bursts.py on 16 kept A/A
+    # reports: of 8 undecided 6.2 verdicts, leaving out over 20 % decided 5, over 10 % all 8, no pass changed;
+    # docs/load-and-metrics.md, "Steal in bursts")
     steal_leave_out_pct: float = 10.0
     # together (:data:`COMBINED`): the machine had a runnable task without a CPU most of the window
     # AND the engine or the load generator, whose delays are the measured latencies, got a CPU for
