@@ -31,7 +31,7 @@ from harness.stats.intervals import percentile_interval
 from harness.stats import DEFINITION, nearest_rank
 from harness.checklists import Checklist
 from harness.checks.machine import LIMITS
-from harness.checks.verdict import Measurement, Verdict, judge
+from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.probes.client.analysis import requests_frame
 from harness.errors import ProbeError
 from harness.probes.metrics.prometheus import (ENGINE_PROFILES, PrometheusScraper, Sample, engine_of, histogram_quantile,
@@ -209,6 +209,17 @@ def slo_verdicts(records: Sequence[RequestRecord], checklist: Checklist, *,
                   "rule": BURST_RULE}
         for v in verdicts:
             v.evidence["steal_bursts"] = bursts
+            if left_out and v.status is Status.INCONCLUSIVE:
+                # what more load would decide counts requests kept: sending at this run's share left
+                # out takes more; a percentile the cut left without a sample asks for as many again
+                # (the extension loop, harness/checks/extend.py, sizes the next load by these)
+                share_kept = max(len(records) - left_out, 1) / len(records)
+                for u in v.evidence.get("undecided") or ():
+                    if u.get("more_to_decide"):
+                        u["more_to_decide"] = math.ceil(u["more_to_decide"] / share_kept)
+                v.evidence.setdefault("undecided", []).extend(
+                    {"key": m["key"], "more_to_decide": len(records), "noun": "requests", "n": 0}
+                    for m in v.evidence["measurements"] if m.get("value") is None)
             if left_out:
                 v.add("note", text=f"{left_out} of {len(records)} requests left out: in flight during {seconds:.0f} s "
                                    f"of VM steal bursts (over {LIMITS.steal_leave_out_pct:g} % of the test machine's CPUs "
