@@ -211,17 +211,21 @@ def test_a_gone_process_reads_as_none():
     assert procfs.cmdline(p.pid) == [] and Path("/proc/self").exists()
 
 
+def sample(t: float, steal_s: float):
+    """A 0.5 s machine sample ending at ``t`` in which the hypervisor took ``steal_s`` CPU seconds."""
+    from harness.probes.machine_health.machine import GROUPS, Sample
+
+    zero = {g: 0.0 for g in GROUPS}
+    return Sample(t=t, dt=0.5, lag_ms=0.1, load1=1.0, runnable=1, psi_some_us=0.0, psi_full_us=0.0,
+                  psi_some_avg10=0.0, steal_s=steal_s, cpu_s=zero, ran_s=zero, wait_s=zero,
+                  runs={g: 0 for g in GROUPS}, processes={}, engine_wait=())
+
+
 def test_a_steal_burst_is_the_worst_5_s_of_the_window_not_its_mean():
     """100 samples of 0.5 s on 2 CPUs, the hypervisor taking 40 % of them for 6 s from t=20 s: the
     window's steal is 4.8 %, its burst 40 % from 20 s. Fails if the burst is the window's mean, if its span
     is shorter than 5 s (one noisy sample would be a burst), or if it is placed at the wrong time."""
-    from harness.probes.machine_health.machine import GROUPS, Sample, steal_burst, summarise
-
-    def sample(t: float, steal_s: float) -> Sample:
-        zero = {g: 0.0 for g in GROUPS}
-        return Sample(t=t, dt=0.5, lag_ms=0.1, load1=1.0, runnable=1, psi_some_us=0.0, psi_full_us=0.0,
-                      psi_some_avg10=0.0, steal_s=steal_s, cpu_s=zero, ran_s=zero, wait_s=zero,
-                      runs={g: 0 for g in GROUPS}, processes={}, engine_wait=())
+    from harness.probes.machine_health.machine import steal_burst, summarise
 
     samples = [sample(0.5 * (i + 1), 0.4 if 40 <= i < 52 else 0.0) for i in range(100)]
     whole = summarise(samples, 2)
@@ -237,13 +241,7 @@ def test_steal_spans_are_the_times_some_5_s_held_a_burst_merged_and_a_noisy_samp
     the burst) lies in 18-28 s, one merged span; a half-second at 90 % is no span. Fails if spans are
     not merged (many overlapping spans), if one sample's steal makes a span, or if the span misses the
     burst's seconds (requests timed then would stay in 6.2's percentiles)."""
-    from harness.probes.machine_health.machine import GROUPS, Sample, steal_spans
-
-    def sample(t: float, steal_s: float) -> Sample:
-        zero = {g: 0.0 for g in GROUPS}
-        return Sample(t=t, dt=0.5, lag_ms=0.1, load1=1.0, runnable=1, psi_some_us=0.0, psi_full_us=0.0,
-                      psi_some_avg10=0.0, steal_s=steal_s, cpu_s=zero, ran_s=zero, wait_s=zero,
-                      runs={g: 0 for g in GROUPS}, processes={}, engine_wait=())
+    from harness.probes.machine_health.machine import steal_spans
 
     samples = [sample(0.5 * (i + 1), 0.4 if 40 <= i < 52 else 0.0) for i in range(100)]
     assert steal_spans(samples, 2, 20.0) == [pytest.approx((18.0, 28.0))]
