@@ -314,23 +314,29 @@ def summarise(samples: Sequence[Sample], cpus: int) -> dict[str, Any]:
 STEAL_BURST_SPAN_S = 5.0
 
 
-def steal_burst(samples: Sequence[Sample], cpus: int, span_s: float = STEAL_BURST_SPAN_S) -> dict[str, float | None]:
-    """The largest share of the machine's CPU capacity the hypervisor took over any ``span_s`` of
-    consecutive samples (``steal_burst_pct``) and when that span began (``steal_burst_start``, wall
-    s): a burst the window's mean hides (2026-12-07: 20-50 % for 10-15 s inside a 115 s window whose
-    mean was 3 %, and 6.2's TPOT p99 undecided by the exceedances it caused). None when the samples
-    cover less than ``span_s`` or carry no steal reading."""
-    best: float | None = None
-    start: float | None = None
+def _steal_windows(samples: Sequence[Sample], cpus: int, span_s: float):
+    """Each run of consecutive samples ending at a sample and just ``span_s`` long (the shortest tail
+    that long): ``(start, end, pct)``, pct the share of the CPUs' capacity the hypervisor took in it."""
     j, stolen, covered = 0, 0.0, 0.0
     for s in samples:
         stolen, covered = stolen + (s.steal_s or 0.0), covered + s.dt
         while j < len(samples) and covered - samples[j].dt >= span_s:   # the shortest tail still span_s long
             stolen, covered = stolen - (samples[j].steal_s or 0.0), covered - samples[j].dt
             j += 1
-        if covered >= span_s and (best is None or stolen / (covered * cpus) * 100 > best):
-            best, start = _pct(stolen, covered * cpus), samples[j].t - samples[j].dt
-    return {"steal_burst_pct": best, "steal_burst_start": start}
+        if covered >= span_s:
+            yield samples[j].t - samples[j].dt, s.t, stolen / (covered * cpus) * 100
+
+
+def steal_burst(samples: Sequence[Sample], cpus: int, span_s: float = STEAL_BURST_SPAN_S) -> dict[str, float | None]:
+    """The largest share of the machine's CPU capacity the hypervisor took over any ``span_s`` of
+    consecutive samples (``steal_burst_pct``) and when that span began (``steal_burst_start``, wall
+    s): a burst the window's mean hides (2026-12-07: 20-50 % for 10-15 s inside a 115 s window whose
+    mean was 3 %, and 6.2's TPOT p99 undecided by the exceedances it caused). None when the samples
+    cover less than ``span_s`` or carry no steal reading."""
+    best = max(_steal_windows(samples, cpus, span_s), key=lambda w: w[2], default=None)
+    if best is None:
+        return {"steal_burst_pct": None, "steal_burst_start": None}
+    return {"steal_burst_pct": round(best[2], 2), "steal_burst_start": best[0]}
 
 
 def steal_spans(samples: Sequence[Sample], cpus: int, limit_pct: float,
@@ -339,18 +345,13 @@ def steal_spans(samples: Sequence[Sample], cpus: int, limit_pct: float,
     in which the hypervisor took over ``limit_pct`` of the machine's CPU capacity: the times a
     request was timed in a steal burst (6.2 leaves such requests out, harness/checks/slo.py)."""
     spans: list[tuple[float, float]] = []
-    j, stolen, covered = 0, 0.0, 0.0
-    for s in samples:
-        stolen, covered = stolen + (s.steal_s or 0.0), covered + s.dt
-        while j < len(samples) and covered - samples[j].dt >= span_s:
-            stolen, covered = stolen - (samples[j].steal_s or 0.0), covered - samples[j].dt
-            j += 1
-        if covered >= span_s and stolen / (covered * cpus) * 100 > limit_pct:
-            start = samples[j].t - samples[j].dt
-            if spans and start <= spans[-1][1]:
-                spans[-1] = (spans[-1][0], s.t)
-            else:
-                spans.append((start, s.t))
+    for start, end, pct in _steal_windows(samples, cpus, span_s):
+        if pct <= limit_pct:
+            continue
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
     return spans
 
 
