@@ -6,8 +6,9 @@ The conforming run uses the shipped rule as shipped: clusters/local.yaml and the
 and three faults a kind, no override (a test machine too starved to time rescheduling may make
 6.1.4 inconclusive, naming the machine: the one other outcome allowed). The other runs use the
 shipped files with stated overrides, to keep CI short: one kill per role accepted as a distribution
-(`min_faults_per_kind: 1`, with `--kills=1`), a 10 s rescheduling threshold, and for the sabotaged
-run a 15 s delay so it misses even that (docs/exit-codes.md)."""
+(`min_faults_per_kind: 1`, with `--kills=1`), and for the router that keeps a worker out a 10 s
+rescheduling threshold and a 20 s rejoin limit; the sabotaged run keeps the shipped 3 s and its 4 s
+delay (docs/exit-codes.md)."""
 
 import json
 import subprocess
@@ -25,12 +26,10 @@ SUITE = "suites/test_item4_reschedule.py"
 RELAXED = {"min_faults_per_kind": 1, "reschedule_p100_s": 10.0, "reschedule_p95_s": 10.0}
 
 
-def short_cluster(tmp_path: Path, base: str, reschedule_delay_s: float | None = None) -> Path:
+def short_cluster(tmp_path: Path, base: str, relaxed: dict = RELAXED) -> Path:
     data = yaml.safe_load((ROOT / "clusters" / f"{base}.yaml").read_text())
     data["name"] = f"{base}-short"
-    data.setdefault("thresholds", {})["6.1.4"] = dict(RELAXED)
-    if reschedule_delay_s is not None:
-        data["bundled"]["router"]["reschedule_delay_s"] = reschedule_delay_s
+    data.setdefault("thresholds", {})["6.1.4"] = dict(relaxed)
     path = tmp_path / f"{base}-short.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -81,14 +80,18 @@ def test_conforming_bundled_cluster_exits_0_under_the_shipped_3_s_rule(tmp_path)
 
 
 def test_sabotaged_rescheduling_exits_1_and_the_report_says_why(tmp_path):
-    cluster = short_cluster(tmp_path, "local-sabotaged", reschedule_delay_s=15.0)
+    """clusters/local-sabotaged.yaml as shipped (the router waits 4 s before rescheduling) under the shipped
+    3 s rule, one fault a kind: 6.1.4 fails, the report says what, against what and why. (Until
+    2026-12-07 a 15 s delay against a 10 s override: 44 s more CI for the same finding, issue 34.)
+    Planted defect it catches: the delay not applied (clusters/local.yaml: exit 0, checked)."""
+    cluster = short_cluster(tmp_path, "local-sabotaged", relaxed={"min_faults_per_kind": 1})
     proc = run_suites(tmp_path, f"--cluster={cluster}", "--kills=1", "--load-duration=150")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     v = verdicts(tmp_path)["6.1.4"]
-    assert v["status"] == "fail" and v["measured"] > 10.0
-    assert "required <= 10 s" in v["reason"] and "stalled stream" in v["reason"]  # what, against what, why
+    assert v["status"] == "fail" and v["measured"] > 3.5
+    assert "required <= 3 s" in v["reason"] and "stalled stream" in v["reason"]  # what, against what, why
     html = (tmp_path / "reports" / "latest" / "report.html").read_text()
-    assert 'data-item="6.1.4" data-status="fail"' in html and "required &lt;= 10 s" in html
+    assert 'data-item="6.1.4" data-status="fail"' in html and "required &lt;= 3 s" in html
 
 
 def test_a_router_that_keeps_a_restarted_worker_out_fails_6_1_4_with_the_finding(tmp_path):

@@ -1,9 +1,10 @@
 """The soak on an external cluster (docs/soak.md "On an external cluster"): a real subprocess of
-`pytest suites/test_soak.py --soak=90s --soak-faults-per-min=3 --cluster=dynamo-agg` on a real NVIDIA Dynamo 1.6.1 frontend
+`pytest suites/test_soak.py --soak=60s --soak-faults-per-min=4 --soak-seed=4 --cluster=dynamo-agg` on a real NVIDIA Dynamo 1.6.1 frontend
 with two supervised mocker workers (clusters/dynamo-agg.yaml), which has no admin API. The schedule
 holds only the kinds a black box allows (kills and hangs of the workers' processes, found by their pid
 files), each injected through the fault runner, judged from the client's records, and reverted (the
-ledger closed: seed 3 plans a kill, then a hang of the other worker); nothing-lost is judged over every request; the leak samples carry each worker's pid
+ledger closed: seed 4 plans a hang of dynamo-0 at +22 s, then a kill of dynamo-1 at +42 s; 90 s of seed 3 at 3 a
+minute, a kill then a hang, cost CI 30 s more, issue 34); nothing-lost is judged over every request; the leak samples carry each worker's pid
 and its /proc figures, read through the host's executor (in the audit log).
 
 The verdicts are the ones this cluster deserves: the hang is a true fail (the mocker does not notice a
@@ -31,10 +32,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 DYNAMO_MODE = "agg"
 
 
-def test_a_90_s_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo_cluster, tmp_path):
+def test_a_60_s_soak_on_dynamo_injects_judges_and_reverts_every_fault(dynamo_cluster, tmp_path):
     reports, state = tmp_path / "reports", tmp_path / "state"
     proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_soak.py", "-p", "no:cacheprovider",
-                           "--cluster=dynamo-agg", "--soak=90s", "--soak-faults-per-min=3", "--soak-seed=3", f"--report-dir={reports}",
+                           "--cluster=dynamo-agg", "--soak=60s", "--soak-faults-per-min=4", "--soak-seed=4", f"--report-dir={reports}",
                            "--live=plain"],
                           cwd=REPO, capture_output=True, text=True, timeout=480,
                           env={**os.environ, "HARNESS_STATE_DIR": str(state)})
@@ -95,7 +96,7 @@ def _faults_judged_as_deserved(faults: dict) -> None:
     by_kind: dict[str, list[dict]] = {}
     for f in faults["evidence"]["faults"]:
         by_kind.setdefault(f["kind"], []).append(f)
-    assert set(by_kind) == {"process_kill", "process_hang"}, by_kind   # seed 3: a kill, then a hang
+    assert set(by_kind) == {"process_kill", "process_hang"}, by_kind   # seed 4: a hang, then a kill
     for hang in by_kind["process_hang"]:   # stalled for the whole stop: well past 3 s
         assert hang["status"] == "not recovered" and hang["reschedule_s"] > 3.0, hang
     for kill in by_kind["process_kill"]:   # migrated within 3 s (whether it serves again: maybe unobservable)
