@@ -1,6 +1,6 @@
 """The soak as users run it (issue 27 acceptance, the CI-sized version): a real subprocess of
 `pytest suites/test_soak.py --soak=2m --soak-faults-per-min=4 --soak-seed=24` on the real bundled
-cluster, honest and with a planted KV leak (one minute of the same seed: its kill is all a leak per
+cluster, honest and with a planted KV leak (40 s of the same seed: its kill is all a leak per
 recovered request needs); the real run injects the schedule a dry run of its seed plans. Seed 24 at 4 faults a minute puts all six kinds in two minutes, the kill first (its
 restart has the most to do) and four of them overlapping; 3m at 2 a minute held five kinds and cost
 CI two more minutes.
@@ -38,7 +38,7 @@ from harness.stats.intervals import measured_within
 from tests.harness.test_soak_dry_run import run
 
 SOAK = ["--soak=2m", "--soak-faults-per-min=4", "--soak-seed=24", "--live=plain"]
-LEAKY_SOAK = ["--soak=1m", "--soak-faults-per-min=4", "--soak-seed=24", "--live=plain"]
+LEAKY_SOAK = ["--soak=40s", "--soak-faults-per-min=4", "--soak-seed=24", "--live=plain"]
 HONEST = "local"
 
 
@@ -135,8 +135,8 @@ def test_a_2_minute_soak_passes_the_honest_cluster_catches_a_planted_leak_and_re
     kinds = {o["kind"] for o in honest["soak"]["outcomes"] if o["status"] == "recovered"}
     assert len(kinds) >= 5, honest["soak"]["by_kind"]
 
-    # the leak needs only a recovery to show: one minute of the same seed holds the kill of decode-1 at
-    # +20 s, whose streams decode-0 recovers, leaking 8 blocks each (two minutes cost CI 60 s more)
+    # the leak needs only a recovery to show: 40 s of the same seed hold the kill of decode-1 at +20 s,
+    # whose streams decode-0 recovers, leaking 8 blocks each (two minutes cost CI 80 s more, one 20 s)
     leaky_proc, leaky = run(tmp_path, "leaky", "--cluster=local-leaky", *LEAKY_SOAK)
     lv = by_item(leaky)
     assert leaky_proc.returncode == 1, leaky_proc.stdout[-4000:]

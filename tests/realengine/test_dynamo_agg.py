@@ -135,11 +135,13 @@ def test_the_fault_suites_judge_migration_on_worker_loss_and_a_hang_fails_6_1_4_
     """The expected truth on Dynamo (issue 24): SIGKILLed workers' streams migrate (6.1.2 measured from the
     client, beside the frontend's migration counter); an 8 s SIGSTOP is not detected, so clients stall and
     6.1.4 fails naming the hang; nothing is lost in either suite. Last in the module: a hang past Dynamo's
-    discovery lease can leave the worker unregistered (a true finding, the rejoin measurement's)."""
+    discovery lease can leave the worker unregistered (a true finding, the rejoin measurement's). One kill and
+    one hang of each worker (``--kills=1``; 6.1.2's kills are its own budget's): the shipped three a kind cost
+    CI about a minute more for the same findings (issue 34)."""
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_item2_hot_migration.py",
                            "suites/test_item4_reschedule.py", "-p", "no:cacheprovider", "--cluster=dynamo-agg",
-                           f"--report-dir={reports}", "--live=plain"],
+                           f"--report-dir={reports}", "--live=plain", "--kills=1"],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     data = json.loads((reports / "latest" / "results.json").read_text())
