@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -236,7 +236,9 @@ class _Drawn(RecordDigest):
         self.rows = [(200 * rng.lognormal(0, s1, per_window), 30 * rng.lognormal(0, s2, per_window))
                      for _ in range(windows)]
 
-    def client_samples(self, start_wall: float = -math.inf, end_wall: float = math.inf) -> tuple[int, list, list]:
+    def client_samples(self, start_wall: float = -math.inf, end_wall: float = math.inf,
+                       leave_out: Sequence[tuple[float, float]] = ()) -> tuple[int, list, list]:
+        assert not leave_out   # drawn samples have no send or end times to leave out by
         picked = [r for k, r in enumerate(self.rows) if start_wall <= k * 300.0 < end_wall]
         a = np.concatenate([x for x, _ in picked]) if picked else np.array([])
         b = np.concatenate([y for _, y in picked]) if picked else np.array([])

@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 
 from harness.checklists import Checklist
 from harness.checks.reschedule import RescheduleSample
-from harness.checks.slo import slo_verdicts_of
+from harness.checks.machine import LIMITS
+from harness.checks.slo import BURST_RULE, slo_verdicts_of
 from harness.checks import reasons
 from harness.checks.verdict import Measurement, Status, Verdict, judge
 from harness.stats import levels
@@ -180,7 +181,8 @@ def window_edges(start_wall: float, end_wall: float, window_s: float) -> list[tu
 
 
 def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] | RecordDigest, start_wall: float,
-                        end_wall: float, window_s: float, *, planned_s: float | None = None) -> Verdict:
+                        end_wall: float, window_s: float, *, planned_s: float | None = None,
+                        steal_bursts: Sequence[tuple[float, float]] = ()) -> Verdict:
     """``soak.slo``: 6.2's TTFT and TPOT targets in every window and over the whole run; a window
     fails on a percentile whose whole interval misses its target. ``records``: the run's records,
     or the digest a soak kept of them while it streamed them from disk.
@@ -191,7 +193,11 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
     run that ran longer: its windows), each bound that can pass it at ``false_pass_alpha``
     (Bonferroni: the chance that any row fails a healthy cluster stays within the item's budget
     however many windows a soak has, and a run that stopped early judges at the planned level). A window whose figure is beyond a target but whose interval is
-    not wholly beyond at that level is evidence (``beyond``), not a fail."""
+    not wholly beyond at that level is evidence (``beyond``), not a fail.
+
+    ``steal_bursts``: wall-clock spans of VM steal bursts (MachineMonitor.steal_spans): the requests in
+    flight during one are left out of every row's percentiles as 6.2 leaves them out (BURST_RULE,
+    harness/checks/slo.py), counted per row (``left_out``) and said in the verdict."""
     item = checklist.item(SLO_ITEM)
     digest = records if isinstance(records, RecordDigest) else RecordDigest().add(records)
     rows: list[dict[str, Any]] = []
@@ -206,12 +212,14 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
                               method=f"Bonferroni over {windows_counted} windows + the whole run x 4 percentiles")
     for k, (a, b) in enumerate(spans):
         whole = k == len(spans) - 1
-        requests, ttft_ms, tpot_ms = digest.client_samples(a, b)
+        requests, ttft_ms, tpot_ms = digest.client_samples(a, b, leave_out=steal_bursts)
         with levels.spending(look=None, fail_alpha=control.fail_alpha, pass_alpha=pass_alpha, method=control.method):
             ttft, tpot = slo_verdicts_of(requests, ttft_ms, tpot_ms, checklist)
         shown_a, shown_b = (start_wall, end_wall) if whole else (a, min(b, end_wall))
         row = {"window": "whole run" if whole else k + 1, "start_s": round(shown_a - start_wall, 1),
                "end_s": round(shown_b - start_wall, 1), "requests": requests}
+        if steal_bursts:
+            row["left_out"] = digest.left_out(steal_bursts, a, b)
         for name, v in (("ttft", ttft), ("tpot", tpot)):
             row[name] = {"status": v.status.value, "reason": v.reason,
                          "p50_ms": next((m["value"] for m in v.evidence["measurements"] if m["key"].endswith("p50_ms")), None),
@@ -244,9 +252,22 @@ def slo_windows_verdict(checklist: Checklist, records: Sequence[RequestRecord] |
         status = Status.PASS
         why = reasons.cause("windows_met", windows=len(windows), window_s=window_s, ttft_p99_ms=whole["ttft"]["p99_ms"],
                             tpot_p99_ms=whole["tpot"]["p99_ms"], requests=whole["requests"])
-    return Verdict(item=SLO_ITEM, title=item.title, status=status, causes=(why,),
-                   measured=float(len([r for r in windows if r["status"] == "fail"])), threshold=t.value, unit=t.unit,
-                   op=t.op, evidence={"window_s": window_s, "windows": rows,
-                                      "error_control": control.to_dict(control.fail_alpha, pass_alpha,
-                                                                       item_false_fail_alpha=budget, tests=tests,
-                                                                       windows_planned=planned or None)})
+    verdict = Verdict(item=SLO_ITEM, title=item.title, status=status, causes=(why,),
+                      measured=float(len([r for r in windows if r["status"] == "fail"])), threshold=t.value,
+                      unit=t.unit, op=t.op,
+                      evidence={"window_s": window_s, "windows": rows,
+                                "error_control": control.to_dict(control.fail_alpha, pass_alpha,
+                                                                 item_false_fail_alpha=budget, tests=tests,
+                                                                 windows_planned=planned or None)})
+    if steal_bursts:
+        left_out, whole = rows[-1]["left_out"], rows[-1]
+        seconds = sum(b - a for a, b in steal_bursts)
+        verdict.evidence["steal_bursts"] = {
+            "spans": [[round(a, 3), round(b, 3)] for a, b in steal_bursts], "seconds": round(seconds, 1),
+            "left_out": left_out, "requests": whole["requests"] + left_out, "limit_pct": LIMITS.steal_leave_out_pct,
+            "rule": BURST_RULE}
+        if left_out:
+            verdict.add("note", text=f"{left_out} of {whole['requests'] + left_out} requests left out: in flight "
+                                     f"during {seconds:.0f} s of VM steal bursts (over {LIMITS.steal_leave_out_pct:g} % "
+                                     "of the test machine's CPUs over 5 s)")
+    return verdict

@@ -166,7 +166,7 @@ def test_soak(cluster: ClusterHandle, checklist: Checklist, load: Load, faults: 
     if by_id is not None:
         fv.evidence["client_view"] = client_view_evidence(list(by_id.values()))
     sv = slo_windows_verdict(checklist, digest, run.started_wall, run.load_ended_wall, window_s,
-                             planned_s=opts.soak_s)
+                             planned_s=opts.soak_s, steal_bursts=conformance.steal_bursts())
     lv = leak_verdict(checklist, read_samples(run.leak_samples_path), idle_before=run.idle_before,
                       idle_after=run.idle_after, kv_unmeasured=run.kv_unmeasured, requests=len(digest))
     links = run_links(*run.load_runs)

@@ -97,6 +97,37 @@ def test_windows_split_requests_by_send_time_and_a_slow_window_fails_soak_slo():
     assert v.status == Status.PASS and (v.cause["code"], v.cause["windows"]) == ("windows_met", 2), v.reason
 
 
+def test_soak_windows_leave_out_the_requests_in_a_steal_burst_as_6_2_does_and_a_slow_cluster_still_fails():
+    """A VM steal burst over 120 s of window 2 (600 s windows) (its requests at TTFT 900 ms) fails soak.slo when
+    ignored; given the burst's span, the requests in flight then are left out of that window and of
+    the whole run (counted per row and said in the reason) and the rest passes, as 6.2 judges
+    (harness/checks/slo.py outside_bursts). A cluster slow everywhere still fails with the same span.
+    Planted defects it fails on: the span not passed on to the windows (fail); the digest leaving out
+    a request sent before the burst that was still in flight in it, or one that ended before it
+    (the rows' counts would differ); leaving requests out turning a slow cluster's fail into a pass."""
+    def run(base_ms):
+        return [rec(i, ttft_ms=900 if 700 <= i < 820 else base_ms, tpot_ms=10) for i in range(0, 1800)]
+    records = run(50)
+    t0 = min(r.start_wall_ns() for r in records) / 1e9
+    t1 = max(r.start_wall_ns() for r in records) / 1e9 + 1
+    assert slo_windows_verdict(CHECKLIST, records, t0, t1, 600).status == Status.FAIL
+    span = [(t0 + 699.1, t0 + 819.5)]
+    digest = RecordDigest().add(records)
+    # in flight touching the span: the 120 sent in it, and the one sent at 699 s (it ends at 699.2 s);
+    # the one sent at 698 s ended at 698.2 s: kept
+    assert digest.left_out(span) == 121 == len(records) - digest.client_samples(leave_out=span)[0]
+    v = slo_windows_verdict(CHECKLIST, digest, t0, t1, 600, steal_bursts=span)
+    assert v.status == Status.PASS, v.reason
+    rows = v.evidence["windows"]
+    assert [(w["requests"], w["left_out"]) for w in rows] == [(600, 0), (479, 121), (600, 0), (1679, 121)]
+    assert v.evidence["steal_bursts"]["left_out"] == 121 and v.evidence["steal_bursts"]["requests"] == 1800
+    assert "121 of 1800 requests left out" in v.reason
+    slow = slo_windows_verdict(CHECKLIST, run(700), t0, t1, 600, steal_bursts=span)
+    assert slow.status == Status.FAIL, slow.reason
+    plain = slo_windows_verdict(CHECKLIST, records[:600], t0, t0 + 600, 600, steal_bursts=())
+    assert "steal_bursts" not in plain.evidence and "left out" not in plain.reason
+
+
 def test_on_a_starved_machine_a_slow_recovery_is_inconclusive_but_a_worker_never_back_still_fails():
     from harness.checks.machine import gate
     from tests.checks.test_machine_gate import STARVED
@@ -120,7 +151,8 @@ class _Drawn(RecordDigest):
         self.rows = [(rng.lognormal(np.log(ttft_median_ms), 0.3, per_window), rng.lognormal(np.log(20.0), 0.3, per_window))
                      for _ in range(windows)]
 
-    def client_samples(self, start_wall=-np.inf, end_wall=np.inf):
+    def client_samples(self, start_wall=-np.inf, end_wall=np.inf, leave_out=()):
+        assert not leave_out   # drawn samples have no send or end times to leave out by
         picked = [r for k, r in enumerate(self.rows) if start_wall <= k * 300.0 < end_wall]
         ttft = np.concatenate([a for a, _ in picked]) if picked else np.array([])
         tpot = np.concatenate([b for _, b in picked]) if picked else np.array([])
