@@ -163,7 +163,8 @@ def window_rows(windows: Any) -> list[dict[str, Any]]:
                if m.get("reason") and m.get("status") != "pass"]
         rows.append({"window": w.get("window", "?"), "whole": w.get("window") == "whole run",
                      "start_s": _float(w.get("start_s")), "end_s": _float(w.get("end_s")),
-                     "requests": w.get("requests"), "status": status, "badge": BADGES.get(status, "not-run"),
+                     "requests": w.get("requests"), "left_out": w.get("left_out") or 0,
+                     "status": status, "badge": BADGES.get(status, "not-run"),
                      "ttft_p50": ttft.get("p50_ms"), "ttft_p99": ttft.get("p99_ms"), "ttft_status": ttft.get("status"),
                      "tpot_p50": tpot.get("p50_ms"), "tpot_p99": tpot.get("p99_ms"), "tpot_status": tpot.get("status"),
                      "why": "; ".join(str(x) for x in why)})
@@ -201,8 +202,9 @@ def timeline_svg(faults: Sequence[Mapping[str, Any]], inventory: Sequence[tuple[
         p.append(f'<text x="{ml - 6}" y="{mt - 9}" text-anchor="end" class="tick">6.2 per window</text>')
         for w in strip:
             a, b = sx(w["start_s"]), sx(w["end_s"])
+            left = f"{w['left_out']} left out (VM steal bursts), " if w["left_out"] else ""
             tip = (f"window {w['window']} (+{w['start_s']:g}-{w['end_s']:g} s): {w['status']}; {w['requests']} requests, "
-                   f"TTFT p99 {_ms(w['ttft_p99'])}, TPOT p99 {_ms(w['tpot_p99'])}" + (f"; {w['why']}" if w["why"] else ""))
+                   f"{left}TTFT p99 {_ms(w['ttft_p99'])}, TPOT p99 {_ms(w['tpot_p99'])}" + (f"; {w['why']}" if w["why"] else ""))
             p.append(f'<rect class="soak-window" data-status="{escape(w["status"])}" x="{a:.1f}" y="{mt - 20}" '
                      f'width="{max(b - a - 1, 1):.1f}" height="14" fill="{WINDOW_COLOURS.get(w["status"], "#9ca3af")}" '
                      f'fill-opacity="0.75"><title>{escape(tip)}</title></rect>')

@@ -182,3 +182,17 @@ def test_a_broken_soak_dict_says_so_instead_of_failing_the_report():
     html = _render(soak)
     assert 'id="soak"' in html   # drawn, or its error shown: never a crashed report
     assert soak_view({"schedule": {"faults": 3}, "outcomes": 7}) is not None
+
+
+def test_a_window_with_requests_left_out_in_a_steal_burst_says_how_many():
+    """soak.slo leaves out the requests in flight during a VM steal burst (harness/checks/soak.py):
+    the window's row and its strip's tooltip say how many beside the requests judged; a row with
+    none says nothing. Planted defect it fails on: ``left_out`` dropped from the rows the template
+    reads (the count would vanish from the report while the verdict's reason still gives it)."""
+    soak = soak_dict()
+    soak["windows"][1]["left_out"] = 121
+    sec = _section(_render(soak))
+    rows = re.findall(r'<tr class="soak-window-row" data-window="([\w ]+)" data-status="(\w+)">(.*?)</tr>', sec, re.S)
+    assert 'data-left-out="121"' in rows[1][2] and "(+121 left out)" in rows[1][2]
+    assert "left out" not in rows[0][2] and "left out" not in rows[2][2]
+    assert "790 requests, 121 left out (VM steal bursts)" in sec
