@@ -53,10 +53,10 @@ class Worker:
         wait_until(lambda: self.engine.heartbeat().stats["kv_blocks_used"], 30, 0.02,
                    accept=lambda n: n == blocks, what=f"{blocks} KV blocks in use")
 
-    def serve(self, rid: str, resume: list[int]) -> None:
+    def serve(self, rid: str, resume: list[int], attempt: int = 0) -> None:
         """What the router and a prefill worker do for one (re-placed) request; waits for its end."""
         params = {"max_tokens": len(resume) + 6, "ignore_eos": True}
-        self.engine.submit(Import(rid, list(PROMPT), list(resume), params))
+        self.engine.submit(Import(rid, list(PROMPT), list(resume), params, attempt=attempt))
         self.wait_for(ImportReady, rid, f"{rid}'s import to be ready")
         req = GenerateRequest(rid, list(PROMPT), SamplingParams(**params), resume_token_ids=list(resume))
         result = PREFILL.prefill_for_transfer(req)
@@ -103,6 +103,19 @@ def test_a_fresh_import_leaks_nothing_and_leaked_blocks_survive_a_reset(worker):
     w.used(0)
     w.serve("resumed", resume=[65])
     w.engine.reset()                    # the router reconnected: every request dropped
+    w.used(4)
+    assert len(w.engine.leaked_blocks) == 4
+
+
+def test_a_request_re_placed_before_its_first_token_leaks_too(worker):
+    """A kill can find only requests that had not streamed a token yet: the router re-places them as
+    attempt 1 with nothing to resume. They are recovered streams as much as any (clusters/local-leaky.yaml
+    says so), and the planted leak must take its blocks for them too, or a soak whose kill found
+    only such requests has no leak to judge. Planted defect it fails on: the knob keyed on resumed
+    tokens alone, as before 2026-12-07 (then a 3-minute soak on clusters/local-leaky.yaml whose kill of
+    decode-1 re-placed two requests with resumed_tokens=0 leaked nothing and passed soak.leaks, twice)."""
+    w = worker(4)
+    w.serve("r#1", resume=[], attempt=1)
     w.used(4)
     assert len(w.engine.leaked_blocks) == 4
 

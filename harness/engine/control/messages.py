@@ -93,6 +93,7 @@ class Import(Message):
     prompt_token_ids: list[int]
     resume_token_ids: list[int]
     params: dict    # SamplingParams fields
+    attempt: int = 0   # the request's placement: 0 the first, n > 0 re-placed after a lost or hung worker
 
     def request(self) -> GenerateRequest:
         return GenerateRequest(self.rid, list(self.prompt_token_ids), sampling_params(self.params),

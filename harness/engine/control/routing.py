@@ -149,6 +149,11 @@ class Attempt:
     def request_id(self) -> str:
         return self.id.rsplit("#", 1)[0]
 
+    @property
+    def number(self) -> int:
+        """0 for the first placement, n for the n-th after a lost or hung worker."""
+        return int(self.id.rsplit("#", 1)[1])
+
 
 class RoutingTable:
     """Workers and attempts, and every change to their counters (see the module docstring)."""

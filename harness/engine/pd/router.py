@@ -230,7 +230,7 @@ class Router:
     async def _run(self, att: Attempt, request: GenerateRequest, streamed: list[int]) -> AsyncIterator[TokenEvent]:
         decode, prefill = self.workers[att.decode], self.workers[att.prefill]
         body = dict(rid=att.id, prompt_token_ids=list(request.prompt_token_ids), resume_token_ids=list(streamed),
-                    params=params_dict(request.params))
+                    params=params_dict(request.params), attempt=att.number)
         decode.send(Import(**body))
         prefill_sent = False
         while True:
