@@ -271,9 +271,10 @@ class WorkerEngine:
         self.landing.register(req.request_id, handle)
         self._layouts[req.request_id] = KVLayout(self.model.n_layers, n, self.model.n_kv_heads, self.model.head_dim,
                                                  self.core.pool.storage.dtype)
-        if msg.attempt > 0 or req.resume_token_ids:  # re-placed after its worker was lost or hung, whether
-            self._leak_on_recovery(req.request_id)      # or not it had streamed a token (a soak's kill may
-                                                        # find only requests before their first one)
+        # re-placed after its worker was lost or hung, whether or not it had streamed a token (a soak's
+        # kill may find only requests before their first one)
+        if msg.attempt > 0 or req.resume_token_ids:
+            self._leak_on_recovery(req.request_id)
         self.publish(ImportReady(req.request_id))
 
     def _migrate_in(self, msg: MigrateIn) -> None:
